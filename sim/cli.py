@@ -1,0 +1,94 @@
+"""The ``kvsim`` command (a Hydra app).
+
+``kvsim`` replays the bundled Mooncake slice for Qwen3-8B on one H200 with vLLM defaults.
+Any part is changed with Hydra overrides, e.g.
+``kvsim trace=weka_agentic model=llama3_1_8b gpu=h100 cache.block_size=32``.
+``kvsim --help`` lists the config groups; ``kvsim --cfg job`` prints the resolved config;
+``kvsim -m ...`` runs a sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .config import register_configs
+
+log = logging.getLogger("kvsim")
+
+register_configs()
+
+
+def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
+    """A rich table of the headline numbers of a summary dict."""
+    from rich.table import Table
+
+    def ms(d, k):
+        v = d.get(k)
+        return "-" if v is None else f"{v * 1e3:,.1f}"
+
+    t = Table(title=f"kvsim: {s.get('trace')} | {s.get('model')} on {s.get('gpu')}", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("requests (finished / rejected / total)",
+              f"{s['requests_finished']:,} / {s['requests_rejected']:,} / {s['requests_total']:,}")
+    for name in ("ttft_s", "tpot_s", "e2e_s"):
+        d = s[name]
+        t.add_row(f"{name[:-2].upper()} ms  p50 / p90 / p99",
+                  f"{ms(d, 'p50')} / {ms(d, 'p90')} / {ms(d, 'p99')}")
+    thr = s.get("throughput_tokens_per_s")
+    othr = s.get("output_throughput_tokens_per_s")
+    t.add_row("throughput tok/s (total / output)",
+              "-" if thr is None else f"{thr:,.0f} / {othr:,.0f}")
+    hr = s.get("prefix_hit_ratio")
+    hm = s.get("prefix_hit_ratio_mean_per_request")
+    t.add_row("prefix-hit ratio (tokens / mean per request)",
+              "-" if hr is None else f"{hr:.1%} / {hm:.1%}")
+    t.add_row("peak GPU blocks used / total",
+              f"{s['peak_gpu_blocks_used']:,} / {s['gpu_blocks_total']:,}")
+    t.add_row("preemptions", f"{s['preemptions']:,}")
+    t.add_row("engine steps", f"{s['engine_steps']:,}")
+    t.add_row("simulated time s / wall s",
+              f"{s['sim_duration_s']:,.1f} / {s['wall']['wall_s']:,.1f}")
+    return t
+
+
+@hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
+def app(cfg: DictConfig) -> None:
+    """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
+    from rich.console import Console
+
+    from .run import is_complete, run_simulation
+
+    out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(HydraConfig.get().runtime.output_dir)
+    if cfg.output.skip_completed and is_complete(out_dir):
+        log.info("skipping %s: already complete", out_dir)
+        return
+    from traces import TraceError
+
+    from .hardware import ConfigError
+
+    try:
+        summary = run_simulation(cfg, out_dir)
+    except (ConfigError, TraceError) as e:
+        print(f"kvsim: error: {e}", file=sys.stderr)
+        print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",
+              file=sys.stderr)
+        sys.exit(2)
+    if cfg.output.print_summary:
+        Console(stderr=False).print(format_summary(summary))
+        print(f"results: {out_dir}")
+
+
+def main() -> None:
+    """Console-script entry point (config and trace errors exit with status 2, one clear line)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

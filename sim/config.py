@@ -1,0 +1,163 @@
+"""Structured configuration schema of kvsim (Hydra / OmegaConf dataclasses).
+
+Every Hydra config group (``model``, ``gpu``, ``trace``, ``cache``, ``scheduler``, ``cost``) is
+typed by one dataclass here, so an override with a misspelt key or a wrong type fails before any
+simulation starts instead of silently falling back to a default.
+
+Units are in the field names: ``*_tokens`` tokens, ``*_s`` seconds, ``*_gib`` GiB (2**30 bytes),
+``*_bytes`` bytes, ``*_gbps`` 1e9 bytes/s, ``*_tflops`` 1e12 FLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from traces import TraceConfig
+
+
+@dataclass
+class ModelConfig:
+    """A model card: the architecture numbers that decide KV size, weight bytes and FLOPs.
+
+    Sources: each YAML under ``experiments/conf/model`` cites the model's published config.
+    ``attention``: ``gqa`` (MHA/GQA/MQA: K and V per KV head) or ``mla`` (DeepSeek multi-head
+    latent attention: one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token per layer,
+    shared by K and V). ``num_sliding_window_layers`` of the ``num_layers`` keep at most
+    ``sliding_window`` tokens (GPT-OSS alternates full and 128-token window layers).
+    """
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    num_q_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING  # dense MLP width, or per-token active MoE width
+    vocab_size: int = MISSING
+    num_params_b: float = MISSING  # total parameters, billions
+    active_params_b: float = MISSING  # parameters touched per token (MoE: active), billions
+    embedding_params_b: float = MISSING  # input embedding + untied lm_head, billions
+    attention: str = "gqa"
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    sliding_window: int = 0
+    num_sliding_window_layers: int = 0
+    rope_dim: int = 0  # rotary part of each K head (for codecs that keep RoPE at hot precision)
+    max_model_len: int = MISSING  # published max context with published rope scaling
+    rope_scaling: str = "none"  # documentation of how max_model_len is reached
+    dtype: str = "bf16"  # vLLM --dtype: activations and unquantized weights
+    weight_quant: str = "none"  # vLLM --quantization: none | fp8 | int4_awq | int4_gptq | mxfp4
+    source: str = ""
+
+
+@dataclass
+class GPUConfig:
+    """A GPU card. Datasheet numbers; the cost model applies efficiencies on top.
+
+    ``memory_gib`` is what the device reports (nvidia-smi total), in GiB.
+    """
+
+    name: str = MISSING
+    memory_gib: float = MISSING
+    hbm_bandwidth_gbps: float = MISSING
+    bf16_dense_tflops: float = MISSING
+    pcie_bandwidth_gbps: float = MISSING  # one direction, pinned, large transfers
+    pcie_overhead_s: float = 14e-6  # per individually issued copy
+    source: str = ""
+
+
+@dataclass
+class CacheConfig:
+    """KV cache manager settings (vLLM names).
+
+    ``num_gpu_blocks``: if set, overrides the computed pool size.
+    ``activation_reserve_gib``: memory kept for activations and non-torch allocations;
+    ``None`` estimates it (see :func:`sim.hardware.activation_reserve_bytes`).
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"  # auto (= model dtype) | fp16 | bf16 | fp8
+    enable_prefix_caching: bool = True
+    num_gpu_blocks: Optional[int] = None
+    activation_reserve_gib: Optional[float] = None
+    max_block_size: int = 256
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous-batching scheduler (vLLM v1 semantics, FCFS)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside the budget
+    preemption_mode: str = "recompute"
+
+
+@dataclass
+class CostConfig:
+    """Step-time model. ``analytic``: roofline from the model and GPU cards.
+
+    Efficiencies are the achieved fraction of datasheet peak (defaults are typical values for
+    well-tuned serving kernels, to be replaced by a calibration file).
+    """
+
+    kind: str = "analytic"
+    file: Optional[str] = None
+    mfu: float = 0.6  # achieved fraction of dense BF16 FLOP/s in GEMMs
+    attention_efficiency: float = 0.5  # achieved fraction of peak FLOP/s in attention
+    mbu: float = 0.8  # achieved fraction of HBM bandwidth
+    step_overhead_s: float = 0.004  # scheduler + launch + sampling per engine step
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class SimConfig:
+    """Engine switches."""
+
+    check_invariants: bool = False
+    progress: bool = True
+    max_sim_time_s: Optional[float] = None
+
+
+@dataclass
+class OutputConfig:
+    """Where and what to write. ``dir`` defaults to the Hydra run directory."""
+
+    dir: Optional[str] = None
+    write_steps: bool = True
+    print_summary: bool = True
+    skip_completed: bool = False
+
+
+@dataclass
+class KvsimConfig:
+    """The root config (``kvsim --cfg job`` prints it resolved)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    seed: int = 0
+    experiment: Optional[Any] = None
+
+
+def register_configs() -> None:
+    """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="kvsim_schema", node=KvsimConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="gpu", name="gpu_schema", node=GPUConfig)
+    cs.store(group="trace", name="trace_schema", node=TraceConfig)
+    cs.store(group="cache", name="cache_schema", node=CacheConfig)
+    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
+    cs.store(group="cost", name="cost_schema", node=CostConfig)

@@ -1,0 +1,526 @@
+"""The discrete-event engine: arrivals, a vLLM-v1-like scheduler, one SimPy event per step.
+
+Data flow per engine step (vLLM v1 ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py):
+
+1. Running requests first, in order: each gets ``num_tokens - num_computed_tokens`` new tokens
+   (1 for decode; the rest of the prompt for a chunked prefill), capped by the remaining token
+   budget (``max_num_batched_tokens``) and ``long_prefill_token_threshold``. If the pool cannot
+   supply the slots, the lowest-priority running request (the last one) is preempted by
+   recompute: its blocks are freed (last block first), its computed tokens reset to 0 and it goes
+   to the front of the waiting queue. Its cached blocks may still serve it when it returns.
+2. If nothing was preempted this step, waiting requests are admitted FCFS while the budget and
+   ``max_num_seqs`` allow: prefix-cache lookup (at most ``(num_tokens - 1) // block_size`` blocks:
+   the last token is always recomputed), then slots for the rest (chunked if the budget is short;
+   without chunked prefill a prompt that does not fit the remaining budget waits).
+3. The step's duration comes from the cost model; SimPy advances the clock by it.
+4. At the end of the step computed tokens advance; a request whose tokens are all computed samples
+   one token (the first one sets TTFT); a request with all its output tokens finishes, frees its
+   blocks (last block first) and releases its closed-loop successor after its think time.
+
+Full blocks are registered in the prefix index when their slots are allocated (as vLLM v1 does).
+Block identity comes from the trace (see :mod:`sim.keys`).
+
+Requests are rejected at arrival, with a reason, when ``input + output > max_model_len``
+(``max_model_len``, as vLLM's API validation) or when the whole sequence needs more blocks than the
+pool has (``kv_capacity``: it could never run, even alone).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import simpy
+
+from .block_pool import BlockPool
+from .keys import block_keys
+from .metrics import Recorder
+
+WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3
+STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected"}
+
+
+class Request:
+    """One request's live state. Token counts in tokens, times in simulated seconds."""
+
+    __slots__ = (
+        "idx", "rid", "arrival", "input", "output", "keys", "blocks", "n_blocks", "n_cached",
+        "n_computed", "n_generated", "status", "first_scheduled", "first_token", "finish",
+        "hit_tokens", "computed_prompt_tokens", "preemptions", "reason", "total_blocks",
+    )
+
+    def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
+        self.idx = idx
+        self.rid = rid
+        self.arrival = arrival
+        self.input = input_tokens
+        self.output = output_tokens
+        self.keys = None
+        self.blocks = None
+        self.n_blocks = 0
+        self.n_cached = 0
+        self.n_computed = 0
+        self.n_generated = 0
+        self.status = WAITING
+        self.first_scheduled = np.nan
+        self.first_token = np.nan
+        self.finish = np.nan
+        self.hit_tokens = 0
+        self.computed_prompt_tokens = 0
+        self.preemptions = 0
+        self.reason = ""
+        self.total_blocks = 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens whose KV the request needs now: prompt + generated so far."""
+        return self.input + self.n_generated
+
+
+class Simulator:
+    """Replays a workload through the paged KV cache.
+
+    Args:
+        workload: a :class:`traces.Workload` (rows ordered parents before children).
+        num_gpu_blocks, block_size: the pool.
+        scheduler: scheduler config node; cache: cache config node.
+        cost_model: object with ``step_time(new_tokens, context_tokens, samples)``.
+        max_model_len: longest accepted request (input + output tokens).
+        recorder: metrics sink; check_invariants: verify pool invariants after every step.
+        progress: a callable ``progress(n_done)`` or None.
+    """
+
+    def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
+                 cost_model, max_model_len: int, recorder: Recorder,
+                 check_invariants: bool = False, progress=None, max_sim_time_s=None,
+                 fast_forward: bool = True):
+        self.wl = workload
+        self.B = int(block_size)
+        self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching)
+        self.caching = bool(cache.enable_prefix_caching)
+        self.max_seqs = int(scheduler.max_num_seqs)
+        self.max_tokens = int(scheduler.max_num_batched_tokens)
+        self.chunked = bool(scheduler.enable_chunked_prefill)
+        self.long_thr = int(scheduler.long_prefill_token_threshold)
+        self.cost = cost_model
+        self.max_model_len = int(max_model_len)
+        self.rec = recorder
+        self.check = bool(check_invariants)
+        self.progress = progress
+        self.max_sim_time = max_sim_time_s
+        self.fast_forward = bool(fast_forward)
+        self.env = simpy.Environment()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.n = len(workload)
+        self.reqs: list[Request | None] = [None] * self.n
+        self.done = 0
+        self._wake = None
+        # workload columns as numpy
+        self.w_rid = workload.request_id
+        self.w_arrival = workload.arrival_s
+        self.w_think = workload.think_s
+        self.w_parent = workload.parent_request_id
+        self.w_in = workload.input_tokens
+        self.w_out = workload.output_tokens
+        self.p_off = workload.prefix_offsets()
+        self.p_val = workload.prefix_values()
+        self.G = int(workload.prefix_block_tokens)
+        # children lists (closed loop): row index of parent -> child rows
+        self.children: dict[int, list[int]] = {}
+        rid_to_row = None
+        parents = np.asarray(self.w_parent)
+        has_parent = np.flatnonzero(parents >= 0)
+        if len(has_parent):
+            rid_to_row = {int(r): i for i, r in enumerate(np.asarray(self.w_rid).tolist())}
+            for i in has_parent.tolist():
+                p = rid_to_row[int(parents[i])]
+                self.children.setdefault(p, []).append(i)
+        self.roots = np.flatnonzero(parents < 0)
+
+    # ------------------------------------------------------------------ arrivals
+    def _arrivals(self):
+        env = self.env
+        arr = self.w_arrival
+        order = self.roots[np.argsort(arr[self.roots], kind="stable")]
+        for i in order.tolist():
+            t = float(arr[i])
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self._arrive(i)
+
+    def _arrive(self, i: int) -> None:
+        env = self.env
+        req = Request(i, int(self.w_rid[i]), env.now, int(self.w_in[i]), int(self.w_out[i]))
+        self.reqs[i] = req
+        total = req.input + req.output
+        # blocks for every token that gets a KV slot: all but the last sampled token
+        req.total_blocks = -(-(total - 1) // self.B)
+        if total > self.max_model_len:
+            self._reject(req, "max_model_len")
+            return
+        if req.total_blocks > self.pool.num_blocks:
+            self._reject(req, "kv_capacity")
+            return
+        self.waiting.append(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _release_children(self, i: int) -> None:
+        kids = self.children.get(i)
+        if not kids:
+            return
+        env = self.env
+        for c in kids:
+            think = float(self.w_think[c])
+            if think <= 0:
+                self._arrive(c)
+            else:
+                ev = env.timeout(think)
+                ev.callbacks.append(lambda _ev, c=c: self._arrive(c))
+
+    def _reject(self, req: Request, reason: str) -> None:
+        req.status = REJECTED
+        req.reason = reason
+        req.finish = self.env.now
+        self.done += 1
+        self.rec.request_done(req)
+        self._release_children(req.idx)
+
+    # ------------------------------------------------------------------ block tables
+    def _ensure_keys(self, req: Request) -> None:
+        if req.keys is None:
+            i = req.idx
+            ids = self.p_val[self.p_off[i]:self.p_off[i + 1]]
+            req.keys = block_keys(ids, self.G, req.input, self.B, req.rid, req.total_blocks)
+            req.blocks = np.empty(req.total_blocks, dtype=np.int64)
+
+    def _grow(self, req: Request, upto_tokens: int) -> bool:
+        """Give ``req`` slots for ``upto_tokens`` tokens; False if the pool is short."""
+        need = -(-upto_tokens // self.B) - req.n_blocks
+        if need > 0:
+            if need > self.pool.num_free:
+                return False
+            new = self.pool.allocate(need)
+            req.blocks[req.n_blocks:req.n_blocks + need] = new
+            req.n_blocks += need
+        full = upto_tokens // self.B
+        if self.caching and full > req.n_cached:
+            self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+            req.n_cached = full
+        return True
+
+    def _free_blocks(self, req: Request) -> None:
+        if req.n_blocks:
+            self.pool.free(req.blocks[:req.n_blocks][::-1])
+        req.n_blocks = 0
+        req.n_cached = 0
+
+    def _preempt(self, req: Request) -> None:
+        self._free_blocks(req)
+        req.n_computed = 0
+        req.status = WAITING
+        req.preemptions += 1
+        self.rec.preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ scheduling
+    def _schedule(self):
+        budget = self.max_tokens
+        sched_req: list[Request] = []
+        sched_n: list[int] = []
+        sched_ctx: list[int] = []
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.num_tokens - req.n_computed
+            if self.long_thr and n > self.long_thr:
+                n = self.long_thr
+            if n > budget:
+                n = budget
+            ok = True
+            while not self._grow(req, req.n_computed + n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched_req.append(req)
+            sched_n.append(n)
+            sched_ctx.append(req.n_computed)
+            budget -= n
+            i += 1
+        self._step_preempted = preempted
+        self._step_admitted = 0
+        if not preempted:
+            pool = self.pool
+            B = self.B
+            while self.waiting and budget > 0 and len(running) < self.max_seqs:
+                req = self.waiting[0]
+                self._ensure_keys(req)
+                num_tokens = req.num_tokens
+                hit = pool.lookup_prefix(req.keys, (num_tokens - 1) // B) if self.caching else np.empty(0, np.int64)
+                hit_tokens = len(hit) * B
+                n = num_tokens - hit_tokens
+                if not self.chunked and n > budget:
+                    break
+                if self.long_thr and n > self.long_thr:
+                    n = self.long_thr
+                if n > budget:
+                    n = budget
+                need = -(-(hit_tokens + n) // B) - len(hit)
+                if need + pool.blocks_needed_for_touch(hit) > pool.num_free:
+                    break
+                pool.touch(hit)
+                req.blocks[:len(hit)] = hit
+                req.n_blocks = len(hit)
+                req.n_cached = len(hit)
+                req.n_computed = hit_tokens
+                if not self._grow(req, hit_tokens + n):  # cannot happen after the check above
+                    raise RuntimeError("allocation failed after capacity check")
+                self.waiting.popleft()
+                if req.preemptions == 0:
+                    req.hit_tokens = hit_tokens
+                    req.first_scheduled = self.env.now
+                req.computed_prompt_tokens += num_tokens - hit_tokens
+                req.status = RUNNING
+                self._step_admitted += 1
+                running.append(req)
+                sched_req.append(req)
+                sched_n.append(n)
+                sched_ctx.append(hit_tokens)
+                budget -= n
+        return sched_req, sched_n, sched_ctx
+
+    # ------------------------------------------------------------------ engine loop
+    def _engine(self):
+        env = self.env
+        rec = self.rec
+        while self.done < self.n:
+            if not self.running and not self.waiting:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            sched_req, sched_n, sched_ctx = self._schedule()
+            if not sched_req:
+                raise RuntimeError(
+                    f"scheduler deadlock at t={env.now:.3f}s: {len(self.waiting)} waiting, "
+                    f"{len(self.running)} running, {self.pool.num_free} free blocks")
+            n_arr = np.asarray(sched_n, dtype=np.int64)
+            ctx_arr = np.asarray(sched_ctx, dtype=np.int64)
+            if self.fast_forward and self._pure_decode(sched_req, n_arr, ctx_arr):
+                k = yield from self._fast_forward(sched_req, ctx_arr)
+                if k:
+                    continue
+            samples = 0
+            for req, n in zip(sched_req, sched_n):
+                if req.n_computed + n == req.num_tokens:
+                    samples += 1
+            dt = self.cost.step_time(n_arr, ctx_arr, samples)
+            start = env.now
+            yield env.timeout(dt)
+            now = env.now
+            finished = False
+            decode_tokens = 0
+            prefill_tokens = 0
+            for req, n in zip(sched_req, sched_n):
+                if req.n_computed >= req.input and n == 1:
+                    decode_tokens += 1
+                else:
+                    prefill_tokens += n
+                req.n_computed += n
+                if req.n_computed == req.num_tokens:
+                    req.n_generated += 1
+                    if req.n_generated == 1:
+                        req.first_token = now
+                    if req.n_generated >= req.output:
+                        req.status = FINISHED
+                        req.finish = now
+                        finished = True
+            if finished:
+                self._retire_finished()
+            rec.step(start, dt, len(self.running), len(self.waiting), prefill_tokens, decode_tokens,
+                     self.pool.num_used, self.pool.num_cached_free,
+                     self._live_tokens())
+            if self.check:
+                self.check_invariants()
+            if self.max_sim_time is not None and now > self.max_sim_time:
+                raise RuntimeError(f"simulated time passed sim.max_sim_time_s={self.max_sim_time}")
+
+    # ------------------------------------------------------------------ fast-forward
+    def _pure_decode(self, sched_req, n_arr, ctx_arr) -> bool:
+        """True if this step schedules every running request for exactly one decode token and
+        admitted nobody (so the next steps repeat the same shape until an event changes it)."""
+        if self._step_admitted or self._step_preempted:
+            return False
+        if len(sched_req) != len(self.running) or not (n_arr == 1).all():
+            return False
+        for req, c in zip(sched_req, ctx_arr.tolist()):
+            if req.n_generated < 1 or c != req.num_tokens - 1:
+                return False
+        return True
+
+    def _fast_forward(self, reqs, ctx0):
+        """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
+
+        The first step's slots were allocated by the scheduler. ``k`` is bounded by the first
+        finish (every running request samples one token per step), by the next pending SimPy
+        event (an arrival or a closed-loop release: the run stops at the step during which it
+        happens, as the per-step loop would see it at that step's end), and by the free blocks
+        (the step that would need a preemption runs through the normal path). Blocks are
+        allocated in the per-step order (step, then running order), so pool state, prefix-cache
+        evictions and recorded steps equal the per-step loop's. Returns ``k`` (0 = not taken).
+        """
+        env = self.env
+        B = self.B
+        b = len(reqs)
+        remaining = np.fromiter((r.output - r.n_generated for r in reqs), dtype=np.int64, count=b)
+        k = int(remaining.min())
+        if k < 2:
+            return 0
+        t_next = env.peek()
+        if self.max_sim_time is not None:
+            t_next = min(t_next, float(self.max_sim_time))
+        durs = self.cost.decode_step_times(ctx0, k)
+        cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
+        if t_next != float("inf"):
+            k = min(k, int(np.searchsorted(cum, t_next, side="left")) + 1)
+        # new blocks needed at steps 2..k: token index ctx0 + s - 1 starting a block
+        s0 = 2 + (-(ctx0 + 1)) % B  # first step >= 2 whose token index is a multiple of B
+        if k >= 2:
+            per_step = np.zeros(k + 1, dtype=np.int64)
+            firsts = s0[s0 <= k]
+            if len(firsts):
+                # counts of crossings per step (each request crosses every B steps from s0)
+                for f in np.unique(firsts).tolist():
+                    cnt = int(np.count_nonzero(firsts == f))
+                    per_step[f:k + 1:B] += cnt
+            cum_new = np.cumsum(per_step)
+            free = self.pool.num_free
+            if cum_new[k] > free:
+                k = int(np.searchsorted(cum_new, free, side="right")) - 1
+        if k < 2:
+            return 0
+        # allocation order: by step, then running order
+        pair_s = []
+        pair_i = []
+        for i, f in enumerate(s0.tolist()):
+            if f <= k:
+                st = np.arange(f, k + 1, B)
+                pair_s.append(st)
+                pair_i.append(np.full(len(st), i))
+        evicted_per_step = np.zeros(k + 1, dtype=np.int64)
+        alloc_per_step = np.zeros(k + 1, dtype=np.int64)
+        if pair_s:
+            ps = np.concatenate(pair_s)
+            pi = np.concatenate(pair_i)
+            order = np.lexsort((pi, ps))
+            ps = ps[order]
+            pi = pi[order]
+            blocks, evicted = self.pool.allocate(len(ps), return_evicted=True)
+            np.add.at(alloc_per_step, ps, 1)
+            if evicted.any():
+                np.add.at(evicted_per_step, ps[evicted], 1)
+            by_req = np.argsort(pi, kind="stable")
+            pi_sorted = pi[by_req]
+            blocks_sorted = blocks[by_req]
+            bounds = np.searchsorted(pi_sorted, np.arange(b + 1))
+            for i in np.flatnonzero(np.diff(bounds)).tolist():
+                req = reqs[i]
+                nb = bounds[i + 1] - bounds[i]
+                req.blocks[req.n_blocks:req.n_blocks + nb] = blocks_sorted[bounds[i]:bounds[i + 1]]
+                req.n_blocks += nb
+        used1 = self.pool.num_used - int(alloc_per_step.sum())  # after step 1
+        cf1 = self.pool.num_cached_free + int(evicted_per_step.sum())
+        start = env.now
+        waiting0 = len(self.waiting)
+        durs = durs[:k]
+        cum = cum[:k]
+        total = float(cum[-1] - start)
+        yield env.timeout(total)
+        now = env.now
+        # commit: every request computed k tokens and sampled k tokens
+        finished = False
+        for req in reqs:
+            req.n_computed += k
+            req.n_generated += k
+            if self.caching:
+                full = req.n_computed // B
+                if full > req.n_cached:
+                    self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+                    req.n_cached = full
+            if req.n_generated >= req.output:
+                req.status = FINISHED
+                req.finish = now
+                finished = True
+        live0 = int(np.sum(ctx0))
+        rec = self.rec
+        if finished:
+            self._retire_finished()
+        steps_idx = np.arange(1, k + 1)
+        starts = np.concatenate(([start], cum[:-1]))
+        used = used1 + np.cumsum(alloc_per_step[1:])
+        cached_free = cf1 - np.cumsum(evicted_per_step[1:])
+        live = live0 + steps_idx * b
+        running = np.full(k, b)
+        waiting = np.full(k, waiting0)
+        waiting[-1] = len(self.waiting)
+        # the last step's row reflects the state after finished requests left
+        running[-1] = len(self.running)
+        used[-1] = self.pool.num_used
+        cached_free[-1] = self.pool.num_cached_free
+        live[-1] = self._live_tokens()
+        rec.steps_bulk(starts, durs, running, waiting, b, used, cached_free, live)
+        if self.check:
+            self.check_invariants()
+        return k
+
+    def _retire_finished(self) -> None:
+        keep = []
+        rec = self.rec
+        for req in self.running:
+            if req.status == FINISHED:
+                self._free_blocks(req)
+                req.keys = None
+                req.blocks = None
+                self.done += 1
+                rec.request_done(req)
+                self._release_children(req.idx)
+            else:
+                keep.append(req)
+        self.running = keep
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def _live_tokens(self) -> int:
+        return sum(r.n_computed for r in self.running)
+
+    def check_invariants(self) -> None:
+        """Assert pool and request invariants (``sim.check_invariants``)."""
+        held = [r.blocks[:r.n_blocks] for r in self.running if r.n_blocks]
+        held_arr = np.concatenate(held) if held else np.empty(0, np.int64)
+        self.pool.check(held_arr)
+        # every block held by a table: ref count >= number of tables holding it
+        if len(held_arr):
+            counts = np.bincount(held_arr, minlength=self.pool.num_blocks)
+            assert (self.pool.ref_cnt >= counts).all(), "ref count below table references"
+            assert (self.pool.ref_cnt == counts).all(), "ref count not equal to table references"
+        for r in self.running:
+            assert r.n_computed <= r.n_blocks * self.B, "computed tokens exceed slots"
+            assert r.status == RUNNING
+        for r in self.waiting:
+            assert r.n_blocks == 0 and r.status == WAITING
+
+    def run(self) -> None:
+        """Run until every request has finished or been rejected."""
+        self.env.process(self._arrivals())
+        self.env.process(self._engine())
+        self.env.run()
+        if self.done != self.n:
+            raise RuntimeError(f"simulation ended with {self.n - self.done} requests unfinished")

@@ -1,0 +1,208 @@
+"""KV sizing, weight bytes and GPU block-pool size from model and GPU cards.
+
+Rules (design.md section 3, seed 004):
+
+* MHA/GQA: KV bytes per token = ``layers x 2 (K,V) x kv_heads x head_dim x kv_dtype_bytes``.
+* MLA (DeepSeek-V2/V3): one compressed latent per token per layer shared by K and V:
+  ``layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes`` (DeepSeek-V3 BF16: 61 x 576 x 2
+  = 70,272 B/token).
+* Sliding-window layers hold at most ``window`` tokens per sequence, so they are not part of the
+  per-token block size; their memory is a per-sequence reserve (see :func:`num_gpu_blocks`).
+* vLLM's three precisions are separate (seed 004): ``--dtype`` (model dtype: activations and
+  unquantized weights), ``--quantization`` (weight bytes only, hence KV *capacity*, never bytes per
+  KV token) and ``--kv-cache-dtype`` (``auto`` follows the model dtype).
+* Pool size (vLLM ``determine_num_available_blocks``): ``(GPU memory x gpu_memory_utilization -
+  weights - activation reserve) / bytes per block``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0,
+               "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+
+# Bytes per weight parameter by quantization method. int4 AWQ/GPTQ: 4-bit values plus one FP16
+# scale and one 4-bit zero point per group of 128 weights (AutoAWQ / GPTQ default group size).
+# MXFP4 (OCP microscaling): 4-bit E2M1 values + one 8-bit E8M0 scale per 32 values.
+WEIGHT_QUANT_BYTES = {
+    "fp8": 1.0,
+    "int4_awq": 0.5 + 2.0 / 128 + 0.5 / 128,
+    "int4_gptq": 0.5 + 2.0 / 128 + 0.5 / 128,
+    "mxfp4": 0.5 + 1.0 / 32,
+}
+
+
+class ConfigError(ValueError):
+    """An impossible or inconsistent configuration; the message names the field(s)."""
+
+
+def dtype_bytes(name: str, field_name: str) -> float:
+    """Bytes per value of a dtype name; raises ConfigError naming ``field_name`` if unknown."""
+    try:
+        return DTYPE_BYTES[str(name).lower()]
+    except KeyError:
+        raise ConfigError(
+            f"{field_name}={name!r} is not a known dtype; expected one of {sorted(DTYPE_BYTES)}"
+        ) from None
+
+
+def kv_dtype_bytes(model, cache) -> float:
+    """Bytes per cached K/V value: ``cache.kv_cache_dtype`` or, for ``auto``, the model dtype."""
+    if str(cache.kv_cache_dtype).lower() == "auto":
+        return dtype_bytes(model.dtype, "model.dtype")
+    return dtype_bytes(cache.kv_cache_dtype, "cache.kv_cache_dtype")
+
+
+def kv_values_per_token_per_layer(model) -> int:
+    """Number of cached values per token in one layer (K and V together)."""
+    if model.attention == "mla":
+        return int(model.kv_lora_rank + model.qk_rope_head_dim)
+    if model.attention == "gqa":
+        return int(2 * model.num_kv_heads * model.head_dim)
+    raise ConfigError(f"model.attention={model.attention!r}; expected 'gqa' or 'mla'")
+
+
+def full_attention_layers(model) -> int:
+    """Layers that keep every token (all layers minus sliding-window layers)."""
+    return int(model.num_layers - model.num_sliding_window_layers)
+
+
+def kv_bytes_per_token(model, cache) -> int:
+    """KV bytes per token in the paged (full-attention) pool, all full-attention layers.
+
+    Returns bytes (int). Sliding-window layers are excluded (see :func:`window_kv_bytes_per_seq`).
+    """
+    b = kv_values_per_token_per_layer(model) * full_attention_layers(model) * kv_dtype_bytes(model, cache)
+    return int(round(b))
+
+
+def window_kv_bytes_per_token(model, cache) -> int:
+    """KV bytes per token summed over the sliding-window layers only (0 if none)."""
+    b = kv_values_per_token_per_layer(model) * model.num_sliding_window_layers * kv_dtype_bytes(model, cache)
+    return int(round(b))
+
+
+def window_kv_bytes_per_seq(model, cache) -> int:
+    """Bytes one running sequence holds in sliding-window layers at most: window tokens rounded up
+    to whole blocks plus one block being filled (as vLLM's sliding-window manager keeps them)."""
+    if model.num_sliding_window_layers == 0 or model.sliding_window <= 0:
+        return 0
+    blocks = math.ceil(model.sliding_window / cache.block_size) + 1
+    return blocks * cache.block_size * window_kv_bytes_per_token(model, cache)
+
+
+def kv_bytes_per_block(model, cache) -> int:
+    """Bytes of one block (``block_size`` slots, all full-attention layers, K and V)."""
+    return kv_bytes_per_token(model, cache) * int(cache.block_size)
+
+
+def weight_bytes(model) -> float:
+    """Bytes of the model weights on the GPU.
+
+    Quantization (``model.weight_quant``) applies to the transformer's linear layers; the input
+    embedding table and the lm_head stay in the model dtype, as AWQ/GPTQ/FP8 checkpoints keep them.
+    """
+    dt = dtype_bytes(model.dtype, "model.dtype")
+    emb = model.embedding_params_b * 1e9
+    rest = model.num_params_b * 1e9 - emb
+    q = str(model.weight_quant).lower()
+    if q in ("none", ""):
+        per = dt
+    elif q in WEIGHT_QUANT_BYTES:
+        per = WEIGHT_QUANT_BYTES[q]
+    else:
+        raise ConfigError(
+            f"model.weight_quant={model.weight_quant!r}; expected one of "
+            f"{['none'] + sorted(WEIGHT_QUANT_BYTES)}"
+        )
+    return rest * per + emb * dt
+
+
+def activation_reserve_bytes(model, cache, scheduler) -> float:
+    """Memory kept out of the KV pool for activations and non-torch allocations.
+
+    If ``cache.activation_reserve_gib`` is set, that value. Otherwise an estimate of the peak of
+    vLLM's profiling forward pass at ``max_num_batched_tokens``: hidden states, QKV and MLP
+    intermediates of one layer live at once (``tokens x (4 x hidden + 2 x intermediate)`` values in
+    the model dtype), FP32 logits for ``max_num_seqs`` rows, plus 0.5 GiB for CUDA graphs, NCCL and
+    the allocator's fragmentation. It is an estimate; set the field to measured values.
+    """
+    if cache.activation_reserve_gib is not None:
+        return float(cache.activation_reserve_gib) * GIB
+    dt = dtype_bytes(model.dtype, "model.dtype")
+    tokens = scheduler.max_num_batched_tokens
+    hidden = tokens * (4 * model.hidden_size + 2 * model.intermediate_size) * dt
+    logits = scheduler.max_num_seqs * model.vocab_size * 4
+    return hidden + logits + 0.5 * GIB
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How GPU memory is split (bytes), and the resulting pool size (blocks)."""
+
+    gpu_bytes: float
+    budget_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    window_reserve_bytes: float
+    kv_pool_bytes: float
+    block_bytes: int
+    num_gpu_blocks: int
+
+    def token_capacity(self, block_size: int) -> int:
+        """Token slots in the pool: ``num_gpu_blocks x block_size``."""
+        return self.num_gpu_blocks * block_size
+
+
+def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> MemoryPlan:
+    """Compute the KV pool size.
+
+    ``num_gpu_blocks = floor((memory x utilization - weights - activations - window reserve) /
+    block bytes)`` with memory and activations summed over ``tensor_parallel_size`` GPUs.
+    ``cache.num_gpu_blocks`` overrides the result.
+
+    Raises ConfigError if the weights do not fit or no block is left, naming the numbers.
+    """
+    tp = int(tensor_parallel_size)
+    if tp < 1:
+        raise ConfigError(f"cost.tensor_parallel_size={tp}; expected >= 1")
+    if not 0.0 < float(cache.gpu_memory_utilization) <= 1.0:
+        raise ConfigError(
+            f"cache.gpu_memory_utilization={cache.gpu_memory_utilization}; expected 0 < u <= 1"
+        )
+    bs = int(cache.block_size)
+    if bs <= 0 or bs & (bs - 1) or bs > int(cache.max_block_size):
+        raise ConfigError(
+            f"cache.block_size={bs}; expected a power of two between 1 and {cache.max_block_size}"
+        )
+    gpu_bytes = float(gpu.memory_gib) * GIB * tp
+    budget = gpu_bytes * float(cache.gpu_memory_utilization)
+    w = weight_bytes(model)
+    act = activation_reserve_bytes(model, cache, scheduler) * tp
+    win = window_kv_bytes_per_seq(model, cache) * scheduler.max_num_seqs
+    block_bytes = kv_bytes_per_block(model, cache)
+    if cache.num_gpu_blocks is not None:
+        n = int(cache.num_gpu_blocks)
+        if n <= 0:
+            raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
+        return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes, block_bytes, n)
+    if w >= budget:
+        raise ConfigError(
+            f"model weights do not fit: {model.name} ({model.weight_quant}) needs "
+            f"{w / GIB:.1f} GiB of weights but {tp} x {gpu.name} x gpu_memory_utilization "
+            f"{cache.gpu_memory_utilization} gives {budget / GIB:.1f} GiB; use a larger GPU, "
+            f"cost.tensor_parallel_size, or model.weight_quant"
+        )
+    pool = budget - w - act - win
+    n = int(pool // block_bytes) if pool > 0 else 0
+    if n <= 0:
+        raise ConfigError(
+            f"zero KV blocks left: budget {budget / GIB:.2f} GiB - weights {w / GIB:.2f} GiB - "
+            f"activation reserve {act / GIB:.2f} GiB - sliding-window reserve {win / GIB:.2f} GiB "
+            f"= {pool / GIB:.2f} GiB < one block of {block_bytes} B"
+        )
+    return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n)

@@ -1,0 +1,59 @@
+"""Block identity (the prefix-cache hash of each block) from a trace's prefix ids.
+
+Traces identify prompt content at their own granularity ``G`` (Mooncake: 512 tokens, Weka: 64):
+``ids[j]`` is a prefix-chained id, so equal ``ids[j]`` means equal prompt tokens ``[0, (j+1)G)``
+(for the last, possibly partial, trace block: equal tokens up to that request's input length).
+
+The simulator's block ``k`` covers tokens ``[kB, (k+1)B)``. Let ``e = (k+1)B`` be its end and
+``covered = min(len(ids) x G, input_tokens)`` the prompt span the trace identifies. Then:
+
+* if ``e <= covered``: the block's content is the prefix ``[0, e)``, identified by the trace block
+  ``j = (e-1) // G`` that holds its last token and the end offset ``o = e - jG`` inside it:
+  ``key = ids[j] x (G + 1) + o`` (non-negative). Because trace ids are prefix-chained this key
+  already identifies the whole prefix, exactly like vLLM's chained block hash
+  ``hash(parent_hash, block tokens)``; for B dividing G it is the issue's ``(ids[j], index in j)``.
+* otherwise (tokens past the identified span: generated tokens, Weka's tail below one 64-token
+  block, traces without ids) the content is unknown and treated as unique to the request:
+  ``key = -(request_id x 2**24 + k) - 1`` (negative, so never equal to a trace key). Such blocks are
+  still cached, so a request preempted by recompute can hit its own earlier blocks.
+
+Keys are exact 64-bit integers, collision-free by construction (no hashing needed): ids must be
+``< 2**63 / (G + 1)`` and a request must have fewer than ``2**24`` blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_BLOCKS_PER_REQUEST = 1 << 24
+
+
+def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: int,
+               n_blocks: int) -> np.ndarray:
+    """Keys of blocks ``0..n_blocks-1`` of one request.
+
+    Args:
+        ids: the request's trace prefix ids (int array, length ``ceil`` or ``floor`` of
+            input/G depending on the trace; may be empty).
+        G: trace granularity in tokens (0 = no identity).
+        input_tokens: prompt length (tokens).
+        B: simulator block size (tokens).
+        request_id: unique request id (for keys of unidentified blocks).
+        n_blocks: how many block keys to return.
+
+    Returns: int64 array of shape ``(n_blocks,)``.
+    Raises: ValueError if ``n_blocks`` exceeds ``2**24``.
+    """
+    if n_blocks > MAX_BLOCKS_PER_REQUEST:
+        raise ValueError(f"request {request_id} needs {n_blocks} blocks; at most {MAX_BLOCKS_PER_REQUEST}")
+    k = np.arange(n_blocks, dtype=np.int64)
+    keys = -(np.int64(request_id) * MAX_BLOCKS_PER_REQUEST + k) - 1
+    if G > 0 and len(ids):
+        covered = min(len(ids) * G, int(input_tokens))
+        n_id = min(covered // B, n_blocks)
+        if n_id > 0:
+            e = (k[:n_id] + 1) * B
+            j = (e - 1) // G
+            off = e - j * G
+            keys[:n_id] = np.asarray(ids, dtype=np.int64)[j] * (G + 1) + off
+    return keys

@@ -1,0 +1,177 @@
+"""Metrics recorder: per-request and per-step tables and the run summary.
+
+Tables (written as Parquet by :mod:`sim.results`):
+
+``requests`` — one row per request (times in simulated seconds, NaN where not reached):
+  request_id, session_id, arrival_s, first_token_s, finish_s, ttft_s (first token - arrival),
+  tpot_s ((finish - first token) / (output_tokens - 1), NaN for 1-token outputs), e2e_s
+  (finish - arrival), queue_s (first scheduled - arrival), input_tokens, output_tokens,
+  prefix_hit_tokens (GPU prefix-cache hit at first admission, a multiple of the block size),
+  computed_prompt_tokens (prompt tokens actually prefilled, including recomputation after
+  preemption), preemptions, status (finished | rejected), reject_reason.
+
+``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
+  prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+REQUEST_COLUMNS = [
+    "request_id", "session_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
+    "e2e_s", "queue_s", "input_tokens", "output_tokens", "prefix_hit_tokens",
+    "computed_prompt_tokens", "preemptions", "status", "reject_reason",
+]
+
+
+class _Growable:
+    """Column buffers that grow by doubling (cheap appends of scalars)."""
+
+    def __init__(self, names_dtypes, cap=4096):
+        self.names = [n for n, _ in names_dtypes]
+        self.cols = {n: np.empty(cap, dtype=d) for n, d in names_dtypes}
+        self.n = 0
+
+    def append(self, *vals):
+        i = self.n
+        if i == len(self.cols[self.names[0]]):
+            for k, v in self.cols.items():
+                nv = np.empty(2 * len(v), dtype=v.dtype)
+                nv[:i] = v[:i]
+                self.cols[k] = nv
+        for k, v in zip(self.names, vals):
+            self.cols[k][i] = v
+        self.n = i + 1
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({k: v[:self.n] for k, v in self.cols.items()})
+
+
+class Recorder:
+    """Collects what happened. ``request_done`` is called once per request (finished or rejected)."""
+
+    def __init__(self, n_requests: int, session_id: np.ndarray, record_steps: bool = True):
+        self.n = n_requests
+        self.session_id = session_id
+        self.rows: list[tuple] = []
+        self.preemptions = 0
+        self.record_steps = record_steps
+        self.steps = _Growable([
+            ("time_s", np.float64), ("duration_s", np.float64), ("running", np.int32),
+            ("waiting", np.int32), ("prefill_tokens", np.int32), ("decode_tokens", np.int32),
+            ("blocks_used", np.int64), ("blocks_cached_free", np.int64), ("live_kv_tokens", np.int64),
+        ])
+        self.num_steps = 0
+        self.peak_blocks_used = 0
+        self.sum_prefill = 0
+        self.sum_decode = 0
+
+    def request_done(self, r) -> None:
+        """Record a request in its terminal state (finished or rejected)."""
+        from .engine import STATUS_NAMES
+        ttft = r.first_token - r.arrival
+        tpot = (r.finish - r.first_token) / (r.output - 1) if r.output > 1 else math.nan
+        e2e = r.finish - r.arrival
+        queue = r.first_scheduled - r.arrival
+        self.rows.append((
+            r.rid, int(self.session_id[r.idx]), r.arrival, r.first_token, r.finish, ttft, tpot, e2e,
+            queue, r.input, r.output, r.hit_tokens, r.computed_prompt_tokens, r.preemptions,
+            STATUS_NAMES[r.status], r.reason,
+        ))
+
+    def step(self, t, dur, running, waiting, prefill, decode, used, cached_free, live) -> None:
+        """Record one engine step."""
+        self.num_steps += 1
+        self.sum_prefill += prefill
+        self.sum_decode += decode
+        if used > self.peak_blocks_used:
+            self.peak_blocks_used = used
+        if self.record_steps:
+            self.steps.append(t, dur, running, waiting, prefill, decode, used, cached_free, live)
+
+    def steps_bulk(self, starts, durs, running, waiting, decode, used, cached_free, live) -> None:
+        """Record ``len(starts)`` consecutive pure-decode steps (fast-forward)."""
+        k = len(starts)
+        self.num_steps += k
+        self.sum_decode += decode * k
+        pk = int(np.max(used))
+        if pk > self.peak_blocks_used:
+            self.peak_blocks_used = pk
+        if self.record_steps:
+            for i in range(k):
+                self.steps.append(starts[i], durs[i], running[i], waiting[i], 0, decode, used[i],
+                                  cached_free[i], live[i])
+
+    def requests_frame(self) -> pd.DataFrame:
+        """The requests table, sorted by request_id."""
+        df = pd.DataFrame.from_records(self.rows, columns=REQUEST_COLUMNS)
+        df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
+        return df.astype({
+            "request_id": "int64", "session_id": "int64", "input_tokens": "int64",
+            "output_tokens": "int64", "prefix_hit_tokens": "int64",
+            "computed_prompt_tokens": "int64", "preemptions": "int64",
+        })
+
+    def steps_frame(self) -> pd.DataFrame:
+        """The steps table."""
+        return self.steps.frame()
+
+
+def _stats(x: pd.Series) -> dict:
+    x = x.dropna()
+    if len(x) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    q = np.percentile(x.to_numpy(), [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
+
+
+def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_blocks_total: int,
+              extra: dict | None = None) -> dict:
+    """Summary of a run (the ``summary.json`` keys).
+
+    ``prefix_hit_ratio`` = sum of hit tokens / sum of prompt tokens over finished requests;
+    ``prefix_hit_ratio_mean_per_request`` = mean of per-request ratios (they differ when long
+    prompts hit more or less than short ones). ``throughput_tokens_per_s`` = (prompt + output tokens
+    of finished requests) / simulated duration; ``output_throughput_tokens_per_s`` counts output
+    tokens only.
+    """
+    fin = req[req["status"] == "finished"]
+    prompt = float(fin["input_tokens"].sum())
+    hits = float(fin["prefix_hit_tokens"].sum())
+    per_req = (fin["prefix_hit_tokens"] / fin["input_tokens"]) if len(fin) else pd.Series(dtype=float)
+    out_tokens = float(fin["output_tokens"].sum())
+    dur = float(sim_duration_s)
+    rejected = req[req["status"] == "rejected"]
+    s = {
+        "complete": True,
+        "requests_total": int(len(req)),
+        "requests_finished": int(len(fin)),
+        "requests_rejected": int(len(rejected)),
+        "rejected_by_reason": {str(k): int(v) for k, v in rejected["reject_reason"].value_counts().sort_index().items()},
+        "ttft_s": _stats(fin["ttft_s"]),
+        "tpot_s": _stats(fin["tpot_s"]),
+        "e2e_s": _stats(fin["e2e_s"]),
+        "queue_s": _stats(fin["queue_s"]),
+        "throughput_tokens_per_s": (prompt + out_tokens) / dur if dur > 0 else None,
+        "output_throughput_tokens_per_s": out_tokens / dur if dur > 0 else None,
+        "prompt_tokens_total": int(prompt),
+        "output_tokens_total": int(out_tokens),
+        "prefix_hit_tokens_total": int(hits),
+        "prefix_hit_ratio": hits / prompt if prompt > 0 else None,
+        "prefix_hit_ratio_mean_per_request": float(per_req.mean()) if len(per_req) else None,
+        "computed_prompt_tokens_total": int(fin["computed_prompt_tokens"].sum()),
+        "gpu_blocks_total": int(gpu_blocks_total),
+        "peak_gpu_blocks_used": int(rec.peak_blocks_used),
+        "preemptions": int(rec.preemptions),
+        "engine_steps": int(rec.num_steps),
+        "prefill_tokens_computed": int(rec.sum_prefill),
+        "decode_tokens_computed": int(rec.sum_decode),
+        "sim_duration_s": dur,
+    }
+    if extra:
+        s.update(extra)
+    return s

@@ -1,0 +1,188 @@
+"""Run one simulation from a resolved config and write its results.
+
+``run_simulation(cfg, out_dir)`` is what the ``kvsim`` command calls; tests call it directly.
+
+Results directory (atomic: an ``INCOMPLETE`` marker exists while the run is in progress; tables
+are written to temporary names and renamed; ``summary.json`` is written last, with
+``"complete": true``. A crash or Ctrl-C leaves the marker and no summary.json):
+
+* ``requests.parquet``, ``steps.parquet`` — see :mod:`sim.metrics`
+* ``summary.json`` — see :func:`sim.metrics.summarize`; wall-clock fields live under ``wall``.
+* the resolved config (``.hydra/config.yaml`` when run through Hydra; ``config.yaml`` otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from traces import load_workload
+
+from .cost import build_cost_model
+from .engine import Simulator
+from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
+from .metrics import Recorder, summarize
+
+MARKER = "INCOMPLETE"
+
+
+def validate_config(cfg) -> None:
+    """Check a config before anything runs; raise ConfigError naming the field.
+
+    Checks: scheduler limits positive, block size a power of two within ``cache.max_block_size``,
+    known kv-cache dtype and weight quantization (via the memory plan), positive max_model_len.
+    """
+    s = cfg.scheduler
+    if s.max_num_seqs <= 0:
+        raise ConfigError(f"scheduler.max_num_seqs={s.max_num_seqs}; expected >= 1")
+    if s.max_num_batched_tokens <= 0:
+        raise ConfigError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}; expected >= 1")
+    if s.long_prefill_token_threshold < 0:
+        raise ConfigError(
+            f"scheduler.long_prefill_token_threshold={s.long_prefill_token_threshold}; expected >= 0")
+    if s.preemption_mode != "recompute":
+        raise ConfigError(f"scheduler.preemption_mode={s.preemption_mode!r}; expected 'recompute'")
+    if cfg.model.max_model_len <= 0:
+        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len}; expected > 0")
+    if cfg.model.attention not in ("gqa", "mla"):
+        raise ConfigError(f"model.attention={cfg.model.attention!r}; expected 'gqa' or 'mla'")
+
+
+def _write_parquet(df, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _write_json(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _clean_nan(x):
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _clean_nan(v) for k, v in x.items()}
+    return x
+
+
+def is_complete(out_dir) -> bool:
+    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker)."""
+    p = Path(out_dir)
+    if (p / MARKER).exists() or not (p / "summary.json").exists():
+        return False
+    try:
+        return bool(json.loads((p / "summary.json").read_text()).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
+    """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
+
+    Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
+    the config or trace is invalid (the results directory then holds only the marker).
+    """
+    wall0 = time.perf_counter()
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("this run has not completed\n")
+        for name in ("summary.json",):
+            if (out / name).exists():
+                (out / name).unlink()
+    validate_config(cfg)
+    plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    t_load = time.perf_counter()
+    wl = load_workload(cfg.trace, seed=int(cfg.seed))
+    t_load = time.perf_counter() - t_load
+    n = len(wl)
+    rec = Recorder(n, wl.table.column("session_id").to_numpy(),
+                   record_steps=bool(cfg.output.write_steps))
+    show = cfg.sim.progress if progress_bar is None else progress_bar
+    bar = None
+    progress = None
+    if show:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n, unit="req", desc="kvsim", mininterval=0.5, leave=False)
+
+        def progress(done, _bar=bar):
+            _bar.update(done - _bar.n)
+    sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                    cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
+                    progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s)
+    t_sim = time.perf_counter()
+    try:
+        sim.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    t_sim = time.perf_counter() - t_sim
+    req = rec.requests_frame()
+    extra = {
+        "model": cfg.model.name,
+        "gpu": cfg.gpu.name,
+        "trace": cfg.trace.name,
+        "block_size": int(cfg.cache.block_size),
+        "kv_bytes_per_token": kv_bytes_per_token(cfg.model, cfg.cache),
+        "kv_bytes_per_block": kv_bytes_per_block(cfg.model, cfg.cache),
+        "memory_gib": {
+            "budget": plan.budget_bytes / 2**30,
+            "weights": plan.weight_bytes / 2**30,
+            "activation_reserve": plan.activation_bytes / 2**30,
+            "sliding_window_reserve": plan.window_reserve_bytes / 2**30,
+            "kv_pool": plan.num_gpu_blocks * plan.block_bytes / 2**30,
+        },
+        "trace_skipped_rows": _clean_nan(dict(wl.skipped)) if getattr(wl, "skipped", None) else {"count": 0, "examples": []},
+        "seed": int(cfg.seed),
+    }
+    summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    summary["wall"] = {
+        "wall_s": time.perf_counter() - wall0,
+        "load_s": t_load,
+        "simulate_s": t_sim,
+        "peak_rss_mb": peak_rss_mb,
+    }
+    summary = _clean_nan(summary)
+    if out is not None:
+        _write_parquet(req, out / "requests.parquet")
+        if cfg.output.write_steps:
+            _write_parquet(rec.steps_frame(), out / "steps.parquet")
+        if not (out / ".hydra" / "config.yaml").exists():
+            (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        summary["wall"]["wall_s"] = time.perf_counter() - wall0
+        _write_json(summary, out / "summary.json")
+        (out / MARKER).unlink()
+    return summary
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose the kvsim config without running Hydra's app (for tests and notebooks)."""
+    from hydra import compose, initialize_config_dir
+
+    from .config import register_configs
+
+    register_configs()
+    conf_dir = str(Path(__file__).resolve().parent.parent / "experiments" / "conf")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides or []))

@@ -1,0 +1,104 @@
+"""Block pool semantics (vLLM v1): LRU free queue, deepest-first eviction, prefix hits."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from sim.block_pool import NO_HASH, BlockPool
+from sim.keys import block_keys
+
+
+def test_finished_request_evicts_deepest_block_first():
+    pool = BlockPool(3)
+    blocks = pool.allocate(3)
+    keys = np.array([101, 102, 103])  # A, B, C
+    pool.cache_blocks(blocks, keys)
+    pool.free(blocks[::-1])  # finished request: last block first
+    assert pool.num_free == 3 and pool.num_cached_free == 3
+    new = pool.allocate(1)
+    assert new[0] == blocks[2]  # C, the deepest, is evicted
+    hit = pool.lookup_prefix(keys, 3)
+    assert hit.tolist() == blocks[:2].tolist()  # [A, B, C] now hits 2 blocks
+    assert pool.block_hash[blocks[2]] == NO_HASH
+
+
+def test_first_miss_ends_the_hit():
+    pool = BlockPool(8)
+    b = pool.allocate(4)
+    pool.cache_blocks(b, np.array([1, 2, 3, 4]))
+    assert len(pool.lookup_prefix(np.array([1, 2, 9, 4]), 4)) == 2
+    assert len(pool.lookup_prefix(np.array([9, 2, 3, 4]), 4)) == 0
+    assert len(pool.lookup_prefix(np.array([1, 2, 3, 4]), 3)) == 3
+
+
+def test_touch_removes_from_free_queue_and_counts_refs():
+    pool = BlockPool(4)
+    b = pool.allocate(2)
+    pool.cache_blocks(b, np.array([7, 8]))
+    pool.free(b[::-1])
+    assert pool.num_free == 4
+    hit = pool.lookup_prefix(np.array([7, 8]), 2)
+    assert pool.blocks_needed_for_touch(hit) == 2
+    pool.touch(hit)
+    assert pool.num_free == 2 and pool.num_cached_free == 0
+    pool.touch(hit)  # a second request shares them
+    assert pool.ref_cnt[hit].tolist() == [2, 2]
+    pool.free(hit[::-1])
+    assert pool.num_free == 2
+    pool.free(hit[::-1])
+    assert pool.num_free == 4
+    with pytest.raises(RuntimeError, match="double free"):
+        pool.free(hit)
+    pool.check()
+
+
+def test_lru_order_across_requests():
+    pool = BlockPool(6)
+    a = pool.allocate(2)
+    b = pool.allocate(2)
+    pool.free(a[::-1])
+    pool.free(b[::-1])
+    # the head of the queue is what was never used (4, 5), then a reversed, then b reversed
+    assert pool.free_queue_order().tolist() == [4, 5, a[1], a[0], b[1], b[0]]
+
+
+def test_keys_mooncake_mapping():
+    # G=512, B=16: block k inside trace block j gets (ids[j], index in j)
+    ids = np.array([10, 11, 12])
+    keys = block_keys(ids, 512, 1100, 16, request_id=5, n_blocks=72)
+    assert keys[0] == 10 * 513 + 16
+    assert keys[31] == 10 * 513 + 512
+    assert keys[32] == 11 * 513 + 16
+    # last partial trace block covers only input_length: 1100 tokens -> 68 full blocks identified
+    assert (keys[:68] >= 0).all() and (keys[68:] < 0).all()
+    # unidentified keys are unique per request
+    other = block_keys(ids, 512, 1100, 16, request_id=6, n_blocks=72)
+    assert (keys[:68] == other[:68]).all() and not np.intersect1d(keys[68:], other[68:]).size
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "free", "hit"]), st.integers(1, 6)), max_size=80))
+def test_pool_never_double_frees_or_exceeds(ops):
+    pool = BlockPool(16)
+    held = []
+    next_key = [0]
+    for op, k in ops:
+        if op == "alloc" and k <= pool.num_free:
+            b = pool.allocate(k)
+            keys = np.arange(next_key[0], next_key[0] + k)
+            next_key[0] += k
+            pool.cache_blocks(b, keys)
+            held.append((b, keys))
+        elif op == "free" and held:
+            b, _ = held.pop(k % len(held))
+            pool.free(b[::-1])
+        elif op == "hit" and held:
+            _, keys = held[k % len(held)]
+            hit = pool.lookup_prefix(keys, len(keys))
+            if pool.blocks_needed_for_touch(hit) <= pool.num_free:
+                pool.touch(hit)
+                held.append((hit, keys[:len(hit)]))
+        allheld = np.concatenate([h for h, _ in held]) if held else np.empty(0, np.int64)
+        pool.check(allheld)
+        assert pool.num_free + pool.num_used == 16
+        assert 0 <= pool.num_free <= 16

@@ -1,0 +1,131 @@
+"""Engine behaviour pinned by issue 2 (prefix hits, block usage, idle pool, preemption)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import make_workload
+from sim.cost import build_cost_model
+from sim.engine import Simulator
+from sim.metrics import Recorder
+from sim.run import compose_config
+
+
+def simulate(wl, *overrides, num_blocks=1000, check=True, fast_forward=True, steps=True):
+    cfg = compose_config(["cache.num_gpu_blocks=%d" % num_blocks, *overrides])
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    rec = Recorder(len(wl), wl.table.column("session_id").to_numpy(), record_steps=steps)
+    sim = Simulator(wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                    cfg.model.max_model_len, rec, check_invariants=check, fast_forward=fast_forward)
+    sim.run()
+    return rec.requests_frame(), rec.steps_frame(), rec, sim
+
+
+def test_prefix_shorter_than_a_block_gives_no_hit():
+    # two prompts share their first 8 tokens only (trace granularity 8 < block size 16)
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=40, output_tokens=4, prefix_ids=[1, 2, 3, 4, 5]),
+        dict(arrival_s=10.0, input_tokens=40, output_tokens=4, prefix_ids=[1, 9, 10, 11, 12]),
+    ], prefix_block_tokens=8)
+    req, *_ = simulate(wl)
+    assert req.prefix_hit_tokens.tolist() == [0, 0]
+
+
+def test_hit_tokens_are_block_multiples_and_last_token_recomputed():
+    ids = list(range(100, 110))
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=160, output_tokens=3, prefix_ids=ids),
+        dict(arrival_s=10.0, input_tokens=160, output_tokens=3, prefix_ids=ids),  # full resend
+        dict(arrival_s=20.0, input_tokens=150, output_tokens=3, prefix_ids=ids),  # shorter
+    ], prefix_block_tokens=16)
+    req, *_ = simulate(wl)
+    hits = req.prefix_hit_tokens.tolist()
+    assert all(h % 16 == 0 for h in hits)
+    assert hits[0] == 0
+    assert hits[1] == 144  # (160 - 1) // 16 = 9 blocks: the last token is always recomputed
+    assert hits[2] == 144  # 150 tokens: 9 full blocks
+    assert req.computed_prompt_tokens.tolist() == [160, 16, 6]
+
+
+def test_block_usage_counts_allocated_blocks_not_filled_slots():
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=17, output_tokens=5) for _ in range(4)])
+    req, steps, *_ = simulate(wl, fast_forward=False)
+    first = steps.iloc[0]
+    assert first.prefill_tokens == 4 * 17
+    assert first.blocks_used == 4 * 2 and first.live_kv_tokens == 4 * 17
+    assert first.blocks_used * 16 / first.live_kv_tokens == pytest.approx(32 / 17)
+
+
+def test_idle_pool_has_no_used_blocks_but_cached_blocks_serve_a_resent_prompt():
+    ids = [7, 8, 9, 10]
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=64, output_tokens=2, prefix_ids=ids),
+        dict(arrival_s=50.0, input_tokens=64, output_tokens=2, prefix_ids=ids),
+    ], prefix_block_tokens=16)
+    req, steps, rec, sim = simulate(wl)
+    first_done = steps[steps.time_s < 50.0].iloc[-1]
+    assert first_done.blocks_used == 0 and first_done.running == 0
+    assert first_done.blocks_cached_free == 4  # 64 prompt tokens + 1 generated = 4 full blocks
+    assert req.prefix_hit_tokens.tolist() == [0, 48]
+    assert sim.pool.num_used == 0
+
+
+def test_preemption_by_recompute_and_rejection():
+    # 6 blocks of 16 = 96 slots; two requests each growing to 64 tokens must preempt
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=20, output_tokens=44),
+        dict(arrival_s=0.0, input_tokens=20, output_tokens=44),
+        dict(arrival_s=0.0, input_tokens=90, output_tokens=20),  # 109 slots > 96: never fits
+    ])
+    req, steps, rec, sim = simulate(wl, num_blocks=6)
+    assert req.status.tolist() == ["finished", "finished", "rejected"]
+    assert req.reject_reason.tolist()[2] == "kv_capacity"
+    assert rec.preemptions >= 1
+    assert req.preemptions.sum() == rec.preemptions
+    assert (steps.blocks_used <= 6).all()
+
+
+def test_max_model_len_rejection():
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=100, output_tokens=28)])
+    req, *_ = simulate(wl, "model.max_model_len=127")
+    assert req.status.tolist() == ["rejected"] and req.reject_reason.tolist() == ["max_model_len"]
+
+
+def test_closed_loop_child_arrives_after_parent_finish_plus_think():
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=64, output_tokens=10, prefix_ids=[1, 2, 3, 4], session_id=0),
+        dict(arrival_s=999.0, input_tokens=128, output_tokens=10, prefix_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+             parent_request_id=0, think_s=2.5, session_id=0, turn=1),
+    ], prefix_block_tokens=16)
+    req, *_ = simulate(wl)
+    assert req.arrival_s[1] == pytest.approx(req.finish_s[0] + 2.5)
+    assert req.prefix_hit_tokens[1] == 64
+
+
+def random_workload(seed, n=60):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        inp = int(rng.integers(1, 300))
+        shared = int(rng.integers(0, 3))
+        nid = -(-inp // 16)
+        ids = [shared * 1000 + j for j in range(nid)]
+        rows.append(dict(arrival_s=float(rng.uniform(0, 2)), input_tokens=inp,
+                         output_tokens=int(rng.integers(1, 80)), prefix_ids=ids))
+    rows.sort(key=lambda r: r["arrival_s"])
+    return make_workload(rows, prefix_block_tokens=16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fast_forward_equals_per_step(seed):
+    wl = random_workload(seed)
+    a, sa, ra, _ = simulate(wl, "scheduler.max_num_batched_tokens=256", num_blocks=60, fast_forward=True)
+    b, sb, rb, _ = simulate(wl, "scheduler.max_num_batched_tokens=256", num_blocks=60, fast_forward=False)
+    ints = ["prefix_hit_tokens", "computed_prompt_tokens", "preemptions"]
+    pd.testing.assert_frame_equal(a[ints + ["status"]], b[ints + ["status"]])
+    for col in ("first_token_s", "finish_s"):
+        np.testing.assert_allclose(a[col], b[col], rtol=1e-9, atol=1e-12)
+    assert ra.num_steps == rb.num_steps and ra.preemptions == rb.preemptions
+    cols = ["running", "waiting", "prefill_tokens", "decode_tokens", "blocks_used",
+            "blocks_cached_free", "live_kv_tokens"]
+    pd.testing.assert_frame_equal(sa[cols], sb[cols])
