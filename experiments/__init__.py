@@ -1,0 +1,1 @@
+"""Hydra configs (``experiments/conf``), named experiments and sweep tools."""

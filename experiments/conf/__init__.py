@@ -1,0 +1,1 @@
+"""Hydra config tree of kvsim (a package so Hydra finds it installed or editable)."""

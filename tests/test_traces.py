@@ -1,0 +1,297 @@
+"""Tests of the traces package (loaders, validation, samplers). Real-data tests that need
+../shared/traces are skipped when it is absent; the full Weka file is marked slow."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from traces import (TRACE_FORMATS, WORKLOAD_SCHEMA, TraceConfig, TraceError, Workload,
+                    load_workload, traces_dir)
+from traces.servegen import parse_pmf
+
+DATA = Path(__file__).parent / "data" / "traces"
+REPO = Path(__file__).resolve().parents[1]
+REAL = traces_dir()
+needs_real = pytest.mark.skipif(not (REAL / "SOURCES.md").exists(), reason="shared traces absent")
+
+
+def cfg(**kw) -> TraceConfig:
+    return TraceConfig(**kw)
+
+
+# ---------------------------------------------------------------- bundled slice / mooncake
+def test_bundled_default_slice():
+    w = load_workload(None, seed=0)
+    assert isinstance(w, Workload)
+    assert len(w) == 1750
+    assert w.table.schema.equals(WORKLOAD_SCHEMA)
+    assert w.prefix_block_tokens == 512 and not w.closed_loop
+    assert w.input_tokens[0] == 6758 and w.output_tokens[0] == 500
+    off, val = w.prefix_offsets(), w.prefix_values()
+    assert off.dtype == np.int64 and off.size == 1751
+    assert val[off[0]:off[1]].tolist() == list(range(14))
+    assert val[off[1]:off[2]].tolist() == [0] + list(range(14, 28))
+    assert np.all(w.request_id == np.arange(1750))
+    assert np.all(w.parent_request_id == -1)
+    # 'even' spread: ~3 s buckets spread over [T, T_next)
+    a = w.arrival_s
+    assert np.all(np.diff(a) >= 0) and a[0] == 0.0 and 0 < a[1] < 3.0
+    assert a.max() < 600.0
+
+
+def test_timestamp_spread_modes():
+    keep = load_workload(cfg(timestamp_spread="keep"), 0).arrival_s
+    assert keep[1] == 0.0 and np.unique(keep).size < len(keep) / 1.2
+    assert np.allclose(keep * 1000, np.rint(keep * 1000))
+    j1 = load_workload(cfg(timestamp_spread="jitter"), 1).arrival_s
+    j1b = load_workload(cfg(timestamp_spread="jitter"), 1).arrival_s
+    j2 = load_workload(cfg(timestamp_spread="jitter"), 2).arrival_s
+    assert np.array_equal(j1, j1b) and not np.array_equal(j1, j2)
+    assert np.all(np.diff(j1) >= 0)
+    assert np.all(j1 >= keep) and np.all(j1 < keep + 3.01)
+
+
+def test_slicing_and_time_scale():
+    w = load_workload(cfg(start_s=60, duration_s=60, time_scale=0.5, timestamp_spread="keep"), 0)
+    full = load_workload(cfg(timestamp_spread="keep"), 0)
+    fa = full.arrival_s
+    sel = (fa >= 60) & (fa < 120)
+    assert len(w) == sel.sum()
+    assert np.allclose(w.arrival_s, (fa[sel] - 60) * 0.5)
+    assert np.array_equal(w.input_tokens, full.input_tokens[sel])
+    off, val = w.prefix_offsets(), w.prefix_values()
+    foff, fval = full.prefix_offsets(), full.prefix_values()
+    i0 = np.flatnonzero(sel)[0]
+    assert np.array_equal(val[off[0]:off[1]], fval[foff[i0]:foff[i0 + 1]])
+    assert len(load_workload(cfg(max_requests=7), 0)) == 7
+
+
+def test_mooncake_hash_count_error():
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(name="x", path=str(DATA / "mooncake_bad_hash.jsonl")), 0)
+    msg = str(e.value)
+    assert "mooncake_bad_hash.jsonl line 2" in msg
+    assert "field 'hash_ids'" in msg and "found 3 ids" in msg and "ceil(2000/512)=4" in msg
+
+
+def test_mooncake_nonmonotonic_error():
+    with pytest.raises(TraceError, match=r"mooncake_nonmono.jsonl line 2, field 'timestamp'"):
+        load_workload(cfg(name="x", path=str(DATA / "mooncake_nonmono.jsonl")), 0)
+
+
+def test_mooncake_mixed_fail_and_skip():
+    p = str(DATA / "mooncake_mixed.jsonl")
+    with pytest.raises(TraceError, match=r"line 2, field 'input_length': missing field"):
+        load_workload(cfg(name="x", path=p), 0)
+    w = load_workload(cfg(name="x", path=p, on_error="skip"), 0)
+    assert len(w) == 2 and w.skipped["count"] == 4
+    ex = w.skipped["examples"]
+    assert "line 3, field 'input_length'" in ex[1] and "'100' (str)" in ex[1]
+    assert "line 4, field 'input_length'" in ex[2] and ">= 1" in ex[2]
+    assert "line 5" in ex[3] and "invalid JSON" in ex[3]
+    assert any("skipped" in x for x in w.warnings)
+
+
+def test_empty_file_and_missing_path_and_unknown():
+    with pytest.raises(TraceError, match="empty file"):
+        load_workload(cfg(name="x", path=str(DATA / "empty.jsonl")), 0)
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(name="x", path="/nonexistent/trace.jsonl"), 0)
+    assert "/nonexistent/trace.jsonl" in str(e.value) and "trace.path" in str(e.value)
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(format="parquetx"), 0)
+    assert "synthetic_multiturn" in str(e.value) and "parquetx" in str(e.value)
+    with pytest.raises(TraceError, match="unknown trace name"):
+        load_workload(cfg(name="nope", format="mooncake"), 0)
+    with pytest.raises(TraceError, match="time_scale"):
+        load_workload(cfg(time_scale=0), 0)
+
+
+def test_missing_default_names_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVSIM_TRACES_DIR", str(tmp_path))
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(name="azure_conv", format="azure"), 0)
+    assert str(tmp_path / "azure2023" / "AzureLLMInferenceTrace_conv.csv") in str(e.value)
+
+
+# ---------------------------------------------------------------- azure
+def test_azure_errors_and_policies():
+    with pytest.raises(TraceError, match=r"azure_neg.csv line 3, field 'ContextTokens': found -3"):
+        load_workload(cfg(name="x", format="azure", path=str(DATA / "azure_neg.csv")), 0)
+    with pytest.raises(TraceError, match=r"line 1, field 'GeneratedTokens': missing column"):
+        load_workload(cfg(name="x", format="azure", path=str(DATA / "azure_missing_col.csv")), 0)
+    z = str(DATA / "azure_zero.csv")
+    with pytest.raises(TraceError, match=r"line 2, field 'GeneratedTokens': found 0"):
+        load_workload(cfg(name="x", format="azure", path=z, zero_output="error"), 0)
+    w = load_workload(cfg(name="x", format="azure", path=z), 0)
+    assert w.output_tokens.tolist() == [1] and w.notes["zero_output_rows"] == 1 and w.warnings
+    u = load_workload(cfg(name="x", format="azure", path=str(DATA / "azure_unsorted.csv")), 0)
+    assert u.input_tokens.tolist() == [20, 10] and u.arrival_s.tolist() == [0.0, 1.5]
+    assert "sorted" in u.warnings[0] and "line 3" in u.warnings[0]
+    assert u.prefix_block_tokens == 0 and u.prefix_values().size == 0
+
+
+@needs_real
+def test_azure_real():
+    w = load_workload(cfg(name="azure_code", format="azure"), 0)
+    assert len(w) == 8819 and w.input_tokens[0] == 4808 and w.output_tokens[0] == 10
+    assert abs(w.arrival_s[1] - 0.052) < 1e-9 and not w.warnings
+
+
+@needs_real
+def test_mooncake_real_full():
+    w = load_workload(cfg(name="mooncake_conversation"), 0)
+    assert len(w) == 12031 and not w.warnings
+
+
+# ---------------------------------------------------------------- weka
+def _weka(path, **kw):
+    return load_workload(cfg(name="t", format="weka", path=str(path), session_arrival="recorded",
+                             session_interval_s=100.0, **kw), 0)
+
+
+@pytest.mark.parametrize("fname", ["weka_tiny.jsonl", "weka_tiny.jsonl.xz"])
+def test_weka_structure(fname):
+    w = _weka(DATA / fname)
+    assert w.closed_loop and w.prefix_block_tokens == 64 and len(w) == 7
+    assert w.parent_request_id.tolist() == [-1, 0, 1, 0, 3, -1, 5]
+    assert np.allclose(w.think_s, [0, 3.0, 4.0, 25.0, 7.0, 0, 8.0])
+    assert w.turn.tolist() == [0, 0, 1, 1, 2, 0, 1]
+    assert w.session_id.tolist() == [0, 0, 0, 0, 0, 1, 1]
+    assert np.allclose(w.arrival_s, [0, 5, 10, 30, 40, 100, 110])
+    assert w.output_tokens.tolist() == [10, 4, 3, 1, 5, 2, 2]  # out 0 -> 1
+    off, val = w.prefix_offsets(), w.prefix_values()
+    ids = [val[off[i]:off[i + 1]].tolist() for i in range(7)]
+    assert ids == [[0, 1, 2], [4, 5], [4, 5, 6], [0, 1, 2, 3], [0, 1, 2, 3], [7, 8], [7, 9]]
+
+
+def test_weka_share_system_prefix():
+    w = _weka(DATA / "weka_tiny.jsonl", share_system_prefix=True)
+    off, val = w.prefix_offsets(), w.prefix_values()
+    ids = [val[off[i]:off[i + 1]].tolist() for i in range(7)]
+    assert ids[0][:2] == ids[5][:2] == [0, 1]   # shared system+tool blocks
+    assert ids[6] == [0, 7]                      # diverges at block 1 -> own id
+    assert ids[0][2] not in ids[5]
+    assert ids[1][0] == 2                        # sub-agent system block
+
+
+def test_weka_poisson_seeded():
+    p = str(DATA / "weka_tiny.jsonl")
+    a = load_workload(cfg(name="t", format="weka", path=p), 1).arrival_s
+    b = load_workload(cfg(name="t", format="weka", path=p), 1).arrival_s
+    c = load_workload(cfg(name="t", format="weka", path=p), 2).arrival_s
+    assert np.array_equal(a, b) and not np.array_equal(a, c) and a[0] == 0.0
+
+
+def test_weka_errors():
+    with pytest.raises(TraceError) as e:
+        _weka(DATA / "weka_bad.jsonl")
+    msg = str(e.value)
+    assert "weka_bad.jsonl line 2" in msg and "field 'hash_ids'" in msg and "floor(150/64)=2" in msg
+    w = _weka(DATA / "weka_bad.jsonl", on_error="skip")
+    assert w.skipped["count"] == 2 and "duplicate session id" in w.skipped["examples"][1]
+    assert w.num_sessions == 1
+    with pytest.raises(TraceError, match=r"weka_corrupt.jsonl.xz after line \d+.*unreadable xz"):
+        _weka(DATA / "weka_corrupt.jsonl.xz")
+
+
+@needs_real
+@pytest.mark.slow
+def test_weka_real_full():
+    w = load_workload(cfg(name="weka_agentic", format="weka"), 0)
+    assert len(w) == 49334 and w.num_sessions == 710
+    assert w.prefix_values().size == 94_310_647
+    assert int(w.input_tokens.sum()) == 6_037_445_403
+    assert w.notes["subagents"] == 63 and w.notes["peak_rss_mb"] < 1500
+
+
+@needs_real
+def test_weka_real_first_sessions():
+    w = load_workload(cfg(name="weka_agentic", format="weka", max_sessions=3), 0)
+    assert w.num_sessions == 3 and w.input_tokens[0] == 71175
+    assert (w.parent_request_id < 0).sum() == 3
+
+
+# ---------------------------------------------------------------- servegen
+def test_pmf_parsing():
+    v, pr = parse_pmf("{10: 0.25, 20: 0.75}", path="f", window="0", field="input_tokens", integer=True)
+    assert v.tolist() == [10, 20] and pr.tolist() == [0.25, 0.75]
+    assert parse_pmf("{}", path="f", window="0", field="x", integer=True) is None
+    with pytest.raises(TraceError, match=r"f window '0', field 'x': PMF does not sum to 1"):
+        parse_pmf("{1: 0.5}", path="f", window="0", field="x", integer=True)
+    with pytest.raises(TraceError, match="unparsable PMF"):
+        parse_pmf("__import__('os')", path="f", window="0", field="x", integer=True)
+
+
+def test_servegen_bad_pmf_and_sampler():
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(name="s", format="servegen", path=str(DATA / "servegen_bad")), 0)
+    msg = str(e.value)
+    assert "chunk-0-dataset.json" in msg and "window '0'" in msg and "'input_tokens'" in msg
+    c = cfg(name="s", format="servegen", path=str(DATA / "servegen_ok"), num_requests=500)
+    a, b, d = load_workload(c, 3), load_workload(c, 3), load_workload(c, 4)
+    assert len(a) == 500 and a.table.equals(b.table) and not a.table.equals(d.table)
+    assert set(a.input_tokens.tolist()) <= {10, 20} and set(a.output_tokens.tolist()) == {5}
+    assert np.all(np.diff(a.arrival_s) >= 0) and a.arrival_s.max() < 600 + 1200
+    assert a.extra["reason_ratio"].shape == (500,)
+
+
+@needs_real
+def test_servegen_real_small():
+    w = load_workload(cfg(name="servegen_r1", format="servegen", num_requests=300, clients=[0, 1]), 0)
+    assert len(w) == 300 and w.output_tokens.min() >= 1 and w.input_tokens.min() >= 1
+
+
+# ---------------------------------------------------------------- synthetic
+@pytest.mark.parametrize("fmt", ["synthetic_agentic", "synthetic_reasoning", "synthetic_multiturn"])
+def test_synthetic_determinism(fmt):
+    a, b, c = (load_workload(cfg(name=fmt, format=fmt), s) for s in (7, 7, 8))
+    assert a.table.equals(b.table) and not a.table.equals(c.table)
+    assert a.output_tokens.min() >= 1 and a.input_tokens.min() >= 1
+    assert np.all(a.parent_request_id < a.request_id)
+
+
+def test_synthetic_multiturn_prefix_consistency():
+    w = load_workload(cfg(name="m", format="synthetic_multiturn", num_sessions=5), 0)
+    off, val, par = w.prefix_offsets(), w.prefix_values(), w.parent_request_id
+    G = w.prefix_block_tokens
+    n_child = 0
+    for i in range(len(w)):
+        assert off[i + 1] - off[i] == w.input_tokens[i] // G
+        p = par[i]
+        if p >= 0:
+            n_child += 1
+            # turn r shares the full previous prompt + output (all its full blocks)
+            k = (w.input_tokens[p] + w.output_tokens[p]) // G
+            assert np.array_equal(val[off[i]:off[i] + k], val[off[p]:off[p]] if k == 0 else
+                                  np.concatenate([val[off[p]:off[p + 1]],
+                                                  val[off[i] + (off[p + 1] - off[p]):off[i] + k]]))
+            assert np.array_equal(val[off[i]:off[i] + (off[p + 1] - off[p])], val[off[p]:off[p + 1]])
+            assert w.think_s[i] > 0
+    assert n_child > 0
+    sess = w.session_id
+    first = [np.flatnonzero(sess == s)[0] for s in np.unique(sess)]
+    nshared = 500 // G
+    for a in first[1:]:
+        assert np.array_equal(val[off[a]:off[a] + nshared], val[off[first[0]]:off[first[0]] + nshared])
+
+
+# ---------------------------------------------------------------- config / presets
+def test_presets_and_omegaconf():
+    from omegaconf import OmegaConf
+    schema = OmegaConf.structured(TraceConfig)
+    confdir = REPO / "experiments" / "conf" / "trace"
+    names = sorted(p.stem for p in confdir.glob("*.yaml"))
+    assert {"mooncake_conversation_10min", "mooncake_conversation", "mooncake_synthetic",
+            "azure_conv", "azure_code", "weka_agentic", "servegen_r1", "synthetic_agentic",
+            "synthetic_reasoning", "synthetic_multiturn"} <= set(names)
+    for n in names:
+        merged = OmegaConf.merge(schema, OmegaConf.load(confdir / f"{n}.yaml"))
+        assert merged.name == n and merged.format in TRACE_FORMATS
+    w = load_workload(OmegaConf.merge(schema, OmegaConf.load(confdir / "synthetic_reasoning.yaml")), 0)
+    assert len(w) == 2000
+    w2 = load_workload(OmegaConf.merge(schema, {"max_requests": 5}), 0)
+    assert len(w2) == 5

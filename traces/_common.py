@@ -1,0 +1,95 @@
+"""Intermediate result shared by the loaders, and small validation helpers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import TraceError
+
+try:  # orjson is ~2x faster than json on the Weka file; json is the fallback.
+    import orjson as _orjson
+
+    def loads(b: bytes) -> Any:
+        return _orjson.loads(b)
+
+    JSONDecodeError: tuple = (_orjson.JSONDecodeError, ValueError)
+except ImportError:  # pragma: no cover
+    import json as _json
+
+    def loads(b: bytes) -> Any:
+        return _json.loads(b)
+
+    JSONDecodeError = (ValueError,)
+
+
+@dataclass
+class Parsed:
+    """Rows in canonical order (parents before children, roots by arrival), before slicing."""
+
+    session_id: np.ndarray
+    turn: np.ndarray
+    arrival_s: np.ndarray
+    think_s: np.ndarray
+    parent: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_offsets: np.ndarray  # int64 [N+1], starting at 0
+    prefix_values: np.ndarray  # int64
+    block_tokens: int
+    source: str
+    warnings: list = field(default_factory=list)
+    notes: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
+
+
+def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[int] = None,
+             allow_zero_output: bool = False) -> int:
+    """Return ``obj[key]`` as an int, or raise a TraceError naming the field."""
+    if key not in obj:
+        raise TraceError("missing field", path=path, where=where, field=key,
+                         found="nothing", expected="an integer")
+    v = obj[key]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not is_int(v):
+        raise TraceError(path=path, where=where, field=key, found=f"{v!r} ({type(v).__name__})",
+                         expected="an integer")
+    if minimum is not None and v < minimum:
+        raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")
+    return v
+
+
+def need_num(obj: dict, key: str, *, path: str, where: str, minimum: Optional[float] = None) -> float:
+    """Return ``obj[key]`` as a finite float, or raise a TraceError naming the field."""
+    if key not in obj:
+        raise TraceError("missing field", path=path, where=where, field=key,
+                         found="nothing", expected="a number")
+    v = obj[key]
+    if not is_num(v) or v in (float("inf"), float("-inf")):
+        raise TraceError(path=path, where=where, field=key, found=f"{v!r} ({type(v).__name__})",
+                         expected="a finite number")
+    if minimum is not None and v < minimum:
+        raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")
+    return float(v)
+
+
+def output_len(v: int, zero_output: str, *, path: str, where: str, key: str,
+               counter: list) -> int:
+    """Apply the ``zero_output`` policy to a recorded output length (already an int >= 0)."""
+    if v >= 1:
+        return v
+    if zero_output == "as_one":
+        counter[0] += 1
+        return 1
+    raise TraceError(path=path, where=where, field=key, found=v,
+                     expected=">= 1 (set trace.zero_output=as_one to load 0 as 1)")

@@ -1,0 +1,53 @@
+"""Streaming line readers with compression detection and error wrapping."""
+from __future__ import annotations
+
+import gzip
+import lzma
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from .errors import TraceError
+
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_GZ_MAGIC = b"\x1f\x8b"
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line_number, raw_line_bytes)`` (1-based, newline stripped, blank lines skipped)
+    from a plain, .xz or .gz file, reading one line at a time.
+
+    Raises:
+        TraceError: empty file; corrupt or truncated compressed stream (names the last good line).
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    if not magic:
+        raise TraceError("empty file", path=str(path), found="0 bytes", expected="at least one row")
+    if magic.startswith(_XZ_MAGIC):
+        opener, kind = lzma.open, "xz"
+    elif magic.startswith(_GZ_MAGIC):
+        opener, kind = gzip.open, "gzip"
+    else:
+        opener, kind = open, None
+    lineno = 0
+    nonblank = 0
+    try:
+        with opener(path, "rb") as fh:
+            for raw in fh:
+                lineno += 1
+                raw = raw.rstrip(b"\r\n")
+                if not raw.strip():
+                    continue
+                nonblank += 1
+                yield lineno, raw
+    except (lzma.LZMAError, EOFError, OSError, zlib.error) as e:
+        if kind is None:
+            raise
+        raise TraceError(f"unreadable {kind} stream", path=str(path),
+                         where=f"after line {lineno}", found=f"{type(e).__name__}: {e}",
+                         expected=f"a complete, valid {kind} file") from e
+    if nonblank == 0:
+        raise TraceError("empty file", path=str(path), found="no non-blank lines",
+                         expected="at least one row")

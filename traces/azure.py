@@ -1,0 +1,136 @@
+"""Azure LLM inference traces 2023 (Splitwise, ISCA'24): CSV ``TIMESTAMP`` (wall clock, 100 ns
+resolution, e.g. ``2023-11-16 18:17:03.9799600``), ``ContextTokens``, ``GeneratedTokens``.
+
+Mapping: arrival_s = TIMESTAMP - first row's TIMESTAMP (exact to 100 ns, computed in integer
+ticks); input = ContextTokens (>= 1), output = GeneratedTokens. No prefix identity (G = 0, empty
+prefix_ids). Open loop. Rows out of time order are stably sorted with a warning (the format is a
+request log without ids, so order carries no other meaning; the 2023 files are already in
+order). GeneratedTokens = 0 follows ``zero_output`` (the 2023 files have none).
+"""
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ._common import Parsed, output_len
+from ._io import iter_lines
+from .errors import ErrorSink, TraceError
+
+COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_TICKS = 10_000_000  # 100 ns ticks per second
+
+
+def _parse_ts(s: str, cache: dict) -> int:
+    """'YYYY-MM-DD HH:MM:SS[.fffffff]' -> integer 100 ns ticks since the Unix epoch (UTC)."""
+    s = s.strip()
+    head, _, frac = s.partition(".")
+    base = cache.get(head)
+    if base is None:
+        dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        base = int(dt.timestamp()) * _TICKS
+        cache[head] = base
+    if frac:
+        if not frac.isdigit() or len(frac) > 7:
+            raise ValueError(f"bad fraction {frac!r}")
+        return base + int(frac.ljust(7, "0"))
+    return base
+
+
+def _int(v: str, *, p: str, where: str, field: str, minimum: int) -> int:
+    try:
+        x = int(v.strip())
+    except ValueError:
+        raise TraceError(path=p, where=where, field=field, found=repr(v), expected="an integer") from None
+    if x < minimum:
+        raise TraceError(path=p, where=where, field=field, found=x, expected=f">= {minimum}")
+    return x
+
+
+def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
+    """Parse an Azure 2023 CSV trace (see module docstring).
+
+    Raises:
+        TraceError: missing column, unparsable timestamp or integer, ContextTokens < 1,
+            GeneratedTokens < 0 (or 0 with ``zero_output=error``), no data rows, empty file.
+    """
+    p = str(path)
+    lines = iter_lines(path)
+    _, header_raw = next(lines)
+    header = next(csv.reader([header_raw.decode("utf-8", "replace")]))
+    header = [h.strip() for h in header]
+    idx = {}
+    for c in COLUMNS:
+        if c not in header:
+            raise TraceError("missing column", path=p, where="line 1", field=c,
+                             found=f"header {header}", expected=f"columns {list(COLUMNS)}")
+        idx[c] = header.index(c)
+    ticks: list[int] = []
+    inp: list[int] = []
+    out: list[int] = []
+    line_of: list[int] = []
+    zero = [0]
+    cache: dict = {}
+    rows = 0
+    for lineno, raw in lines:
+        rows += 1
+        where = f"line {lineno}"
+        try:
+            rec = next(csv.reader(io.StringIO(raw.decode("utf-8", "replace"))))
+            if len(rec) < len(header):
+                raise TraceError(path=p, where=where, found=f"{len(rec)} fields",
+                                 expected=f"{len(header)} fields ({', '.join(header)})")
+            try:
+                tk = _parse_ts(rec[idx["TIMESTAMP"]], cache)
+            except ValueError:
+                raise TraceError(path=p, where=where, field="TIMESTAMP",
+                                 found=repr(rec[idx["TIMESTAMP"]]),
+                                 expected="'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+            n_in = _int(rec[idx["ContextTokens"]], p=p, where=where, field="ContextTokens", minimum=1)
+            n_out = _int(rec[idx["GeneratedTokens"]], p=p, where=where, field="GeneratedTokens",
+                         minimum=0)
+            n_out = output_len(n_out, cfg.zero_output, path=p, where=where,
+                               key="GeneratedTokens", counter=zero)
+        except TraceError as e:
+            sink.bad(e)
+            continue
+        ticks.append(tk)
+        inp.append(n_in)
+        out.append(n_out)
+        line_of.append(lineno)
+    if not ticks:
+        raise TraceError("no valid rows", path=p, found=f"{rows} data rows, {sink.count} skipped",
+                         expected="at least one valid row")
+    tk = np.asarray(ticks, dtype=np.int64)
+    inp_a = np.asarray(inp, dtype=np.int64)
+    out_a = np.asarray(out, dtype=np.int64)
+    warnings = []
+    back = np.flatnonzero(np.diff(tk) < 0)
+    if back.size:
+        order = np.argsort(tk, kind="stable")
+        tk, inp_a, out_a = tk[order], inp_a[order], out_a[order]
+        warnings.append(f"{back.size} rows earlier than the row before them (first at line "
+                        f"{line_of[back[0] + 1]}); rows stably sorted by TIMESTAMP")
+    if zero[0]:
+        warnings.append(f"{zero[0]} rows had GeneratedTokens 0; loaded as 1 (zero_output=as_one)")
+    n = tk.size
+    arrival = (tk - tk[0]).astype(np.float64) / _TICKS
+    return Parsed(
+        session_id=np.arange(n, dtype=np.int64),
+        turn=np.zeros(n, dtype=np.int32),
+        arrival_s=arrival,
+        think_s=np.zeros(n),
+        parent=np.full(n, -1, dtype=np.int64),
+        input_tokens=inp_a,
+        output_tokens=out_a,
+        prefix_offsets=np.zeros(n + 1, dtype=np.int64),
+        prefix_values=np.zeros(0, dtype=np.int64),
+        block_tokens=0,
+        source=p,
+        warnings=warnings,
+        notes={"rows_read": rows, "zero_output_rows": zero[0], "rows_out_of_order": int(back.size),
+               "first_timestamp_ticks_100ns": int(tk[0])},
+    )

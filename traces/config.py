@@ -1,0 +1,251 @@
+"""Trace configuration (Hydra structured-config schema of group ``trace``) and path resolution."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import TraceError
+
+__all__ = [
+    "TraceConfig",
+    "TRACE_FORMATS",
+    "PRESET_PATHS",
+    "FORMAT_DEFAULT_PATHS",
+    "BUNDLED_PRESET",
+    "traces_dir",
+    "resolve_path",
+    "coerce_config",
+]
+
+#: Valid values of ``TraceConfig.format``.
+TRACE_FORMATS: tuple[str, ...] = (
+    "mooncake",
+    "azure",
+    "weka",
+    "servegen",
+    "synthetic_agentic",
+    "synthetic_reasoning",
+    "synthetic_multiturn",
+)
+
+SYNTHETIC_FORMATS = ("synthetic_agentic", "synthetic_reasoning", "synthetic_multiturn")
+
+#: The preset shipped inside the package (default trace).
+BUNDLED_PRESET = "mooncake_conversation_10min"
+BUNDLED_FILE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_10min.jsonl"
+
+#: Default location of each preset's data, relative to :func:`traces_dir` (``path: null``).
+PRESET_PATHS: dict[str, str] = {
+    "mooncake_conversation": "mooncake/conversation_trace.jsonl",
+    "mooncake_synthetic": "mooncake/synthetic_trace.jsonl",
+    "azure_conv": "azure2023/AzureLLMInferenceTrace_conv.csv",
+    "azure_code": "azure2023/AzureLLMInferenceTrace_code.csv",
+    "weka_agentic": "weka_agentic/weka_traces.jsonl.xz",
+    "servegen_r1": "servegen_deepseek_r1",
+}
+
+#: Fallback default per format, used only when ``name`` equals the format name.
+FORMAT_DEFAULT_PATHS: dict[str, str] = {
+    "mooncake": "mooncake/conversation_trace.jsonl",
+    "azure": "azure2023/AzureLLMInferenceTrace_conv.csv",
+    "weka": "weka_agentic/weka_traces.jsonl.xz",
+    "servegen": "servegen_deepseek_r1",
+}
+
+
+@dataclass
+class TraceConfig:
+    """What trace to load and how to turn it into a workload.
+
+    All fields have defaults; the default config loads the bundled Mooncake 10-minute slice.
+    ``None`` in a synthetic parameter means "the format's default" (see
+    ``traces.synthetic.SYNTHETIC_DEFAULTS``).
+
+    Common:
+        name: preset name (``experiments/conf/trace/<name>.yaml``); used to find the default path.
+        format: one of :data:`TRACE_FORMATS`.
+        path: trace file or folder; None = preset default (bundled slice for
+            ``mooncake_conversation_10min``, else ``<traces_dir>/<PRESET_PATHS[name]>``;
+            ``traces_dir`` = env ``KVSIM_TRACES_DIR`` or ``<repo>/../shared/traces``).
+        time_scale: factor (> 0) applied to every ``arrival_s`` after slicing (0.5 = twice the load).
+            ``think_s`` is not scaled.
+        max_requests: keep only the first N rows (canonical order) after time slicing.
+        start_s, duration_s: keep roots with ``start_s <= arrival < start_s + duration_s`` on the
+            trace clock (before ``time_scale``) plus their descendants; arrivals are rebased so
+            ``start_s`` becomes 0.
+        timestamp_spread: Mooncake's quantised (~3 s) timestamps: ``keep`` | ``even`` | ``jitter``.
+        on_error: ``fail`` (raise on the first bad row) | ``skip`` (skip, count, keep 10 examples).
+        zero_output: rows whose recorded output length is 0: ``as_one`` (load with
+            output_tokens = 1, i.e. prefill plus the one sampled token; counted in ``warnings``
+            and ``notes['zero_output_rows']``) | ``error`` (treat as a bad row).
+
+    Weka:
+        session_arrival: ``poisson`` (seeded, ``session_rate_per_s``; first session at 0) |
+            ``recorded`` (file order, ``session_interval_s`` apart: the traces hold no absolute
+            session start).
+        share_system_prefix: map the leading ids covering ``system_tokens + tool_tokens`` to one
+            id space shared across sessions (assumption: same system/tool prompt everywhere).
+        max_sessions: read only the first N sessions (file order).
+
+    ServeGen:
+        num_requests: requests to sample; clients: chunk numbers (None = all in the folder);
+        servegen_iat: ``rate`` (fitted family and shape, scale rescaled so the mean inter-arrival
+            equals 1/rate of the window) | ``fit`` (shape and scale exactly as in the file).
+
+    Synthetic (lognormal: ``*_mean`` = mean of the distribution in tokens, ``*_sigma`` = sigma of
+    the underlying normal):
+        num_sessions, turns_min, turns_max, arrival_rate_per_s (sessions or, for reasoning,
+        requests per second), think_time_mean_s (exponential), shared_prefix_tokens (system/tool
+        prompt shared by all sessions), input_mean/input_sigma (first prompt after the shared
+        prefix), turn_input_mean/turn_input_sigma (new tokens per later turn), output_mean/
+        output_sigma, block_tokens (G of the generated prefix ids), max_context_tokens (a session
+        ends before a prompt would exceed it).
+    """
+
+    name: str = BUNDLED_PRESET
+    format: str = "mooncake"
+    path: Optional[str] = None
+    time_scale: float = 1.0
+    max_requests: Optional[int] = None
+    start_s: float = 0.0
+    duration_s: Optional[float] = None
+    timestamp_spread: str = "even"
+    on_error: str = "fail"
+    zero_output: str = "as_one"
+    # Weka
+    session_arrival: str = "poisson"
+    session_rate_per_s: float = 0.2
+    session_interval_s: float = 5.0
+    share_system_prefix: bool = False
+    max_sessions: Optional[int] = None
+    # ServeGen
+    num_requests: int = 5000
+    clients: Optional[list[int]] = None
+    servegen_iat: str = "rate"
+    # Synthetic (None = format default)
+    num_sessions: Optional[int] = None
+    turns_min: Optional[int] = None
+    turns_max: Optional[int] = None
+    arrival_rate_per_s: Optional[float] = None
+    think_time_mean_s: Optional[float] = None
+    shared_prefix_tokens: Optional[int] = None
+    input_mean: Optional[float] = None
+    input_sigma: Optional[float] = None
+    turn_input_mean: Optional[float] = None
+    turn_input_sigma: Optional[float] = None
+    output_mean: Optional[float] = None
+    output_sigma: Optional[float] = None
+    block_tokens: Optional[int] = None
+    max_context_tokens: Optional[int] = None
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(TraceConfig))
+
+
+def coerce_config(cfg: Any) -> TraceConfig:
+    """Turn a TraceConfig, an OmegaConf DictConfig or a plain mapping into a validated TraceConfig.
+
+    Raises:
+        TraceError: unknown keys, unknown format, or an out-of-range option.
+    """
+    if cfg is None:
+        cfg = TraceConfig()
+    if isinstance(cfg, TraceConfig):
+        data = {n: getattr(cfg, n) for n in _FIELD_NAMES}
+    else:
+        try:  # OmegaConf DictConfig (structured or plain)
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(cfg, DictConfig):
+                cfg = OmegaConf.to_container(cfg, resolve=True)
+        except ImportError:  # pragma: no cover
+            pass
+        if not isinstance(cfg, dict):
+            raise TraceError(field="trace", found=type(cfg).__name__,
+                             expected="TraceConfig, DictConfig or dict")
+        unknown = sorted(set(cfg) - set(_FIELD_NAMES))
+        if unknown:
+            raise TraceError("unknown trace config keys", found=unknown,
+                             expected=f"a subset of {list(_FIELD_NAMES)}")
+        data = dict(cfg)
+    if data.get("clients") is not None:
+        data["clients"] = [int(c) for c in data["clients"]]
+    c = TraceConfig(**data)
+    _validate(c)
+    return c
+
+
+def _choice(c: TraceConfig, field: str, options: tuple[str, ...]) -> None:
+    v = getattr(c, field)
+    if v not in options:
+        raise TraceError(field=field, found=repr(v), expected=f"one of {list(options)}")
+
+
+def _validate(c: TraceConfig) -> None:
+    _choice(c, "format", TRACE_FORMATS)
+    _choice(c, "timestamp_spread", ("keep", "even", "jitter"))
+    _choice(c, "on_error", ("fail", "skip"))
+    _choice(c, "zero_output", ("as_one", "error"))
+    _choice(c, "session_arrival", ("poisson", "recorded"))
+    _choice(c, "servegen_iat", ("rate", "fit"))
+    if not (c.time_scale > 0):
+        raise TraceError(field="time_scale", found=c.time_scale, expected="> 0")
+    if c.max_requests is not None and c.max_requests < 1:
+        raise TraceError(field="max_requests", found=c.max_requests, expected=">= 1 or null")
+    if c.duration_s is not None and not (c.duration_s > 0):
+        raise TraceError(field="duration_s", found=c.duration_s, expected="> 0 or null")
+    if c.start_s < 0:
+        raise TraceError(field="start_s", found=c.start_s, expected=">= 0")
+    if c.session_rate_per_s <= 0:
+        raise TraceError(field="session_rate_per_s", found=c.session_rate_per_s, expected="> 0")
+    if c.session_interval_s < 0:
+        raise TraceError(field="session_interval_s", found=c.session_interval_s, expected=">= 0")
+    if c.max_sessions is not None and c.max_sessions < 1:
+        raise TraceError(field="max_sessions", found=c.max_sessions, expected=">= 1 or null")
+    if c.num_requests < 1:
+        raise TraceError(field="num_requests", found=c.num_requests, expected=">= 1")
+
+
+def traces_dir() -> Path:
+    """Folder holding the real traces: env ``KVSIM_TRACES_DIR``, else ``<repo>/../shared/traces``
+    where ``<repo>`` is the parent of the ``traces`` package folder."""
+    env = os.environ.get("KVSIM_TRACES_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent
+    return repo.parent / "shared" / "traces"
+
+
+def resolve_path(c: TraceConfig) -> Optional[Path]:
+    """The file/folder to read for ``c`` (None for synthetic formats).
+
+    Raises:
+        TraceError: no default known for ``c.name``, or the path does not exist.
+    """
+    if c.format in SYNTHETIC_FORMATS:
+        return None
+    hint = ("Point trace.path at the file (e.g. `trace.path=/data/traces/x.jsonl` on the Hydra "
+            "command line) or set KVSIM_TRACES_DIR to the folder holding the traces")
+    if c.path is not None:
+        p = Path(os.path.expanduser(str(c.path)))
+        if not p.is_absolute() and not p.exists():
+            alt = traces_dir() / p
+            if alt.exists():
+                p = alt
+    elif c.name == BUNDLED_PRESET:
+        p = BUNDLED_FILE
+    elif c.name in PRESET_PATHS:
+        p = traces_dir() / PRESET_PATHS[c.name]
+    elif c.name == c.format and c.format in FORMAT_DEFAULT_PATHS:
+        p = traces_dir() / FORMAT_DEFAULT_PATHS[c.format]
+    else:
+        raise TraceError(
+            "unknown trace name and no trace.path given", field="name", found=repr(c.name),
+            expected=f"a preset in {[BUNDLED_PRESET, *PRESET_PATHS]} or a format name",
+            hint=hint)
+    if not p.exists():
+        raise TraceError("trace file not found", path=str(p), found="no such file or folder",
+                         expected=f"the {c.format} trace for '{c.name}'", hint=hint)
+    return p

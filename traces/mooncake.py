@@ -1,0 +1,132 @@
+"""Mooncake (FAST'25) JSONL traces: ``timestamp`` (ms), ``input_length``, ``output_length``,
+``hash_ids`` (prefix-chained ids of 512-token blocks, ``len == ceil(input_length/512)``, the last
+block may be partial).
+
+Open loop: every row is a root. Timestamps must be non-decreasing (the real files are).
+
+Timestamp buckets (``timestamp_spread``): the conversation trace records arrivals quantised into
+~3 s buckets (up to ~30 requests share one timestamp). ``keep`` uses them as recorded (bursts);
+``even`` (default) spreads the k requests sharing timestamp T evenly over [T, T_next) in file
+order (request i at T + i*(T_next - T)/k), deterministic; ``jitter`` draws k seeded uniform
+offsets in [T, T_next) and sorts them so file order is kept. For the last bucket T_next - T is the
+median gap between distinct timestamps of the file (0 if the file has a single timestamp).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ._common import JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
+from ._io import iter_lines
+from .errors import ErrorSink, TraceError
+
+BLOCK_TOKENS = 512
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def spread_timestamps(t: np.ndarray, mode: str, rng: np.random.Generator) -> np.ndarray:
+    """Spread quantised, non-decreasing timestamps ``t`` (s) within their buckets (see module doc)."""
+    if mode == "keep" or t.size == 0:
+        return t.copy()
+    uniq, start, counts = np.unique(t, return_index=True, return_counts=True)
+    gaps = np.diff(uniq)
+    last = float(np.median(gaps)) if gaps.size else 0.0
+    width = np.append(gaps, last)
+    group = np.repeat(np.arange(uniq.size), counts)
+    pos = np.arange(t.size) - start[group]
+    if mode == "even":
+        return uniq[group] + pos * (width[group] / counts[group])
+    # jitter: sorted uniform offsets within each bucket
+    off = rng.uniform(0.0, 1.0, size=t.size) * width[group]
+    # rows of a bucket are contiguous, so sorting (group, offset) gives each position its offset
+    order = np.lexsort((off, group))
+    return uniq[group] + off[order]
+
+
+def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
+    """Parse a Mooncake JSONL file. See module docstring for the mapping.
+
+    Raises:
+        TraceError: bad JSON, missing/mistyped field, input_length < 1, output_length < 0 (or 0
+            with ``zero_output=error``), hash_ids count != ceil(input_length/512), negative ids,
+            decreasing timestamp, empty file.
+    """
+    p = str(path)
+    ts: list[float] = []
+    inp: list[int] = []
+    out: list[int] = []
+    offs: list[int] = [0]
+    vals: list[int] = []
+    zero = [0]
+    last_ts = -math.inf
+    rows = 0
+    for lineno, raw in iter_lines(path):
+        rows += 1
+        where = f"line {lineno}"
+        try:
+            try:
+                obj = loads(raw)
+            except JSONDecodeError as e:
+                raise TraceError("invalid JSON", path=p, where=where, found=str(e)[:80],
+                                 expected="one JSON object per line") from None
+            if not isinstance(obj, dict):
+                raise TraceError(path=p, where=where, found=type(obj).__name__,
+                                 expected="a JSON object")
+            t = need_num(obj, "timestamp", path=p, where=where, minimum=0)
+            n_in = need_int(obj, "input_length", path=p, where=where, minimum=1)
+            n_out = need_int(obj, "output_length", path=p, where=where, minimum=0)
+            h = obj.get("hash_ids")
+            if not isinstance(h, list):
+                raise TraceError("missing field" if h is None else None, path=p, where=where,
+                                 field="hash_ids", found=repr(h)[:40] if h is not None else "nothing",
+                                 expected="a list of non-negative integers")
+            want = -(-n_in // BLOCK_TOKENS)
+            if len(h) != want:
+                raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
+                                 expected=f"ceil({n_in}/{BLOCK_TOKENS})={want}")
+            for x in h:
+                if not is_int(x) or x < 0:
+                    raise TraceError(path=p, where=where, field="hash_ids",
+                                     found=f"element {x!r}", expected="non-negative integers")
+            if t < last_ts:
+                raise TraceError("timestamps must be non-decreasing", path=p, where=where,
+                                 field="timestamp", found=f"{t:g}",
+                                 expected=f">= previous timestamp {last_ts:g}")
+            n_out = output_len(n_out, cfg.zero_output, path=p, where=where,
+                               key="output_length", counter=zero)
+        except TraceError as e:
+            sink.bad(e)
+            continue
+        last_ts = t
+        ts.append(t)
+        inp.append(n_in)
+        out.append(n_out)
+        vals.extend(h)
+        offs.append(len(vals))
+    if not ts:
+        raise TraceError("no valid rows", path=p, found=f"{rows} rows, {sink.count} skipped",
+                         expected="at least one valid row")
+    t_s = np.asarray(ts, dtype=np.float64) / 1000.0
+    arrival = spread_timestamps(t_s, cfg.timestamp_spread, rng)
+    n = len(ts)
+    warnings = []
+    if zero[0]:
+        warnings.append(f"{zero[0]} rows had output_length 0; loaded as 1 (zero_output=as_one)")
+    return Parsed(
+        session_id=np.arange(n, dtype=np.int64),
+        turn=np.zeros(n, dtype=np.int32),
+        arrival_s=arrival,
+        think_s=np.zeros(n),
+        parent=np.full(n, -1, dtype=np.int64),
+        input_tokens=np.asarray(inp, dtype=np.int64),
+        output_tokens=np.asarray(out, dtype=np.int64),
+        prefix_offsets=np.asarray(offs, dtype=np.int64),
+        prefix_values=np.asarray(vals, dtype=np.int64),
+        block_tokens=BLOCK_TOKENS,
+        source=p,
+        warnings=warnings,
+        notes={"rows_read": rows, "zero_output_rows": zero[0],
+               "distinct_timestamps": int(np.unique(t_s).size)},
+    )

@@ -1,0 +1,302 @@
+"""ServeGen (Xiang et al., arXiv 2505.09999) DeepSeek-R1 per-client distributions -> sampled requests.
+
+Folder layout: ``chunk-N-trace.csv`` (no header; one row per 600 s window of client N over a day:
+``window_start_s, rate (req/s), cv, pattern (Gamma | Weibull | empty = idle), shape, scale``) and
+``chunk-N-dataset.json`` (``{window_start_s: {"input_tokens": "<dict literal>", "output_tokens":
+..., "reason_ratio": ...}}``, PMFs as Python dict literals, 6 h windows; parsed with
+``ast.literal_eval``; an empty dict = no data).
+
+Sampling (seeded, one independent ``numpy.random.Generator`` per client from
+``SeedSequence([seed, client])``):
+
+* Inter-arrival times within a window are a renewal process of the window's family: Gamma(shape
+  k, scale theta) or theta * Weibull(k) (numpy's conventions). In the files ``k`` reproduces the
+  window's cv exactly for Gamma (cv = 1/sqrt(k)) and k*theta ~= 1/rate for most windows, so
+  shape/scale are fits of the inter-arrival time in seconds. ``servegen_iat=rate`` (default)
+  keeps the fitted family and shape but rescales theta so the mean inter-arrival equals 1/rate
+  (some fits are off by up to 4000x, which would flood a window); ``fit`` uses theta as given.
+  Each window restarts the process at its start; arrivals past the window end are dropped. Idle
+  windows (empty pattern or rate 0) produce nothing.
+* Input and output lengths are drawn independently from the PMFs of the 6 h dataset window
+  containing the arrival (the file gives marginals only). A window whose PMF is empty uses the
+  nearest window with data (ties: the earlier). ``reason_ratio`` is drawn likewise and returned in
+  ``Workload.extra['reason_ratio']``.
+* Clients are merged by time from ``start_s`` and the first ``num_requests`` are kept. Every
+  request is a single-shot root without prefix identity (G = 0).
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ._common import Parsed
+from .errors import ErrorSink, TraceError
+
+WINDOW_S = 600.0
+PMF_FIELDS = ("input_tokens", "output_tokens", "reason_ratio")
+_CHUNK_RE = re.compile(r"chunk-(\d+)-trace\.csv$")
+
+
+def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
+    """Parse one PMF dict literal -> (values, probabilities) numpy arrays, or None if empty.
+
+    Raises:
+        TraceError: not a dict literal, bad key/probability, or probabilities not summing to 1
+            within 1e-6.
+    """
+    where = f"window '{window}'"
+    if isinstance(text, dict):
+        d = text
+    else:
+        if not isinstance(text, str):
+            raise TraceError(path=path, where=where, field=field, found=type(text).__name__,
+                             expected="a string holding a dict literal")
+        try:
+            d = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
+            raise TraceError("unparsable PMF", path=path, where=where, field=field,
+                             found=f"{type(e).__name__}: {str(e)[:60]}",
+                             expected="a Python dict literal {value: probability}") from None
+    if not isinstance(d, dict):
+        raise TraceError(path=path, where=where, field=field, found=type(d).__name__,
+                         expected="a dict literal {value: probability}")
+    if not d:
+        return None
+    keys, probs = [], []
+    for k, v in d.items():
+        if integer:
+            ok = isinstance(k, int) and not isinstance(k, bool) and k >= 1
+        else:
+            ok = isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 0
+        if not ok:
+            raise TraceError(path=path, where=where, field=field, found=f"key {k!r}",
+                             expected="positive integer token counts" if integer else "numbers >= 0")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0) or math.isinf(v):
+            raise TraceError(path=path, where=where, field=field, found=f"probability {v!r} for {k!r}",
+                             expected="a finite probability >= 0")
+        keys.append(k)
+        probs.append(float(v))
+    total = math.fsum(probs)
+    if abs(total - 1.0) > 1e-6:
+        raise TraceError("PMF does not sum to 1", path=path, where=where, field=field,
+                         found=f"sum {total:.9g}", expected="1 within 1e-6")
+    return np.asarray(keys, dtype=np.int64 if integer else np.float64), np.asarray(probs)
+
+
+def _read_windows(path: Path, sink: ErrorSink) -> list[tuple[float, float, float, str, float, float]]:
+    p = str(path)
+    out = []
+    seen = {}
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        raise TraceError("empty file", path=p, found="0 rows", expected="one row per 600 s window")
+    for i, rec in enumerate(rows, start=1):
+        where = f"line {i}"
+        try:
+            if len(rec) != 6:
+                raise TraceError(path=p, where=where, found=f"{len(rec)} fields",
+                                 expected="6 fields: window_start_s,rate,cv,pattern,shape,scale")
+            names = ("window_start_s", "rate", "cv", None, "shape", "scale")
+            vals = []
+            for name, v in zip(names, rec):
+                if name is None:
+                    vals.append(v.strip())
+                    continue
+                try:
+                    x = float(v)
+                except ValueError:
+                    raise TraceError(path=p, where=where, field=name, found=repr(v),
+                                     expected="a number") from None
+                if not math.isfinite(x) or x < 0:
+                    raise TraceError(path=p, where=where, field=name, found=repr(v),
+                                     expected="a finite number >= 0")
+                vals.append(x)
+            w0, rate, cv, pat, k, theta = vals
+            if pat not in ("", "Gamma", "Weibull"):
+                raise TraceError(path=p, where=where, field="pattern", found=repr(pat),
+                                 expected="'Gamma', 'Weibull' or empty (idle)")
+            if pat and rate > 0 and not (k > 0 and theta > 0):
+                raise TraceError(path=p, where=where, field="shape/scale", found=f"{k}/{theta}",
+                                 expected="> 0 for an active window")
+            if pat == "" and rate > 0:
+                raise TraceError(path=p, where=where, field="pattern", found="empty (idle)",
+                                 expected=f"a distribution for rate {rate} > 0")
+            if w0 in seen:
+                raise TraceError("duplicate window", path=p, where=where, field="window_start_s",
+                                 found=w0, expected=f"unique window starts (first at line {seen[w0]})")
+        except TraceError as e:
+            sink.bad(e)
+            continue
+        seen[w0] = i
+        out.append((w0, rate, cv, pat, k, theta))
+    out.sort()
+    return out
+
+
+def _read_dataset(path: Path) -> list[tuple[float, dict]]:
+    p = str(path)
+    try:
+        with open(path) as fh:
+            d = json.load(fh)
+    except json.JSONDecodeError as e:
+        raise TraceError("invalid JSON", path=p, where=f"line {e.lineno}", found=e.msg,
+                         expected="a JSON object keyed by window start") from None
+    if not isinstance(d, dict) or not d:
+        raise TraceError(path=p, found=repr(d)[:40], expected="a non-empty JSON object")
+    wins = []
+    for key, fields in d.items():
+        try:
+            w0 = float(key)
+        except ValueError:
+            raise TraceError(path=p, where=f"window '{key}'", found=repr(key),
+                             expected="a window start in seconds") from None
+        if not isinstance(fields, dict):
+            raise TraceError(path=p, where=f"window '{key}'", found=type(fields).__name__,
+                             expected="an object with input_tokens/output_tokens/reason_ratio")
+        pm = {}
+        for f in PMF_FIELDS:
+            if f not in fields:
+                raise TraceError("missing field", path=p, where=f"window '{key}'", field=f,
+                                 found="nothing", expected="a PMF dict literal")
+            pm[f] = parse_pmf(fields[f], path=p, window=key, field=f, integer=f != "reason_ratio")
+        wins.append((w0, pm))
+    wins.sort(key=lambda x: x[0])
+    return wins
+
+
+def _pmf_for(wins: list, t: float, field: str, p: str):
+    """PMF of the dataset window containing t; empty -> nearest window with data."""
+    starts = [w for w, _ in wins]
+    i = max(0, int(np.searchsorted(starts, t, side="right")) - 1)
+    if wins[i][1][field] is not None:
+        return wins[i][1][field]
+    best = None
+    for j, (w0, pm) in enumerate(wins):
+        if pm[field] is None:
+            continue
+        dist = abs(j - i)
+        if best is None or dist < best[0]:
+            best = (dist, pm[field])
+    if best is None:
+        raise TraceError("no PMF data in any window", path=p, field=field, found="empty dicts",
+                         expected="at least one window with data")
+    return best[1]
+
+
+def _iat(rng, pat: str, k: float, theta: float, rate: float, mode: str, size: int) -> np.ndarray:
+    if pat == "Gamma":
+        if mode == "rate":
+            theta = 1.0 / (rate * k)
+        return rng.gamma(k, theta, size)
+    if mode == "rate":
+        theta = 1.0 / (rate * math.gamma(1.0 + 1.0 / k))
+    return theta * rng.weibull(k, size)
+
+
+def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0) -> Parsed:
+    """Sample ``cfg.num_requests`` requests from a ServeGen client folder (module docstring).
+
+    Raises:
+        TraceError: no chunk files / requested client missing, malformed trace.csv row,
+            unparsable or non-normalised PMF, no data, too few arrivals in the day.
+    """
+    folder = Path(path)
+    if folder.is_file():
+        folder = folder.parent
+    found = {}
+    for f in folder.iterdir():
+        m = _CHUNK_RE.search(f.name)
+        if m:
+            found[int(m.group(1))] = f
+    if not found:
+        raise TraceError("no chunk-N-trace.csv files", path=str(folder), found="none",
+                         expected="chunk-N-trace.csv + chunk-N-dataset.json pairs")
+    clients = sorted(found) if cfg.clients is None else list(cfg.clients)
+    per_client = []
+    for c in clients:
+        if c not in found:
+            raise TraceError("unknown client", path=str(folder), field="clients", found=c,
+                             expected=f"one of {sorted(found)}")
+        ds = folder / f"chunk-{c}-dataset.json"
+        if not ds.exists():
+            raise TraceError("missing dataset file", path=str(ds), found="no such file",
+                             expected=f"the PMFs of client {c}")
+        per_client.append((c, _read_windows(found[c], sink), _read_dataset(ds), str(ds)))
+    # generate window by window (all clients), stop once enough arrivals are after start_s
+    t_all, c_all, in_all, out_all, rr_all = [], [], [], [], []
+    gens = {c: np.random.default_rng(np.random.SeedSequence([seed, 0x5E2, c])) for c in clients}
+    all_starts = sorted({w[0] for _, wins, _, _ in per_client for w in wins})
+    count = 0
+    by_client_window = {c: {w[0]: w for w in wins} for c, wins, _, _ in per_client}
+    for w0 in all_starts:
+        if w0 + WINDOW_S <= cfg.start_s:
+            continue
+        for c, wins, dsw, dsp in per_client:
+            w = by_client_window[c].get(w0)
+            if w is None:
+                continue
+            _, rate, cv, pat, k, theta = w
+            if rate <= 0 or not pat:
+                continue
+            g = gens[c]
+            ts = []
+            t = w0
+            while True:
+                draws = _iat(g, pat, k, theta, rate, cfg.servegen_iat,
+                             max(16, int(rate * WINDOW_S * 1.5)))
+                cs = t + np.cumsum(draws)
+                inside = cs[cs < w0 + WINDOW_S]
+                ts.append(inside)
+                if inside.size < cs.size:
+                    break
+                t = cs[-1]
+            ts = np.concatenate(ts)
+            ts = ts[ts >= cfg.start_s]
+            if not ts.size:
+                continue
+            pin = _pmf_for(dsw, w0, "input_tokens", dsp)
+            pout = _pmf_for(dsw, w0, "output_tokens", dsp)
+            prr = _pmf_for(dsw, w0, "reason_ratio", dsp)
+            n = ts.size
+            t_all.append(ts)
+            c_all.append(np.full(n, c, dtype=np.int64))
+            in_all.append(g.choice(pin[0], size=n, p=pin[1] / pin[1].sum()))
+            out_all.append(g.choice(pout[0], size=n, p=pout[1] / pout[1].sum()))
+            rr_all.append(g.choice(prr[0], size=n, p=prr[1] / prr[1].sum()))
+            count += n
+        if count >= cfg.num_requests:
+            break
+    if count == 0:
+        raise TraceError("no arrivals sampled", path=str(folder), found=f"0 requests after start_s={cfg.start_s}",
+                         expected="active windows for the chosen clients")
+    t = np.concatenate(t_all)
+    order = np.argsort(t, kind="stable")[: cfg.num_requests]
+    n = order.size
+    warnings = []
+    if n < cfg.num_requests:
+        warnings.append(f"only {n} arrivals in the day after start_s; fewer than num_requests="
+                        f"{cfg.num_requests}")
+    client = np.concatenate(c_all)[order]
+    return Parsed(
+        session_id=np.arange(n, dtype=np.int64),
+        turn=np.zeros(n, dtype=np.int32),
+        arrival_s=t[order],
+        think_s=np.zeros(n),
+        parent=np.full(n, -1, dtype=np.int64),
+        input_tokens=np.concatenate(in_all)[order].astype(np.int64),
+        output_tokens=np.concatenate(out_all)[order].astype(np.int64),
+        prefix_offsets=np.zeros(n + 1, dtype=np.int64),
+        prefix_values=np.zeros(0, dtype=np.int64),
+        block_tokens=0,
+        source=str(folder),
+        warnings=warnings,
+        notes={"clients": len(clients), "sampled_before_cut": int(count)},
+        extra={"reason_ratio": np.concatenate(rr_all)[order], "client": client},
+    )

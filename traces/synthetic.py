@@ -1,0 +1,153 @@
+"""Seeded synthetic workload generators.
+
+All three share one model: sessions (clients) start as a Poisson process (``arrival_rate_per_s``,
+first session at 0). A session's token stream is append-only: ``shared prefix (system/tool prompt,
+identical in every session) + first input + output_0 + new input_1 + output_1 + ...``; turn r's
+prompt is the stream up to the end of new input r (the whole history is resent, outputs included).
+Prefix ids (G = ``block_tokens``) are assigned per full block of the stream, so turn r's ids start
+with all full-block ids of turn r-1's prompt + output; blocks lying entirely inside the shared
+prefix get ids 0..floor(shared/G)-1 in every session. Only full blocks get ids (floor(in/G)).
+
+Turn 0 is a root at the session start; turn r > 0 has parent = turn r-1 and think_s ~
+Exponential(``think_time_mean_s``). Children's arrival_s = parent's arrival + think_s (a lower
+bound, informational). A session stops early when the next prompt would exceed
+``max_context_tokens``. Lengths are lognormal: ``*_mean`` is the mean in tokens, ``*_sigma`` the
+sigma of the underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1.
+
+* ``synthetic_agentic``: large shared system+tool prompt, many turns, short think (tool runs),
+  each turn adds a tool output.
+* ``synthetic_reasoning``: single-turn requests (each its own session): short prompts, long
+  lognormal outputs, Poisson arrivals.
+* ``synthetic_multiturn``: N chat clients, a few turns each, human think times.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._common import Parsed
+from .errors import ErrorSink, TraceError
+
+#: Per-format defaults for every ``None`` synthetic field of TraceConfig.
+SYNTHETIC_DEFAULTS: dict[str, dict] = {
+    "synthetic_agentic": dict(
+        num_sessions=50, turns_min=10, turns_max=40, arrival_rate_per_s=0.1,
+        think_time_mean_s=2.0, shared_prefix_tokens=12000, input_mean=2000.0, input_sigma=0.8,
+        turn_input_mean=800.0, turn_input_sigma=1.0, output_mean=250.0, output_sigma=0.8,
+        block_tokens=16, max_context_tokens=131072),
+    "synthetic_reasoning": dict(
+        num_sessions=2000, turns_min=1, turns_max=1, arrival_rate_per_s=2.0,
+        think_time_mean_s=0.0, shared_prefix_tokens=0, input_mean=300.0, input_sigma=0.7,
+        turn_input_mean=300.0, turn_input_sigma=0.7, output_mean=4000.0, output_sigma=0.8,
+        block_tokens=16, max_context_tokens=131072),
+    "synthetic_multiturn": dict(
+        num_sessions=64, turns_min=3, turns_max=12, arrival_rate_per_s=0.5,
+        think_time_mean_s=30.0, shared_prefix_tokens=500, input_mean=400.0, input_sigma=0.8,
+        turn_input_mean=150.0, turn_input_sigma=0.8, output_mean=300.0, output_sigma=0.8,
+        block_tokens=16, max_context_tokens=32768),
+}
+
+
+def synthetic_params(cfg) -> dict:
+    """Resolved parameters: cfg values, ``None`` replaced by the format's defaults.
+
+    Raises:
+        TraceError: a parameter out of range.
+    """
+    d = dict(SYNTHETIC_DEFAULTS[cfg.format])
+    for k in d:
+        v = getattr(cfg, k)
+        if v is not None:
+            d[k] = v
+    checks = [
+        ("num_sessions", d["num_sessions"] >= 1, ">= 1"),
+        ("turns_min", 1 <= d["turns_min"] <= d["turns_max"], "1 <= turns_min <= turns_max"),
+        ("arrival_rate_per_s", d["arrival_rate_per_s"] > 0, "> 0"),
+        ("think_time_mean_s", d["think_time_mean_s"] >= 0, ">= 0"),
+        ("shared_prefix_tokens", d["shared_prefix_tokens"] >= 0, ">= 0"),
+        ("block_tokens", d["block_tokens"] >= 1, ">= 1"),
+        ("max_context_tokens", d["max_context_tokens"] >= 1, ">= 1"),
+    ]
+    for k in ("input", "turn_input", "output"):
+        checks.append((f"{k}_mean", d[f"{k}_mean"] >= 1, ">= 1"))
+        checks.append((f"{k}_sigma", d[f"{k}_sigma"] >= 0, ">= 0"))
+    for name, ok, exp in checks:
+        if not ok:
+            raise TraceError(field=name, found=d[name], expected=exp)
+    return d
+
+
+def _lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
+    mu = math.log(mean) - sigma * sigma / 2.0
+    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size))).astype(np.int64)
+
+
+def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0) -> Parsed:
+    """Generate the synthetic workload of ``cfg.format`` (see module docstring)."""
+    d = synthetic_params(cfg)
+    G = int(d["block_tokens"])
+    shared_blocks = int(d["shared_prefix_tokens"]) // G
+    S = int(d["num_sessions"])
+    gaps = rng.exponential(1.0 / d["arrival_rate_per_s"], S)
+    gaps[0] = 0.0
+    starts = np.cumsum(gaps)
+    turns = rng.integers(int(d["turns_min"]), int(d["turns_max"]) + 1, S)
+    next_gid = shared_blocks
+    cols = {k: [] for k in ("session", "turn", "arrival", "think", "parent", "in", "out")}
+    offs = [0]
+    vals: list[int] = []
+    truncated = 0
+    for s in range(S):
+        T = int(turns[s])
+        first_in = int(d["shared_prefix_tokens"]) + int(_lognormal(rng, d["input_mean"], d["input_sigma"], 1)[0])
+        new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T)
+        outs = _lognormal(rng, d["output_mean"], d["output_sigma"], T)
+        thinks = rng.exponential(d["think_time_mean_s"], T) if d["think_time_mean_s"] > 0 else np.zeros(T)
+        stream: list[int] = []  # global id per full block of the stream
+        prompt = first_in
+        arrival = float(starts[s])
+        for r in range(T):
+            if r > 0:
+                prompt = prompt + int(outs[r - 1]) + int(new_in[r])
+                if prompt > d["max_context_tokens"]:
+                    truncated += 1
+                    break
+                arrival += float(thinks[r])
+            nb = prompt // G
+            while len(stream) < nb:
+                j = len(stream)
+                if j < shared_blocks:
+                    stream.append(j)
+                else:
+                    stream.append(next_gid)
+                    next_gid += 1
+            row = len(cols["session"])
+            cols["session"].append(s)
+            cols["turn"].append(r)
+            cols["arrival"].append(arrival)
+            cols["think"].append(float(thinks[r]) if r > 0 else 0.0)
+            cols["parent"].append(row - 1 if r > 0 else -1)
+            cols["in"].append(prompt)
+            cols["out"].append(int(outs[r]))
+            vals.extend(stream[:nb])
+            offs.append(len(vals))
+    warnings = []
+    if truncated:
+        warnings.append(f"{truncated} sessions ended early at max_context_tokens="
+                        f"{d['max_context_tokens']}")
+    return Parsed(
+        session_id=np.asarray(cols["session"], dtype=np.int64),
+        turn=np.asarray(cols["turn"], dtype=np.int32),
+        arrival_s=np.asarray(cols["arrival"], dtype=np.float64),
+        think_s=np.asarray(cols["think"], dtype=np.float64),
+        parent=np.asarray(cols["parent"], dtype=np.int64),
+        input_tokens=np.asarray(cols["in"], dtype=np.int64),
+        output_tokens=np.asarray(cols["out"], dtype=np.int64),
+        prefix_offsets=np.asarray(offs, dtype=np.int64),
+        prefix_values=np.asarray(vals, dtype=np.int64),
+        block_tokens=G,
+        source=f"synthetic:{cfg.format}",
+        warnings=warnings,
+        notes={"params": d, "sessions": S},
+    )

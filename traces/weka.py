@@ -1,0 +1,351 @@
+"""WEKA kv-cache-tester agentic coding traces (``weka_traces.jsonl.xz``): one session per line.
+
+Session fields: ``id``, ``block_size`` (64), ``hash_id_scope`` ("local"), ``system_tokens``,
+``tool_tokens``, ``requests``. Request fields: ``t`` (s since session start), ``type``, ``in``,
+``out``, ``hash_ids`` (floor(in/64) ids, session-local), ``api_time``/``think_time`` (s, may be
+absent). ``type: "subagent"`` entries carry their own ``requests`` (``t`` relative to the
+sub-agent's start) sharing the session's id space, plus ``duration_ms``, ``system_tokens``,
+``tool_tokens``.
+
+Mapping (closed loop):
+
+* Main chain = the session's non-subagent requests in listed order. The first is a root arriving
+  at the session start; request i > 0 has parent = request i-1 and think_s = its ``think_time``.
+  When ``think_time`` is absent: think_s = t[i] - t[i-1] - api_time[i-1] (api_time absent: 0).
+  In the data t[i] - t[i-1] matches api_time[i-1] + think_time[i] to within ~1 s (t is rounded).
+  A derived negative value is set to 0 and counted in ``warnings``.
+* Sub-agents: the marker's ``t`` is the sub-agent's *completion* time in session seconds (it equals
+  the spawning request's finish + ``duration_ms`` within ~1 s in the data), so its start is
+  ``t - duration_ms/1000`` (``t`` when duration_ms is null). The sub-agent's requests form their
+  own chain; its first request's parent is the main-chain request listed just before the marker,
+  think_s = start - (parent.t + parent.api_time) (>= 0; clamped values counted in ``warnings``;
+  the marker-relative ``t`` of the first sub-agent request is 0 in all 63 markers). Later
+  sub-agent requests chain as the main chain does. The main-chain request after a sub-agent keeps
+  its recorded think_time (which already includes the wait for the sub-agent). A marker before any
+  main request becomes a root at session start + start. Sub-agent rows keep the session's
+  session_id; turn counts within each chain.
+* Session arrivals: the traces carry no absolute session start (every session's first t is 0).
+  ``poisson``: seeded exponential gaps at ``session_rate_per_s``, first session at 0, one draw per
+  line of the file (skipped sessions keep the others' times stable). ``recorded``: session k (file
+  line order) starts at k * ``session_interval_s``.
+* Children's arrival_s = session start + recorded t (informational; the simulator releases them
+  by parent finish + think_s).
+* Prefix ids: session-local ids are remapped to dense global ids (session by session, so
+  (session, local id) -> global id is injective). With ``share_system_prefix`` the first
+  floor((system_tokens + tool_tokens)/64) ids of the session's first main request (and, per
+  sub-agent, of its first request with the marker's system/tool tokens) map to one global id per
+  position shared by all sessions: an ASSUMPTION that all sessions use the same system prompt and
+  tool definitions (an optimistic bound on cross-session prefix reuse).
+* Rows are session-major (file order), chains interleaved in listed order; ``max_requests``
+  therefore keeps whole sessions first.
+* ``on_error=skip`` skips a whole session (line) with any bad request: chains cannot be cut.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ._common import JSONDecodeError, Parsed, is_int, is_num, loads, need_int, need_num, output_len
+from ._io import iter_lines
+from .errors import ErrorSink, TraceError
+
+BLOCK_TOKENS = 64
+_MAX_LOCAL_ID = 1 << 31
+
+
+def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
+    tt = req.get("think_time")
+    if tt is not None:
+        if not is_num(tt) or tt < 0:
+            raise TraceError(path=p, where=where, field="think_time", found=repr(tt),
+                             expected="a number >= 0 or absent")
+        return float(tt)
+    api = prev.get("api_time")
+    d = req["t"] - prev["t"] - (api if is_num(api) else 0.0)
+    if d < 0:
+        neg[0] += 1
+        return 0.0
+    return float(d)
+
+
+def _check_request(r: dict, p: str, where: str, zero_output: str, zero: list) -> tuple[int, int, list]:
+    need_num(r, "t", path=p, where=where, minimum=0)
+    n_in = need_int(r, "in", path=p, where=where, minimum=1)
+    n_out = need_int(r, "out", path=p, where=where, minimum=0)
+    h = r.get("hash_ids")
+    if not isinstance(h, list):
+        raise TraceError("missing field" if h is None else None, path=p, where=where,
+                         field="hash_ids", found=repr(h)[:40] if h is not None else "nothing",
+                         expected="a list of non-negative integers")
+    want = n_in // BLOCK_TOKENS
+    if len(h) != want:
+        raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
+                         expected=f"floor({n_in}/{BLOCK_TOKENS})={want}")
+    api = r.get("api_time")
+    if api is not None and (not is_num(api) or api < 0):
+        raise TraceError(path=p, where=where, field="api_time", found=repr(api),
+                         expected="a number >= 0 or absent")
+    n_out = output_len(n_out, zero_output, path=p, where=where, key="out", counter=zero)
+    return n_in, n_out, h
+
+
+def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
+    """Validate one session; return (sid, rows, id_lists, canon) in listed order.
+
+    rows: list of (local_parent, turn, t_rel, think, in, out)."""
+    where0 = f"line {lineno}"
+    if not isinstance(s, dict):
+        raise TraceError(path=p, where=where0, found=type(s).__name__, expected="a JSON object")
+    sid = s.get("id")
+    if sid is None:
+        raise TraceError("missing field", path=p, where=where0, field="id", found="nothing",
+                         expected="a session id")
+    bs = s.get("block_size", BLOCK_TOKENS)
+    if bs != BLOCK_TOKENS:
+        raise TraceError(path=p, where=where0, field="block_size", found=repr(bs),
+                         expected=str(BLOCK_TOKENS))
+    scope = s.get("hash_id_scope", "local")
+    if scope != "local":
+        raise TraceError(path=p, where=where0, field="hash_id_scope", found=repr(scope),
+                         expected="'local'")
+    reqs = s.get("requests")
+    if not isinstance(reqs, list) or not reqs:
+        raise TraceError(path=p, where=where0, field="requests",
+                         found=repr(reqs)[:40] if reqs is not None else "nothing",
+                         expected="a non-empty list")
+    sys_tok = s.get("system_tokens", 0) or 0
+    tool_tok = s.get("tool_tokens", 0) or 0
+    if not (is_int(sys_tok) and is_int(tool_tok)) or sys_tok < 0 or tool_tok < 0:
+        raise TraceError(path=p, where=where0, field="system_tokens/tool_tokens",
+                         found=f"{sys_tok!r}/{tool_tok!r}", expected="non-negative integers")
+    rows: list = []
+    ids: list = []
+    canon: list = []  # (scope_name, list of leading local ids)
+    zero, neg = counters["zero"], counters["neg_think"]
+    prev_main = None  # (row index, request dict)
+    main_turn = 0
+    for k, r in enumerate(reqs):
+        where = f"line {lineno} (session {sid!r}, request {k})"
+        if not isinstance(r, dict):
+            raise TraceError(path=p, where=where, found=type(r).__name__, expected="a JSON object")
+        typ = r.get("type")
+        if typ == "subagent":
+            mt = need_num(r, "t", path=p, where=where, minimum=0)
+            sub = r.get("requests")
+            if not isinstance(sub, list) or not sub:
+                raise TraceError(path=p, where=where, field="requests",
+                                 found=repr(sub)[:40] if sub is not None else "nothing",
+                                 expected="a non-empty list of sub-agent requests")
+            dur = r.get("duration_ms")
+            if dur is not None and (not is_num(dur) or dur < 0):
+                raise TraceError(path=p, where=where, field="duration_ms", found=repr(dur),
+                                 expected="a number >= 0 or null")
+            start = mt - dur / 1000.0 if dur is not None else mt
+            prev_sub = None
+            for j, q in enumerate(sub):
+                w2 = f"{where[:-1]}, sub-agent request {j})"
+                if not isinstance(q, dict):
+                    raise TraceError(path=p, where=w2, found=type(q).__name__, expected="a JSON object")
+                if q.get("type") == "subagent":
+                    raise TraceError(path=p, where=w2, field="type", found="'subagent'",
+                                     expected="no nested sub-agents")
+                n_in, n_out, h = _check_request(q, p, w2, cfg.zero_output, zero)
+                t_rel = start + float(q["t"])
+                if prev_sub is None:
+                    if prev_main is None:
+                        parent, think = -1, 0.0
+                    else:
+                        pm = prev_main[1]
+                        api = pm.get("api_time")
+                        think = start - float(pm["t"]) - (api if is_num(api) else 0.0)
+                        if think < 0:
+                            counters["neg_sub_think"][0] += 1
+                            think = 0.0
+                        parent = prev_main[0]
+                    if cfg.share_system_prefix:
+                        st = (r.get("system_tokens") or 0) + (r.get("tool_tokens") or 0)
+                        canon.append(("subagent", h[: int(st) // BLOCK_TOKENS]))
+                else:
+                    parent = len(rows) - 1
+                    think = _think(q, prev_sub, p, w2, neg)
+                    if q["t"] < prev_sub["t"]:
+                        raise TraceError(path=p, where=w2, field="t", found=q["t"],
+                                         expected=f">= previous t {prev_sub['t']}")
+                rows.append((parent, j, t_rel, think, n_in, n_out))
+                ids.append(h)
+                prev_sub = q
+            counters["subagents"] += 1
+            continue
+        if not isinstance(typ, str):
+            raise TraceError(path=p, where=where, field="type", found=repr(typ),
+                             expected="a string")
+        n_in, n_out, h = _check_request(r, p, where, cfg.zero_output, zero)
+        if prev_main is None:
+            parent, think = -1, 0.0
+            if cfg.share_system_prefix:
+                canon.append(("main", h[: (sys_tok + tool_tok) // BLOCK_TOKENS]))
+        else:
+            if r["t"] < prev_main[1]["t"]:
+                raise TraceError(path=p, where=where, field="t", found=r["t"],
+                                 expected=f">= previous main-chain t {prev_main[1]['t']}")
+            parent = prev_main[0]
+            think = _think(r, prev_main[1], p, where, neg)
+        rows.append((parent, main_turn, float(r["t"]), think, n_in, n_out))
+        ids.append(h)
+        prev_main = (len(rows) - 1, r)
+        main_turn += 1
+    return sid, rows, ids, canon
+
+
+def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
+    """Stream a Weka agentic JSONL(.xz) file line by line (see module docstring).
+
+    Memory: the flat prefix-id buffer (int64) grows in place with ``ndarray.resize`` (realloc),
+    so the peak is about the final table plus one session's parsed JSON.
+
+    Raises:
+        TraceError: bad JSON, missing/mistyped field, in < 1, out < 0, hash_ids count !=
+            floor(in/64), negative local ids, decreasing t within a chain, duplicate session id,
+            block_size != 64, non-local id scope, corrupt/truncated .xz, empty file.
+    """
+    p = str(path)
+    t0 = time.perf_counter()
+    cap = 1 << 22
+    vals = np.empty(cap, dtype=np.int64)
+    nvals = 0
+    offs: list[int] = [0]
+    col_session: list[int] = []
+    col_turn: list[int] = []
+    col_arrival: list[float] = []
+    col_think: list[float] = []
+    col_parent: list[int] = []
+    col_in: list[int] = []
+    col_out: list[int] = []
+    seen: dict = {}
+    shared: dict = {}
+    next_gid = 0
+    counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0}
+    sessions = 0
+    lines_read = 0
+    poisson_t = 0.0
+    gc_was = gc.isenabled()
+    gc.disable()  # the parsed sessions hold no cycles; GC passes only cost time here
+    try:
+        for lineno, raw in iter_lines(path):
+            if cfg.max_sessions is not None and sessions >= cfg.max_sessions:
+                break
+            k = lines_read
+            lines_read += 1
+            if cfg.session_arrival == "poisson":
+                if k > 0:
+                    poisson_t += rng.exponential(1.0 / cfg.session_rate_per_s)
+                start = poisson_t
+            else:
+                start = k * cfg.session_interval_s
+            try:
+                try:
+                    s = loads(raw)
+                except JSONDecodeError as e:
+                    raise TraceError("invalid JSON", path=p, where=f"line {lineno}",
+                                     found=str(e)[:80], expected="one JSON object per line") from None
+                sid, rows, ids, canon = _parse_session(s, p, lineno, cfg, counters)
+                if sid in seen:
+                    raise TraceError("duplicate session id", path=p, where=f"line {lineno}",
+                                     field="id", found=repr(sid),
+                                     expected=f"unique ids (first at line {seen[sid]})")
+                total = sum(map(len, ids))
+                local = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total) \
+                    if total else np.zeros(0, dtype=np.int64)
+            except (TraceError, TypeError, ValueError, OverflowError) as e:
+                if not isinstance(e, TraceError):
+                    e = TraceError("malformed session", path=p, where=f"line {lineno}",
+                                   found=f"{type(e).__name__}: {e}"[:120],
+                                   expected="fields of the documented types")
+                sink.bad(e)
+                continue
+            if total:
+                lo, hi = int(local.min()), int(local.max())
+                if lo < 0 or hi >= _MAX_LOCAL_ID:
+                    sink.bad(TraceError(path=p, where=f"line {lineno}", field="hash_ids",
+                                        found=f"ids in [{lo}, {hi}]",
+                                        expected=f"local ids in [0, {_MAX_LOCAL_ID})"))
+                    continue
+                lut = np.full(hi + 1, -1, dtype=np.int64)
+                for scope, lead in canon:
+                    for j, loc in enumerate(lead):
+                        if lut[loc] >= 0:
+                            continue
+                        g = shared.get((scope, j))
+                        if g is None:
+                            g = shared[(scope, j)] = next_gid
+                            next_gid += 1
+                        lut[loc] = g
+                present = np.zeros(hi + 1, dtype=bool)
+                present[local] = True
+                need = present & (lut < 0)
+                m = int(need.sum())
+                lut[need] = np.arange(next_gid, next_gid + m, dtype=np.int64)
+                next_gid += m
+                if nvals + total > cap:
+                    while nvals + total > cap:
+                        cap = int(cap * 1.5)
+                    vals.resize(cap, refcheck=False)  # realloc: grows in place / via mremap
+                vals[nvals:nvals + total] = lut[local]
+            seen[sid] = lineno
+            base = len(col_session)
+            for parent, turn, t_rel, think, n_in, n_out in rows:
+                col_parent.append(parent + base if parent >= 0 else -1)
+                col_turn.append(turn)
+                col_arrival.append(start + t_rel)
+                col_think.append(think)
+                col_in.append(n_in)
+                col_out.append(n_out)
+                col_session.append(sessions)
+            for h in ids:
+                nvals_row = offs[-1] + len(h)
+                offs.append(nvals_row)
+            nvals += total
+            sessions += 1
+    finally:
+        if gc_was:
+            gc.enable()
+    if sessions == 0:
+        raise TraceError("no valid sessions", path=p,
+                         found=f"{lines_read} lines, {sink.count} skipped",
+                         expected="at least one valid session")
+    vals.resize(nvals, refcheck=False)
+    warnings = []
+    if counters["zero"][0]:
+        warnings.append(f"{counters['zero'][0]} requests had out = 0; loaded as 1 "
+                        "(zero_output=as_one)")
+    if counters["neg_think"][0]:
+        warnings.append(f"{counters['neg_think'][0]} derived think times (no think_time) were "
+                        "negative; set to 0")
+    if counters["neg_sub_think"][0]:
+        warnings.append(f"{counters['neg_sub_think'][0]} sub-agent starts were before their "
+                        "parent's finish; think_s set to 0")
+    if cfg.share_system_prefix:
+        warnings.append("share_system_prefix: leading system+tool prompt ids shared across "
+                        "sessions (assumption: identical system/tool prompts)")
+    return Parsed(
+        session_id=np.asarray(col_session, dtype=np.int64),
+        turn=np.asarray(col_turn, dtype=np.int32),
+        arrival_s=np.asarray(col_arrival, dtype=np.float64),
+        think_s=np.asarray(col_think, dtype=np.float64),
+        parent=np.asarray(col_parent, dtype=np.int64),
+        input_tokens=np.asarray(col_in, dtype=np.int64),
+        output_tokens=np.asarray(col_out, dtype=np.int64),
+        prefix_offsets=np.asarray(offs, dtype=np.int64),
+        prefix_values=vals,
+        block_tokens=BLOCK_TOKENS,
+        source=p,
+        warnings=warnings,
+        notes={"sessions": sessions, "lines_read": lines_read, "subagents": counters["subagents"],
+               "global_prefix_ids": next_gid, "shared_prefix_ids": len(shared),
+               "zero_output_rows": counters["zero"][0],
+               "parse_s": round(time.perf_counter() - t0, 3)},
+    )
