@@ -129,3 +129,36 @@ def test_fast_forward_equals_per_step(seed):
     cols = ["running", "waiting", "prefill_tokens", "decode_tokens", "blocks_used",
             "blocks_cached_free", "live_kv_tokens"]
     pd.testing.assert_frame_equal(sa[cols], sb[cols])
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 3), st.integers(1, 200), st.integers(1, 60),
+                            st.integers(0, 3)), min_size=1, max_size=30),
+    num_blocks=st.integers(4, 40),
+    budget=st.sampled_from([16, 64, 512]),
+    max_seqs=st.sampled_from([1, 4, 64]),
+    chunked=st.booleans(),
+)
+def test_random_streams_keep_pool_invariants(rows, num_blocks, budget, max_seqs, chunked):
+    """Random request streams never double-free, never exceed the pool, keep ref counts >= 0 and
+    free + used = total after every step (check_invariants asserts these each step), and every
+    request ends in exactly one terminal state."""
+    rows = sorted(rows)
+    wl = make_workload([
+        dict(arrival_s=t, input_tokens=i, output_tokens=o,
+             prefix_ids=[fam * 100 + j for j in range(-(-i // 16))])
+        for t, i, o, fam in rows
+    ], prefix_block_tokens=16)
+    extra = [] if chunked else [f"model.max_model_len={budget}"]  # vLLM: budget >= max_model_len
+    req, steps, rec, sim = simulate(
+        wl, f"scheduler.max_num_batched_tokens={budget}", f"scheduler.max_num_seqs={max_seqs}",
+        f"scheduler.enable_chunked_prefill={chunked}", *extra, num_blocks=num_blocks)
+    assert len(req) == len(rows) and req.request_id.is_unique
+    assert set(req.status) <= {"finished", "rejected"}
+    assert (steps.blocks_used <= num_blocks).all() and (steps.blocks_used >= 0).all()
+    assert sim.pool.num_used == 0 and sim.pool.num_free == num_blocks
+    assert (req.prefix_hit_tokens % 16 == 0).all()
