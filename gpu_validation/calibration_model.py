@@ -1,0 +1,205 @@
+"""Read a per-device calibration file and predict operation times (seconds).
+
+Imports only numpy, json and the standard library, so the simulator can use it without
+torch. Schema: see gpu_validation/README.md ("Calibration file"). Written by
+``python -m gpu_validation.calibrate``.
+
+Models
+------
+* ``op_time(op, nbytes, n_items)``: ``overhead_s + per_item_s * n_items + nbytes / bandwidth_Bps``
+  with the three coefficients fitted per op from the sweep (non-negative least squares on
+  relative error). ``nbytes`` is the op's payload as defined in ``ops[op]["nbytes_means"]``
+  (e.g. hot-page bytes for codecs, bytes of moved tokens for compaction, bytes on the link
+  for h2d/d2h); ``n_items`` its count of pages / requests / separate copies.
+* ``decode_attention_time(batch, kv_tokens_per_seq)``: bilinear interpolation of the measured
+  per-layer table in (batch, kv tokens), times ``layers``. Below the table's smallest batch
+  or length the edge value is used (launch-bound floor); above the largest, the edge value is
+  scaled proportionally (memory-bound: time ~ batch x kv tokens).
+* ``gemm_time(tokens)``: linear interpolation of the measured per-layer table, times
+  ``layers``; below the smallest token count the edge value, above the largest it is scaled
+  proportionally (compute-bound).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+OP_NAMES = (
+    "d2d_copy", "compaction_move", "compaction_hole_fill", "nvfp4_encode", "nvfp4_decode",
+    "fp8_encode", "fp8_decode", "h2d", "d2h", "nvfp4_encode_d2h_fused", "nvfp4_encode_then_d2h",
+    "nvfp4_h2d_decode_fused", "h2d_then_nvfp4_decode", "fp8_encode_d2h_fused", "fp8_h2d_decode_fused",
+)
+
+
+class CalibrationError(ValueError):
+    """A calibration file is missing, unreadable, or lacks a key / has a wrong type."""
+
+
+def _need(d, key, typ, where, path):
+    if not isinstance(d, dict) or key not in d:
+        raise CalibrationError(f"{path}: missing key '{where}{key}'")
+    v = d[key]
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, typ) or isinstance(v, bool) and typ is not bool:
+        tn = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise CalibrationError(f"{path}: key '{where}{key}' must be {tn}, got {type(v).__name__}")
+    return v
+
+
+@dataclass(frozen=True)
+class OpFit:
+    """One op's fitted cost: seconds = overhead_s + per_item_s * n_items + nbytes / bandwidth_Bps."""
+    overhead_s: float
+    per_item_s: float
+    bandwidth_Bps: float
+    nbytes_means: str = ""
+
+    def time(self, nbytes: float, n_items: int = 1) -> float:
+        bw = self.bandwidth_Bps
+        return self.overhead_s + self.per_item_s * n_items + (nbytes / bw if bw > 0 else 0.0)
+
+
+class Calibration:
+    """Predicted times for one device, from a calibration JSON (see :func:`load_calibration`)."""
+
+    def __init__(self, data: dict, path: str = "<dict>"):
+        self.path = str(path)
+        p = self.path
+        self.device = _need(data, "device", dict, "", p)
+        _need(self.device, "name", str, "device.", p)
+        self.software = _need(data, "software", dict, "", p)
+        self.date = _need(data, "date", str, "", p)
+        ops = _need(data, "ops", dict, "", p)
+        self.ops: dict[str, OpFit] = {}
+        for name, o in ops.items():
+            w = f"ops.{name}."
+            self.ops[name] = OpFit(
+                overhead_s=_need(o, "overhead_s", float, w, p),
+                per_item_s=_need(o, "per_item_s", float, w, p),
+                bandwidth_Bps=_need(o, "bandwidth_Bps", float, w, p),
+                nbytes_means=o.get("nbytes_means", "") if isinstance(o, dict) else "")
+            if self.ops[name].bandwidth_Bps < 0 or self.ops[name].overhead_s < 0:
+                raise CalibrationError(f"{p}: ops.{name} has a negative coefficient")
+        self._attn = None
+        if "decode_attention" in data:
+            a = data["decode_attention"]
+            b = [float(x) for x in _need(a, "batch", list, "decode_attention.", p)]
+            k = [float(x) for x in _need(a, "kv_tokens", list, "decode_attention.", p)]
+            t = np.asarray(_need(a, "seconds_per_layer", list, "decode_attention.", p), dtype=float)
+            if t.shape != (len(b), len(k)):
+                raise CalibrationError(f"{p}: decode_attention.seconds_per_layer must be [len(batch)][len(kv_tokens)], "
+                                       f"got shape {t.shape}")
+            self._attn = (b, k, t, int(_need(a, "layers", int, "decode_attention.", p)))
+        self._gemm = None
+        if "gemm" in data:
+            g = data["gemm"]
+            tok = [float(x) for x in _need(g, "tokens", list, "gemm.", p)]
+            sec = [float(x) for x in _need(g, "seconds_per_layer", list, "gemm.", p)]
+            if len(tok) != len(sec) or not tok:
+                raise CalibrationError(f"{p}: gemm.tokens and gemm.seconds_per_layer must have the same nonzero length")
+            self._gemm = (tok, sec, int(_need(g, "layers", int, "gemm.", p)))
+        self.raw = data
+
+    # ---------------------------------------------------------------- ops
+    def has(self, op: str) -> bool:
+        """True if the file has a fitted entry for ``op`` (else the simulator should fall back
+        to its analytic model). ``"decode_attention"`` and ``"gemm"`` name the tables."""
+        if op == "decode_attention":
+            return self._attn is not None
+        if op == "gemm":
+            return self._gemm is not None
+        return op in self.ops
+
+    def op_time(self, op: str, nbytes: int, n_items: int = 1) -> float:
+        """Predicted seconds of ``op`` moving ``nbytes`` payload bytes in ``n_items`` items
+        (pages, requests or copies). KeyError (naming the file) if the op is absent; use
+        :meth:`has` first. ValueError on negative arguments."""
+        if nbytes < 0 or n_items < 0:
+            raise ValueError("nbytes and n_items must be >= 0")
+        if op not in self.ops:
+            raise KeyError(f"{self.path}: no calibration for op '{op}' (have: {sorted(self.ops)})")
+        return self.ops[op].time(nbytes, n_items)
+
+    # ---------------------------------------------------------------- tables
+    @staticmethod
+    def _interp1(xs, ys, x):
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * (x / xs[-1])
+        i = bisect.bisect_right(xs, x) - 1
+        f = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + f * (ys[i + 1] - ys[i])
+
+    def decode_attention_time(self, batch: int, kv_tokens_per_seq: int) -> float:
+        """Seconds of one decode step's attention over all layers for ``batch`` sequences of
+        ``kv_tokens_per_seq`` cached tokens each. KeyError if the file has no table."""
+        if self._attn is None:
+            raise KeyError(f"{self.path}: no decode_attention table")
+        bs, ks, t, layers = self._attn
+        if batch <= 0 or kv_tokens_per_seq <= 0:
+            return 0.0
+        col = [self._interp1(ks, list(t[i]), kv_tokens_per_seq) for i in range(len(bs))]
+        return layers * self._interp1(bs, col, batch)
+
+    def gemm_time(self, tokens: int) -> float:
+        """Seconds of the dense projections (QKV, O, gate/up, down) of all layers for
+        ``tokens`` tokens in one forward pass. KeyError if the file has no table."""
+        if self._gemm is None:
+            raise KeyError(f"{self.path}: no gemm table")
+        tok, sec, layers = self._gemm
+        if tokens <= 0:
+            return 0.0
+        return layers * self._interp1(tok, sec, tokens)
+
+
+def load_calibration(path) -> Calibration:
+    """Load a calibration JSON. Raises :class:`CalibrationError` naming the file (and key)
+    when the file is missing, is not JSON, or a required key is missing or mistyped."""
+    p = Path(path)
+    if not p.is_file():
+        raise CalibrationError(f"calibration file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CalibrationError(f"{p}: not readable as JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CalibrationError(f"{p}: top level must be an object")
+    return Calibration(data, str(p))
+
+
+def fit_affine(points, min_bw: float = 1.0) -> tuple[dict, float]:
+    """Fit seconds = a + b * n_items + nbytes / bw to ``points`` [(nbytes, n_items, seconds)],
+    minimising relative error, all coefficients >= 0 (terms that come out negative are
+    dropped and the fit repeated). Returns (coefficients dict, median abs relative error)."""
+    P = np.asarray(points, dtype=float)
+    y = P[:, 2]
+    cols = {"overhead_s": np.ones(len(P)), "per_item_s": P[:, 1], "inv_bw": P[:, 0]}
+    active = list(cols)
+    if np.ptp(P[:, 1]) == 0:  # n_items never varies: it cannot be told from the overhead
+        active.remove("per_item_s")
+    while True:
+        A = np.stack([cols[c] for c in active], axis=1) / y[:, None]
+        coef, *_ = np.linalg.lstsq(A, np.ones(len(P)), rcond=None)
+        neg = [c for c, v in zip(active, coef) if v < 0]
+        if not neg:
+            break
+        active.remove(min(neg, key=lambda c: coef[active.index(c)]))
+        if not active:
+            break
+    res = {"overhead_s": 0.0, "per_item_s": 0.0, "inv_bw": 0.0}
+    for c, v in zip(active, coef if active else []):
+        res[c] = float(v)
+    pred = res["overhead_s"] + res["per_item_s"] * P[:, 1] + res["inv_bw"] * P[:, 0]
+    err = float(np.median(np.abs(pred - y) / y))
+    bw = 1.0 / res["inv_bw"] if res["inv_bw"] > 0 else 0.0
+    return {"overhead_s": res["overhead_s"], "per_item_s": res["per_item_s"],
+            "bandwidth_Bps": bw if bw == 0.0 else max(bw, min_bw)}, err
+
+
+__all__ = ["Calibration", "CalibrationError", "OpFit", "load_calibration", "fit_affine", "OP_NAMES"]

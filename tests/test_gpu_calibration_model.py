@@ -1,0 +1,74 @@
+"""gpu_validation.calibration_model: loading, errors, predictions (numpy + stdlib only)."""
+import json
+import sys
+
+import pytest
+
+from gpu_validation.calibration_model import CalibrationError, fit_affine, load_calibration
+
+
+def _doc():
+    return {
+        "device": {"name": "Test GPU"}, "software": {"torch": "x"}, "date": "2026-01-01",
+        "ops": {"d2h": {"overhead_s": 1e-5, "per_item_s": 2e-6, "bandwidth_Bps": 5e10},
+                "compaction_move": {"overhead_s": 5e-6, "per_item_s": 0, "bandwidth_Bps": 2e12}},
+        "decode_attention": {"layers": 36, "batch": [1, 4], "kv_tokens": [1000, 2000],
+                             "seconds_per_layer": [[1e-5, 2e-5], [4e-5, 8e-5]]},
+        "gemm": {"layers": 36, "tokens": [1, 100], "seconds_per_layer": [1e-5, 1e-4]},
+    }
+
+
+def _write(tmp_path, doc):
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_predictions(tmp_path):
+    cal = load_calibration(_write(tmp_path, _doc()))
+    assert cal.has("d2h") and not cal.has("nvfp4_encode") and cal.has("gemm") and cal.has("decode_attention")
+    assert cal.op_time("d2h", 5e10, 1) == pytest.approx(1e-5 + 2e-6 + 1.0)
+    assert cal.op_time("d2h", 0, 10) == pytest.approx(1e-5 + 2e-5)
+    assert cal.decode_attention_time(1, 1000) == pytest.approx(36e-5)
+    assert cal.decode_attention_time(2, 1500) == pytest.approx(36 * (1.5e-5 + (6e-5 - 1.5e-5) / 3))
+    assert cal.decode_attention_time(1, 500) == pytest.approx(36e-5)          # below: edge value
+    assert cal.decode_attention_time(8, 4000) == pytest.approx(36 * 8e-5 * 4)  # above: proportional
+    assert cal.gemm_time(50.5) == pytest.approx(36 * 5.5e-5)
+    assert cal.gemm_time(200) == pytest.approx(36 * 2e-4)
+    with pytest.raises(KeyError, match="nvfp4_encode"):
+        cal.op_time("nvfp4_encode", 1)
+
+
+def test_errors_name_file_and_key(tmp_path):
+    with pytest.raises(CalibrationError, match="not found"):
+        load_calibration(tmp_path / "nope.json")
+    d = _doc()
+    del d["ops"]["d2h"]["bandwidth_Bps"]
+    with pytest.raises(CalibrationError, match=r"cal\.json.*ops\.d2h\.bandwidth_Bps"):
+        load_calibration(_write(tmp_path, d))
+    d = _doc()
+    d["ops"]["d2h"]["overhead_s"] = "fast"
+    with pytest.raises(CalibrationError, match="ops.d2h.overhead_s' must be float"):
+        load_calibration(_write(tmp_path, d))
+    d = _doc()
+    d["decode_attention"]["seconds_per_layer"] = [[1e-5]]
+    with pytest.raises(CalibrationError, match="seconds_per_layer"):
+        load_calibration(_write(tmp_path, d))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CalibrationError, match="bad.json"):
+        load_calibration(tmp_path / "bad.json")
+
+
+def test_fit_affine_recovers_coefficients():
+    pts = [(n, k, 3e-6 + 1e-6 * k + n / 4e12) for n in (1e6, 1e8, 1e9) for k in (1, 8, 64)]
+    fit, err = fit_affine(pts)
+    assert err < 1e-9
+    assert fit["overhead_s"] == pytest.approx(3e-6) and fit["per_item_s"] == pytest.approx(1e-6)
+    assert fit["bandwidth_Bps"] == pytest.approx(4e12)
+
+
+def test_no_torch_at_import():
+    import importlib
+    mods = set(sys.modules)
+    importlib.reload(importlib.import_module("gpu_validation.calibration_model"))
+    assert "torch" in mods or "torch" not in sys.modules  # reloading pulled in no torch
