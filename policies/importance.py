@@ -1,0 +1,306 @@
+"""Token-importance signals for score-based eviction.
+
+A trace records lengths and prefix hashes, not attention scores, so score-based policies (H2O, TOVA,
+SnapKV, PyramidKV, Ada-KV, R-KV, TriAttention) rank tokens by a *generative* importance model
+(:class:`ImportanceModel`), or by scores recorded from a real model (:class:`RecordedImportance`).
+
+Generative model (all randomness is a counter-based hash of (seed, request_key, stream, index), so a
+token's score does not depend on which other positions are asked for, nor on call order):
+
+    lattice noise  F_s(p) = Gaussian values on a lattice of spacing L = correlation_length, linearly
+                            interpolated and renormalised to unit variance (locality: runs ~L tokens)
+    per-stream     Z_s(p, t) = sqrt(1-drift) F_{s,static}(p)
+                             + sqrt(drift) [cos(th) F_{s,e}(p) + sin(th) F_{s,e+1}(p)]
+                   with e = t // drift_period, th = (pi/2) (t mod drift_period) / drift_period
+                   (unit variance at every step; decorrelates over ~2 drift periods)
+    per group g    z_g = sqrt(rho) Z_shared + sqrt(1-rho) Z_g           (rho = head_correlation)
+    score          s_g(p, t) = exp(sigma_g z_g) x (sink_boost if p < sink_tokens)
+                               x (1 + recency_boost exp(-(seq_len-1-p)/recency_window))
+                   sigma_g = sigma exp(sigma_spread n_g - sigma_spread^2/2), n_g ~ N(0,1) per group
+
+``t`` (``step``) is the number of decode steps done; ``seq_len`` (recency anchor) defaults to
+``max(positions) + 1``. See ``policies/README.md`` for which results depend on which parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .config import ImportanceParams, validate_importance_params
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+
+# stream tags (mixed into the hash)
+_STATIC = -1
+_SIGMA = -2
+_SHARED = -10
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash(*parts) -> np.ndarray:
+    """Hash integers / integer arrays (broadcast) to uint64."""
+    with np.errstate(over="ignore"):
+        h = np.uint64(0x1234567887654321)
+        for p in parts:
+            a = np.asarray(p).astype(np.int64).astype(np.uint64)
+            h = _mix(h ^ (a + _GOLD))
+        return np.asarray(h, dtype=np.uint64)
+
+
+def _gauss(*parts) -> np.ndarray:
+    """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two hashes)."""
+    h1 = _hash(*parts, 1)
+    h2 = _hash(*parts, 2)
+    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+    u2 = ((h2 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+class ImportanceModel:
+    """Seeded generative token-importance model (see module docstring for the formula).
+
+    Args:
+      params: :class:`policies.config.ImportanceParams` (validated; ValueError names a bad field).
+      seed: integer seed.
+
+    ``scores(request_key, positions, num_groups, step, seq_len=None)`` ->
+    ``float32[num_groups, len(positions)]``, > 0, deterministic in (seed, request_key, positions,
+    step, seq_len) and independent per position of the other positions passed.
+    """
+
+    def __init__(self, params: Optional[ImportanceParams] = None, seed: int = 0):
+        self.params = params if params is not None else ImportanceParams()
+        validate_importance_params(self.params)
+        self.seed = int(seed)
+
+    # -- latent fields -------------------------------------------------------------------------
+    def _field(self, key: int, stream: int, epoch: int, pos: np.ndarray) -> np.ndarray:
+        """Unit-variance Gaussian field with correlation length L over positions (float64)."""
+        L = float(self.params.correlation_length)
+        if L <= 1.0:
+            return _gauss(self.seed, key, stream, epoch, pos)
+        x = pos / L
+        i0 = np.floor(x).astype(np.int64)
+        t = x - i0
+        g0 = _gauss(self.seed, key, stream, epoch, i0)
+        g1 = _gauss(self.seed, key, stream, epoch, i0 + 1)
+        return ((1.0 - t) * g0 + t * g1) / np.sqrt((1.0 - t) ** 2 + t ** 2)
+
+    def _stream(self, key: int, stream: int, pos: np.ndarray, step: int) -> np.ndarray:
+        p = self.params
+        static = self._field(key, stream, _STATIC, pos)
+        if p.drift <= 0.0 or p.drift_period <= 0:
+            return static
+        e, r = divmod(int(step), int(p.drift_period))
+        th = 0.5 * math.pi * r / p.drift_period
+        dyn = math.cos(th) * self._field(key, stream, e, pos) + math.sin(th) * self._field(key, stream, e + 1, pos)
+        return math.sqrt(1.0 - p.drift) * static + math.sqrt(p.drift) * dyn
+
+    def latent(self, request_key: int, positions, num_groups: int, step: int = 0) -> np.ndarray:
+        """``float64[num_groups, n]`` standard-normal latent z_g(p, step) (before the heavy tail)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        rho = float(self.params.head_correlation)
+        shared = self._stream(request_key, _SHARED, pos, step) if rho > 0 else 0.0
+        out = np.empty((num_groups, pos.size), dtype=np.float64)
+        for g in range(num_groups):
+            if rho >= 1.0:
+                out[g] = shared
+            else:
+                own = self._stream(request_key, g, pos, step)
+                out[g] = math.sqrt(rho) * shared + math.sqrt(1.0 - rho) * own
+        return out
+
+    def group_sigma(self, request_key: int, num_groups: int) -> np.ndarray:
+        """``float64[num_groups]``: per-group sigma (mean-one lognormal spread around ``sigma``)."""
+        p = self.params
+        if p.sigma_spread <= 0:
+            return np.full(num_groups, p.sigma, dtype=np.float64)
+        n = _gauss(self.seed, request_key, _SIGMA, 0, np.arange(num_groups))
+        return p.sigma * np.exp(p.sigma_spread * n - 0.5 * p.sigma_spread ** 2)
+
+    def scores(self, request_key: int, positions, num_groups: int, step: int = 0,
+               seq_len: Optional[int] = None) -> np.ndarray:
+        """Importance scores ``float32[num_groups, len(positions)]`` (> 0; larger = more important).
+
+        Args:
+          request_key: request identifier (any int).
+          positions: ``int[n]`` token positions (any order, may repeat).
+          num_groups: selection groups (1 for union mode).
+          step: decode steps done (drift clock).
+          seq_len: current sequence length (recency anchor); default ``max(positions) + 1``.
+        Raises ValueError on negative positions or num_groups < 1.
+        """
+        pos = np.asarray(positions, dtype=np.int64).ravel()
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+        if pos.size and pos.min() < 0:
+            raise ValueError("positions must be >= 0")
+        if pos.size == 0:
+            return np.zeros((num_groups, 0), dtype=np.float32)
+        p = self.params
+        z = self.latent(request_key, pos, num_groups, step)
+        sig = self.group_sigma(request_key, num_groups)[:, None]
+        logs = sig * z
+        if seq_len is None:
+            seq_len = int(pos.max()) + 1
+        age = np.maximum(seq_len - 1 - pos, 0).astype(np.float64)
+        mult = 1.0 + p.recency_boost * np.exp(-age / p.recency_window)
+        if p.sink_tokens > 0:
+            mult = np.where(pos < p.sink_tokens, mult * p.sink_boost, mult)
+        logs = logs + np.log(mult)[None, :]
+        return np.exp(np.clip(logs, -80.0, 80.0)).astype(np.float32)
+
+
+class RecordedImportance:
+    """Per-token importance scores recorded from a real model, read from Parquet.
+
+    Schema (one row per (request, group, position[, step])):
+      ``request_id`` int64, ``group`` int32, ``position`` int64, ``score`` float32, optional ``step``
+      int64 (decode step the score was taken at; when present, ``scores(..., step=t)`` uses, per
+      position, the row with the largest recorded step <= t, or the smallest step if none <= t).
+    A file with a single group (group 0) is broadcast to any ``num_groups``; otherwise the file must
+    hold groups 0..num_groups-1.
+
+    Raises (at construction) FileNotFoundError if the file is missing, ValueError naming the file and
+    column when a required column is missing or has a non-numeric type; (at query) KeyError naming
+    the file, request and group / first missing positions when they are not recorded.
+    """
+
+    REQUIRED = ("request_id", "group", "position", "score")
+
+    def __init__(self, path):
+        import pyarrow.parquet as pq
+        import pyarrow.types as pat
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"importance file {self.path} does not exist")
+        table = pq.read_table(self.path)
+        names = table.schema.names
+        for col in self.REQUIRED:
+            if col not in names:
+                raise ValueError(f"importance file {self.path}: missing column {col!r} "
+                                 f"(required: {', '.join(self.REQUIRED)}; optional: step); has {names}")
+        cols = list(self.REQUIRED) + (["step"] if "step" in names else [])
+        for col in cols:
+            t = table.schema.field(col).type
+            ok = pat.is_floating(t) or pat.is_integer(t) if col == "score" else pat.is_integer(t)
+            if not ok:
+                raise ValueError(f"importance file {self.path}: column {col!r} has type {t}, "
+                                 f"expected {'float' if col == 'score' else 'integer'}")
+        rid = table.column("request_id").to_numpy().astype(np.int64)
+        grp = table.column("group").to_numpy().astype(np.int64)
+        pos = table.column("position").to_numpy().astype(np.int64)
+        sc = table.column("score").to_numpy().astype(np.float32)
+        self.has_step = "step" in names
+        stp = table.column("step").to_numpy().astype(np.int64) if self.has_step else np.zeros_like(pos)
+        order = np.lexsort((stp, pos, grp, rid))
+        rid, grp, pos, sc, stp = rid[order], grp[order], pos[order], sc[order], stp[order]
+        self._index = {}
+        if rid.size:
+            keys = np.stack([rid, grp], axis=1)
+            cut = np.flatnonzero((np.diff(keys, axis=0) != 0).any(axis=1)) + 1
+            for a, b in zip(np.r_[0, cut], np.r_[cut, rid.size]):
+                self._index[(int(rid[a]), int(grp[a]))] = (pos[a:b], sc[a:b], stp[a:b])
+        self.groups = {}
+        for (r, g) in self._index:
+            self.groups.setdefault(r, set()).add(g)
+
+    def request_ids(self) -> list:
+        """Recorded request ids."""
+        return sorted(self.groups)
+
+    def _lookup(self, request_key: int, group: int, pos: np.ndarray, step: int) -> np.ndarray:
+        p, s, t = self._index[(request_key, group)]
+        if self.has_step:
+            # per position: last row with step <= requested, else first row of the position
+            lo = np.searchsorted(p, pos, side="left")
+            hi = np.searchsorted(p, pos, side="right")
+            missing = hi == lo
+            if missing.any():
+                raise KeyError(f"importance file {self.path}: request {request_key} group {group} has no "
+                               f"score for positions {pos[missing][:8].tolist()}")
+            out = np.empty(pos.size, dtype=np.float32)
+            for i, (a, b) in enumerate(zip(lo, hi)):
+                k = a + np.searchsorted(t[a:b], step, side="right") - 1
+                out[i] = s[max(k, a)]
+            return out
+        idx = np.searchsorted(p, pos)
+        idx_c = np.minimum(idx, p.size - 1)
+        missing = (idx >= p.size) | (p[idx_c] != pos)
+        if missing.any():
+            raise KeyError(f"importance file {self.path}: request {request_key} group {group} has no "
+                           f"score for positions {pos[missing][:8].tolist()}")
+        return s[idx_c]
+
+    def scores(self, request_key: int, positions, num_groups: int, step: int = 0,
+               seq_len: Optional[int] = None) -> np.ndarray:
+        """Recorded scores ``float32[num_groups, len(positions)]`` (same signature as ImportanceModel).
+
+        Raises KeyError (naming file, request, group, positions) if anything is not recorded.
+        """
+        pos = np.asarray(positions, dtype=np.int64).ravel()
+        if request_key not in self.groups:
+            raise KeyError(f"importance file {self.path}: request {request_key} not recorded "
+                           f"(has {self.request_ids()[:8]}...)")
+        gs = self.groups[request_key]
+        out = np.empty((num_groups, pos.size), dtype=np.float32)
+        if gs == {0} and num_groups > 1:
+            out[:] = self._lookup(request_key, 0, pos, step)[None, :]
+            return out
+        for g in range(num_groups):
+            if g not in gs:
+                raise KeyError(f"importance file {self.path}: request {request_key} has no group {g} "
+                               f"(recorded groups {sorted(gs)}, asked for {num_groups})")
+            out[g] = self._lookup(request_key, g, pos, step)
+        return out
+
+
+def make_importance(cfg) -> "ImportanceModel | RecordedImportance":
+    """Importance source of a :class:`policies.config.PolicyConfig` (``importance_source``).
+
+    Raises ValueError for an unknown source or a recorded source without ``importance_file``.
+    """
+    src = cfg.importance_source
+    if src == "generative":
+        return ImportanceModel(cfg.importance, seed=cfg.seed)
+    if src == "recorded":
+        if not cfg.importance_file:
+            raise ValueError("importance_source=recorded needs importance_file (a Parquet path)")
+        return RecordedImportance(cfg.importance_file)
+    raise ValueError(f"unknown importance_source {src!r}; valid: generative, recorded")
+
+
+def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None) -> np.ndarray:
+    """Scores aligned to a layout's slots: ``float32[H, S]``, ``-inf`` in empty slots.
+
+    ``source``: an :class:`ImportanceModel` or :class:`RecordedImportance`. Positions are read from
+    ``layout.slot_pos``; ``seq_len`` defaults to ``layout.next_position``.
+    """
+    H, S = layout.slot_pos.shape
+    out = np.full((H, S), -np.inf, dtype=np.float32)
+    live = layout.slot_pos >= 0
+    if not live.any():
+        return out
+    pos_all = np.unique(layout.slot_pos[live])
+    seq = layout.next_position if seq_len is None else seq_len
+    sc = source.scores(layout.request_key, pos_all, H, step=step, seq_len=max(seq, int(pos_all.max()) + 1))
+    for g in range(H):
+        m = live[g]
+        if m.any():
+            out[g, m] = sc[g, np.searchsorted(pos_all, layout.slot_pos[g, m])]
+    return out

@@ -1,0 +1,235 @@
+"""Physical layout of ONE request's KV cache in its block table (paged, vLLM/TensorRT-LLM-like).
+
+A request owns ``n_blocks`` blocks of ``block_size`` token slots; one block id spans every layer and
+KV head (one block table per request, design.md section 3). Eviction can be decided per *group*
+(union: 1 group; per-head: one per KV head; per-layer-per-head: layers x KV heads), so the layout
+stores, for every group and every slot, the token position held there (-1 = empty slot).
+
+Freeing rule (design.md section 3): a block returns to the pool only when no live slot remains in it
+across EVERY group sharing the block table. :meth:`PagedLayout.empty_blocks` implements it.
+
+Protocol with the engine (the engine owns physical block ids; the layout only sees block-table
+indices):
+
+    k = layout.append(n)          # new blocks needed to place n tokens
+    ... engine allocates k physical blocks ...
+    layout.add_blocks(k)
+    layout.commit_append(n)       # positions default to the next n positions
+
+Compactors (:mod:`policies.compaction`) edit ``slot_pos`` and call :meth:`remove_blocks`; the engine
+then returns the physical blocks at those block-table indices to its pool.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+class PagedLayout:
+    """Per-group slot -> position map of one request's paged KV.
+
+    Args:
+      block_size: B, token slots per block (vLLM default 16, TRT-LLM 32).
+      num_groups: H, number of independent selections sharing the block table (see module doc).
+      prompt_len: tokens of the prompt (positions ``0..prompt_len-1``); protected policies keep them.
+      hole_fill: if True, new tokens go first into vacated slots (empty in every group), lowest
+        slot first, and only then at the end (needs a per-slot position index; see
+        :class:`policies.compaction.HoleFill`). Otherwise appends are order preserving: group g
+        writes its next token at ``append_ptr[g]``.
+      request_key: integer identifying the request (seeds random policies / the importance model).
+
+    State:
+      slot_pos: ``int32[H, S]``, S = n_blocks * B, token position in each slot (-1 = empty).
+      append_ptr: ``int64[H]``, next slot index for order-preserving appends, per group.
+      next_position: next token position to be appended (= tokens appended so far).
+
+    Raises:
+      ValueError: on non-positive block_size / num_groups or negative prompt_len.
+    """
+
+    def __init__(self, block_size: int, num_groups: int = 1, prompt_len: int = 0, *,
+                 hole_fill: bool = False, request_key: int = 0):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        if num_groups <= 0:
+            raise ValueError(f"num_groups must be > 0, got {num_groups}")
+        if prompt_len < 0:
+            raise ValueError(f"prompt_len must be >= 0, got {prompt_len}")
+        self.block_size = int(block_size)
+        self.num_groups = int(num_groups)
+        self.prompt_len = int(prompt_len)
+        self.hole_fill = bool(hole_fill)
+        self.request_key = int(request_key)
+        self.slot_pos = np.full((self.num_groups, 0), -1, dtype=np.int32)
+        self.append_ptr = np.zeros(self.num_groups, dtype=np.int64)
+        self.next_position = 0
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_blocks(self) -> int:
+        """Blocks in the block table."""
+        return self.slot_pos.shape[1] // self.block_size
+
+    @property
+    def allocated_slots(self) -> int:
+        """Token slots allocated (n_blocks x block_size), per group."""
+        return self.slot_pos.shape[1]
+
+    @property
+    def live(self) -> np.ndarray:
+        """``bool[H, S]``: slot holds a live token."""
+        return self.slot_pos >= 0
+
+    def live_tokens(self) -> np.ndarray:
+        """``int64[H]``: live tokens per group."""
+        return self.live.sum(axis=1).astype(np.int64)
+
+    def live_tokens_union(self) -> int:
+        """Distinct token positions live in at least one group."""
+        pos = self.slot_pos[self.slot_pos >= 0]
+        return int(np.unique(pos).size)
+
+    def occupancy(self) -> float:
+        """Live slots / allocated slots over all groups (1.0 = no holes; 1.0 for an empty layout)."""
+        alloc = self.allocated_slots * self.num_groups
+        return float(self.live.sum()) / alloc if alloc else 1.0
+
+    def fragmentation(self) -> float:
+        """Share of allocated slots that hold no live token: ``1 - occupancy()``."""
+        return 1.0 - self.occupancy()
+
+    def group_lengths(self) -> np.ndarray:
+        """``int64[H]``: per-group physical length = 1 + highest live slot index (0 if none)."""
+        live = self.live
+        any_live = live.any(axis=1)
+        last = self.allocated_slots - 1 - np.argmax(live[:, ::-1], axis=1)
+        return np.where(any_live, last + 1, 0).astype(np.int64)
+
+    def block_live_counts(self) -> np.ndarray:
+        """``int64[n_blocks]``: live (group, slot) entries per block, summed over groups."""
+        return self.live.reshape(self.num_groups, self.n_blocks, self.block_size).sum(axis=(0, 2))
+
+    def empty_blocks(self) -> np.ndarray:
+        """Block-table indices of blocks with no live slot in any group (freeable), ascending ``int64``."""
+        return np.flatnonzero(self.block_live_counts() == 0).astype(np.int64)
+
+    # ------------------------------------------------------------------ appends
+    def free_slots_for_reuse(self) -> np.ndarray:
+        """Slot indices empty in EVERY group (hole_fill reuse candidates), ascending."""
+        return np.flatnonzero(~self.live.any(axis=0))
+
+    def append(self, n: int) -> int:
+        """Number of NEW blocks the engine must allocate to place ``n`` new tokens (>= 0).
+
+        Order-preserving layout: group g needs slots ``append_ptr[g] .. append_ptr[g]+n-1``; the
+        physical length is the longest group's. Hole-fill layout: the ``n`` tokens first take slots
+        that are empty in every group, then new blocks.
+        Raises ValueError if n < 0.
+        """
+        if n < 0:
+            raise ValueError(f"cannot append a negative number of tokens ({n})")
+        if n == 0:
+            return 0
+        B = self.block_size
+        if self.hole_fill:
+            free = self.free_slots_for_reuse().size
+            short = max(0, n - free)
+            return -(-short // B)
+        need = int(self.append_ptr.max()) + n
+        return max(0, -(-need // B) - self.n_blocks)
+
+    def add_blocks(self, k: int) -> None:
+        """Append ``k`` empty blocks at the end of the block table. Raises ValueError if k < 0."""
+        if k < 0:
+            raise ValueError(f"cannot add a negative number of blocks ({k})")
+        if k:
+            pad = np.full((self.num_groups, k * self.block_size), -1, dtype=np.int32)
+            self.slot_pos = np.concatenate([self.slot_pos, pad], axis=1)
+
+    def commit_append(self, n: int, positions: Optional[np.ndarray] = None) -> np.ndarray:
+        """Write ``n`` new tokens (same positions in every group); returns the ``int64[H, n]`` slots used.
+
+        ``positions`` defaults to ``next_position .. next_position + n - 1``.
+        Raises ValueError if the allocated blocks cannot hold them (call :meth:`append` and
+        :meth:`add_blocks` first) or if ``positions`` has the wrong length.
+        """
+        if n < 0:
+            raise ValueError(f"cannot append a negative number of tokens ({n})")
+        if positions is None:
+            positions = np.arange(self.next_position, self.next_position + n, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.shape != (n,):
+            raise ValueError(f"positions must have shape ({n},), got {positions.shape}")
+        if n == 0:
+            return np.zeros((self.num_groups, 0), dtype=np.int64)
+        if self.hole_fill:
+            free = self.free_slots_for_reuse()
+            if free.size < n:
+                raise ValueError(f"hole_fill layout has {free.size} free slots, {n} tokens to place; "
+                                 f"allocate {self.append(n)} more block(s) first")
+            slots = free[:n]
+            self.slot_pos[:, slots] = positions.astype(np.int32)
+            self.append_ptr = np.maximum(self.append_ptr, int(slots.max()) + 1)
+            out = np.broadcast_to(slots, (self.num_groups, n)).astype(np.int64)
+        else:
+            if int(self.append_ptr.max()) + n > self.allocated_slots:
+                raise ValueError(f"{n} tokens do not fit: append_ptr max {int(self.append_ptr.max())}, "
+                                 f"{self.allocated_slots} slots allocated; allocate {self.append(n)} "
+                                 f"more block(s) first")
+            out = self.append_ptr[:, None] + np.arange(n)[None, :]
+            rows = np.repeat(np.arange(self.num_groups), n)
+            self.slot_pos[rows, out.ravel()] = np.tile(positions.astype(np.int32), self.num_groups)
+            self.append_ptr = self.append_ptr + n
+        self.next_position = max(self.next_position, int(positions.max()) + 1)
+        return out
+
+    def fill(self, n: int) -> int:
+        """Convenience: allocate and commit ``n`` tokens; returns the blocks added."""
+        k = self.append(n)
+        self.add_blocks(k)
+        self.commit_append(n)
+        return k
+
+    # ------------------------------------------------------------------ freeing
+    def remove_blocks(self, indices) -> None:
+        """Remove blocks (block-table indices) from the block table; they must be empty in every group.
+
+        Slots after a removed block shift down by ``block_size``; ``append_ptr`` shifts by the
+        number of removed slots below it. Raises ValueError if a block still holds a live token or an
+        index is out of range.
+        """
+        idx = np.unique(np.asarray(indices, dtype=np.int64))
+        if idx.size == 0:
+            return
+        if idx[0] < 0 or idx[-1] >= self.n_blocks:
+            raise ValueError(f"block index out of range [0, {self.n_blocks}): {idx.tolist()[:8]}")
+        counts = self.block_live_counts()
+        if (counts[idx] > 0).any():
+            bad = idx[counts[idx] > 0]
+            raise ValueError(f"cannot free blocks {bad.tolist()[:8]}: they still hold live slots")
+        B = self.block_size
+        keep_cols = np.ones(self.allocated_slots, dtype=bool)
+        for b in idx:
+            keep_cols[b * B:(b + 1) * B] = False
+        # slots removed below each group's pointer
+        removed_before = np.cumsum(~keep_cols)  # removed_before[s] = removed slots in [0, s]
+        ptr = self.append_ptr
+        below = np.where(ptr > 0, removed_before[np.clip(ptr - 1, 0, None)], 0)
+        self.append_ptr = ptr - below
+        self.slot_pos = self.slot_pos[:, keep_cols]
+
+    def copy(self) -> "PagedLayout":
+        """Deep copy."""
+        out = PagedLayout(self.block_size, self.num_groups, self.prompt_len,
+                          hole_fill=self.hole_fill, request_key=self.request_key)
+        out.slot_pos = self.slot_pos.copy()
+        out.append_ptr = self.append_ptr.copy()
+        out.next_position = self.next_position
+        return out
+
+    def __repr__(self) -> str:
+        return (f"PagedLayout(B={self.block_size}, H={self.num_groups}, prompt_len={self.prompt_len}, "
+                f"n_blocks={self.n_blocks}, live={self.live_tokens().tolist()[:4]}, "
+                f"hole_fill={self.hole_fill})")
