@@ -60,6 +60,10 @@ class BlockPool:
         self.num_cached_free = 0
         self.index: dict[int, int] = {}
         self.evicted_cached_blocks = 0
+        # when lists, allocate() appends evicted keys and cache_blocks() newly registered keys
+        # (the tier manager's write policies read them)
+        self.evict_log: list[int] | None = None
+        self.cached_log: list[int] | None = None
 
     # ------------------------------------------------------------------ counts
     @property
@@ -103,10 +107,13 @@ class BlockPool:
             return
         index = self.index
         bh = self.block_hash
+        log = self.cached_log
         for b, k in zip(blocks.tolist(), keys.tolist()):
             if k not in index:
                 index[k] = b
                 bh[b] = k
+                if log is not None:
+                    log.append(k)
 
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:
@@ -167,9 +174,12 @@ class BlockPool:
         cached = h != NO_HASH
         if cached.any():
             idx = self.index
-            for b, k in zip(out[cached].tolist(), h[cached].tolist()):
+            ek = h[cached].tolist()
+            for b, k in zip(out[cached].tolist(), ek):
                 if idx.get(k) == b:
                     del idx[k]
+            if self.evict_log is not None:
+                self.evict_log.extend(ek)
             nc = int(np.count_nonzero(cached))
             self.num_cached_free -= nc
             self.evicted_cached_blocks += nc

@@ -49,6 +49,10 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     hm = s.get("prefix_hit_ratio_mean_per_request")
     t.add_row("prefix-hit ratio (tokens / mean per request)",
               "-" if hr is None else f"{hr:.1%} / {hm:.1%}")
+    if s.get("tiers", "gpu_only") != "gpu_only" or (s.get("hit_ratio") or {}).get("host"):
+        h = s["hit_ratio"]
+        t.add_row("hit ratio by tier (GPU / host / disk)",
+                  " / ".join("-" if h[k] is None else f"{h[k]:.1%}" for k in ("gpu", "host", "disk")))
     t.add_row("peak GPU blocks used / total",
               f"{s['peak_gpu_blocks_used']:,} / {s['gpu_blocks_total']:,}")
     t.add_row("preemptions", f"{s['preemptions']:,}")

@@ -117,11 +117,49 @@ class CostConfig:
 
 
 @dataclass
+class TiersConfig:
+    """Host and disk tiers below the GPU (see :mod:`sim.tiers`).
+
+    ``host_gib`` / ``disk_gib`` = 0 disables a tier. ``replacement``: lru | arc.
+    ``write_policy``: write_back (copy a cached block down when the GPU evicts it) |
+    write_through (copy when it becomes full) | write_through_selective (after
+    ``selective_min_hits`` hits). ``onboard``: blocking (load, then prefill) | layerwise (load
+    overlapped with the prefill layer by layer). ``load_or_recompute``: recompute a disk hit
+    when loading it would take longer. PCIe defaults come from the GPU card.
+    """
+
+    name: str = "gpu_only"
+    host_gib: float = 0.0
+    disk_gib: float = 0.0
+    replacement: str = "lru"
+    write_policy: str = "write_back"
+    selective_min_hits: int = 2
+    transfer_batch_pages: int = 64
+    onboard: str = "blocking"
+    load_or_recompute: bool = False
+    pcie_gbps: Optional[float] = None
+    pcie_overhead_s: Optional[float] = None
+    disk_read_gbps: float = 7.0
+    disk_write_gbps: float = 5.0
+    disk_latency_s: float = 80e-6
+
+
+@dataclass
+class CodecConfig:
+    """Cold-page codec applied when a page leaves the GPU (see :func:`sim.tiers.cold_page_bytes`)."""
+
+    name: str = "identity"
+    keep_rope_hot: bool = False
+    side_buffer_bytes: int = 0
+
+
+@dataclass
 class SimConfig:
     """Engine switches."""
 
     check_invariants: bool = False
     progress: bool = True
+    fast_forward: bool = True
     max_sim_time_s: Optional[float] = None
 
 
@@ -145,6 +183,8 @@ class KvsimConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    tiers: TiersConfig = field(default_factory=TiersConfig)
+    codec: CodecConfig = field(default_factory=CodecConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     seed: int = 0
@@ -161,3 +201,5 @@ def register_configs() -> None:
     cs.store(group="cache", name="cache_schema", node=CacheConfig)
     cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
     cs.store(group="cost", name="cost_schema", node=CostConfig)
+    cs.store(group="tiers", name="tiers_schema", node=TiersConfig)
+    cs.store(group="codec", name="codec_schema", node=CodecConfig)

@@ -35,9 +35,11 @@ import simpy
 from .block_pool import BlockPool
 from .keys import block_keys
 from .metrics import Recorder
+from .tiers import DISK, GPU, HOST
 
-WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3
-STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected"}
+WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
+STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected",
+                ONBOARDING: "onboarding"}
 
 
 class Request:
@@ -47,6 +49,8 @@ class Request:
         "idx", "rid", "arrival", "input", "output", "keys", "blocks", "n_blocks", "n_cached",
         "n_computed", "n_generated", "status", "first_scheduled", "first_token", "finish",
         "hit_tokens", "computed_prompt_tokens", "preemptions", "reason", "total_blocks",
+        "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
+        "gen",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -70,6 +74,13 @@ class Request:
         self.preemptions = 0
         self.reason = ""
         self.total_blocks = 0
+        self.hit_host = 0
+        self.hit_disk = 0
+        self.onboard_s = 0.0
+        self.onboard_host_s = 0.0
+        self.onboard_disk_s = 0.0
+        self.load_event = None
+        self.gen = 0  # incremented at preemption (invalidates in-flight loads)
 
     @property
     def num_tokens(self) -> int:
@@ -93,7 +104,7 @@ class Simulator:
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, tiers=None, num_layers: int = 1):
         self.wl = workload
         self.B = int(block_size)
         self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching)
@@ -117,6 +128,15 @@ class Simulator:
                 f"scheduled (vLLM rejects this config too); enable chunked prefill, raise the "
                 f"budget or lower model.max_model_len")
         self.env = simpy.Environment()
+        # tiers: a factory env -> TierManager (None = GPU only)
+        self.tiers = tiers(self.env) if tiers is not None else None
+        self.num_layers = max(1, int(num_layers))
+        self.onboarding = 0
+        if self.tiers is not None:
+            self.pool.evict_log = []
+            self.pool.cached_log = []
+            # exactness of the decode fast-forward is only proven without tiers
+            self.fast_forward = False
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.n = len(workload)
@@ -224,6 +244,8 @@ class Simulator:
         req.n_cached = 0
 
     def _preempt(self, req: Request) -> None:
+        req.gen += 1
+        req.load_event = None
         self._free_blocks(req)
         req.n_computed = 0
         req.status = WAITING
@@ -267,11 +289,17 @@ class Simulator:
         if not preempted:
             pool = self.pool
             B = self.B
-            while self.waiting and budget > 0 and len(running) < self.max_seqs:
+            tiers = self.tiers
+            while self.waiting and budget > 0 and len(running) + self.onboarding < self.max_seqs:
                 req = self.waiting[0]
                 self._ensure_keys(req)
                 num_tokens = req.num_tokens
-                hit = pool.lookup_prefix(req.keys, (num_tokens - 1) // B) if self.caching else np.empty(0, np.int64)
+                max_hit = (num_tokens - 1) // B if self.caching else 0
+                hit = pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
+                tier_pos = tier_keys = tier_codes = None
+                if tiers is not None and len(hit) < max_hit:
+                    hit, tier_pos, tier_keys, tier_codes = self._tier_hit(req, hit, max_hit)
+                n_tier = 0 if tier_pos is None else len(tier_pos)
                 hit_tokens = len(hit) * B
                 n = num_tokens - hit_tokens
                 if not self.chunked and n > budget:
@@ -280,29 +308,125 @@ class Simulator:
                     n = self.long_thr
                 if n > budget:
                     n = budget
-                need = -(-(hit_tokens + n) // B) - len(hit)
-                if need + pool.blocks_needed_for_touch(hit) > pool.num_free:
+                blocking = n_tier > 0 and not tiers.layerwise
+                gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
+                need = n_tier if blocking else -(-(hit_tokens + n) // B) - len(hit) + n_tier
+                if need + pool.blocks_needed_for_touch(gpu_blocks) > pool.num_free:
                     break
-                pool.touch(hit)
+                pool.touch(gpu_blocks)
+                if n_tier:
+                    hit = hit.copy()
+                    hit[tier_pos] = pool.allocate(n_tier)
                 req.blocks[:len(hit)] = hit
                 req.n_blocks = len(hit)
                 req.n_cached = len(hit)
                 req.n_computed = hit_tokens
-                if not self._grow(req, hit_tokens + n):  # cannot happen after the check above
-                    raise RuntimeError("allocation failed after capacity check")
                 self.waiting.popleft()
                 if req.preemptions == 0:
                     req.hit_tokens = hit_tokens
                     req.first_scheduled = self.env.now
+                    if n_tier:
+                        req.hit_disk = int(np.count_nonzero(tier_codes == DISK)) * B
+                        req.hit_host = n_tier * B - req.hit_disk
+                if tiers is not None and len(gpu_blocks):
+                    tiers.on_gpu_hit(req.keys[:len(hit)][hit >= 0].tolist() if n_tier else req.keys[:len(hit)].tolist())
                 req.computed_prompt_tokens += num_tokens - hit_tokens
-                req.status = RUNNING
                 self._step_admitted += 1
+                if n_tier:
+                    self._start_onboard(req, tier_pos, tier_keys, tier_codes, blocking)
+                if blocking:
+                    continue
+                if not self._grow(req, hit_tokens + n):  # cannot happen after the check above
+                    raise RuntimeError("allocation failed after capacity check")
+                req.status = RUNNING
                 running.append(req)
                 sched_req.append(req)
                 sched_n.append(n)
                 sched_ctx.append(hit_tokens)
                 budget -= n
         return sched_req, sched_n, sched_ctx
+
+    # ------------------------------------------------------------------ tiers
+    def _tier_hit(self, req: Request, gpu_hit: np.ndarray, max_hit: int):
+        """Extend a GPU prefix hit through the host and disk tiers.
+
+        Each block from the first is served by the fastest tier holding it (GPU, host, disk);
+        the first block held nowhere ends the hit. Returns the block-table prefix (GPU block ids,
+        -1 where a page must be onboarded), the positions, keys and tier codes of those pages.
+        With ``load_or_recompute`` the hit is cut at the first disk page when loading the disk
+        pages would take longer than recomputing the tokens from there on.
+        """
+        tiers = self.tiers
+        index = self.pool.index
+        where = tiers.where
+        g = len(gpu_hit)
+        ext = []
+        codes = []
+        keys_l = req.keys[g:max_hit].tolist()
+        for k in keys_l:
+            b = index.get(k)
+            if b is not None:
+                ext.append(b)
+                codes.append(GPU)
+                continue
+            w = where(k)
+            if w < 0:
+                break
+            ext.append(-1)
+            codes.append(w)
+        if not ext:
+            return gpu_hit, None, None, None
+        codes_a = np.asarray(codes, dtype=np.int8)
+        if tiers.load_or_recompute and (codes_a == DISK).any():
+            first = int(np.argmax(codes_a == DISK))
+            n_disk = int(np.count_nonzero(codes_a[first:] == DISK))
+            n_host = int(np.count_nonzero(codes_a[first:] == HOST))
+            load = tiers.estimate_load_s(n_host, n_disk)
+            ctx = (g + first) * self.B
+            recompute = self.cost.prefill_time((len(codes_a) - first) * self.B, ctx)
+            if recompute < load:
+                ext = ext[:first]
+                codes_a = codes_a[:first]
+                if not ext:
+                    return gpu_hit, None, None, None
+        table = np.concatenate([gpu_hit, np.asarray(ext, dtype=np.int64)])
+        is_tier = codes_a != GPU
+        if not is_tier.any():
+            return table, None, None, None
+        pos = g + np.flatnonzero(is_tier)
+        keys = req.keys[pos]
+        return table, pos, keys, codes_a[is_tier]
+
+    def _start_onboard(self, req: Request, pos, keys, codes, blocking: bool) -> None:
+        tiers = self.tiers
+        keys_l = keys.tolist()
+        codes_l = codes.tolist()
+        tiers.touch(keys_l, codes_l)
+        host_keys = [k for k, c in zip(keys_l, codes_l) if c == HOST]
+        disk_keys = [k for k, c in zip(keys_l, codes_l) if c == DISK]
+        if blocking:
+            req.status = ONBOARDING
+            self.onboarding += 1
+        req.load_event = self.env.process(
+            self._onboard(req, pos, host_keys, disk_keys, blocking, req.gen))
+
+    def _onboard(self, req: Request, pos, host_keys, disk_keys, blocking: bool, gen: int):
+        env = self.env
+        t0 = env.now
+        out = {}
+        yield env.process(self.tiers.onboard(host_keys, disk_keys, out))
+        if req.gen != gen:  # preempted while loading (layerwise): its blocks are gone
+            return
+        self.pool.cache_blocks(req.blocks[pos], req.keys[pos])
+        req.onboard_host_s += out["onboard_host_s"]
+        req.onboard_disk_s += out["onboard_disk_s"]
+        if blocking:
+            req.onboard_s += env.now - t0
+            self.onboarding -= 1
+            req.status = RUNNING
+            self.running.append(req)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
 
     # ------------------------------------------------------------------ engine loop
     def _engine(self):
@@ -315,6 +439,12 @@ class Simulator:
                 self._wake = None
                 continue
             sched_req, sched_n, sched_ctx = self._schedule()
+            if not sched_req and self.onboarding:
+                # nothing runnable until an onboarding request's pages arrive (or an arrival)
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
             if not sched_req:
                 raise RuntimeError(
                     f"scheduler deadlock at t={env.now:.3f}s: {len(self.waiting)} waiting, "
@@ -332,6 +462,22 @@ class Simulator:
             dt = self.cost.step_time(n_arr, ctx_arr, samples)
             start = env.now
             yield env.timeout(dt)
+            if self.tiers is not None and self.tiers.layerwise:
+                loads = [r.load_event for r in sched_req
+                         if r.load_event is not None and not r.load_event.processed]
+                if loads:
+                    # layer-by-layer overlap: the last layer's attention waits for its KV
+                    t_wait = env.now
+                    yield simpy.AllOf(env, loads)
+                    yield env.timeout(dt / self.num_layers)
+                    stall = env.now - t_wait
+                    for r in sched_req:
+                        if r.load_event in loads:
+                            r.onboard_s += stall
+                    dt = env.now - start
+                for r in sched_req:
+                    if r.load_event is not None and r.load_event.processed:
+                        r.load_event = None
             now = env.now
             finished = False
             decode_tokens = 0
@@ -352,6 +498,8 @@ class Simulator:
                         finished = True
             if finished:
                 self._retire_finished()
+            if self.tiers is not None:
+                self._tier_step_end()
             rec.step(start, dt, len(self.running), len(self.waiting), prefill_tokens, decode_tokens,
                      self.pool.num_used, self.pool.num_cached_free,
                      self._live_tokens())
@@ -487,6 +635,17 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _tier_step_end(self) -> None:
+        pool = self.pool
+        tiers = self.tiers
+        if pool.evict_log:
+            tiers.on_gpu_evict(pool.evict_log)
+            pool.evict_log.clear()
+        if pool.cached_log:
+            tiers.on_gpu_cached(pool.cached_log)
+            pool.cached_log.clear()
+        tiers.flush()
 
     def _retire_finished(self) -> None:
         keep = []

@@ -23,9 +23,12 @@ import pandas as pd
 
 REQUEST_COLUMNS = [
     "request_id", "session_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
-    "e2e_s", "queue_s", "input_tokens", "output_tokens", "prefix_hit_tokens",
-    "computed_prompt_tokens", "preemptions", "status", "reject_reason",
+    "e2e_s", "queue_s", "onboard_s", "onboard_host_s", "onboard_disk_s", "prefill_s",
+    "input_tokens", "output_tokens", "prefix_hit_tokens", "hit_tokens_gpu", "hit_tokens_host",
+    "hit_tokens_disk", "computed_prompt_tokens", "preemptions", "status", "reject_reason",
 ]
+
+TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s", "queue_s", "codec"]
 
 
 class _Growable:
@@ -77,10 +80,13 @@ class Recorder:
         tpot = (r.finish - r.first_token) / (r.output - 1) if r.output > 1 else math.nan
         e2e = r.finish - r.arrival
         queue = r.first_scheduled - r.arrival
+        prefill = ttft - queue - r.onboard_s
+        gpu_hit = r.hit_tokens - r.hit_host - r.hit_disk
         self.rows.append((
             r.rid, int(self.session_id[r.idx]), r.arrival, r.first_token, r.finish, ttft, tpot, e2e,
-            queue, r.input, r.output, r.hit_tokens, r.computed_prompt_tokens, r.preemptions,
-            STATUS_NAMES[r.status], r.reason,
+            queue, r.onboard_s, r.onboard_host_s, r.onboard_disk_s, prefill,
+            r.input, r.output, r.hit_tokens, gpu_hit, r.hit_host, r.hit_disk,
+            r.computed_prompt_tokens, r.preemptions, STATUS_NAMES[r.status], r.reason,
         ))
 
     def step(self, t, dur, running, waiting, prefill, decode, used, cached_free, live) -> None:
@@ -112,7 +118,8 @@ class Recorder:
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         return df.astype({
             "request_id": "int64", "session_id": "int64", "input_tokens": "int64",
-            "output_tokens": "int64", "prefix_hit_tokens": "int64",
+            "output_tokens": "int64", "prefix_hit_tokens": "int64", "hit_tokens_gpu": "int64",
+            "hit_tokens_host": "int64", "hit_tokens_disk": "int64",
             "computed_prompt_tokens": "int64", "preemptions": "int64",
         })
 
@@ -172,6 +179,16 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
         "decode_tokens_computed": int(rec.sum_decode),
         "sim_duration_s": dur,
     }
+    tier_hits = {t: float(fin[f"hit_tokens_{t}"].sum()) for t in ("gpu", "host", "disk")}
+    s["hit_ratio"] = {t: (v / prompt if prompt > 0 else None) for t, v in tier_hits.items()}
+    s["hit_ratio"]["total"] = s["prefix_hit_ratio"]
+    s["hit_ratio_mean_per_request"] = {
+        t: (float((fin[f"hit_tokens_{t}"] / fin["input_tokens"]).mean()) if len(fin) else None)
+        for t in ("gpu", "host", "disk")}
+    s["hit_ratio_mean_per_request"]["total"] = s["prefix_hit_ratio_mean_per_request"]
+    s["disk_share_of_hits"] = tier_hits["disk"] / hits if hits > 0 else None
+    s["onboard_s"] = _stats(fin["onboard_s"])
+    s["prefill_s"] = _stats(fin["prefill_s"])
     if extra:
         s.update(extra)
     return s

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from traces import load_workload
@@ -27,7 +28,7 @@ from traces import load_workload
 from .cost import build_cost_model
 from .engine import Simulator
 from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
-from .metrics import Recorder, summarize
+from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
 MARKER = "INCOMPLETE"
 
@@ -95,8 +96,45 @@ def is_complete(out_dir) -> bool:
         return False
 
 
-def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
+def transfers_frame(tm) -> pd.DataFrame:
+    """The transfers table (one row per batched copy; empty with no tier)."""
+    rows = tm.records if tm is not None else []
+    df = pd.DataFrame.from_records(rows, columns=TRANSFER_COLUMNS)
+    return df.astype({"time_s": "float64", "direction": "string", "tier": "string",
+                      "pages": "int64", "bytes": "int64", "duration_s": "float64",
+                      "queue_s": "float64", "codec": "string"})
+
+
+def _tiers_factory(cfg, plan):
+    """Validate the tier and codec config; return (factory env -> TierManager or None, cold page
+    bytes). A tier manager exists when host or disk capacity is above zero."""
+    from .tiers import TierManager, cold_page_bytes
+
+    cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
+    t = cfg.tiers
+    for f in ("host_gib", "disk_gib"):
+        if getattr(t, f) < 0:
+            raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a capacity >= 0 GiB")
+    if t.host_gib == 0 and t.disk_gib == 0:
+        return None, cold
+    if not cfg.cache.enable_prefix_caching:
+        raise ConfigError("tiers below the GPU need cache.enable_prefix_caching=true")
+    hbm = float(cfg.gpu.hbm_bandwidth_gbps) * 1e9 * float(cfg.cost.mbu)
+
+    def factory(env):
+        return TierManager(env, t, cfg.codec, plan.block_bytes, cold, cfg.gpu, hbm)
+
+    # build once now so config errors surface before the simulation starts
+    import simpy
+    factory(simpy.Environment())
+    return factory, cold
+
+
+def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
+
+    ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
+    programmatic use and tests).
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
     the config or trace is invalid (the results directory then holds only the marker).
@@ -113,7 +151,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     t_load = time.perf_counter()
-    wl = load_workload(cfg.trace, seed=int(cfg.seed))
+    wl = load_workload(cfg.trace, seed=int(cfg.seed)) if workload is None else workload
     t_load = time.perf_counter() - t_load
     n = len(wl)
     rec = Recorder(n, wl.table.column("session_id").to_numpy(),
@@ -127,9 +165,12 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
 
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
+    tiers_factory, page_bytes = _tiers_factory(cfg, plan)
     sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                     cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
-                    progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s)
+                    progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
+                    fast_forward=cfg.sim.fast_forward, tiers=tiers_factory,
+                    num_layers=cfg.model.num_layers)
     t_sim = time.perf_counter()
     try:
         sim.run()
@@ -155,6 +196,17 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
         "trace_skipped_rows": _clean_nan(dict(wl.skipped)) if getattr(wl, "skipped", None) else {"count": 0, "examples": []},
         "seed": int(cfg.seed),
     }
+    tm = sim.tiers
+    extra["codec"] = cfg.codec.name
+    extra["tiers"] = cfg.tiers.name
+    extra["page_bytes"] = page_bytes
+    extra["bytes_offloaded"] = dict(tm.bytes_offloaded) if tm else {"host": 0, "disk": 0}
+    extra["bytes_onboarded"] = dict(tm.bytes_onboarded) if tm else {"host": 0, "disk": 0}
+    extra["host_capacity_pages"] = tm.host_pages if tm else 0
+    extra["disk_capacity_pages"] = tm.disk_pages if tm else 0
+    extra["peak_host_pages"] = tm.host.peak if tm else 0
+    extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
+    extra["transfers"] = len(tm.records) if tm else 0
     summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary["wall"] = {
@@ -168,6 +220,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None) -> dict:
         _write_parquet(req, out / "requests.parquet")
         if cfg.output.write_steps:
             _write_parquet(rec.steps_frame(), out / "steps.parquet")
+        _write_parquet(transfers_frame(tm), out / "transfers.parquet")
         if not (out / ".hydra" / "config.yaml").exists():
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0

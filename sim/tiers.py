@@ -1,0 +1,489 @@
+"""Host and disk tiers below the GPU block pool, cold-page codecs and the links between them.
+
+Hierarchy (design.md section 3; vLLM CPU offloading, LMCache, SGLang HiCache): GPU -> host
+(pinned DRAM over PCIe) -> disk (NVMe). A page (one block: all layers' K and V of ``block_size``
+tokens) leaving the GPU is encoded by the cold-page codec; host and disk hold the same encoded
+page, so host -> disk copies raw bytes. It is decoded when it returns to the GPU.
+
+Cold page bytes (:func:`cold_page_bytes`), per block of ``B`` tokens with ``V`` cached values:
+
+* ``identity``: the hot layout concatenated: ``V x hot_bytes``.
+* ``fp8`` (E4M3, from a 16-bit hot cache): ``V x 1``; the per-(layer, K/V) scale lives in metadata.
+* ``nvfp4``: 4-bit E2M1 values + one E4M3 scale per 16 values = ``V x 0.5625`` bytes; the per-layer
+  global scale lives in metadata (NVIDIA NVFP4; seed 001: 43.75% smaller than an FP8 page,
+  71.875% smaller than BF16). Needs head dims in multiples of 16.
+* ``keep_rope_hot``: K's RoPE part (``rope_dim`` of each K head) stays at hot precision.
+* ``side_buffer_bytes``: lossless per-page buffers copied as is.
+
+Replacement (``tiers.replacement``): ``lru``, or ``arc`` (Megiddo & Modha, FAST 2003; as vLLM's
+CPU offload manager offers). Pages of one request are inserted deepest block first, so the
+shallow blocks of a prefix chain are the most recent and a chain is evicted leaf first: no
+unreachable descendants are kept while their parent is gone (for pages inserted together).
+
+Links are SimPy resources (one per direction: PCIe host-to-device, device-to-host, disk read,
+disk write), FIFO with capacity 1, so transfers queue and contend. A batch of ``n`` pages of
+``b`` bytes takes ``overhead + n x b / bandwidth`` (PCIe: 14 us per issued copy, 55 GB/s each
+way, measured on this workplace's H200, design.md; disk: latency per I/O + bytes / bandwidth,
+defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from vendor sheets).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
+
+CODECS = ("identity", "fp8", "nvfp4")
+REPLACEMENTS = ("lru", "arc")
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+NVFP4_BYTES_PER_VALUE = 0.5 + 1.0 / 16  # 4-bit code + one 8-bit E4M3 scale per 16 values
+
+
+def page_values(model, block_size: int) -> int:
+    """Cached values in one block over the full-attention layers (K and V together)."""
+    if model.attention == "mla":
+        per_layer = model.kv_lora_rank + model.qk_rope_head_dim
+    else:
+        per_layer = 2 * model.num_kv_heads * model.head_dim
+    return int(per_layer * full_attention_layers(model) * block_size)
+
+
+def rope_values(model, block_size: int) -> int:
+    """Values of K's RoPE part in one block (kept hot with ``codec.keep_rope_hot``)."""
+    if model.attention == "mla":
+        per_layer = model.qk_rope_head_dim
+    else:
+        per_layer = model.num_kv_heads * model.rope_dim
+    return int(per_layer * full_attention_layers(model) * block_size)
+
+
+def cold_page_bytes(model, cache, codec) -> int:
+    """Bytes of one encoded (cold) page; see the module docstring. Raises ConfigError when the
+    codec cannot express the model's cache (NVFP4 head dims not multiples of 16, FP8/NVFP4 from
+    a cache that is not 16-bit)."""
+    name = codec.name
+    if name not in CODECS:
+        raise ConfigError(f"codec.name={name!r}; expected one of {list(CODECS)}")
+    hot = kv_dtype_bytes(model, cache)
+    v = page_values(model, cache.block_size)
+    side = int(codec.side_buffer_bytes)
+    if side < 0:
+        raise ConfigError(f"codec.side_buffer_bytes={side}; expected >= 0")
+    if name == "identity":
+        return int(v * hot) + side
+    if hot != 2.0:
+        raise ConfigError(
+            f"codec {name} encodes a 16-bit hot cache; cache.kv_cache_dtype gives {hot:g} "
+            f"bytes per value (use codec=identity)")
+    rope = rope_values(model, cache.block_size) if codec.keep_rope_hot else 0
+    if name == "fp8":
+        return int((v - rope) * 1 + rope * hot) + side
+    dims = [model.kv_lora_rank, model.qk_rope_head_dim] if model.attention == "mla" else [model.head_dim]
+    if codec.keep_rope_hot and model.attention != "mla":
+        dims = [model.head_dim - model.rope_dim] if model.head_dim != model.rope_dim else []
+    bad = [d for d in dims if d % 16]
+    if bad:
+        raise ConfigError(
+            f"codec nvfp4 needs head dims in multiples of 16 (one scale per 16 values); "
+            f"model {model.name} has {bad}")
+    nv = (v - rope) * NVFP4_BYTES_PER_VALUE
+    if nv != int(nv):
+        raise ConfigError(f"codec nvfp4: {v - rope} values per page is not a multiple of 16")
+    return int(nv + rope * hot) + side
+
+
+class LRUStore:
+    """Pages held by one tier, least recently used first. Capacity in pages (>= 0)."""
+
+    def __init__(self, capacity_pages: int):
+        self.capacity = int(capacity_pages)
+        self._d: OrderedDict[int, None] = OrderedDict()
+        self.peak = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def touch(self, key: int) -> None:
+        """Mark a held page most recently used."""
+        self._d.move_to_end(key)
+
+    def insert(self, key: int) -> list[int]:
+        """Insert (or refresh) a page; returns the pages evicted to make room."""
+        d = self._d
+        if key in d:
+            d.move_to_end(key)
+            return []
+        if self.capacity <= 0:
+            return [key]
+        out = []
+        while len(d) >= self.capacity:
+            out.append(d.popitem(last=False)[0])
+        d[key] = None
+        if len(d) > self.peak:
+            self.peak = len(d)
+        return out
+
+
+class ARCStore:
+    """Adaptive Replacement Cache (Megiddo & Modha, FAST 2003): recency list T1, frequency list
+    T2, ghost lists B1/B2 steering the target size ``p`` of T1. Capacity in pages."""
+
+    def __init__(self, capacity_pages: int):
+        self.capacity = int(capacity_pages)
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+        self.p = 0
+        self.peak = 0
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.t1 or key in self.t2
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def touch(self, key: int) -> None:
+        """A hit: move the page to the MRU end of T2."""
+        if key in self.t1:
+            del self.t1[key]
+            self.t2[key] = None
+        elif key in self.t2:
+            self.t2.move_to_end(key)
+
+    def _replace(self, key_in_b2: bool) -> int:
+        if self.t1 and (len(self.t1) > self.p or (key_in_b2 and len(self.t1) == self.p)):
+            k = self.t1.popitem(last=False)[0]
+            self.b1[k] = None
+        else:
+            k = self.t2.popitem(last=False)[0]
+            self.b2[k] = None
+        return k
+
+    def insert(self, key: int) -> list[int]:
+        """Insert a page (a miss) and return the pages evicted from T1/T2."""
+        c = self.capacity
+        if key in self:
+            self.touch(key)
+            return []
+        if c <= 0:
+            return [key]
+        out = []
+        if key in self.b1:
+            self.p = min(c, self.p + max(len(self.b2) // max(len(self.b1), 1), 1))
+            if len(self) >= c:
+                out.append(self._replace(False))
+            del self.b1[key]
+            self.t2[key] = None
+        elif key in self.b2:
+            self.p = max(0, self.p - max(len(self.b1) // max(len(self.b2), 1), 1))
+            if len(self) >= c:
+                out.append(self._replace(True))
+            del self.b2[key]
+            self.t2[key] = None
+        else:
+            l1 = len(self.t1) + len(self.b1)
+            if l1 == c:
+                if len(self.t1) < c:
+                    self.b1.popitem(last=False)
+                    out.append(self._replace(False))
+                else:
+                    out.append(self.t1.popitem(last=False)[0])
+            elif l1 < c and l1 + len(self.t2) + len(self.b2) >= c:
+                if l1 + len(self.t2) + len(self.b2) == 2 * c and self.b2:
+                    self.b2.popitem(last=False)
+                if len(self) >= c:
+                    out.append(self._replace(False))
+            self.t1[key] = None
+        if len(self) > self.peak:
+            self.peak = len(self)
+        return out
+
+
+def make_store(replacement: str, capacity_pages: int):
+    """A page store with the named replacement policy."""
+    if replacement == "lru":
+        return LRUStore(capacity_pages)
+    if replacement == "arc":
+        return ARCStore(capacity_pages)
+    raise ConfigError(f"tiers.replacement={replacement!r}; expected one of {list(REPLACEMENTS)}")
+
+
+class Link:
+    """A transfer link: a SimPy FIFO resource with ``overhead_s + bytes / bandwidth`` per batch.
+
+    Args:
+        env: the SimPy environment; name: for records; bandwidth_Bps: bytes/s (> 0);
+        overhead_s: fixed cost per batch (per issued copy or I/O).
+    """
+
+    def __init__(self, env, name: str, bandwidth_Bps: float, overhead_s: float):
+        import simpy
+
+        if bandwidth_Bps <= 0:
+            raise ConfigError(f"link {name}: bandwidth {bandwidth_Bps} B/s; expected > 0")
+        if overhead_s < 0:
+            raise ConfigError(f"link {name}: overhead {overhead_s} s; expected >= 0")
+        self.name = name
+        self.bw = float(bandwidth_Bps)
+        self.overhead = float(overhead_s)
+        self.res = simpy.Resource(env, capacity=1)
+
+    def duration(self, nbytes: float) -> float:
+        """Seconds one batch of ``nbytes`` occupies the link."""
+        return self.overhead + nbytes / self.bw
+
+
+def tier_capacity_pages(gib: float, page_bytes: int, field: str) -> int:
+    """Pages of ``page_bytes`` that fit in ``gib`` GiB; ConfigError if ``gib`` is negative."""
+    if gib < 0:
+        raise ConfigError(f"{field}={gib}; expected a capacity >= 0 GiB")
+    return int(gib * GIB // page_bytes)
+
+
+def codec_time(codec_name: str, hot_bytes: float, cold_bytes: float, hbm_Bps: float) -> float:
+    """Analytic GPU time to encode or decode pages: read one side and write the other at HBM
+    bandwidth (the quantisation arithmetic rides the memory traffic). 0 for ``identity``."""
+    if codec_name == "identity":
+        return 0.0
+    return (hot_bytes + cold_bytes) / hbm_Bps
+
+
+__all__ = [
+    "CODECS", "REPLACEMENTS", "WRITE_POLICIES", "NVFP4_BYTES_PER_VALUE", "page_values",
+    "rope_values", "cold_page_bytes", "LRUStore", "ARCStore", "make_store", "Link",
+    "tier_capacity_pages", "codec_time", "dtype_bytes",
+]
+
+
+GPU, HOST, DISK = 0, 1, 2
+
+
+class TierManager:
+    """Host/disk stores, links, offload (write policy) and onboarding, inside one SimPy env.
+
+    Args:
+        env: SimPy environment.
+        tiers, codec: config nodes (``sim.config.TiersConfig`` / ``CodecConfig``).
+        hot_page_bytes, cold_page_bytes: bytes of one block on the GPU / encoded.
+        gpu: GPU card (PCIe defaults); hbm_Bps: HBM bandwidth for codec time.
+        calibration: optional ``gpu_validation.calibration_model.Calibration`` whose fitted
+            ``{codec}_encode_d2h_fused`` / ``{codec}_h2d_decode_fused`` / ``d2h`` / ``h2d`` ops
+            replace the analytic link + codec times.
+
+    Records every batch transfer in ``records`` (time_s, direction, tier, pages, bytes,
+    duration_s, queue_s, codec).
+    """
+
+    def __init__(self, env, tiers, codec, hot_page_bytes: int, cold_page_bytes: int, gpu,
+                 hbm_Bps: float, calibration=None):
+        self.env = env
+        self.codec = codec.name
+        self.hot = int(hot_page_bytes)
+        self.cold = int(cold_page_bytes)
+        if tiers.write_policy not in WRITE_POLICIES:
+            raise ConfigError(
+                f"tiers.write_policy={tiers.write_policy!r}; expected one of {list(WRITE_POLICIES)}")
+        self.write_policy = tiers.write_policy
+        if tiers.selective_min_hits < 1:
+            raise ConfigError(f"tiers.selective_min_hits={tiers.selective_min_hits}; expected >= 1")
+        self.selective_min_hits = int(tiers.selective_min_hits)
+        if tiers.transfer_batch_pages < 1:
+            raise ConfigError(f"tiers.transfer_batch_pages={tiers.transfer_batch_pages}; expected >= 1")
+        self.batch = int(tiers.transfer_batch_pages)
+        if tiers.onboard not in ("blocking", "layerwise"):
+            raise ConfigError(f"tiers.onboard={tiers.onboard!r}; expected 'blocking' or 'layerwise'")
+        self.layerwise = tiers.onboard == "layerwise"
+        self.load_or_recompute = bool(tiers.load_or_recompute)
+        self.host_pages = tier_capacity_pages(tiers.host_gib, self.cold, "tiers.host_gib")
+        self.disk_pages = tier_capacity_pages(tiers.disk_gib, self.cold, "tiers.disk_gib")
+        self.host = make_store(tiers.replacement, self.host_pages)
+        self.disk = make_store(tiers.replacement, self.disk_pages) if self.disk_pages > 0 else None
+        pcie = float(tiers.pcie_gbps if tiers.pcie_gbps is not None else gpu.pcie_bandwidth_gbps) * 1e9
+        pcie_o = float(tiers.pcie_overhead_s if tiers.pcie_overhead_s is not None else gpu.pcie_overhead_s)
+        self.h2d = Link(env, "h2d", pcie, pcie_o)
+        self.d2h = Link(env, "d2h", pcie, pcie_o)
+        self.disk_read = Link(env, "disk_read", float(tiers.disk_read_gbps) * 1e9, float(tiers.disk_latency_s))
+        self.disk_write = Link(env, "disk_write", float(tiers.disk_write_gbps) * 1e9, float(tiers.disk_latency_s))
+        self.hbm = float(hbm_Bps)
+        self.cal = calibration
+        self.inflight: set[int] = set()
+        self.pending: list[int] = []
+        self.pending_demote: list[int] = []
+        self.hit_count: dict[int, int] = {}
+        self.records: list[tuple] = []
+        self.bytes_offloaded = {"host": 0, "disk": 0}
+        self.bytes_onboarded = {"host": 0, "disk": 0}
+
+    # ------------------------------------------------------------------ timing
+    def d2h_time(self, pages: int) -> float:
+        """Seconds to encode ``pages`` and copy them to host (encode fused with the copy)."""
+        op = f"{self.codec}_encode_d2h_fused"
+        if self.cal is not None and self.codec != "identity" and self.cal.has(op):
+            return self.cal.op_time(op, pages * self.hot, pages)
+        if self.cal is not None and self.codec == "identity" and self.cal.has("d2h"):
+            return self.cal.op_time("d2h", pages * self.cold, 1)
+        link = self.d2h.duration(pages * self.cold)
+        return max(link, self.d2h.overhead + codec_time(self.codec, pages * self.hot, pages * self.cold, self.hbm))
+
+    def h2d_time(self, pages: int) -> float:
+        """Seconds to copy ``pages`` to the GPU and decode them (decode fused with the copy)."""
+        op = f"{self.codec}_h2d_decode_fused"
+        if self.cal is not None and self.codec != "identity" and self.cal.has(op):
+            return self.cal.op_time(op, pages * self.hot, pages)
+        if self.cal is not None and self.codec == "identity" and self.cal.has("h2d"):
+            return self.cal.op_time("h2d", pages * self.cold, 1)
+        link = self.h2d.duration(pages * self.cold)
+        return max(link, self.h2d.overhead + codec_time(self.codec, pages * self.hot, pages * self.cold, self.hbm))
+
+    def disk_read_time(self, pages: int) -> float:
+        """Seconds to read ``pages`` encoded pages from disk (one I/O per batch)."""
+        return self.disk_read.duration(pages * self.cold)
+
+    def estimate_load_s(self, n_host: int, n_disk: int) -> float:
+        """Unqueued estimate of onboarding ``n_host`` host pages and ``n_disk`` disk pages."""
+        t = 0.0
+        for lo in range(0, n_disk, self.batch):
+            t += self.disk_read_time(min(self.batch, n_disk - lo))
+        n = n_host + n_disk
+        for lo in range(0, n, self.batch):
+            t += self.h2d_time(min(self.batch, n - lo))
+        return t
+
+    # ------------------------------------------------------------------ lookup
+    def where(self, key: int) -> int:
+        """HOST, DISK, or -1 if neither tier holds the page."""
+        if key in self.host:
+            return HOST
+        if self.disk is not None and key in self.disk:
+            return DISK
+        return -1
+
+    def touch(self, keys: list[int], tiers: list[int]) -> None:
+        """Refresh hit pages in their stores, deepest first (shallow blocks end most recent)."""
+        for k, t in zip(reversed(keys), reversed(tiers)):
+            if t == HOST:
+                self.host.touch(k)
+            elif t == DISK:
+                self.disk.touch(k)
+
+    # ------------------------------------------------------------------ offload
+    def on_gpu_evict(self, keys: list[int]) -> None:
+        """write_back: cached GPU blocks being reallocated are copied down first."""
+        if self.write_policy == "write_back":
+            self._queue(keys)
+
+    def on_gpu_cached(self, keys: list[int]) -> None:
+        """write_through: blocks are copied down as soon as they are full (registered)."""
+        if self.write_policy == "write_through":
+            self._queue(keys[::-1])
+
+    def on_gpu_hit(self, keys: list[int]) -> None:
+        """write_through_selective: a block is copied down once it has been hit N times."""
+        if self.write_policy != "write_through_selective":
+            return
+        hc = self.hit_count
+        ready = []
+        for k in keys:
+            c = hc.get(k, 0) + 1
+            hc[k] = c
+            if c == self.selective_min_hits:
+                ready.append(k)
+        if ready:
+            self._queue(ready[::-1])
+
+    def _queue(self, keys) -> None:
+        inflight = self.inflight
+        host = self.host
+        for k in keys:
+            if k in inflight or k in host:
+                continue
+            inflight.add(k)
+            self.pending.append(k)
+
+    def flush(self) -> None:
+        """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
+        p = self.pending
+        if p:
+            self.pending = []
+            for lo in range(0, len(p), self.batch):
+                self.env.process(self._offload(p[lo:lo + self.batch]))
+        d = self.pending_demote
+        if d:
+            self.pending_demote = []
+            for lo in range(0, len(d), self.batch):
+                self.env.process(self._demote(d[lo:lo + self.batch]))
+
+    def _record(self, start, direction, tier, pages, dur, queued):
+        self.records.append((start, direction, tier, pages, pages * self.cold, dur, start - queued, self.codec))
+
+    def _offload(self, keys):
+        env = self.env
+        t0 = env.now
+        with self.d2h.res.request() as rq:
+            yield rq
+            start = env.now
+            dur = self.d2h_time(len(keys))
+            yield env.timeout(dur)
+        self._record(start, "d2h", "host", len(keys), dur, t0)
+        self.bytes_offloaded["host"] += len(keys) * self.cold
+        for k in keys:
+            self.inflight.discard(k)
+        self._insert_host(keys)
+        self.flush()
+
+    def _insert_host(self, keys) -> None:
+        for k in keys:
+            for ev in self.host.insert(k):
+                if self.disk is not None and ev not in self.disk:
+                    self.pending_demote.append(ev)
+
+    def _demote(self, keys):
+        env = self.env
+        t0 = env.now
+        with self.disk_write.res.request() as rq:
+            yield rq
+            start = env.now
+            dur = self.disk_write.duration(len(keys) * self.cold)
+            yield env.timeout(dur)
+        self._record(start, "host_to_disk", "disk", len(keys), dur, t0)
+        self.bytes_offloaded["disk"] += len(keys) * self.cold
+        for k in keys:
+            self.disk.insert(k)
+
+    # ------------------------------------------------------------------ onboarding
+    def onboard(self, host_keys: list[int], disk_keys: list[int], out: dict):
+        """SimPy process: read ``disk_keys`` from disk (promoting them into the host store), then
+        copy all pages to the GPU in batches. Fills ``out`` with onboard_host_s and
+        onboard_disk_s (time spent per tier, queueing included)."""
+        env = self.env
+        t0 = env.now
+        for lo in range(0, len(disk_keys), self.batch):
+            chunk = disk_keys[lo:lo + self.batch]
+            q = env.now
+            with self.disk_read.res.request() as rq:
+                yield rq
+                start = env.now
+                dur = self.disk_read_time(len(chunk))
+                yield env.timeout(dur)
+            self._record(start, "disk_to_host", "disk", len(chunk), dur, q)
+            self.bytes_onboarded["disk"] += len(chunk) * self.cold
+            self._insert_host(chunk)
+        t1 = env.now
+        allk = host_keys + disk_keys
+        for lo in range(0, len(allk), self.batch):
+            chunk = allk[lo:lo + self.batch]
+            q = env.now
+            with self.h2d.res.request() as rq:
+                yield rq
+                start = env.now
+                dur = self.h2d_time(len(chunk))
+                yield env.timeout(dur)
+            self._record(start, "h2d", "host", len(chunk), dur, q)
+        self.bytes_onboarded["host"] += len(host_keys) * self.cold
+        self.flush()
+        out["onboard_disk_s"] = t1 - t0
+        out["onboard_host_s"] = env.now - t1
