@@ -358,25 +358,23 @@ class Simulator:
         """
         tiers = self.tiers
         index = self.pool.index
-        where = tiers.where
         g = len(gpu_hit)
-        ext = []
-        codes = []
         keys_l = req.keys[g:max_hit].tolist()
-        for k in keys_l:
-            b = index.get(k)
-            if b is not None:
-                ext.append(b)
-                codes.append(GPU)
-                continue
-            w = where(k)
-            if w < 0:
-                break
-            ext.append(-1)
-            codes.append(w)
-        if not ext:
+        # vectorised walk: membership per tier with C-level maps, then the first block held
+        # nowhere ends the hit
+        gpu_b = np.fromiter((-1 if b is None else b for b in map(index.get, keys_l)),
+                            dtype=np.int64, count=len(keys_l))
+        in_host = np.fromiter(tiers.host.contains_many(keys_l), dtype=bool, count=len(keys_l))
+        if tiers.disk is not None:
+            in_disk = np.fromiter(tiers.disk.contains_many(keys_l), dtype=bool, count=len(keys_l))
+        else:
+            in_disk = np.zeros(len(keys_l), dtype=bool)
+        held = (gpu_b >= 0) | in_host | in_disk
+        m = int(np.argmin(held)) if not held.all() else len(held)
+        if m == 0:
             return gpu_hit, None, None, None
-        codes_a = np.asarray(codes, dtype=np.int8)
+        ext = gpu_b[:m]
+        codes_a = np.where(gpu_b[:m] >= 0, GPU, np.where(in_host[:m], HOST, DISK)).astype(np.int8)
         if tiers.load_or_recompute and (codes_a == DISK).any():
             first = int(np.argmax(codes_a == DISK))
             n_disk = int(np.count_nonzero(codes_a[first:] == DISK))
@@ -387,9 +385,9 @@ class Simulator:
             if recompute < load:
                 ext = ext[:first]
                 codes_a = codes_a[:first]
-                if not ext:
+                if len(ext) == 0:
                     return gpu_hit, None, None, None
-        table = np.concatenate([gpu_hit, np.asarray(ext, dtype=np.int64)])
+        table = np.concatenate([gpu_hit, ext])
         is_tier = codes_a != GPU
         if not is_tier.any():
             return table, None, None, None

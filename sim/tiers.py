@@ -110,6 +110,30 @@ class LRUStore:
         """Mark a held page most recently used."""
         self._d.move_to_end(key)
 
+    def contains_many(self, keys: list[int]) -> list[bool]:
+        """Membership of each key (C-level map; no per-key Python frame)."""
+        return list(map(self._d.__contains__, keys))
+
+    def insert_many(self, keys: list[int]) -> list[int]:
+        """Insert pages in order; returns those evicted. Same result as one ``insert`` per key:
+        a batch's own pages are newer than everything already held, so older pages go first."""
+        d = self._d
+        if self.capacity <= 0:
+            return list(keys)
+        for k in keys:
+            if k in d:
+                d.move_to_end(k)
+            else:
+                d[k] = None
+        out = []
+        extra = len(d) - self.capacity
+        if extra > 0:
+            pop = d.popitem
+            out = [pop(last=False)[0] for _ in range(extra)]
+        if len(d) > self.peak:
+            self.peak = len(d)
+        return out
+
     def insert(self, key: int) -> list[int]:
         """Insert (or refresh) a page; returns the pages evicted to make room."""
         d = self._d
@@ -145,6 +169,18 @@ class ARCStore:
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+    def contains_many(self, keys: list[int]) -> list[bool]:
+        """Membership of each key in T1 or T2."""
+        t1, t2 = self.t1, self.t2
+        return [k in t1 or k in t2 for k in keys]
+
+    def insert_many(self, keys: list[int]) -> list[int]:
+        """Insert pages in order; returns those evicted."""
+        out = []
+        for k in keys:
+            out.extend(self.insert(k))
+        return out
 
     def touch(self, key: int) -> None:
         """A hit: move the page to the MRU end of T2."""
@@ -397,12 +433,13 @@ class TierManager:
 
     def _queue(self, keys) -> None:
         inflight = self.inflight
-        host = self.host
-        for k in keys:
-            if k in inflight or k in host:
+        held = self.host.contains_many(keys)
+        pend = self.pending
+        for k, h in zip(keys, held):
+            if h or k in inflight:
                 continue
             inflight.add(k)
-            self.pending.append(k)
+            pend.append(k)
 
     def flush(self) -> None:
         """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
@@ -436,10 +473,10 @@ class TierManager:
         self.flush()
 
     def _insert_host(self, keys) -> None:
-        for k in keys:
-            for ev in self.host.insert(k):
-                if self.disk is not None and ev not in self.disk:
-                    self.pending_demote.append(ev)
+        ev = self.host.insert_many(keys)
+        if ev and self.disk is not None:
+            on_disk = self.disk.contains_many(ev)
+            self.pending_demote.extend(k for k, d in zip(ev, on_disk) if not d)
 
     def _demote(self, keys):
         env = self.env
@@ -451,8 +488,7 @@ class TierManager:
             yield env.timeout(dur)
         self._record(start, "host_to_disk", "disk", len(keys), dur, t0)
         self.bytes_offloaded["disk"] += len(keys) * self.cold
-        for k in keys:
-            self.disk.insert(k)
+        self.disk.insert_many(keys)
 
     # ------------------------------------------------------------------ onboarding
     def onboard(self, host_keys: list[int], disk_keys: list[int], out: dict):

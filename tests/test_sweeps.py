@@ -1,0 +1,372 @@
+"""Sweeps end to end: the joblib launcher config, a 6-run local multirun, kill-and-resume with
+``output.skip_completed=true``, ``kvsim-collect`` (Parquet outputs read by pandas, pyarrow and
+DuckDB when installed; failed runs listed) and ``kvsim-plot``.
+
+Kept light for 2 shared cores: small trace slices, at most 2 worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from experiments import collect as C
+from experiments import plots as P
+
+REPO = Path(__file__).resolve().parent.parent
+KVSIM = [sys.executable, "-m", "sim.cli"]
+GRID = ["cache.block_size=16,32", "scheduler.max_num_seqs=64,128,256"]  # 6 runs
+QUIET = ["sim.progress=false", "output.print_summary=false"]
+
+
+def _kvsim(*args, timeout=300, check=True):
+    r = subprocess.run([*KVSIM, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"kvsim {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def _summaries(sweep: Path) -> dict[str, Path]:
+    return {p.parent.name: p for p in sweep.glob("*/summary.json")}
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    """A completed 6-run joblib multirun (2 workers) of the bundled slice, 100 requests each."""
+    d = tmp_path_factory.mktemp("sweep") / "sw"
+    _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={d}",
+           *GRID, "trace.max_requests=100", *QUIET)
+    return d
+
+
+@pytest.fixture(scope="module")
+def collected(sweep_dir, tmp_path_factory) -> C.CollectResult:
+    return C.collect(sweep_dir, tmp_path_factory.mktemp("col") / "collected", quiet=True)
+
+
+# --- launchers ----------------------------------------------------------------------------------
+
+
+def test_local_launcher_is_joblib_with_all_cores():
+    out = _kvsim("hydra/launcher=local", "--cfg", "hydra").stdout
+    assert "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in out
+    assert "n_jobs: -1" in out
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
+                        reason="hydra-submitit-launcher not installed (pip install -e '.[slurm]')")
+    out = _kvsim("hydra/launcher=slurm", "--cfg", "hydra").stdout
+    assert "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher" in out
+    assert "cpus_per_task: 1" in out
+
+
+# --- multirun, kill, resume -----------------------------------------------------------------------
+
+
+def test_joblib_multirun_completes_six_runs(sweep_dir):
+    sums = _summaries(sweep_dir)
+    assert sorted(sums) == [str(i) for i in range(6)]
+    for name, p in sums.items():
+        s = json.loads(p.read_text())
+        assert s["complete"] is True and s["requests_total"] == 100
+        assert not (p.parent / "INCOMPLETE").exists()
+        ov = (p.parent / ".hydra" / "overrides.yaml").read_text()
+        assert "cache.block_size=" in ov and "scheduler.max_num_seqs=" in ov
+
+
+def test_killed_sweep_resumes_only_missing_runs(tmp_path):
+    """Start a 6-run sweep, SIGKILL its whole process group once the first run has completed,
+    rerun the same command with output.skip_completed=true into the same sweep dir: every run
+    ends complete, the runs completed before the kill are untouched (same bytes, same mtime) and
+    logged as skipped, and the others were run by the second invocation."""
+    sweep = tmp_path / "sw"
+    args = ["-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+            *GRID, "trace.max_requests=800", *QUIET]
+    proc = subprocess.Popen([*KVSIM, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _summaries(sweep):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"sweep ended (rc={proc.returncode}) or timed out before any run completed")
+            time.sleep(0.02)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its joblib workers
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    time.sleep(0.5)  # let orphaned workers (if any escaped the group) notice
+    before = {k: (p.stat().st_mtime_ns, p.read_bytes()) for k, p in _summaries(sweep).items()
+              if C.read_run(p.parent, sweep, 0).complete}
+    assert 1 <= len(before) < 6, f"kill came too late: {sorted(before)} complete"
+    started = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    interrupted = [d for d in started if d not in before]
+    for d in interrupted:  # a killed run holds the marker and no summary
+        assert not (sweep / d / "summary.json").exists()
+
+    # the collection of the interrupted sweep lists the unfinished runs and keeps them out
+    res = C.collect(sweep, tmp_path / "col1", quiet=True)
+    assert sorted(res.runs["run_id"]) == sorted(before)
+    assert sorted(r.run_id for r in res.failed) == interrupted
+    assert set(pd.read_csv(tmp_path / "col1" / "failed_runs.csv")["run_id"].astype(str)) == set(interrupted)
+
+    t_resume = time.time_ns()
+    _kvsim(*args, "output.skip_completed=true")
+    after = _summaries(sweep)
+    assert sorted(after) == [str(i) for i in range(6)]
+    for k, p in after.items():
+        assert C.read_run(p.parent, sweep, 0).complete, k
+        log = (p.parent / "cli.log").read_text()
+        if k in before:
+            assert (p.stat().st_mtime_ns, p.read_bytes()) == before[k], f"run {k} was rerun"
+            assert log.count("already complete") == 1, log
+        else:
+            assert p.stat().st_mtime_ns >= t_resume, f"run {k} was not run by the resume"
+            assert "already complete" not in log
+    res = C.collect(sweep, tmp_path / "col2", quiet=True)
+    assert len(res.runs) == 6 and not res.failed
+
+    # a second resume does nothing: everything is skipped
+    mt = {k: p.stat().st_mtime_ns for k, p in after.items()}
+    _kvsim(*args, "output.skip_completed=true")
+    assert {k: p.stat().st_mtime_ns for k, p in _summaries(sweep).items()} == mt
+
+
+# --- collect ------------------------------------------------------------------------------------
+
+
+def test_collect_runs_table(collected, sweep_dir):
+    runs = collected.runs.sort_values("job")
+    assert list(runs["job"]) == list(range(6))
+    assert collected.override_keys == ["cache.block_size", "scheduler.max_num_seqs", "trace.max_requests"]
+    assert list(runs["cache.block_size"]) == [16, 16, 16, 32, 32, 32]
+    assert list(runs["scheduler.max_num_seqs"]) == [64, 128, 256] * 2
+    assert runs["cache.block_size"].dtype.kind == "i"
+    # group choices and summary leaves, flattened with dots; name clashes get "summary."
+    assert set(runs["trace"]) == {"mooncake_conversation_10min"}
+    assert set(runs["summary.trace"]) == {"mooncake_conversation_10min"}
+    assert set(runs["summary.model"]) == {"Qwen3-8B"}
+    for c in ("ttft_s.p50", "ttft_s.p99", "wall.wall_s", "memory_gib.kv_pool", "requests_total"):
+        assert c in runs.columns, c
+    for _, r in runs.iterrows():
+        s = json.loads((sweep_dir / r["run_id"] / "summary.json").read_text())
+        assert r["ttft_s.p50"] == pytest.approx(s["ttft_s"]["p50"])
+        assert r["prefix_hit_ratio"] == pytest.approx(s["prefix_hit_ratio"])
+    on_disk = pd.read_parquet(collected.out_dir / "runs.parquet")
+    assert len(on_disk) == 6
+    m = json.loads((collected.out_dir / "manifest.json").read_text())
+    assert m["runs_complete"] == 6 and m["runs_failed"] == 0 and m["tables"]["requests"] == 600
+    assert pd.read_csv(collected.out_dir / "failed_runs.csv").empty
+
+
+def test_collect_requests_dataset_pandas_and_pyarrow(collected, sweep_dir):
+    req = pd.read_parquet(collected.out_dir / "requests")
+    assert len(req) == 600
+    assert {"run_id", "job", "cache.block_size", "scheduler.max_num_seqs", "ttft_s"} <= set(req.columns)
+    assert "output.print_summary" not in req.columns and "sim.progress" not in req.columns
+    dset = ds.dataset(collected.out_dir / "requests", partitioning="hive")
+    t = dset.to_table(filter=ds.field("job") == 4)
+    assert t.num_rows == 100
+    one = t.to_pandas()
+    assert set(one["cache.block_size"]) == {32} and set(one["scheduler.max_num_seqs"]) == {128}
+    orig = pd.read_parquet(sweep_dir / "4" / "requests.parquet")
+    pd.testing.assert_series_equal(one.sort_values("request_id")["ttft_s"].reset_index(drop=True),
+                                   orig.sort_values("request_id")["ttft_s"].reset_index(drop=True))
+    steps = pd.read_parquet(collected.out_dir / "steps")
+    assert len(steps) == sum(len(pd.read_parquet(p)) for p in sweep_dir.glob("*/steps.parquet"))
+
+
+def test_collect_readable_with_duckdb(collected):
+    duckdb = pytest.importorskip("duckdb")
+    glob = str(collected.out_dir / "requests" / "*" / "*.parquet")
+    rows = duckdb.sql(
+        f"SELECT job, count(*) AS n, min(\"cache.block_size\") AS bs FROM "
+        f"read_parquet('{glob}', hive_partitioning=true) GROUP BY job ORDER BY job").fetchall()
+    assert rows == [(j, 100, 16 if j < 3 else 32) for j in range(6)]
+
+
+def test_collect_lists_failed_runs_and_keeps_them_out(sweep_dir, tmp_path):
+    sw = tmp_path / "sw"
+    shutil.copytree(sweep_dir, sw, ignore=shutil.ignore_patterns("collected"))
+    (sw / "1" / "INCOMPLETE").write_text("x\n")
+    (sw / "2" / "summary.json").unlink()
+    s = json.loads((sw / "3" / "summary.json").read_text())
+    s["complete"] = False
+    (sw / "3" / "summary.json").write_text(json.dumps(s))
+    (sw / "5" / "summary.json").write_text("{not json")
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(sw), "--out", str(tmp_path / "c"),
+                        "--strict"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "4 of 6 runs did not complete" in r.stderr and str(sw / "2") in r.stderr
+    runs = pd.read_parquet(tmp_path / "c" / "runs.parquet")
+    assert sorted(runs["run_id"]) == ["0", "4"]
+    assert sorted(pd.read_parquet(tmp_path / "c" / "requests")["run_id"].unique()) == ["0", "4"]
+    failed = {str(f["run_id"]): f["reason"] for f in
+              json.loads((tmp_path / "c" / "failed_runs.json").read_text())}
+    assert set(failed) == {"1", "2", "3", "5"}
+    assert "INCOMPLETE" in failed["1"] and "no summary.json" in failed["2"]
+    assert "complete=False" in failed["3"] and "unreadable" in failed["5"]
+    csv = pd.read_csv(tmp_path / "c" / "failed_runs.csv")
+    assert sorted(csv["run_id"].astype(str)) == ["1", "2", "3", "5"]
+
+
+def test_collect_unifies_table_schemas(sweep_dir, tmp_path):
+    """A run whose table lacks a column (older schema) gets nulls, not a broken dataset."""
+    sw = tmp_path / "sw"
+    shutil.copytree(sweep_dir, sw, ignore=shutil.ignore_patterns("collected"))
+    t = pq.read_table(sw / "0" / "requests.parquet").drop_columns(["prefix_hit_tokens"])
+    pq.write_table(t, sw / "0" / "requests.parquet")
+    t = pq.read_table(sw / "1" / "requests.parquet")
+    pq.write_table(t.append_column("new_metric", pa.array([7] * t.num_rows, pa.int64())),
+                   sw / "1" / "requests.parquet")
+    C.collect(sw, tmp_path / "c", quiet=True)
+    req = pd.read_parquet(tmp_path / "c" / "requests")
+    assert len(req) == 600
+    j0, j1 = req[req["job"] == 0], req[req["job"] == 1]
+    assert j0["prefix_hit_tokens"].isna().all() and j1["prefix_hit_tokens"].notna().all()
+    assert (j1["new_metric"] == 7).all() and j0["new_metric"].isna().all()
+
+
+def test_collect_bad_sweep_dir_names_the_path(tmp_path):
+    missing = tmp_path / "nope"
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(missing)], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and str(missing) in r.stderr and "no such sweep directory" in r.stderr
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    with pytest.raises(C.CollectError, match="no kvsim run directories"):
+        C.collect(empty)
+    bad = tmp_path / "bad" / "0"
+    (bad / ".hydra").mkdir(parents=True)
+    (bad / ".hydra" / "overrides.yaml").write_text("[unclosed\n")
+    with pytest.raises(C.CollectError, match=str(bad / ".hydra" / "overrides.yaml")):
+        C.collect(tmp_path / "bad")
+
+
+def test_collect_single_run_dir(tmp_path):
+    run = tmp_path / "run"
+    _kvsim(f"output.dir={run}", f"hydra.run.dir={tmp_path / 'hy'}", "trace.max_requests=20", *QUIET)
+    res = C.collect(run, tmp_path / "c", quiet=True)
+    assert len(res.runs) == 1 and res.runs["requests_total"].iloc[0] == 20
+    assert res.runs["cache.block_size"].iloc[0] == 16  # from the run's config.yaml
+
+
+def test_collect_replaces_previous_collection(collected, sweep_dir):
+    (collected.out_dir / "stale.txt").write_text("old\n")
+    C.collect(sweep_dir, collected.out_dir, quiet=True)
+    assert not (collected.out_dir / "stale.txt").exists()
+    assert not list(collected.out_dir.parent.glob(".collected.*"))
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+
+def test_plot_cli_from_collected_sweep(collected, tmp_path):
+    d = str(collected.out_dir)
+    by = "cache.block_size,scheduler.max_num_seqs"
+    for fig, extra in [("ttft-cdf", ["--by", by]), ("ttft-decomposition", ["--by", by, "--tail", "0.9"]),
+                       ("pool-fragmentation", ["--by", by]),
+                       ("ttft-vs", ["--x", "scheduler.max_num_seqs", "--hue", "cache.block_size"])]:
+        out = tmp_path / f"{fig}.png"
+        assert P.main([fig, d, "--out", str(out), *extra]) == 0
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+    out = tmp_path / "filtered.png"
+    assert P.main(["ttft-cdf", d, "--by", "scheduler.max_num_seqs", "--where", "cache.block_size=32",
+                   "--out", str(out)]) == 0
+
+
+def test_plot_errors_name_the_problem(collected, tmp_path, capsys):
+    d = str(collected.out_dir)
+    assert P.main(["ttft-vs", d, "--x", "cache.block_size", "--hue", "trace", "--out", str(tmp_path / "a.png")]) == 2
+    assert "several runs share" in capsys.readouterr().err
+    assert P.main(["ttft-cdf", d, "--by", "no_such_column", "--out", str(tmp_path / "b.png")]) == 2
+    assert "no_such_column" in capsys.readouterr().err
+    assert P.main(["bytes-moved", d, "--out", str(tmp_path / "c.png")]) == 2
+    assert "rounds" in capsys.readouterr().err
+    assert P.main(["ttft-cdf", str(collected.out_dir.parent), "--out", str(tmp_path / "d.png")]) == 2
+    assert "runs.parquet" in capsys.readouterr().err
+
+
+def test_ttft_decomposition_parts_sum_to_mean_ttft():
+    req = pd.DataFrame({
+        "codec": ["a", "a", "b", "b"], "status": ["finished"] * 4,
+        "ttft_s": [1.0, 3.0, 2.0, 2.0], "queue_s": [0.5, 1.0, 0.0, 1.0],
+        "onboard_host_s": [0.1, 0.3, 0.2, 0.2], "onboard_disk_s": [0.0, 1.0, 0.0, 0.0],
+        "prefill_s": [0.3, 0.5, 1.5, 0.5]})
+    d = P.ttft_decomposition(req, by="codec")
+    assert list(d.columns) == ["queue_s", "onboard_host_s", "onboard_disk_s", "prefill_s", "other", "ttft_s"]
+    assert d.loc["a", "ttft_s"] == pytest.approx(2.0)
+    assert d.loc["a", "other"] == pytest.approx(2.0 - (0.75 + 0.2 + 0.5 + 0.4))
+    parts = d.drop(columns="ttft_s").sum(axis=1)
+    pd.testing.assert_series_equal(parts, d["ttft_s"], check_names=False)
+    tail = P.ttft_decomposition(req, by="codec", tail=0.5)
+    assert tail.loc["a", "ttft_s"] == pytest.approx(3.0)
+
+
+def _fake_runs():
+    rows = []
+    for codec in ("identity", "nvfp4"):
+        for host in (0, 32, 128):
+            g, h = 0.2, (0.0 if host == 0 else 0.1 * (1 + host / 64) * (2 if codec == "nvfp4" else 1))
+            dsk = 0.05
+            rows.append({"run_id": f"{codec}{host}", "codec": codec, "tiers.host_gib": host,
+                         "hit_ratio.gpu": g, "hit_ratio.host": h, "hit_ratio.disk": dsk,
+                         "hit_ratio.total": g + h + dsk, "disk_share_of_hits": dsk / (g + h + dsk),
+                         "ttft_s.p50": 1 / (1 + h), "ttft_s.p90": 2 / (1 + h), "ttft_s.p99": 4 / (1 + h)})
+    return pd.DataFrame(rows)
+
+
+def _fake_rounds():
+    rows = []
+    for pol in ("h2o", "triattention"):
+        for comp in ("none", "forward_pack", "hole_fill"):
+            for i in range(20):
+                ev = 160 + 16 * i
+                rows.append({"policy": pol, "compaction": comp, "request_id": i % 3, "time_s": float(i),
+                             "tokens_evicted": ev, "blocks_freed": ev // 16 if comp != "none" else i % 2,
+                             "bytes_moved": 0 if comp != "forward_pack" else ev * 147456,
+                             "fragmentation_after": 0.5 if comp == "none" else 0.05})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("fn", ["hit_by_tier", "disk_share", "ttft_vs"])
+def test_tier_figures_on_the_agreed_summary_schema(fn, tmp_path):
+    fig = getattr(P, f"plot_{fn}")(_fake_runs(), x="tiers.host_gib", hue="codec")
+    assert fig.axes
+    assert P.save(fig, tmp_path / f"{fn}.png").stat().st_size > 5000
+
+
+def test_hit_by_tier_stacks_to_total():
+    fig = P.plot_hit_by_tier(_fake_runs())
+    ax = fig.axes[0]  # codec = identity: 3 tiers x 3 host sizes
+    tops = {}
+    for patch in ax.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        tops[x] = max(tops.get(x, 0), patch.get_y() + patch.get_height())
+    runs = _fake_runs()
+    want = runs[runs["codec"] == "identity"].sort_values("tiers.host_gib")["hit_ratio.total"].tolist()
+    assert [tops[i] for i in range(3)] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("fn,by", [("blocks_freed", ("policy", "compaction")),
+                                   ("fragmentation", ("policy", "compaction")),
+                                   ("bytes_moved", "compaction")])
+def test_round_figures_on_the_agreed_rounds_schema(fn, by, tmp_path):
+    kw = {"block_size": 16} if fn == "blocks_freed" else {}
+    fig = getattr(P, f"plot_{fn}")(_fake_rounds(), by=by, **kw)
+    assert P.save(fig, tmp_path / f"{fn}.png").stat().st_size > 5000
+    assert P.longest_request(_fake_rounds()) in (0, 1, 2)
