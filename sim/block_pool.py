@@ -115,6 +115,21 @@ class BlockPool:
                 if log is not None:
                     log.append(k)
 
+    def uncache(self, blocks: np.ndarray) -> None:
+        """Drop ``blocks`` (held by a request) from the prefix index: their content changed
+        (eviction or compaction), so they must never serve a hit for the uncompressed text."""
+        if not self.enable_caching or len(blocks) == 0:
+            return
+        h = self.block_hash[blocks]
+        m = h != NO_HASH
+        if not m.any():
+            return
+        idx = self.index
+        for b, k in zip(blocks[m].tolist(), h[m].tolist()):
+            if idx.get(k) == b:
+                del idx[k]
+        self.block_hash[blocks[m]] = NO_HASH
+
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:
         """How many of ``blocks`` are currently free (touching them consumes free capacity)."""

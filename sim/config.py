@@ -16,6 +16,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from policies import CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
 
@@ -185,6 +186,8 @@ class KvsimConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     tiers: TiersConfig = field(default_factory=TiersConfig)
     codec: CodecConfig = field(default_factory=CodecConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     seed: int = 0
@@ -203,3 +206,5 @@ def register_configs() -> None:
     cs.store(group="cost", name="cost_schema", node=CostConfig)
     cs.store(group="tiers", name="tiers_schema", node=TiersConfig)
     cs.store(group="codec", name="codec_schema", node=CodecConfig)
+    cs.store(group="policy", name="policy_schema", node=PolicyConfig)
+    cs.store(group="compaction", name="compaction_schema", node=CompactionConfig)

@@ -50,7 +50,9 @@ class Request:
         "n_computed", "n_generated", "status", "first_scheduled", "first_token", "finish",
         "hit_tokens", "computed_prompt_tokens", "preemptions", "reason", "total_blocks",
         "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
-        "gen",
+        "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
+        "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
+        "next_round",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -81,6 +83,15 @@ class Request:
         self.onboard_disk_s = 0.0
         self.load_event = None
         self.gen = 0  # incremented at preemption (invalidates in-flight loads)
+        self.layout = None  # policies.PagedLayout when a compression policy is active
+        self.pstate = None
+        self.n_placed = 0
+        self.compressed = False
+        self.tokens_evicted = 0
+        self.blocks_freed = 0
+        self.peak_blocks = 0
+        self.end_live = 0
+        self.end_blocks = 0
 
     @property
     def num_tokens(self) -> int:
@@ -104,7 +115,7 @@ class Simulator:
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
-                 fast_forward: bool = True, tiers=None, num_layers: int = 1):
+                 fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None):
         self.wl = workload
         self.B = int(block_size)
         self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching)
@@ -132,6 +143,12 @@ class Simulator:
         self.tiers = tiers(self.env) if tiers is not None else None
         self.num_layers = max(1, int(num_layers))
         self.onboarding = 0
+        self.comp = compression if compression is not None and compression.active else None
+        self._round_time = 0.0  # round costs charged to the next step
+        self.rounds: list[tuple] = []
+        if self.comp is not None and self.comp.hole_fill:
+            # hole-filled appends land in scattered slots: no closed form for block crossings
+            self.fast_forward = False
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
@@ -224,6 +241,8 @@ class Simulator:
 
     def _grow(self, req: Request, upto_tokens: int) -> bool:
         """Give ``req`` slots for ``upto_tokens`` tokens; False if the pool is short."""
+        if req.layout is not None:
+            return self._grow_layout(req, upto_tokens)
         need = -(-upto_tokens // self.B) - req.n_blocks
         if need > 0:
             if need > self.pool.num_free:
@@ -231,11 +250,65 @@ class Simulator:
             new = self.pool.allocate(need)
             req.blocks[req.n_blocks:req.n_blocks + need] = new
             req.n_blocks += need
+            if req.n_blocks > req.peak_blocks:
+                req.peak_blocks = req.n_blocks
         full = upto_tokens // self.B
         if self.caching and full > req.n_cached:
             self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
             req.n_cached = full
         return True
+
+    def _grow_layout(self, req: Request, upto_tokens: int) -> bool:
+        n = upto_tokens - req.n_placed
+        if n <= 0:
+            return True
+        comp = self.comp
+        k = comp.blocks_for(req, n)
+        if k > self.pool.num_free:
+            return False
+        if k:
+            new = self.pool.allocate(k)
+            req.blocks[req.n_blocks:req.n_blocks + k] = new
+            req.n_blocks += k
+            if req.n_blocks > req.peak_blocks:
+                req.peak_blocks = req.n_blocks
+        comp.place(req, n, k)
+        full = upto_tokens // self.B
+        if self.caching and not req.compressed and full > req.n_cached:
+            self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+            req.n_cached = full
+        return True
+
+    def _round(self, req: Request) -> None:
+        """Run one compression round on ``req`` and return its freed blocks to the pool."""
+        pool = self.pool
+        comp = self.comp
+        table = req.blocks[:req.n_blocks]
+        rc = pool.ref_cnt[table]
+        shared = int(np.argmin(rc > 1)) if not (rc > 1).all() else len(rc)
+        res, dur, pinned = comp.run_round(req, shared)
+        if not req.compressed:
+            # blocks past the pinned prompt no longer hold the uncompressed text
+            first = pinned // self.B
+            pool.uncache(table[first:])
+            req.compressed = True
+        freed_idx = res.freed_block_indices
+        if len(freed_idx):
+            freed = table[freed_idx]
+            keep = np.ones(req.n_blocks, dtype=bool)
+            keep[freed_idx] = False
+            kept = table[keep]
+            req.blocks[:len(kept)] = kept
+            req.n_blocks = len(kept)
+            pool.free(freed[::-1])
+        req.tokens_evicted += int(round(res.tokens_evicted))
+        req.blocks_freed += res.blocks_freed
+        self._round_time += dur
+        self.rounds.append((
+            self.env.now, req.rid, comp.name, comp.compaction, res.tokens_before, res.tokens_kept,
+            res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
+            res.bytes_moved, res.tokens_moved, res.ragged_waste_slots, res.metadata_bytes,
+            req.layout.fragmentation(), dur))
 
     def _free_blocks(self, req: Request) -> None:
         if req.n_blocks:
@@ -246,6 +319,11 @@ class Simulator:
     def _preempt(self, req: Request) -> None:
         req.gen += 1
         req.load_event = None
+        if req.layout is not None:
+            self.comp.finish(req)
+            req.layout = None
+            req.pstate = None
+            req.compressed = False
         self._free_blocks(req)
         req.n_computed = 0
         req.status = WAITING
@@ -281,7 +359,8 @@ class Simulator:
                 break
             sched_req.append(req)
             sched_n.append(n)
-            sched_ctx.append(req.n_computed)
+            sched_ctx.append(req.n_computed if req.layout is None
+                             else max(0, self.comp.physical_context(req) - n))
             budget -= n
             i += 1
         self._step_preempted = preempted
@@ -321,6 +400,12 @@ class Simulator:
                 req.n_blocks = len(hit)
                 req.n_cached = len(hit)
                 req.n_computed = hit_tokens
+                if len(hit) > req.peak_blocks:
+                    req.peak_blocks = len(hit)
+                if self.comp is not None:
+                    self.comp.new_request(req)
+                    if hit_tokens:
+                        self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
                 self.waiting.popleft()
                 if req.preemptions == 0:
                     req.hit_tokens = hit_tokens
@@ -449,15 +534,23 @@ class Simulator:
                     f"{len(self.running)} running, {self.pool.num_free} free blocks")
             n_arr = np.asarray(sched_n, dtype=np.int64)
             ctx_arr = np.asarray(sched_ctx, dtype=np.int64)
-            if self.fast_forward and self._pure_decode(sched_req, n_arr, ctx_arr):
-                k = yield from self._fast_forward(sched_req, ctx_arr)
-                if k:
-                    continue
             samples = 0
             for req, n in zip(sched_req, sched_n):
                 if req.n_computed + n == req.num_tokens:
                     samples += 1
             dt = self.cost.step_time(n_arr, ctx_arr, samples)
+            extra_dt = 0.0
+            if self.comp is not None:
+                extra_dt = self._round_time
+                self._round_time = 0.0
+                if self.comp.step_scoring:
+                    extra_dt += sum(self.comp.step_extra_time(r) for r, n in zip(sched_req, sched_n)
+                                    if r.layout is not None and n == 1)
+                dt += extra_dt
+            if self.fast_forward and self._pure_decode(sched_req, n_arr, ctx_arr):
+                k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
+                if k:
+                    continue
             start = env.now
             yield env.timeout(dt)
             if self.tiers is not None and self.tiers.layerwise:
@@ -486,6 +579,9 @@ class Simulator:
                 else:
                     prefill_tokens += n
                 req.n_computed += n
+                if self.comp is not None and req.layout is not None and req.n_computed >= req.input:
+                    if self.comp.due(req, req.n_computed - n < req.input):
+                        self._round(req)
                 if req.n_computed == req.num_tokens:
                     req.n_generated += 1
                     if req.n_generated == 1:
@@ -514,12 +610,12 @@ class Simulator:
             return False
         if len(sched_req) != len(self.running) or not (n_arr == 1).all():
             return False
-        for req, c in zip(sched_req, ctx_arr.tolist()):
-            if req.n_generated < 1 or c != req.num_tokens - 1:
+        for req in sched_req:
+            if req.n_generated < 1 or req.n_computed != req.num_tokens - 1:
                 return False
         return True
 
-    def _fast_forward(self, reqs, ctx0):
+    def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0):
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
 
         The first step's slots were allocated by the scheduler. ``k`` is bounded by the first
@@ -535,17 +631,26 @@ class Simulator:
         b = len(reqs)
         remaining = np.fromiter((r.output - r.n_generated for r in reqs), dtype=np.int64, count=b)
         k = int(remaining.min())
+        comp = self.comp
+        # slot index of each request's step-1 token (dense: its position; compressed: physical)
+        slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
+                             for r in reqs), dtype=np.int64, count=b)
+        if comp is not None:
+            for r in reqs:
+                if r.layout is not None and r.next_round is not None:
+                    k = min(k, r.next_round - r.n_computed)  # the round fires at that step's end
         if k < 2:
             return 0
         t_next = env.peek()
         if self.max_sim_time is not None:
             t_next = min(t_next, float(self.max_sim_time))
         durs = self.cost.decode_step_times(ctx0, k)
+        durs[0] += extra_first  # round costs charged to this step
         cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
         if t_next != float("inf"):
             k = min(k, int(np.searchsorted(cum, t_next, side="left")) + 1)
         # new blocks needed at steps 2..k: token index ctx0 + s - 1 starting a block
-        s0 = 2 + (-(ctx0 + 1)) % B  # first step >= 2 whose token index is a multiple of B
+        s0 = 2 + (-(slot0 + 1)) % B  # first step >= 2 whose slot index is a multiple of B
         if k >= 2:
             per_step = np.zeros(k + 1, dtype=np.int64)
             firsts = s0[s0 <= k]
@@ -600,14 +705,24 @@ class Simulator:
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
         finished = False
-        for req in reqs:
+        nb_all = np.diff(np.searchsorted(pi_sorted, np.arange(b + 1))) if pair_s else np.zeros(b, np.int64)
+        for i, req in enumerate(reqs):
+            if req.layout is not None:
+                nb = int(nb_all[i])
+                if comp.blocks_for(req, k - 1) != nb:
+                    raise RuntimeError("fast-forward block count disagrees with the layout")
+                comp.place(req, k - 1, nb)
+            if req.n_blocks > req.peak_blocks:
+                req.peak_blocks = req.n_blocks
             req.n_computed += k
             req.n_generated += k
-            if self.caching:
+            if self.caching and not req.compressed:
                 full = req.n_computed // B
                 if full > req.n_cached:
                     self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
                     req.n_cached = full
+            if req.layout is not None and comp.due(req, False):
+                self._round(req)
             if req.n_generated >= req.output:
                 req.status = FINISHED
                 req.finish = now
@@ -650,6 +765,16 @@ class Simulator:
         rec = self.rec
         for req in self.running:
             if req.status == FINISHED:
+                if req.layout is not None:
+                    self.comp.sync(req)
+                    req.end_live = int(round(float(req.layout.live_tokens().mean())))
+                    req.end_blocks = req.n_blocks
+                    self.comp.finish(req)
+                    req.layout = None
+                    req.pstate = None
+                else:
+                    req.end_live = req.n_computed
+                    req.end_blocks = req.n_blocks
                 self._free_blocks(req)
                 req.keys = None
                 req.blocks = None
@@ -676,8 +801,18 @@ class Simulator:
             assert (self.pool.ref_cnt >= counts).all(), "ref count below table references"
             assert (self.pool.ref_cnt == counts).all(), "ref count not equal to table references"
         for r in self.running:
-            assert r.n_computed <= r.n_blocks * self.B, "computed tokens exceed slots"
             assert r.status == RUNNING
+            if r.layout is None:
+                assert r.n_computed <= r.n_blocks * self.B, "computed tokens exceed slots"
+                continue
+            self.comp.sync(r)
+            lay = r.layout
+            assert lay.n_blocks == r.n_blocks, f"layout {lay.n_blocks} blocks != table {r.n_blocks}"
+            assert r.n_computed <= r.n_placed, "computed tokens without a slot"
+            for g in range(lay.num_groups):
+                pos = lay.slot_pos[g]
+                pos = pos[pos >= 0]
+                assert len(np.unique(pos)) == len(pos), "a token in two slots of one group"
         for r in self.waiting:
             assert r.n_blocks == 0 and r.status == WAITING
 

@@ -25,7 +25,8 @@ REQUEST_COLUMNS = [
     "request_id", "session_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
     "e2e_s", "queue_s", "onboard_s", "onboard_host_s", "onboard_disk_s", "prefill_s",
     "input_tokens", "output_tokens", "prefix_hit_tokens", "hit_tokens_gpu", "hit_tokens_host",
-    "hit_tokens_disk", "computed_prompt_tokens", "preemptions", "status", "reject_reason",
+    "hit_tokens_disk", "computed_prompt_tokens", "preemptions", "tokens_evicted", "blocks_freed",
+    "peak_blocks", "end_live_tokens", "end_blocks", "status", "reject_reason",
 ]
 
 TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s", "queue_s", "codec"]
@@ -86,7 +87,8 @@ class Recorder:
             r.rid, int(self.session_id[r.idx]), r.arrival, r.first_token, r.finish, ttft, tpot, e2e,
             queue, r.onboard_s, r.onboard_host_s, r.onboard_disk_s, prefill,
             r.input, r.output, r.hit_tokens, gpu_hit, r.hit_host, r.hit_disk,
-            r.computed_prompt_tokens, r.preemptions, STATUS_NAMES[r.status], r.reason,
+            r.computed_prompt_tokens, r.preemptions, r.tokens_evicted, r.blocks_freed,
+            r.peak_blocks, r.end_live, r.end_blocks, STATUS_NAMES[r.status], r.reason,
         ))
 
     def step(self, t, dur, running, waiting, prefill, decode, used, cached_free, live) -> None:
@@ -119,7 +121,9 @@ class Recorder:
         return df.astype({
             "request_id": "int64", "session_id": "int64", "input_tokens": "int64",
             "output_tokens": "int64", "prefix_hit_tokens": "int64", "hit_tokens_gpu": "int64",
-            "hit_tokens_host": "int64", "hit_tokens_disk": "int64",
+            "hit_tokens_host": "int64", "hit_tokens_disk": "int64", "tokens_evicted": "int64",
+            "blocks_freed": "int64", "peak_blocks": "int64", "end_live_tokens": "int64",
+            "end_blocks": "int64",
             "computed_prompt_tokens": "int64", "preemptions": "int64",
         })
 
@@ -137,7 +141,7 @@ def _stats(x: pd.Series) -> dict:
 
 
 def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_blocks_total: int,
-              extra: dict | None = None) -> dict:
+              extra: dict | None = None, block_size: int = 16) -> dict:
     """Summary of a run (the ``summary.json`` keys).
 
     ``prefix_hit_ratio`` = sum of hit tokens / sum of prompt tokens over finished requests;
@@ -187,6 +191,16 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
         for t in ("gpu", "host", "disk")}
     s["hit_ratio_mean_per_request"]["total"] = s["prefix_hit_ratio_mean_per_request"]
     s["disk_share_of_hits"] = tier_hits["disk"] / hits if hits > 0 else None
+    # compression: logical = tokens the sequence has / tokens still cached; physical = blocks a
+    # dense cache would hold / blocks actually held (both at finish, summed over requests)
+    seq_tokens = fin["input_tokens"] + fin["output_tokens"] - 1
+    dense_blocks = float(np.ceil(seq_tokens / block_size).sum()) if block_size else 0.0
+    live = float(fin["end_live_tokens"].sum())
+    held = float(fin["end_blocks"].sum())
+    s["tokens_evicted_total"] = int(req["tokens_evicted"].sum())
+    s["blocks_freed_total"] = int(req["blocks_freed"].sum())
+    s["logical_compression_ratio"] = float(seq_tokens.sum()) / live if live > 0 else None
+    s["physical_compression_ratio"] = dense_blocks / held if held > 0 else None
     s["onboard_s"] = _stats(fin["onboard_s"])
     s["prefill_s"] = _stats(fin["prefill_s"])
     if extra:

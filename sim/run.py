@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from traces import load_workload
 
+from .compression import ROUND_COLUMNS, Compression
 from .cost import build_cost_model
 from .engine import Simulator
 from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
@@ -166,11 +167,13 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
     tiers_factory, page_bytes = _tiers_factory(cfg, plan)
+    comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
+                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed))
     sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                     cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                     progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
                     fast_forward=cfg.sim.fast_forward, tiers=tiers_factory,
-                    num_layers=cfg.model.num_layers)
+                    num_layers=cfg.model.num_layers, compression=comp)
     t_sim = time.perf_counter()
     try:
         sim.run()
@@ -207,7 +210,20 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra["peak_host_pages"] = tm.host.peak if tm else 0
     extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
     extra["transfers"] = len(tm.records) if tm else 0
-    summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra)
+    rounds = pd.DataFrame.from_records(sim.rounds, columns=ROUND_COLUMNS).astype({
+        "time_s": "float64", "request_id": "int64", "policy": "string", "compaction": "string",
+        "tokens_before": "float64", "tokens_kept": "float64", "tokens_evicted": "float64",
+        "blocks_before": "int64", "blocks_after": "int64", "blocks_freed": "int64",
+        "bytes_moved": "float64", "tokens_moved": "int64", "ragged_waste_slots": "int64",
+        "metadata_bytes": "float64", "fragmentation_after": "float64", "duration_s": "float64"})
+    extra["policy"] = cfg.policy.name
+    extra["compaction"] = cfg.compaction.name
+    extra["rounds"] = int(len(rounds))
+    extra["bytes_moved_total"] = float(rounds["bytes_moved"].sum())
+    extra["mean_fragmentation"] = float(rounds["fragmentation_after"].mean()) if len(rounds) else None
+    extra["round_time_total_s"] = float(rounds["duration_s"].sum())
+    summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra,
+                        block_size=int(cfg.cache.block_size))
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     summary["wall"] = {
         "wall_s": time.perf_counter() - wall0,
@@ -221,6 +237,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         if cfg.output.write_steps:
             _write_parquet(rec.steps_frame(), out / "steps.parquet")
         _write_parquet(transfers_frame(tm), out / "transfers.parquet")
+        _write_parquet(rounds, out / "rounds.parquet")
         if not (out / ".hydra" / "config.yaml").exists():
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
