@@ -1,0 +1,536 @@
+"""Collect a kvsim sweep into Parquet files that pandas, pyarrow and DuckDB read directly.
+
+``kvsim-collect SWEEP_DIR [--out DIR]`` (or ``python -m experiments.collect ...``) walks a sweep
+directory written by ``kvsim -m ...`` (Hydra's ``multirun/<date>/<time>``, one sub-directory per
+run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
+
+* ``runs.parquet``: one row per completed run. Columns:
+
+  - ``run_id`` (the run's directory relative to the sweep dir, e.g. ``"3"``), ``job`` (Hydra's
+    job number, int), ``run_dir`` (absolute path), ``overrides`` (the run's command-line
+    overrides joined by spaces);
+  - one column per config group choice, named by the group (``model``, ``gpu``, ``trace``,
+    ``cache``, ... and ``tiers``, ``codec``, ``policy``, ``compaction`` where the config has them),
+    holding the option name (e.g. ``codec = "nvfp4"``), from ``.hydra/hydra.yaml``;
+  - every leaf of the resolved config as a dotted column (``cache.block_size``,
+    ``tiers.host_gib``, ``trace.max_requests``, ...); list values are JSON strings;
+  - every leaf of ``summary.json`` as a dotted column (``ttft_s.p50``, ``hit_ratio.host``,
+    ``wall.wall_s``, ...). A summary key whose name is already taken by a config or group column
+    (``model``, ``gpu``, ``trace``, ``seed``) is stored as ``summary.<key>``.
+
+* ``<table>/``: one partitioned Parquet dataset per per-run table the runs wrote
+  (``requests.parquet`` → ``requests/``, likewise ``steps``, ``transfers``, ``rounds``, ...),
+  hive-partitioned by job number (``requests/job=3/part-0.parquet``). Every row carries
+  ``run_id`` and the run's override columns (the group choices and config keys that appear in any
+  run's overrides, e.g. ``codec``, ``tiers.host_gib``), so one table can be grouped by them
+  without a join. Runs lacking a column another run has get nulls (schemas are unified).
+
+* ``failed_runs.csv`` and ``failed_runs.json``: every run directory that is not a completed run
+  (``INCOMPLETE`` marker present, no ``summary.json``, unreadable summary, ``complete`` not
+  true), with the reason. These runs are in no other output. Both files are always written (empty
+  when every run completed).
+
+* ``manifest.json``: sweep dir, counts, the override keys, the tables written.
+
+Reading::
+
+    import pandas as pd, pyarrow.dataset as ds
+    runs = pd.read_parquet("collected/runs.parquet")
+    req = pd.read_parquet("collected/requests")                       # all runs
+    req = ds.dataset("collected/requests", partitioning="hive").to_table(
+        filter=ds.field("job") == 3).to_pandas()
+    # DuckDB: SELECT * FROM read_parquet('collected/requests/*/*.parquet', hive_partitioning=true)
+
+The output directory is built beside ``DIR`` and renamed into place, so a reader never sees a
+half-written collection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
+
+# Override keys that say how a run was executed, not what was simulated: they never become
+# columns of the per-request tables (they are still in ``overrides`` and in the config columns).
+BOOKKEEPING_PREFIXES = ("hydra.", "hydra/", "output.", "sim.progress", "sim.check_invariants")
+
+# Names of the per-run tables that are not collected into datasets (none today; kept explicit).
+SKIP_TABLES: frozenset[str] = frozenset()
+
+
+class CollectError(Exception):
+    """A sweep directory that cannot be collected (missing, empty, or unreadable run files)."""
+
+
+@dataclass
+class RunInfo:
+    """One run directory of a sweep and what was read from it."""
+
+    run_dir: Path
+    run_id: str
+    job: int | None = None
+    overrides: list[str] = field(default_factory=list)
+    choices: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    failure: str | None = None
+    tables: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery and reading
+
+
+def _is_run_dir(p: Path) -> bool:
+    return ((p / ".hydra" / "overrides.yaml").is_file() or (p / "summary.json").is_file()
+            or (p / MARKER).exists())
+
+
+def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
+    """Run directories under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``,
+    ``summary.json`` or an ``INCOMPLETE`` marker); not descending into a run directory.
+
+    ``sweep_dir`` may itself be one run directory (``kvsim`` without ``-m``): it is then the only
+    run. Hidden directories (``.submitit``, ``.hydra``) and ``exclude`` are skipped.
+    Raises CollectError if ``sweep_dir`` does not exist or is not a directory.
+    """
+    root = Path(sweep_dir)
+    if not root.exists():
+        raise CollectError(f"{root}: no such sweep directory")
+    if not root.is_dir():
+        raise CollectError(f"{root}: not a directory (expected a kvsim sweep directory)")
+    if _is_run_dir(root):
+        return [root]
+    excl = exclude.resolve() if exclude is not None else None
+    found: list[Path] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
+        except OSError as e:
+            raise CollectError(f"{d}: cannot list directory: {e}") from e
+        for c in children:
+            if excl is not None and c.resolve() == excl:
+                continue
+            if _is_run_dir(c):
+                found.append(c)
+            else:
+                stack.append(c)
+    return found
+
+
+def _load_yaml(path: Path):
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise CollectError(f"{path}: cannot read YAML: {e}") from e
+
+
+def _load_config(run_dir: Path) -> dict:
+    """The run's config as a plain dict, interpolations resolved where they resolve on their own."""
+    from omegaconf import OmegaConf
+
+    for p in (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml"):
+        if p.is_file():
+            try:
+                conf = OmegaConf.load(p)
+            except Exception as e:  # noqa: BLE001 - report any parse error with the file name
+                raise CollectError(f"{p}: cannot read config: {e}") from e
+            try:
+                return OmegaConf.to_container(conf, resolve=True)
+            except Exception:  # noqa: BLE001 - e.g. ${hydra:...} resolvers outside a Hydra app
+                return OmegaConf.to_container(conf, resolve=False)
+    return {}
+
+
+def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
+    """Read one run directory: overrides, group choices, config, summary and table paths.
+
+    A run that has not completed is returned with ``failure`` set (never raised); a file that
+    exists but cannot be parsed (config or Hydra YAML) raises CollectError naming the file.
+    """
+    rel = run_dir.relative_to(sweep_dir).as_posix() if run_dir != sweep_dir else run_dir.name
+    info = RunInfo(run_dir=run_dir.resolve(), run_id=rel)
+    hydra_dir = run_dir / ".hydra"
+    if (hydra_dir / "overrides.yaml").is_file():
+        ov = _load_yaml(hydra_dir / "overrides.yaml") or []
+        if not isinstance(ov, list):
+            raise CollectError(f"{hydra_dir / 'overrides.yaml'}: expected a list of overrides")
+        info.overrides = [str(o) for o in ov]
+    if (hydra_dir / "hydra.yaml").is_file():
+        hy = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra", {}) or {}
+        choices = (hy.get("runtime") or {}).get("choices") or {}
+        info.choices = {str(k): str(v) for k, v in choices.items()
+                        if not str(k).startswith("hydra/") and v is not None}
+        num = (hy.get("job") or {}).get("num")
+        if isinstance(num, int):
+            info.job = num
+    if info.job is None:
+        info.job = int(rel) if rel.isdigit() else index
+    info.config = _load_config(run_dir)
+    for p in sorted(run_dir.glob("*.parquet")):
+        name = p.name[: -len(".parquet")]
+        if name not in SKIP_TABLES:
+            info.tables[name] = p
+
+    summary_path = run_dir / "summary.json"
+    if (run_dir / MARKER).exists():
+        info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
+    elif not summary_path.is_file():
+        info.failure = "no summary.json"
+    else:
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError) as e:
+            info.failure = f"summary.json unreadable: {e}"
+        else:
+            if not isinstance(summary, dict):
+                info.failure = "summary.json is not a JSON object"
+            elif summary.get("complete") is not True:
+                info.failure = f"summary.json has complete={summary.get('complete')!r}"
+            else:
+                info.summary = summary
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Flattening and typing
+
+
+def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """Flatten nested dicts into ``{"a.b.c": leaf}``; lists become JSON strings, NaN becomes None.
+
+    An empty dict becomes no key.
+    """
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key, sep))
+        elif isinstance(v, (list, tuple)):
+            out[key] = json.dumps(v, default=str)
+        elif isinstance(v, float) and math.isnan(v):
+            out[key] = None
+        else:
+            out[key] = v
+    return out
+
+
+def _override_key(ov: str) -> tuple[str, str] | None:
+    """``"cache.block_size=32"`` -> ``("cache.block_size", "32")``; ``"~x"`` -> None."""
+    s = ov.strip()
+    if s.startswith("~") or "=" not in s:
+        return None
+    key, val = s.split("=", 1)
+    key = key.lstrip("+")
+    if "@" in key:  # group@package=option
+        key = key.split("@", 1)[0]
+    return key, val
+
+
+def override_keys(runs: list[RunInfo]) -> list[str]:
+    """The override keys of a sweep, in first-seen order, without bookkeeping keys.
+
+    A group override (``codec=nvfp4``) yields the group name; a value override
+    (``tiers.host_gib=32``) yields the dotted key.
+    """
+    keys: list[str] = []
+    for r in runs:
+        for ov in r.overrides:
+            kv = _override_key(ov)
+            if kv is None:
+                continue
+            k = kv[0]
+            if k.startswith(BOOKKEEPING_PREFIXES) or k in keys:
+                continue
+            keys.append(k)
+    return keys
+
+
+def _override_values(run: RunInfo, keys: list[str], flat_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The run's value for each override key: the group choice for a group, else the resolved
+    config value (typed), else the literal override string."""
+    literal = {}
+    for ov in run.overrides:
+        kv = _override_key(ov)
+        if kv is not None:
+            literal[kv[0]] = kv[1]
+    out = {}
+    for k in keys:
+        if k in run.choices:
+            out[k] = run.choices[k]
+        elif k in flat_cfg:
+            out[k] = flat_cfg[k]
+        else:
+            out[k] = literal.get(k)
+    return out
+
+
+def _column_array(values: list) -> pa.Array:
+    """A typed Arrow array for one column's values; mixed types fall back to strings."""
+    try:
+        arr = pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        arr = pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v, default=str))
+                        for v in values], type=pa.string())
+    if pa.types.is_null(arr.type):
+        arr = arr.cast(pa.string())
+    return arr
+
+
+def _table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
+    cols: list[str] = []
+    seen = set()
+    for r in rows:
+        for k in r:
+            if k not in seen:
+                seen.add(k)
+                cols.append(k)
+    return pa.table({c: _column_array([r.get(c) for r in rows]) for c in cols})
+
+
+def run_row(run: RunInfo) -> dict[str, Any]:
+    """The ``runs.parquet`` row of a completed run (see the module docstring for the columns)."""
+    if run.summary is None:
+        raise ValueError(f"{run.run_dir}: run is not complete ({run.failure})")
+    row: dict[str, Any] = {
+        "run_id": run.run_id,
+        "job": run.job,
+        "run_dir": str(run.run_dir),
+        "overrides": " ".join(run.overrides),
+    }
+    for g, opt in run.choices.items():
+        row[g] = opt
+    for k, v in flatten(run.config).items():
+        if k not in row:
+            row[k] = v
+    taken = set(row)
+    for k, v in flatten(run.summary).items():
+        top = k.split(".", 1)[0]
+        row[f"summary.{k}" if (k in taken or top in run.choices or top in ("run_id", "job")) else k] = v
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _write_table_dataset(name: str, runs: list[RunInfo], extra_cols: dict[str, dict[str, Any]],
+                         out_dir: Path) -> int:
+    """Write table ``name`` of every run into ``out_dir/name/job=<n>/part-0.parquet`` with a unified
+    schema plus ``run_id`` and the override columns. Returns the number of rows written."""
+    have = [r for r in runs if name in r.tables]
+    if not have:
+        return 0
+    # pass 1: schemas only
+    schemas = []
+    for r in have:
+        try:
+            schemas.append(pq.read_schema(r.tables[name]))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CollectError(f"{r.tables[name]}: cannot read Parquet schema: {e}") from e
+    extra_names = list(next(iter(extra_cols.values())).keys()) if extra_cols else []
+    extra_types: dict[str, pa.DataType] = {}
+    for c in extra_names:
+        extra_types[c] = _column_array([extra_cols[r.run_id][c] for r in have]).type
+    base = pa.unify_schemas([s.remove_metadata() for s in schemas], promote_options="permissive")
+    fields = [pa.field("run_id", pa.string())]
+    fields += [pa.field(c, extra_types[c]) for c in extra_names if c not in base.names]
+    fields += [f for f in base if f.name not in ("run_id", "job")]
+    schema = pa.schema(fields)
+    total = 0
+    for r in have:
+        try:
+            t = pq.read_table(r.tables[name])
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CollectError(f"{r.tables[name]}: cannot read Parquet table: {e}") from e
+        n = t.num_rows
+        cols = []
+        for f in schema:
+            if f.name == "run_id":
+                cols.append(pa.array([r.run_id] * n, type=pa.string()))
+            elif f.name in t.column_names:
+                cols.append(t.column(f.name).cast(f.type))
+            elif f.name in extra_cols.get(r.run_id, {}):
+                v = extra_cols[r.run_id][f.name]
+                cols.append(pa.array([v] * n, type=f.type) if v is not None else pa.nulls(n, f.type))
+            else:
+                cols.append(pa.nulls(n, f.type))
+        part = out_dir / name / f"job={r.job}"
+        part.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table(cols, schema=schema), part / "part-0.parquet")
+        total += n
+    return total
+
+
+def _write_failed(failed: list[RunInfo], out_dir: Path) -> None:
+    rows = [{"run_id": r.run_id, "job": r.job, "run_dir": str(r.run_dir), "reason": r.failure,
+             "overrides": " ".join(r.overrides)} for r in failed]
+    with open(out_dir / "failed_runs.json", "w") as f:
+        json.dump(rows, f, indent=2)
+        f.write("\n")
+    with open(out_dir / "failed_runs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["run_id", "job", "run_dir", "reason", "overrides"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+@dataclass
+class CollectResult:
+    """What :func:`collect` wrote: the output dir, the runs frame, failed runs, rows per table."""
+
+    out_dir: Path
+    runs: pd.DataFrame
+    failed: list[RunInfo]
+    tables: dict[str, int]
+    override_keys: list[str]
+
+
+def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: bool = False) -> CollectResult:
+    """Collect ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/collected``); see the module doc.
+
+    ``tables``: per-run table names to collect (default: every ``*.parquet`` the runs wrote).
+    Incomplete runs are listed on stderr (unless ``quiet``) and in ``failed_runs.csv/json``.
+    Raises CollectError naming the path when the sweep dir is missing, holds no run directory, or
+    a run's config / Hydra files / tables cannot be read. The output directory is replaced
+    atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed).
+    """
+    sweep = Path(sweep_dir)
+    out = Path(out_dir) if out_dir is not None else sweep / "collected"
+    run_dirs = find_run_dirs(sweep, exclude=out)
+    if not run_dirs:
+        raise CollectError(
+            f"{sweep}: no kvsim run directories found (expected sub-directories with "
+            f".hydra/overrides.yaml, summary.json or an {MARKER} marker, as `kvsim -m` writes)")
+    runs = [read_run(d, sweep, i) for i, d in enumerate(run_dirs)]
+    runs.sort(key=lambda r: (r.job if r.job is not None else 1 << 62, r.run_id))
+    jobs = [r.job for r in runs]
+    if len(set(jobs)) != len(jobs):  # e.g. nested sweeps: number runs by sorted position
+        for i, r in enumerate(runs):
+            r.job = i
+    done = [r for r in runs if r.complete]
+    failed = [r for r in runs if not r.complete]
+    keys = override_keys(runs)
+
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        rows = [run_row(r) for r in done]
+        runs_table = _table_from_rows(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
+        pq.write_table(runs_table, tmp / "runs.parquet")
+        extra = {r.run_id: _override_values(r, keys, flatten(r.config)) for r in done}
+        names = sorted({n for r in done for n in r.tables})
+        if tables is not None:
+            names = [n for n in names if n in tables]
+        written = {n: _write_table_dataset(n, done, extra, tmp) for n in names}
+        _write_failed(failed, tmp)
+        manifest = {
+            "sweep_dir": str(sweep.resolve()),
+            "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "runs_total": len(runs),
+            "runs_complete": len(done),
+            "runs_failed": len(failed),
+            "override_keys": keys,
+            "tables": written,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if failed and not quiet:
+        print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete and were left out "
+              f"(listed in {out / 'failed_runs.csv'}):", file=sys.stderr)
+        for r in failed:
+            print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
+    return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
+
+
+def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = True,
+              resume: bool = True, out_dir=None, timeout_s: float | None = 1800) -> CollectResult:
+    """Run ``kvsim -m <overrides>`` into ``sweep_dir`` with the local joblib launcher
+    (``n_jobs`` workers, -1 = all cores) and collect it (into ``out_dir``, default
+    ``sweep_dir/collected``). Used by the notebooks.
+
+    ``fresh``: delete ``sweep_dir`` first (results of an older simulator are never reused);
+    ``resume``: pass ``output.skip_completed=true`` (with ``fresh=False`` an interrupted sweep
+    continues). Runs ``sys.executable -m sim.cli`` so the current environment's kvsim is used.
+    Raises RuntimeError with the tail of kvsim's stderr if the sweep fails, and
+    subprocess.TimeoutExpired after ``timeout_s`` seconds.
+    """
+    import subprocess
+
+    sweep = Path(sweep_dir).resolve()
+    if fresh and sweep.exists():
+        shutil.rmtree(sweep)
+    cmd = [sys.executable, "-m", "sim.cli", "-m", "hydra/launcher=local",
+           f"hydra.launcher.n_jobs={int(n_jobs)}", f"hydra.sweep.dir={sweep}",
+           "sim.progress=false", "output.print_summary=false",
+           *(["output.skip_completed=true"] if resume else []), *overrides]
+    repo = Path(__file__).resolve().parent.parent
+    r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_s)
+    if r.returncode != 0:
+        tail = "\n".join((r.stderr or r.stdout).splitlines()[-25:])
+        raise RuntimeError(f"sweep into {sweep} failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
+    return collect(sweep, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs are listed,
+    not fatal), 1 with ``--strict`` when some run did not complete (the collection is still
+    written), 2 bad sweep directory (message names the path)."""
+    ap = argparse.ArgumentParser(
+        prog="kvsim-collect",
+        description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "
+                    "tables (requests/, steps/, ...) and failed_runs.csv.")
+    ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00) or one run dir")
+    ap.add_argument("--out", default=None, help="output directory (default SWEEP_DIR/collected)")
+    ap.add_argument("--tables", default=None,
+                    help="comma-separated per-run tables to collect (default: all, e.g. requests,steps)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if any run did not complete")
+    args = ap.parse_args(argv)
+    try:
+        res = collect(args.sweep_dir, args.out,
+                      tables=args.tables.split(",") if args.tables else None)
+    except CollectError as e:
+        print(f"kvsim-collect: error: {e}", file=sys.stderr)
+        return 2
+    n_ok = len(res.runs)
+    tables = ", ".join(f"{k} ({v:,} rows)" for k, v in res.tables.items()) or "none"
+    print(f"collected {n_ok} complete run(s) of {n_ok + len(res.failed)} into {res.out_dir}")
+    print(f"  runs.parquet; tables: {tables}; override columns: {', '.join(res.override_keys) or '-'}")
+    return 1 if (args.strict and res.failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
