@@ -85,6 +85,8 @@ class Compression:
         self.step_scoring = self.policy.scoring_when == "step"
         self.quest = self.policy.reads_fraction(1_000_000, int(model.num_layers)) < 1.0
         self.num_layers = int(model.num_layers)
+        self.ops = None  # list of compaction ops for gpu_validation replay (output.write_ops)
+        self.ops_limit = 0
 
     # ------------------------------------------------------------------ per request
     def new_request(self, req) -> None:
@@ -193,9 +195,24 @@ class Compression:
             shared_slots = shared_blocks * self.B
             keep[:, :shared_slots] |= lay.slot_pos[:, :shared_slots] >= 0
             pinned = max(pinned, shared_slots)
+        if self.ops is not None and len(self.ops) < self.ops_limit and lay.num_groups == 1 \
+                and self.compaction == "forward_pack":
+            pos_live = lay.slot_pos[0] >= 0
+            valid = int(lay.append_ptr.max())
+            kept = np.flatnonzero(keep[0, :valid] & pos_live[:valid])
+            kept = kept[kept >= pinned]
+            self.ops.append({"op": "compaction_move", "style": "forward", "block_size": self.B,
+                             "time_s": None, "request_id": int(req.rid),
+                             "requests": [{"kept": kept.tolist(), "prompt_len": int(pinned),
+                                           "valid_len": valid, "tail": 0}]})
+        n_ops = len(self.ops) if self.ops is not None else 0
         res = self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)
         self._rebase(req)
         dur = self.round_time(res.bytes_moved)
+        if self.ops is not None and len(self.ops) > n_ops:
+            self.ops[-1]["predicted_s"] = dur
+            self.ops[-1]["bytes_moved"] = float(res.bytes_moved)
+            self.ops[-1]["blocks_after"] = int(res.blocks_after)
         if self.policy.scoring_when == "round":
             dur += self.policy.scoring_bytes(self.shape, req.n_computed, req.input, res.blocks_before) / self.bw
         return res, dur, pinned

@@ -172,6 +172,8 @@ class OutputConfig:
     write_steps: bool = True
     print_summary: bool = True
     skip_completed: bool = False
+    write_ops: bool = False  # ops.jsonl of compaction rounds and transfers for gpu_validation
+    ops_limit: int = 500
 
 
 @dataclass

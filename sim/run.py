@@ -106,6 +106,29 @@ def transfers_frame(tm) -> pd.DataFrame:
                       "queue_s": "float64", "codec": "string"})
 
 
+def _write_ops(cfg, comp, tm, path: Path) -> None:
+    """Write the run's compaction rounds and tier transfers as a gpu_validation ops file
+    (schema: gpu_validation/README.md), at most ``output.ops_limit`` of each kind."""
+    m = cfg.model
+    lines = [{"op": "model", "num_layers": int(m.num_layers), "num_kv_heads": int(m.num_kv_heads),
+              "head_dim": int(m.head_dim), "dtype": str(m.dtype)}]
+    lines += comp.ops or []
+    if tm is not None:
+        codec = {"identity": "none"}.get(tm.codec, tm.codec)
+        n = 0
+        for (t, direction, tier, pages, nbytes, dur, q, c) in tm.records:
+            if direction in ("d2h", "h2d") and n < int(cfg.output.ops_limit):
+                lines.append({"op": direction, "codec": codec, "fused": True, "pages": int(pages),
+                              "page_tokens": int(cfg.cache.block_size), "time_s": t,
+                              "predicted_s": dur})
+                n += 1
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    os.replace(tmp, path)
+
+
 def _tiers_factory(cfg, plan):
     """Validate the tier and codec config; return (factory env -> TierManager or None, cold page
     bytes). A tier manager exists when host or disk capacity is above zero."""
@@ -169,6 +192,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     tiers_factory, page_bytes = _tiers_factory(cfg, plan)
     comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
                        float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed))
+    if cfg.output.write_ops:
+        comp.ops = []
+        comp.ops_limit = int(cfg.output.ops_limit)
     sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                     cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                     progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
@@ -238,6 +264,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
             _write_parquet(rec.steps_frame(), out / "steps.parquet")
         _write_parquet(transfers_frame(tm), out / "transfers.parquet")
         _write_parquet(rounds, out / "rounds.parquet")
+        if cfg.output.write_ops:
+            _write_ops(cfg, comp, tm, out / "ops.jsonl")
         if not (out / ".hydra" / "config.yaml").exists():
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
