@@ -195,6 +195,7 @@ class Compression:
             shared_slots = shared_blocks * self.B
             keep[:, :shared_slots] |= lay.slot_pos[:, :shared_slots] >= 0
             pinned = max(pinned, shared_slots)
+        n_ops = len(self.ops) if self.ops is not None else 0
         if self.ops is not None and len(self.ops) < self.ops_limit and lay.num_groups == 1 \
                 and self.compaction == "forward_pack":
             pos_live = lay.slot_pos[0] >= 0
@@ -205,7 +206,6 @@ class Compression:
                              "time_s": None, "request_id": int(req.rid),
                              "requests": [{"kept": kept.tolist(), "prompt_len": int(pinned),
                                            "valid_len": valid, "tail": 0}]})
-        n_ops = len(self.ops) if self.ops is not None else 0
         res = self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)
         self._rebase(req)
         dur = self.round_time(res.bytes_moved)
