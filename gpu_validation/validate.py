@@ -1,8 +1,16 @@
 """Replay operations on a real GPU pool; compare measured time (and blocks in use) with the
-calibration file's prediction.
+simulator's prediction and with the calibration file's prediction.
 
     python -m gpu_validation.validate --calibration gpu_validation/calibrations/h200.json \
         [--ops decisions.jsonl] [--report gpu_validation/REPORT.md] [--dump-ops ops.jsonl]
+
+With an ops file written by the simulator (``kvsim ... output.write_ops=true``), each line's
+``predicted_s`` is the time the simulator charged for that compaction round or transfer batch
+and ``blocks_after`` the blocks the request held after the round: the report compares the
+measured time with both the simulator's ``predicted_s`` and the calibration model's own
+``op_time`` on the replayed bytes, and the blocks held after the real kernel with ``blocks_after``.
+Rounds that move nothing are not timed (the simulator charges 0 s and a server would not launch
+the mover) but their blocks are compared.
 
 Without ``--ops`` a default realistic set is generated (TriAttention-like compaction rounds
 at Qwen3-8B shapes: budget 2048 decode tokens, beta 128, kept ordinals from a seeded random
@@ -121,6 +129,8 @@ class Replayer:
                 src = R.forward_move_sources(rq["kept"], rq["prompt_len"], rq["valid_len"], rq["tail"])
                 moved += sum(1 for m, s in enumerate(src) if s != rq["prompt_len"] + m)
             fn = lambda: K.compact_forward(pool.kv, batch, return_freed=False)  # noqa: E731
+        if moved == 0:
+            fn = None
         # one real round (blocks), then timing of the same moves
         if hole:
             new, freed = K.compact_hole_fill(pool.kv, pool.positions, batch)
@@ -130,7 +140,7 @@ class Replayer:
             pool.free_blocks(rid, f)
         measured_blocks = sum(len(pool.block_tables[r]) for r in rids)
         predicted_blocks = sum(-(-(rq["prompt_len"] + len(rq["kept"]) + rq["tail"]) // B) for rq in reqs)
-        t = time_op(fn, warmup=1, reps=5, graph=True)
+        t = time_op(fn, warmup=1, reps=5, graph=True) if fn is not None else 0.0
         for rid in rids:
             pool.release(rid)
         return t, moved * pool.token_bytes, len(reqs), predicted_blocks, measured_blocks
@@ -195,41 +205,95 @@ def run(ops, cal, source: str):
             t, nbytes, items, pb, mb = rep.compaction(op)
         else:
             t, nbytes, items, pb, mb = rep.transfer(op)
+        timed = t > 0
         pred = cal.op_time(name, nbytes, items) if cal.has(name) else float("nan")
-        err = abs(pred - t) / t
+        err = abs(pred - t) / t if timed else float("nan")
+        sim = op.get("predicted_s")
+        sim = float(sim) if sim is not None else None
+        sim_err = abs(sim - t) / t if sim is not None and timed else None
         results.append(dict(op=name, source=source, nbytes=nbytes, n_items=items, measured_s=t, predicted_s=pred,
-                            abs_rel_err=err, predicted_blocks=pb, measured_blocks=mb))
+                            abs_rel_err=err, timed=timed, sim_predicted_s=sim, sim_abs_rel_err=sim_err,
+                            sim_bytes_moved=op.get("bytes_moved"), sim_blocks_after=op.get("blocks_after"),
+                            predicted_blocks=pb, measured_blocks=mb))
+        if not timed:
+            print(f"{name:24s} items={items:4d} moves nothing: not timed (simulator predicted "
+                  f"{1e6 * (sim or 0.0):.1f} us)  blocks pred {pb} sim {op.get('blocks_after')} meas {mb}", flush=True)
+            continue
         print(f"{name:24s} items={items:4d} bytes={nbytes/2**20:10.1f} MiB measured {t*1e6:9.1f} us "
-              f"predicted {pred*1e6:9.1f} us  err {100*err:5.1f}%"
-              + (f"  blocks pred {pb} meas {mb}" if pb is not None else ""), flush=True)
+              f"calibration {pred*1e6:9.1f} us  err {100*err:5.1f}%"
+              + (f"  simulator {sim*1e6:9.1f} us err {100*sim_err:5.1f}%" if sim is not None else "")
+              + (f"  blocks pred {pb} sim {op.get('blocks_after')} meas {mb}" if pb is not None else ""), flush=True)
     return results
 
 
+def _pct(x, q):
+    return f"{100 * np.percentile(x, q):.1f}%" if len(x) else "n/a"
+
+
 def report(results, cal, cmd, path, source_note):
+    """Write the error table (median / p90 absolute relative error per op, against the
+    simulator's ``predicted_s`` when the ops carry it and against the calibration model) and
+    the blocks-in-use comparison to ``path``; return the text."""
     by = {}
     for r in results:
         by.setdefault(r["op"], []).append(r)
+    has_sim = any(r["sim_predicted_s"] is not None for r in results)
     lines = ["# gpu_validation: measured vs predicted", "",
              f"Produced by: `{cmd}`", "",
              f"Device: {cal.device.get('name')}; calibration file `{cal.path}` (dated {cal.date}); "
              f"run {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; "
              f"torch {torch.__version__}.", "",
              f"Ops: {source_note}", "",
-             "Prediction: `calibration_model.Calibration.op_time(op, nbytes, n_items)` (affine fit from the "
-             "calibration sweep). Measured: CUDA events, median of 5-7 repeats after warm-up; kernel ops as CUDA-graph replays (as in the calibration), plain h2d/d2h copies eager.", "",
-             "| op | ops | median abs rel err | p90 abs rel err | median measured (us) | median predicted (us) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, rs in sorted(by.items()):
+             "Measured: CUDA events, median of 5-7 repeats after warm-up; kernel ops as CUDA-graph replays "
+             "(as in the calibration), plain h2d/d2h copies eager. Error = |predicted - measured| / measured.",
+             "Simulator: the `predicted_s` the simulator charged for that round / batch (ops file). "
+             "Calibration: `Calibration.op_time(op, nbytes, n_items)` on the bytes and items the replay "
+             "moved (affine fit from the calibration sweep).", ""]
+    if has_sim:
+        lines += ["| op | ops timed | simulator: median err | simulator: p90 err | calibration: median err | "
+                  "calibration: p90 err | median measured (us) | median simulator (us) | median calibration (us) | "
+                  "max rel diff simulator vs calibration |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    else:
+        lines += ["| op | ops timed | median abs rel err | p90 abs rel err | median measured (us) | median predicted (us) |",
+                  "|---|---:|---:|---:|---:|---:|"]
+    untimed = 0
+    for name, rs_all in sorted(by.items()):
+        rs = [r for r in rs_all if r["timed"]]
+        untimed += len(rs_all) - len(rs)
+        if not rs:
+            continue
         e = np.array([r["abs_rel_err"] for r in rs])
-        lines.append(f"| {name} | {len(rs)} | {100*np.median(e):.1f}% | {100*np.percentile(e, 90):.1f}% | "
-                     f"{1e6*np.median([r['measured_s'] for r in rs]):.1f} | {1e6*np.median([r['predicted_s'] for r in rs]):.1f} |")
+        meas = 1e6 * np.median([r["measured_s"] for r in rs])
+        calp = 1e6 * np.median([r["predicted_s"] for r in rs])
+        if has_sim:
+            sr = [r for r in rs if r["sim_predicted_s"] is not None]
+            se = np.array([r["sim_abs_rel_err"] for r in sr])
+            simp = f"{1e6 * np.median([r['sim_predicted_s'] for r in sr]):.1f}" if sr else "n/a"
+            diff = max((abs(r["sim_predicted_s"] - r["predicted_s"]) / r["predicted_s"] for r in sr), default=None)
+            lines.append(f"| {name} | {len(rs)} | {_pct(se, 50)} | {_pct(se, 90)} | {_pct(e, 50)} | {_pct(e, 90)} | "
+                         f"{meas:.1f} | {simp} | {calp:.1f} | {'n/a' if diff is None else f'{diff:.1e}'} |")
+        else:
+            lines.append(f"| {name} | {len(rs)} | {_pct(e, 50)} | {_pct(e, 90)} | {meas:.1f} | {calp:.1f} |")
+    if untimed:
+        lines += ["", f"{untimed} compaction rounds moved no token (prefix of kept slots already in place): "
+                  "not timed, the simulator charges 0 s for them; their blocks are compared below."]
     comp = [r for r in results if r["predicted_blocks"] is not None]
     if comp:
         ok = sum(r["predicted_blocks"] == r["measured_blocks"] for r in comp)
-        lines += ["", "Blocks in use after compaction (predicted = sum over requests of ceil(new_len / block_size), "
-                  "the simulator's rule; measured = pool blocks still held after freeing the blocks the kernel "
-                  f"reported empty): {ok}/{len(comp)} rounds equal; totals predicted "
-                  f"{sum(r['predicted_blocks'] for r in comp)}, measured {sum(r['measured_blocks'] for r in comp)}."]
+        lines += ["", "Blocks in use after compaction, per round (measured = pool blocks still held after freeing "
+                  "the blocks the real kernel reported empty; rule = sum over requests of ceil(new_len / block_size)): "
+                  f"rule = measured in {ok}/{len(comp)} rounds (totals {sum(r['predicted_blocks'] for r in comp)} "
+                  f"vs {sum(r['measured_blocks'] for r in comp)})."]
+        sim = [r for r in comp if r["sim_blocks_after"] is not None]
+        if sim:
+            ok = sum(r["sim_blocks_after"] == r["measured_blocks"] for r in sim)
+            lines.append(f"Simulator's `blocks_after` = measured in {ok}/{len(sim)} rounds (totals "
+                         f"{sum(r['sim_blocks_after'] for r in sim)} vs {sum(r['measured_blocks'] for r in sim)}).")
+        bm = [r for r in comp if r["sim_bytes_moved"] is not None and r["timed"]]
+        if bm:
+            ok = sum(abs(r["sim_bytes_moved"] - r["nbytes"]) <= 0.5 for r in bm)
+            lines.append(f"Simulator's `bytes_moved` = bytes of tokens the replay moved in {ok}/{len(bm)} timed rounds.")
     lines += ["", "Per-op rows are in the JSON written next to this report when `--json` is given.", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -244,6 +308,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write per-op rows here")
     ap.add_argument("--dump-ops", default=None, help="write the generated default ops as JSONL")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--note", default="", help="how the ops file was produced (goes into the report)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("validate needs a CUDA GPU")
@@ -251,7 +316,7 @@ def main(argv=None):
     if args.ops:
         with open(args.ops) as f:
             ops = [json.loads(l) for l in f if l.strip()]
-        note = f"from ops file `{args.ops}` ({len(ops)} lines)."
+        note = f"from ops file `{args.ops}` ({len(ops)} lines). {args.note}".strip()
         src = "file"
     else:
         ops = gen_default_ops(args.seed)

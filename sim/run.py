@@ -37,23 +37,13 @@ MARKER = "INCOMPLETE"
 def validate_config(cfg) -> None:
     """Check a config before anything runs; raise ConfigError naming the field.
 
-    Checks: scheduler limits positive, block size a power of two within ``cache.max_block_size``,
-    known kv-cache dtype and weight quantization (via the memory plan), positive max_model_len.
+    Delegates to :func:`sim.validation.validate_config` (every pre-simulation check: scheduler,
+    model and GPU cards, cache, cost, trace options, tiers, codec, policy/compaction, the memory
+    plan).
     """
-    s = cfg.scheduler
-    if s.max_num_seqs <= 0:
-        raise ConfigError(f"scheduler.max_num_seqs={s.max_num_seqs}; expected >= 1")
-    if s.max_num_batched_tokens <= 0:
-        raise ConfigError(f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens}; expected >= 1")
-    if s.long_prefill_token_threshold < 0:
-        raise ConfigError(
-            f"scheduler.long_prefill_token_threshold={s.long_prefill_token_threshold}; expected >= 0")
-    if s.preemption_mode != "recompute":
-        raise ConfigError(f"scheduler.preemption_mode={s.preemption_mode!r}; expected 'recompute'")
-    if cfg.model.max_model_len <= 0:
-        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len}; expected > 0")
-    if cfg.model.attention not in ("gqa", "mla"):
-        raise ConfigError(f"model.attention={cfg.model.attention!r}; expected 'gqa' or 'mla'")
+    from .validation import validate_config as _validate
+
+    _validate(cfg)
 
 
 def _write_parquet(df, path: Path) -> None:
@@ -129,9 +119,10 @@ def _write_ops(cfg, comp, tm, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _tiers_factory(cfg, plan):
+def _tiers_factory(cfg, plan, calibration=None):
     """Validate the tier and codec config; return (factory env -> TierManager or None, cold page
-    bytes). A tier manager exists when host or disk capacity is above zero."""
+    bytes). A tier manager exists when host or disk capacity is above zero. ``calibration``
+    (``cost.kind=calibrated``) times the host copies and codecs."""
     from .tiers import TierManager, cold_page_bytes
 
     cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
@@ -146,7 +137,7 @@ def _tiers_factory(cfg, plan):
     hbm = float(cfg.gpu.hbm_bandwidth_gbps) * 1e9 * float(cfg.cost.mbu)
 
     def factory(env):
-        return TierManager(env, t, cfg.codec, plan.block_bytes, cold, cfg.gpu, hbm)
+        return TierManager(env, t, cfg.codec, plan.block_bytes, cold, cfg.gpu, hbm, calibration=calibration)
 
     # build once now so config errors surface before the simulation starts
     import simpy
@@ -189,9 +180,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
-    tiers_factory, page_bytes = _tiers_factory(cfg, plan)
+    calibration = getattr(cost, "calibration", None)  # cost.kind=calibrated
+    tiers_factory, page_bytes = _tiers_factory(cfg, plan, calibration)
     comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
-                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed))
+                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed), calibration=calibration)
     if cfg.output.write_ops:
         comp.ops = []
         comp.ops_limit = int(cfg.output.ops_limit)
@@ -236,6 +228,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra["peak_host_pages"] = tm.host.peak if tm else 0
     extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
     extra["transfers"] = len(tm.records) if tm else 0
+    extra["cost_model"] = cost.describe(codec=tm.codec if tm else None, disk=bool(tm and tm.disk is not None),
+                                        compaction=comp.active)
     rounds = pd.DataFrame.from_records(sim.rounds, columns=ROUND_COLUMNS).astype({
         "time_s": "float64", "request_id": "int64", "policy": "string", "compaction": "string",
         "tokens_before": "float64", "tokens_kept": "float64", "tokens_evicted": "float64",

@@ -1,0 +1,201 @@
+"""cost.kind=calibrated: terms from gpu_validation/calibrations/h200.json, analytic fallback."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import make_workload
+from gpu_validation.calibration_model import load_calibration
+from sim.cost import AnalyticCostModel, CalibratedCostModel, build_cost_model
+from sim.hardware import ConfigError
+from sim.run import compose_config, run_simulation
+
+H200 = "gpu_validation/calibrations/h200.json"
+
+
+def cfg(*o):
+    return compose_config(["sim.progress=false", "cost=calibrated", *o])
+
+
+def model_of(c):
+    return build_cost_model(c.model, c.gpu, c.cache, c.cost)
+
+
+@pytest.fixture(scope="module")
+def cal():
+    from sim.cost import CALIBRATION_DIR
+    return load_calibration(CALIBRATION_DIR / "h200.json")
+
+
+def test_default_trace_run_reports_calibrated_terms(tmp_path, cal):
+    s = run_simulation(cfg("trace.max_requests=50"), tmp_path)
+    cm = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
+    assert cm == s["cost_model"]
+    assert cm["kind"] == "calibrated" and cm["file"].endswith("calibrations/h200.json")
+    assert set(cm["calibrated"]) == {"gemm", "decode_attention"}
+    assert "prefill_attention" in cm["analytic_fallback"] and "lm_head" in cm["analytic_fallback"]
+    assert set(cm["fallback_reasons"]) == set(cm["analytic_fallback"])
+    # the calibration changes the simulated times (GEMM and decode attention differ from the roofline)
+    a = run_simulation(compose_config(["sim.progress=false", "trace.max_requests=50"]), None)
+    assert a["cost_model"]["kind"] == "analytic" and a["cost_model"]["calibrated"] == []
+    assert a["tpot_s"]["p50"] != pytest.approx(s["tpot_s"]["p50"], rel=1e-3)
+
+
+def test_decode_step_uses_calibration_tables(cal):
+    c = cfg()
+    m = model_of(c)
+    assert isinstance(m, CalibratedCostModel) and m.use_gemm and m.use_attn
+    ctx = np.array([1000, 3000, 5000, 7000])
+    new = np.ones(4, dtype=np.int64)
+    head = max(2 * 151936 * 4096 * 4 / (989e12 * 0.6), 151936 * 4096 * 2 / (4800e9 * 0.8))
+    want = 0.004 + cal.gemm_time(4) + head + cal.decode_attention_time(4, 4001)
+    assert m.step_time(new, ctx, 4) == pytest.approx(want, rel=1e-12)
+    # fast-forward durations equal per-step times, inside and beyond the table (32768 tokens)
+    for c0 in (np.array([100, 900, 20000]), np.array([40000, 50000, 60000])):
+        durs = m.decode_step_times(c0, 50)
+        per = [m.step_time(np.ones(3, dtype=np.int64), c0 + s, 3) for s in range(50)]
+        np.testing.assert_allclose(durs, per, rtol=1e-12)
+        assert durs[-1] == pytest.approx(0.004 + cal.gemm_time(3) + max(
+            2 * 151936 * 4096 * 3 / (989e12 * 0.6), 151936 * 4096 * 2 / (4800e9 * 0.8))
+            + cal.decode_attention_time(3, int(c0.mean()) + 50), rel=1e-12)
+    # a prefill chunk's attention stays analytic; the decode rows of a mixed step are calibrated
+    an = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    mixed_new, mixed_ctx = np.array([512, 1, 1]), np.array([2048, 3000, 5000])
+    assert m.attention_time(mixed_new, mixed_ctx) == pytest.approx(
+        an.attention_time(mixed_new[:1], mixed_ctx[:1]) + cal.decode_attention_time(2, 4001), rel=1e-12)
+
+
+def test_other_model_falls_back_for_gemm_and_attention(tmp_path):
+    c = cfg("model=llama3_1_8b", "trace.max_requests=20")
+    m = model_of(c)
+    assert not m.use_gemm and not m.use_attn
+    an = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    new, ctx = np.array([300, 1, 1]), np.array([0, 500, 9000])
+    assert m.step_time(new, ctx, 3) == an.step_time(new, ctx, 3)
+    np.testing.assert_array_equal(m.decode_step_times(ctx, 20), an.decode_step_times(ctx, 20))
+    s = run_simulation(c, tmp_path)
+    cm = s["cost_model"]
+    assert cm["calibrated"] == []
+    assert {"gemm", "decode_attention"} <= set(cm["analytic_fallback"])
+    assert "Llama-3.1-8B" in cm["fallback_reasons"]["gemm"]
+    assert "num_q_heads" not in cm["fallback_reasons"]["gemm"]  # 32 q heads in both: not listed
+    assert "intermediate: file 12288 vs model 14336" in cm["fallback_reasons"]["decode_attention"]
+
+
+def test_tensor_parallel_and_fp8_cache_fall_back():
+    m = model_of(cfg("cost.tensor_parallel_size=2"))
+    assert not m.use_gemm and "tensor_parallel_size=2" in m.reasons["gemm"]
+    m = model_of(cfg("cache.kv_cache_dtype=fp8"))
+    assert m.use_gemm and not m.use_attn and "16-bit" in m.reasons["decode_attention"]
+
+
+def test_missing_file_errors_clearly(tmp_path):
+    with pytest.raises(ConfigError, match=r"calibration file not found: .*nope\.json.*available: .*h200\.json"):
+        model_of(cfg(f"cost.file={tmp_path}/nope.json"))
+    # the GPU card's default: H100-SXM -> h100sxm.json, which does not exist
+    with pytest.raises(ConfigError, match=r"h100sxm\.json \(cost\.file is null.*available: .*h200\.json"):
+        model_of(cfg("gpu=h100"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"device": {"name": "X"}}')
+    with pytest.raises(ConfigError, match=r"bad\.json: missing key 'software'"):
+        model_of(cfg(f"cost.file={bad}"))
+
+
+def test_explicit_file_relative_to_repo_root():
+    m = model_of(cfg(f"cost.file={H200}"))
+    assert m.path.name == "h200.json" and m.use_gemm
+
+
+def doc(doc_id, tokens, t=0.0, out=2):
+    return dict(arrival_s=t, input_tokens=tokens, output_tokens=out,
+                prefix_ids=[doc_id * 10_000 + j for j in range(tokens // 16)])
+
+
+def test_nvfp4_offload_time_is_the_calibrated_fused_op(tmp_path, cal):
+    wl = make_workload([doc(i, 4096, t=float(i)) for i in range(6)], prefix_block_tokens=16)
+    c = cfg("tiers=gpu_host_disk", "codec=nvfp4", "tiers.write_policy=write_through",
+            "output.write_ops=true", "output.write_steps=false")
+    s = run_simulation(c, tmp_path, workload=wl)
+    tr = pd.read_parquet(tmp_path / "transfers.parquet")
+    d2h = tr[tr.direction == "d2h"]
+    assert len(d2h) > 0
+    hot = s["kv_bytes_per_block"]
+    for pages, dur in zip(d2h.pages, d2h.duration_s):
+        assert dur == pytest.approx(cal.op_time("nvfp4_encode_d2h_fused", pages * hot, pages), rel=1e-12)
+        # and not the analytic link time (55 GB/s of cold bytes, 14 us)
+        assert dur != pytest.approx(14e-6 + pages * s["page_bytes"] / 55e9, rel=1e-3)
+    cm = s["cost_model"]
+    assert "d2h (nvfp4_encode_d2h_fused)" in cm["calibrated"]
+    assert "h2d (nvfp4_h2d_decode_fused)" in cm["calibrated"]
+    assert "disk_read_write" in cm["analytic_fallback"]
+    ops = [json.loads(line) for line in (tmp_path / "ops.jsonl").read_text().splitlines()]
+    od = [o for o in ops if o["op"] == "d2h"]
+    assert od and all(o["predicted_s"] == pytest.approx(
+        cal.op_time("nvfp4_encode_d2h_fused", o["pages"] * hot, o["pages"]), rel=1e-12) for o in od)
+
+
+def test_compaction_round_time_is_the_calibrated_mover(tmp_path, cal):
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=300, output_tokens=400) for _ in range(3)])
+    c = cfg("policy=triattention", "policy.budget=128", "policy.beta=32", "compaction=forward_pack",
+            "output.write_ops=true", "output.write_steps=false")
+    s = run_simulation(c, tmp_path, workload=wl)
+    assert "compaction_move" in s["cost_model"]["calibrated"]
+    ops = [json.loads(line) for line in (tmp_path / "ops.jsonl").read_text().splitlines()]
+    rounds = [o for o in ops if o["op"] == "compaction_move"]
+    assert rounds
+    for o in rounds:
+        want = cal.op_time("compaction_move", o["bytes_moved"], 1) if o["bytes_moved"] > 0 else 0.0
+        assert o["predicted_s"] == pytest.approx(want, rel=1e-12)
+
+
+def test_trim_ops_keeps_evenly_spaced_ops_per_kind():
+    from gpu_validation.trim_ops import trim
+
+    lines = [{"op": "model"}] + [{"op": "d2h", "codec": "nvfp4", "i": i} for i in range(10)] + \
+        [{"op": "h2d", "codec": "nvfp4", "i": i} for i in range(3)] + \
+        [{"op": "compaction_move", "style": "forward", "i": i} for i in range(7)]
+    out = trim(lines, 4)
+    assert out[0] == {"op": "model"}
+    assert [o["i"] for o in out if o["op"] == "d2h"] == [0, 2, 5, 7]
+    assert [o["i"] for o in out if o["op"] == "h2d"] == [0, 1, 2]
+    assert [o["i"] for o in out if o["op"] == "compaction_move"] == [0, 1, 3, 5]
+    with pytest.raises(ValueError):
+        trim(lines, 0)
+
+
+def test_committed_replay_ops_carry_calibrated_predictions(cal):
+    """The ops file replayed in gpu_validation/REPORT.md: every op has the simulator's
+    prediction, equal to the calibration's op for its bytes (cost=calibrated)."""
+    from pathlib import Path
+
+    p = Path(__file__).resolve().parent.parent / "gpu_validation/ops/mooncake10min_triattention_b128_nvfp4.jsonl"
+    assert p.stat().st_size < 2 * 2**20
+    ops = [json.loads(line) for line in p.read_text().splitlines()]
+    m = ops[0]
+    assert m["op"] == "model"
+    hot = 2 * m["num_kv_heads"] * m["head_dim"] * 2 * m["num_layers"]  # bytes per token, bf16
+    kinds = {"compaction_move": 0, "d2h": 0, "h2d": 0}
+    for o in ops[1:]:
+        kinds[o["op"]] += 1
+        if o["op"] == "compaction_move":
+            r = o["requests"][0]
+            want = cal.op_time("compaction_move", o["bytes_moved"], 1) if o["bytes_moved"] > 0 else 0.0
+            assert o["blocks_after"] == -(-(r["prompt_len"] + len(r["kept"])) // o["block_size"])
+        else:
+            name = "nvfp4_encode_d2h_fused" if o["op"] == "d2h" else "nvfp4_h2d_decode_fused"
+            want = cal.op_time(name, o["pages"] * o["page_tokens"] * hot, o["pages"])
+        assert o["predicted_s"] == pytest.approx(want, rel=1e-12)
+    assert kinds == {"compaction_move": 200, "d2h": 200, "h2d": 130}
+
+
+def test_fast_forward_equals_per_step_with_calibrated_cost():
+    from test_engine import random_workload, simulate
+
+    wl = random_workload(0)
+    o = ("cost=calibrated", "scheduler.max_num_batched_tokens=256")
+    a, *_ = simulate(wl, *o, num_blocks=60, fast_forward=True)
+    b, *_ = simulate(wl, *o, num_blocks=60, fast_forward=False)
+    for col in ("first_token_s", "finish_s"):
+        np.testing.assert_allclose(a[col], b[col], rtol=1e-9, atol=1e-12)
