@@ -18,8 +18,8 @@
 # notebook compares eviction policies and compactors on long reasoning decodes: tokens evicted
 # against blocks actually freed, the fragmentation of one long request over time, and the KV
 # bytes each compaction round moves. It runs its own small sweep (policy full / h2o /
-# triattention x compaction none / forward_pack / hole_fill on 40 synthetic reasoning
-# requests), collects it and saves the figures to `notebooks/figures/`
+# triattention x compaction none / forward_pack / hole_fill on 16 synthetic reasoning
+# requests of ~1,200 output tokens, budget 512), collects it and saves the figures to `notebooks/figures/`
 # (`kvsim-plot blocks-freed|fragmentation|bytes-moved|pool-fragmentation COLLECTED_DIR`).
 
 # %%
@@ -36,7 +36,8 @@ FIGURES = REPO / "notebooks" / "figures"
 N_JOBS = int(os.environ.get("KVSIM_NOTEBOOK_JOBS", "2"))
 
 SWEEP = [
-    "trace=synthetic_reasoning", "trace.num_sessions=40",
+    "trace=synthetic_reasoning", "trace.num_sessions=16", "trace.output_mean=1200",
+    "trace.output_sigma=0.3", "policy.budget=512",
     "policy=full,h2o,triattention",
     "compaction=none,forward_pack,hole_fill",
 ]

@@ -25,6 +25,7 @@ token's score does not depend on which other positions are asked for, nor on cal
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
@@ -82,22 +83,47 @@ class ImportanceModel:
     step, seq_len) and independent per position of the other positions passed.
     """
 
+    #: lattices kept in the memo (each a float64 array over lattice points); pure function of
+    #: (seed, key, stream, epoch, index), so the memo never changes a result
+    MEMO_ENTRIES = 4096
+
     def __init__(self, params: Optional[ImportanceParams] = None, seed: int = 0):
         self.params = params if params is not None else ImportanceParams()
         validate_importance_params(self.params)
         self.seed = int(seed)
+        self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
 
     # -- latent fields -------------------------------------------------------------------------
+    def _lattice(self, key: int, stream: int, epoch: int, idx: np.ndarray) -> np.ndarray:
+        """Gaussian deviates at integer lattice points ``idx`` (>= 0), memoised per
+        (key, stream, epoch) as a prefix array that grows by doubling."""
+        if idx.size == 0:
+            return np.zeros(0, dtype=np.float64)
+        need = int(idx.max()) + 1
+        mk = (key, stream, epoch)
+        arr = self._memo.get(mk)
+        if arr is None or len(arr) < need:
+            n = max(need, 2 * len(arr) if arr is not None else 256)
+            have = 0 if arr is None else len(arr)
+            ext = _gauss(self.seed, key, stream, epoch, np.arange(have, n, dtype=np.int64))
+            arr = ext if arr is None else np.concatenate([arr, ext])
+            self._memo[mk] = arr
+            if len(self._memo) > self.MEMO_ENTRIES:
+                self._memo.popitem(last=False)
+        else:
+            self._memo.move_to_end(mk)
+        return arr[idx]
+
     def _field(self, key: int, stream: int, epoch: int, pos: np.ndarray) -> np.ndarray:
         """Unit-variance Gaussian field with correlation length L over positions (float64)."""
         L = float(self.params.correlation_length)
         if L <= 1.0:
-            return _gauss(self.seed, key, stream, epoch, pos)
+            return self._lattice(key, stream, epoch, pos)
         x = pos / L
         i0 = np.floor(x).astype(np.int64)
         t = x - i0
-        g0 = _gauss(self.seed, key, stream, epoch, i0)
-        g1 = _gauss(self.seed, key, stream, epoch, i0 + 1)
+        g0 = self._lattice(key, stream, epoch, i0)
+        g1 = self._lattice(key, stream, epoch, i0 + 1)
         return ((1.0 - t) * g0 + t * g1) / np.sqrt((1.0 - t) ** 2 + t ** 2)
 
     def _stream(self, key: int, stream: int, pos: np.ndarray, step: int) -> np.ndarray:
