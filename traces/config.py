@@ -35,6 +35,11 @@ SYNTHETIC_FORMATS = ("synthetic_agentic", "synthetic_reasoning", "synthetic_mult
 #: The preset shipped inside the package (default trace).
 BUNDLED_PRESET = "mooncake_conversation_10min"
 BUNDLED_FILE = Path(__file__).resolve().parent / "data" / "mooncake_conversation_10min.jsonl"
+#: Every slice shipped in ``traces/data`` (see traces/data/NOTICE.md), by preset name.
+BUNDLED_FILES: dict[str, Path] = {
+    BUNDLED_PRESET: BUNDLED_FILE,
+    "weka_agentic_slice": Path(__file__).resolve().parent / "data" / "weka_agentic_trace_0002.jsonl.xz",
+}
 
 #: Default location of each preset's data, relative to :func:`traces_dir` (``path: null``).
 PRESET_PATHS: dict[str, str] = {
@@ -234,8 +239,8 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
             alt = traces_dir() / p
             if alt.exists():
                 p = alt
-    elif c.name == BUNDLED_PRESET:
-        p = BUNDLED_FILE
+    elif c.name in BUNDLED_FILES:
+        p = BUNDLED_FILES[c.name]
     elif c.name in PRESET_PATHS:
         p = traces_dir() / PRESET_PATHS[c.name]
     elif c.name == c.format and c.format in FORMAT_DEFAULT_PATHS:
@@ -243,7 +248,7 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
     else:
         raise TraceError(
             "unknown trace name and no trace.path given", field="name", found=repr(c.name),
-            expected=f"a preset in {[BUNDLED_PRESET, *PRESET_PATHS]} or a format name",
+            expected=f"a preset in {[*BUNDLED_FILES, *PRESET_PATHS]} or a format name",
             hint=hint)
     if not p.exists():
         raise TraceError("trace file not found", path=str(p), found="no such file or folder",
