@@ -69,8 +69,11 @@ def app(cfg: DictConfig) -> None:
 
     from .run import is_complete, run_simulation
 
-    out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(HydraConfig.get().runtime.output_dir)
-    if cfg.output.skip_completed and is_complete(out_dir):
+    hc = HydraConfig.get()
+    out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
+    # the overrides that define this run (the resume flag itself excluded)
+    overrides = [o for o in hc.overrides.task if not o.startswith("output.skip_completed")]
+    if cfg.output.skip_completed and is_complete(out_dir, overrides):
         log.info("skipping %s: already complete", out_dir)
         return
     from traces import TraceError
@@ -78,7 +81,7 @@ def app(cfg: DictConfig) -> None:
     from .hardware import ConfigError
 
     try:
-        summary = run_simulation(cfg, out_dir)
+        summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:
         print(f"kvsim: error: {e}", file=sys.stderr)
         print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",

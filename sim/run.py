@@ -76,15 +76,20 @@ def _clean_nan(x):
     return x
 
 
-def is_complete(out_dir) -> bool:
-    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker)."""
+def is_complete(out_dir, overrides: list[str] | None = None) -> bool:
+    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker) and,
+    when ``overrides`` is given, that run was made with exactly these Hydra overrides (so a
+    reused sweep directory with a changed grid is rerun, not skipped)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
         return False
     try:
-        return bool(json.loads((p / "summary.json").read_text()).get("complete"))
+        s = json.loads((p / "summary.json").read_text())
     except (OSError, ValueError):
         return False
+    if not s.get("complete"):
+        return False
+    return overrides is None or list(s.get("overrides") or []) == list(overrides)
 
 
 def transfers_frame(tm) -> pd.DataFrame:
@@ -145,7 +150,8 @@ def _tiers_factory(cfg, plan, calibration=None):
     return factory, cold
 
 
-def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None) -> dict:
+def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None,
+                   overrides: list[str] | None = None) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
 
     ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
@@ -216,6 +222,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         },
         "trace_skipped_rows": _clean_nan(dict(wl.skipped)) if getattr(wl, "skipped", None) else {"count": 0, "examples": []},
         "seed": int(cfg.seed),
+        "overrides": list(overrides) if overrides is not None else None,
     }
     tm = sim.tiers
     extra["codec"] = cfg.codec.name
