@@ -1,0 +1,115 @@
+"""Simulation-speed benchmark suite (issue "Simulation speed"; not part of the test run).
+
+``python -m experiments.bench [--repeats 3] [--cases a,b] [--json out.json] [--quick]``
+
+Each case runs ``kvsim`` in a fresh process (so peak RSS is that run's own) with
+``output.write_steps=false``, ``repeats`` times, and reports the median wall time (the
+simulator's own ``summary.json["wall"]["wall_s"]``: trace loading + simulation + writing), the
+median peak RSS, engine steps, steps per wall second, and simulated tokens (prompt + output tokens
+of finished requests) per wall second. ``--json`` writes the raw and median numbers, with the git
+commit, so two commits can be compared.
+
+Cases (full traces from ../shared/traces; targets from the issue):
+
+* ``azure_conv``: Azure 2023 conversation (19,366 requests), Llama-3.1-8B on H100, prefix caching
+  on. Target <= 5 s and <= 1 GB.
+* ``mooncake_tiers``: Mooncake conversation (12,031 requests), Qwen3-8B on H200, host + disk tiers
+  and NVFP4. Target <= 10 s.
+* ``weka``: Weka agentic (710 sessions, 49,334 requests, closed loop). Target <= 60 s, <= 2 GB.
+* ``servegen_tri``: ServeGen R1, 20,000 sampled requests, TriAttention + forward packing.
+  Target <= 30 s.
+* ``linear_1x/2x/4x``: the first 3,000 / 6,000 / 12,000 Mooncake requests; wall time per request
+  should stay within 10% of the 1x slice's.
+* ``pool_10x``: the Mooncake 1x slice with 10x more GPU blocks; wall within 10% of ``linear_1x``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CASES: dict[str, list[str]] = {
+    "azure_conv": ["trace=azure_conv", "model=llama3_1_8b", "gpu=h100"],
+    "mooncake_tiers": ["trace=mooncake_conversation", "tiers=gpu_host_disk", "codec=nvfp4"],
+    "weka": ["trace=weka_agentic"],
+    "servegen_tri": ["trace=servegen_r1", "trace.num_requests=20000", "policy=triattention",
+                     "compaction=forward_pack"],
+    "linear_1x": ["trace=mooncake_conversation", "trace.max_requests=3000"],
+    "linear_2x": ["trace=mooncake_conversation", "trace.max_requests=6000"],
+    "linear_4x": ["trace=mooncake_conversation", "trace.max_requests=12000"],
+    "pool_10x": ["trace=mooncake_conversation", "trace.max_requests=3000", "cache.num_gpu_blocks=499870"],
+}
+TARGETS = {"azure_conv": (5.0, 1024.0), "mooncake_tiers": (10.0, None), "weka": (60.0, 2048.0),
+           "servegen_tri": (30.0, None)}
+QUICK = {"quick_default": ["trace.max_requests=300"]}
+
+
+def run_case(overrides: list[str]) -> dict:
+    """Run kvsim once in a fresh process; return its summary's speed numbers."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-m", "sim.cli", *overrides, "sim.progress=false",
+               "output.write_steps=false", "output.print_summary=false", f"output.dir={d}",
+               f"hydra.run.dir={d}/hydra"]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        outer = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise RuntimeError(f"kvsim failed ({p.returncode}): {' '.join(overrides)}\n{p.stderr[-2000:]}")
+        s = json.loads((Path(d) / "summary.json").read_text())
+    tokens = s["prompt_tokens_total"] + s["output_tokens_total"]
+    return {"wall_s": s["wall"]["wall_s"], "process_s": outer, "peak_rss_mb": s["wall"]["peak_rss_mb"],
+            "steps": s["engine_steps"], "requests": s["requests_total"], "sim_tokens": tokens}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--json", default=None, help="write results as JSON to this path")
+    ap.add_argument("--quick", action="store_true", help="one tiny case (smoke test)")
+    a = ap.parse_args(argv)
+    cases = QUICK if a.quick else {k: CASES[k] for k in a.cases.split(",")}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    results = {}
+    print(f"kvsim bench, commit {commit}, {a.repeats} repeat(s), median reported", flush=True)
+    hdr = f"{'case':16} {'wall s':>8} {'rss MB':>8} {'steps':>9} {'steps/s':>9} {'Mtok/s':>7} {'target':>14}"
+    print(hdr)
+    for name, ov in cases.items():
+        runs = [run_case(ov) for _ in range(a.repeats)]
+        med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "peak_rss_mb", "process_s")}
+        steps = runs[0]["steps"]
+        tok = runs[0]["sim_tokens"]
+        row = {"overrides": ov, "runs": runs, "median_wall_s": med["wall_s"],
+               "median_peak_rss_mb": med["peak_rss_mb"], "steps": steps,
+               "steps_per_s": steps / med["wall_s"], "sim_tokens": tok,
+               "sim_tokens_per_s": tok / med["wall_s"], "requests": runs[0]["requests"]}
+        t = TARGETS.get(name)
+        tgt = "" if t is None else f"<={t[0]:g}s" + ("" if t[1] is None else f",<={t[1]:g}MB")
+        results[name] = row
+        print(f"{name:16} {med['wall_s']:8.2f} {med['peak_rss_mb']:8.0f} {steps:9,d} "
+              f"{row['steps_per_s']:9,.0f} {row['sim_tokens_per_s'] / 1e6:7.2f} {tgt:>14}", flush=True)
+    lin = [results.get(f"linear_{k}x") for k in (1, 2, 4)]
+    if all(lin):
+        base = lin[0]["median_wall_s"] / lin[0]["requests"]
+        for k, r in zip((1, 2, 4), lin):
+            print(f"linearity {k}x: {r['median_wall_s'] / r['requests'] / base:.2f} x the 1x wall per request")
+    if results.get("pool_10x") and results.get("linear_1x"):
+        print(f"pool 10x: {results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']:.2f} "
+              f"x the 1x wall")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"commit": commit, "repeats": a.repeats, "cases": results},
+                                           indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
