@@ -548,7 +548,9 @@ class Simulator:
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
             if self.fast_forward and self._pure_decode(sched_req, n_arr, ctx_arr):
-                k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
+                k = 0
+                if env.peek() > env.now + dt:  # else the next event lands inside this step
+                    k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
                 if k:
                     continue
             start = env.now
