@@ -106,14 +106,20 @@ class BlockPool:
         if not self.enable_caching or len(blocks) == 0:
             return
         index = self.index
-        bh = self.block_hash
-        log = self.cached_log
-        for b, k in zip(blocks.tolist(), keys.tolist()):
-            if k not in index:
-                index[k] = b
-                bh[b] = k
-                if log is not None:
-                    log.append(k)
+        kl = keys.tolist()
+        new = np.fromiter(map(index.__contains__, kl), dtype=bool, count=len(kl))
+        np.logical_not(new, out=new)
+        if not new.any():
+            return
+        if new.all():
+            nb, nk = blocks, keys
+            index.update(zip(kl, blocks.tolist()))
+        else:
+            nb, nk = blocks[new], keys[new]
+            index.update(zip(nk.tolist(), nb.tolist()))
+        self.block_hash[nb] = nk
+        if self.cached_log is not None:
+            self.cached_log.extend(nk.tolist())
 
     def uncache(self, blocks: np.ndarray) -> None:
         """Drop ``blocks`` (held by a request) from the prefix index: their content changed
@@ -188,11 +194,12 @@ class BlockPool:
         h = self.block_hash[out]
         cached = h != NO_HASH
         if cached.any():
-            idx = self.index
+            # a block holds a hash only while the index maps that hash to it (duplicates are
+            # never registered), so every evicted hash is removed without a per-block check
             ek = h[cached].tolist()
-            for b, k in zip(out[cached].tolist(), ek):
-                if idx.get(k) == b:
-                    del idx[k]
+            pop = self.index.pop
+            for k in ek:
+                pop(k)
             if self.evict_log is not None:
                 self.evict_log.extend(ek)
             nc = int(np.count_nonzero(cached))

@@ -817,6 +817,11 @@ class Simulator:
                 assert len(np.unique(pos)) == len(pos), "a token in two slots of one group"
         for r in self.waiting:
             assert r.n_blocks == 0 and r.status == WAITING
+        tm = self.tiers
+        if tm is not None:
+            assert len(tm.host) <= tm.host_pages, f"host holds {len(tm.host)} > {tm.host_pages} pages"
+            if tm.disk is not None:
+                assert len(tm.disk) <= tm.disk_pages, f"disk holds {len(tm.disk)} > {tm.disk_pages} pages"
 
     def run(self) -> None:
         """Run until every request has finished or been rejected."""
@@ -825,3 +830,7 @@ class Simulator:
         self.env.run()
         if self.done != self.n:
             raise RuntimeError(f"simulation ended with {self.n - self.done} requests unfinished")
+        if self.check:
+            ids = [row[0] for row in self.rec.rows]
+            assert len(ids) == self.n and len(set(ids)) == self.n, \
+                "a request did not end in exactly one terminal state"

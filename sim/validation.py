@@ -1,0 +1,280 @@
+"""Every check a config must pass before a simulation starts.
+
+:func:`validate_config` (called by :func:`sim.run.validate_config`, hence by ``run_simulation``
+before anything is loaded or simulated) raises :class:`sim.hardware.ConfigError` naming the config
+field, the value found and what was expected. ``kvsim`` turns it into one ``kvsim: error: ...``
+line and exit status 2; the results directory then holds only the ``INCOMPLETE`` marker.
+
+It runs the checks that live next to the code using the values (memory plan, cost model, codec,
+tier manager, policy registry, trace config) and adds those nobody else makes (model and GPU card
+numbers that would divide by zero or give a negative pool, tier options that are only read when a
+tier exists, ``sim.max_sim_time_s``, ``output.ops_limit``).
+
+:func:`validate_workload` checks what needs the loaded workload as well (a policy budget below
+a protected prompt); it is cheap (one pass over the lengths) and meant to run right after the
+trace is loaded, before the simulator is built.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .hardware import ConfigError
+
+__all__ = ["validate_config", "validate_workload"]
+
+
+def _need(section: str, node, name: str, ok, expected: str) -> None:
+    v = getattr(node, name)
+    bad = v is None or isinstance(v, bool) or not ok(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        bad = True
+    if bad:
+        raise ConfigError(f"{section}.{name}={v!r}; expected {expected}")
+
+
+def _pos(v) -> bool:
+    return v > 0
+
+
+def _nonneg(v) -> bool:
+    return v >= 0
+
+
+def _ge1(v) -> bool:
+    return v >= 1
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and not (v & (v - 1))
+
+
+# ---------------------------------------------------------------------------------- sections
+def _check_scheduler(cfg) -> None:
+    s, m = cfg.scheduler, cfg.model
+    _need("scheduler", s, "max_num_seqs", _ge1, ">= 1")
+    _need("scheduler", s, "max_num_batched_tokens", _ge1, ">= 1")
+    _need("scheduler", s, "long_prefill_token_threshold", _nonneg, ">= 0 (0 = no cap)")
+    if s.preemption_mode != "recompute":
+        raise ConfigError(f"scheduler.preemption_mode={s.preemption_mode!r}; expected 'recompute'")
+    if not s.enable_chunked_prefill and s.max_num_batched_tokens < m.max_model_len:
+        # the engine makes the same check; here it comes before the memory plan and the trace
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} < model.max_model_len="
+            f"{m.max_model_len} with scheduler.enable_chunked_prefill=false: a long prompt could "
+            f"never be scheduled; enable chunked prefill, raise the budget or lower "
+            f"model.max_model_len")
+
+
+def _check_model(cfg) -> None:
+    m = cfg.model
+    sec = "model"
+    if m.attention not in ("gqa", "mla"):
+        raise ConfigError(f"model.attention={m.attention!r}; expected 'gqa' or 'mla'")
+    _need(sec, m, "max_model_len", _pos, "> 0")
+    for f in ("num_layers", "num_q_heads", "num_kv_heads", "head_dim", "hidden_size",
+              "intermediate_size", "vocab_size"):
+        _need(sec, m, f, _ge1, ">= 1")
+    _need(sec, m, "num_params_b", _pos, "> 0 (billions)")
+    _need(sec, m, "embedding_params_b", _nonneg, ">= 0 (billions)")
+    if not m.embedding_params_b < m.active_params_b <= m.num_params_b:
+        raise ConfigError(
+            f"model.active_params_b={m.active_params_b}; expected embedding_params_b "
+            f"({m.embedding_params_b}) < active_params_b <= num_params_b ({m.num_params_b})")
+    if m.attention == "gqa" and m.num_q_heads % m.num_kv_heads:
+        raise ConfigError(
+            f"model.num_q_heads={m.num_q_heads} is not a multiple of model.num_kv_heads="
+            f"{m.num_kv_heads}; expected whole query groups per KV head (GQA)")
+    if m.attention == "mla":
+        _need(sec, m, "kv_lora_rank", _ge1, ">= 1 with model.attention=mla")
+        _need(sec, m, "qk_rope_head_dim", _nonneg, ">= 0")
+    _need(sec, m, "sliding_window", _nonneg, ">= 0 (0 = none)")
+    if not 0 <= m.num_sliding_window_layers < m.num_layers:
+        raise ConfigError(
+            f"model.num_sliding_window_layers={m.num_sliding_window_layers}; expected 0 <= n < "
+            f"model.num_layers={m.num_layers} (at least one full-attention layer holds the pool)")
+    if m.num_sliding_window_layers > 0 and m.sliding_window < 1:
+        raise ConfigError(
+            f"model.sliding_window={m.sliding_window} with model.num_sliding_window_layers="
+            f"{m.num_sliding_window_layers}; expected a window >= 1 token")
+    if not 0 <= m.rope_dim <= m.head_dim:
+        raise ConfigError(f"model.rope_dim={m.rope_dim}; expected 0 <= rope_dim <= model.head_dim={m.head_dim}")
+
+
+def _check_gpu(cfg) -> None:
+    g = cfg.gpu
+    for f in ("memory_gib", "hbm_bandwidth_gbps", "bf16_dense_tflops", "pcie_bandwidth_gbps"):
+        _need("gpu", g, f, _pos, "> 0")
+    _need("gpu", g, "pcie_overhead_s", _nonneg, ">= 0")
+
+
+def _check_cache(cfg) -> None:
+    c = cfg.cache
+    _need("cache", c, "max_block_size", _pow2, "a power of two >= 1")
+    bs = c.block_size
+    if isinstance(bs, bool) or not _pow2(int(bs)) or bs > c.max_block_size:
+        raise ConfigError(
+            f"cache.block_size={bs}; expected a power of two between 1 and cache.max_block_size="
+            f"{c.max_block_size}")
+    u = c.gpu_memory_utilization
+    if not 0.0 < float(u) <= 1.0:
+        raise ConfigError(f"cache.gpu_memory_utilization={u}; expected 0 < u <= 1")
+    if c.num_gpu_blocks is not None and c.num_gpu_blocks <= 0:
+        raise ConfigError(f"cache.num_gpu_blocks={c.num_gpu_blocks}; expected a positive number "
+                          f"of blocks or null (computed from memory)")
+    if c.activation_reserve_gib is not None and c.activation_reserve_gib < 0:
+        raise ConfigError(f"cache.activation_reserve_gib={c.activation_reserve_gib}; expected >= 0 "
+                          f"GiB or null (estimated)")
+
+
+def _check_cost(cfg) -> None:
+    c = cfg.cost
+    for f in ("mfu", "attention_efficiency", "mbu"):
+        v = getattr(c, f)
+        if not 0 < v <= 1:
+            raise ConfigError(f"cost.{f}={v}; expected 0 < value <= 1 (a fraction of peak)")
+    _need("cost", c, "step_overhead_s", _nonneg, ">= 0 s")
+    _need("cost", c, "tensor_parallel_size", _ge1, ">= 1")
+
+
+def _check_tiers(cfg) -> None:
+    from .tiers import REPLACEMENTS, WRITE_POLICIES
+
+    t = cfg.tiers
+    # checked even when no tier is enabled: a typo must not pass silently
+    for f in ("host_gib", "disk_gib"):
+        _need("tiers", t, f, _nonneg, "a capacity >= 0 GiB")
+    if t.replacement not in REPLACEMENTS:
+        raise ConfigError(f"tiers.replacement={t.replacement!r}; expected one of {list(REPLACEMENTS)}")
+    if t.write_policy not in WRITE_POLICIES:
+        raise ConfigError(f"tiers.write_policy={t.write_policy!r}; expected one of {list(WRITE_POLICIES)}")
+    if t.onboard not in ("blocking", "layerwise"):
+        raise ConfigError(f"tiers.onboard={t.onboard!r}; expected one of ['blocking', 'layerwise']")
+    _need("tiers", t, "selective_min_hits", _ge1, ">= 1")
+    _need("tiers", t, "transfer_batch_pages", _ge1, ">= 1")
+    if t.pcie_gbps is not None:
+        _need("tiers", t, "pcie_gbps", _pos, "> 0 or null (the GPU card's)")
+    if t.pcie_overhead_s is not None:
+        _need("tiers", t, "pcie_overhead_s", _nonneg, ">= 0 or null (the GPU card's)")
+    _need("tiers", t, "disk_read_gbps", _pos, "> 0")
+    _need("tiers", t, "disk_write_gbps", _pos, "> 0")
+    _need("tiers", t, "disk_latency_s", _nonneg, ">= 0 s")
+    if (t.host_gib > 0 or t.disk_gib > 0) and not cfg.cache.enable_prefix_caching:
+        raise ConfigError(
+            f"tiers.host_gib={t.host_gib}, tiers.disk_gib={t.disk_gib}: tiers below the GPU need "
+            f"cache.enable_prefix_caching=true")
+
+
+def _check_policy(cfg) -> None:
+    from policies import CompactionConfig, ImportanceParams, PolicyConfig
+    from policies.registry import validate_policy_config
+    from policies.config import validate_compaction_config
+
+    pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
+    cc = _to_dataclass(cfg.compaction, CompactionConfig, None)
+    try:
+        validate_policy_config(pc)
+    except ValueError as e:
+        raise ConfigError(f"policy config (policy.*): {e}") from None
+    try:
+        validate_compaction_config(cc)
+    except ValueError as e:
+        raise ConfigError(f"compaction config (compaction.*): {e}") from None
+
+
+def _to_dataclass(node, cls, importance_cls):
+    if isinstance(node, cls):
+        return node
+    from omegaconf import DictConfig, OmegaConf
+
+    obj = OmegaConf.to_object(node) if isinstance(node, DictConfig) else dict(node)
+    if isinstance(obj, cls):
+        return obj
+    obj = dict(obj)
+    if importance_cls is not None and isinstance(obj.get("importance"), dict):
+        obj["importance"] = importance_cls(**obj["importance"])
+    return cls(**obj)
+
+
+def _check_sim_output(cfg) -> None:
+    s = cfg.sim
+    if s.max_sim_time_s is not None:
+        _need("sim", s, "max_sim_time_s", _pos, "> 0 s or null (no limit)")
+    _need("output", cfg.output, "ops_limit", _nonneg, ">= 0")
+
+
+def _check_trace(cfg) -> None:
+    from traces import TraceError
+    from traces.config import coerce_config
+
+    try:
+        coerce_config(cfg.trace)
+    except TraceError as e:
+        if e.field and e.path is None:
+            raise ConfigError(f"trace.{e.field}={e.found}; expected {e.expected}") from None
+        raise ConfigError(f"trace config: {e}") from None
+
+
+# ---------------------------------------------------------------------------------- entry points
+def validate_config(cfg) -> None:
+    """Check a resolved kvsim config before anything runs; raise ConfigError naming the field.
+
+    Order: scheduler, model card, GPU card, cache, cost efficiencies, trace options, tiers,
+    policy and compaction, sim/output; then the derived checks of the code that uses the values:
+    the memory plan (weights fit, at least one KV block), the cost model (``cost.kind``,
+    calibration file), the cold-page codec (NVFP4 needs head dims in multiples of 16) and the
+    tier manager (capacities, links).
+    """
+    _check_scheduler(cfg)
+    _check_model(cfg)
+    _check_gpu(cfg)
+    _check_cache(cfg)
+    _check_cost(cfg)
+    _check_trace(cfg)
+    _check_tiers(cfg)
+    _check_policy(cfg)
+    _check_sim_output(cfg)
+
+    from .cost import build_cost_model
+    from .hardware import plan_memory, weight_bytes
+    from .tiers import TierManager, cold_page_bytes
+
+    weight_bytes(cfg.model)  # model.dtype / model.weight_quant known
+    plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
+    build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
+    if cfg.tiers.host_gib > 0 or cfg.tiers.disk_gib > 0:
+        import simpy
+
+        TierManager(simpy.Environment(), cfg.tiers, cfg.codec, plan.block_bytes, cold, cfg.gpu,
+                    float(cfg.gpu.hbm_bandwidth_gbps) * 1e9 * float(cfg.cost.mbu))
+
+
+def validate_workload(cfg, workload) -> None:
+    """Checks that need the workload: a policy that protects the prompt with a total budget
+    (h2o, tova with ``policy.protect_prompt=true``) cannot serve a prompt longer than
+    ``policy.budget``. Requests the engine rejects at arrival anyway (``input + output >
+    model.max_model_len``) are not counted. Raises ConfigError naming the request, its prompt
+    length and the field."""
+    import numpy as np
+
+    from policies import ImportanceParams, PolicyConfig
+    from policies.registry import POLICIES
+
+    pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
+    if pc.name not in POLICIES or pc.name == "full" or len(workload) == 0:
+        return
+    inp = np.asarray(workload.input_tokens)
+    out = np.asarray(workload.output_tokens)
+    ok = (inp + out) <= int(cfg.model.max_model_len)
+    if not ok.any():
+        return
+    i = int(np.flatnonzero(ok)[np.argmax(inp[ok])])
+    policy = POLICIES[pc.name](pc)
+    try:
+        policy.check_request(int(inp[i]))
+    except ValueError as e:
+        raise ConfigError(
+            f"policy.budget={pc.budget} cannot serve request {int(workload.request_id[i])} of "
+            f"trace {workload.name!r} ({int(inp[i])} prompt tokens, the longest admitted): {e}; "
+            f"raise policy.budget or set policy.protect_prompt=false") from None
