@@ -299,58 +299,102 @@ def compact_hole_fill(kv: torch.Tensor, positions: torch.Tensor | None, batch: C
 
 
 # ============================================================================ NVFP4 codec
+# One program = (page, layer, head, token tile), K then V. The hot rows are read as int32
+# words (two adjacent bf16/fp16 values each) in a 2-D tile of [scale groups, 8 words]: a
+# tile row is one 16-value scale group, so the group amax, the scale and the codes stay in
+# registers (no reshape / split through shared memory), and the even value of a word is
+# the low nibble of its output byte. E2M1 and E4M3 rounding are integer/float bit tricks.
 @triton.jit
-def _nvfp4_enc_part(x_base, tok, data_base, scale_base, g, row,
-                    Q: tl.constexpr, QP: tl.constexpr, QO: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, TB: tl.constexpr):
-    G: tl.constexpr = QP // 16
-    col = tl.arange(0, QP)
-    x = tl.load(x_base + tok[:, None] * HEAD_DIM + QO + col[None, :],
-                mask=(col < Q)[None, :], other=0.0).to(tl.float32)
-    x3 = tl.reshape(x, (TB, G, 16))
-    amax = tl.max(tl.abs(x3), axis=2)
-    g6 = tl.zeros_like(amax) + g * 6.0
-    s = tl.minimum(tl.math.div_rn(amax, g6), 448.0)
+def _word_lo_hi(w, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = w.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _e2m1_code_fast(v):
+    # == _e2m1_code (compare chain) for every float32 (checked exhaustively against
+    # reference.e2m1_code): RNE onto {0,.5,1,1.5,2,3,4,6}, saturating, NaN -> 0, sign only on
+    # non-zero codes. |v| < 1: 2|v| rounded to an integer (0, 1, 2) by adding 2**22 (fp32 ulp
+    # 0.5 there) and reading the low mantissa bits; |v| >= 1: keep one mantissa bit (RNE) and
+    # read exponent|mantissa as the code. Integer ops only (no float->int convert).
+    a = tl.minimum(tl.abs(v), 6.0)
+    u = a.to(tl.int32, bitcast=True)
+    cn = ((u + 0x1FFFFF + ((u >> 22) & 1)) >> 22) - 252
+    cs = (a + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    code = tl.where(a < 1.0, cs, cn)
+    code = tl.where(v == v, code, 0)
+    # sign bit of v moved to bit 3, kept only when code > 0 ((code + 7) & 8 == 8 iff code >= 1)
+    return code | ((v.to(tl.int32, bitcast=True) >> 28) & (code + 7) & 8)
+
+
+@triton.jit
+def _e2m1_value_fast(c):
+    # == _e2m1_value: magnitude 2..7 is the float with exponent|mantissa = code + 252
+    mag = c & 7
+    big = ((mag + 252) << 22).to(tl.float32, bitcast=True)
+    val = tl.where(mag < 2, mag.to(tl.float32) * 0.5, big)
+    return (val.to(tl.int32, bitcast=True) | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _nvfp4_dec_words(wp, dp, sp, rm, g, IS_BF16: tl.constexpr):
+    # inverse of _nvfp4_enc_words: codes and scales of one part -> [groups, 8] hot words
+    b = tl.load(dp, mask=rm[:, None], other=0).to(tl.int32)
+    sq = _e4m3_value(tl.load(sp, mask=rm, other=0).to(tl.int32))
+    lo = (_e2m1_value_fast(b & 15) * sq[:, None]) * g
+    hi = (_e2m1_value_fast(b >> 4) * sq[:, None]) * g
+    if IS_BF16:
+        lo16 = lo.to(tl.bfloat16).to(tl.int16, bitcast=True)
+        hi16 = hi.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    else:
+        lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True)
+        hi16 = hi.to(tl.float16).to(tl.int16, bitcast=True)
+    tl.store(wp, (lo16.to(tl.int32) & 0xFFFF) | (hi16.to(tl.int32) << 16), mask=rm[:, None])
+
+
+@triton.jit
+def _nvfp4_enc_words(w, dp, sp, rm, g, IS_BF16: tl.constexpr):
+    # w: [groups, 8] int32 words of one part; dp / sp: byte pointers of its codes / scales
+    lo, hi = _word_lo_hi(w, IS_BF16)
+    amax = tl.max(tl.maximum(tl.abs(lo), tl.abs(hi)), axis=1)
+    s = tl.minimum(tl.math.div_rn(amax, tl.zeros_like(amax) + g * 6.0), 448.0)
     sq = _e4m3_round(s)
     inv = tl.where(sq > 0, tl.math.div_rn(tl.full(sq.shape, 1.0, tl.float32), sq * g), 0.0)
-    code = _e2m1_code(x3 * inv[:, :, None])
-    lo, hi = tl.split(tl.reshape(code, (TB, QP // 2, 2)))
-    byte = (lo | (hi << 4)).to(tl.uint8)
-    half = tl.arange(0, QP // 2)
-    tl.store(data_base + row[:, None] * (Q // 2) + half[None, :], byte, mask=(half < Q // 2)[None, :])
-    gi = tl.arange(0, G)
-    tl.store(scale_base + row[:, None] * (Q // 16) + gi[None, :], _e4m3_byte(sq).to(tl.uint8),
-             mask=(gi < Q // 16)[None, :])
+    cl = _e2m1_code_fast(lo * inv[:, None])
+    ch = _e2m1_code_fast(hi * inv[:, None])
+    tl.store(dp, (cl | (ch << 4)).to(tl.uint8), mask=rm[:, None])
+    tl.store(sp, _e4m3_byte(sq).to(tl.uint8), mask=rm)
 
 
 @triton.jit
-def _nvfp4_dec_part(x_base, tok, data_base, scale_base, g, row,
-                    Q: tl.constexpr, QP: tl.constexpr, QO: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, TB: tl.constexpr):
-    G: tl.constexpr = QP // 16
-    half = tl.arange(0, QP // 2)
-    b = tl.load(data_base + row[:, None] * (Q // 2) + half[None, :],
-                mask=(half < Q // 2)[None, :], other=0).to(tl.int32)
-    codes = tl.reshape(tl.join(b & 15, b >> 4), (TB, G, 16))
-    gi = tl.arange(0, G)
-    sb = tl.load(scale_base + row[:, None] * (Q // 16) + gi[None, :],
-                 mask=(gi < Q // 16)[None, :], other=0).to(tl.int32)
-    sq = _e4m3_value(sb)
-    x = (_e2m1_value(codes) * sq[:, :, None]) * g
-    col = tl.arange(0, QP)
-    tl.store(x_base + tok[:, None] * HEAD_DIM + QO + col[None, :],
-             tl.reshape(x, (TB, QP)).to(x_base.dtype.element_ty), mask=(col < Q)[None, :])
+def _nvfp4_ptrs(w_base, tt, data_base, scale_base,
+                Q: tl.constexpr, QO: tl.constexpr, HEAD_DIM: tl.constexpr, TB: tl.constexpr,
+                NGP: tl.constexpr):
+    G: tl.constexpr = Q // 16
+    r = tl.arange(0, NGP)
+    j = tl.arange(0, 8)
+    grp = tt * (TB * G) + r
+    woff = (grp // G) * (HEAD_DIM // 2) + (QO // 2) + (grp % G) * 8
+    return (w_base + woff[:, None] + j[None, :], data_base + grp[:, None] * 8 + j[None, :],
+            scale_base + grp, r < TB * G)
 
 
 @triton.jit
-def _nvfp4_page_kernel(kv_ptr, blocks_ptr, slots_ptr, page_ptr, g_ptr,
+def _nvfp4_page_kernel(kv_ptr, kw_ptr, blocks_ptr, slots_ptr, page_ptr, g_ptr,
                        s_layer, s_block, s_kv, s_head, page_bytes,
                        NUM_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       DP: tl.constexpr, TB: tl.constexpr, QK: tl.constexpr, QKP: tl.constexpr, Q0: tl.constexpr,
-                       ROPE: tl.constexpr, ROPEP: tl.constexpr, R0: tl.constexpr,
+                       TB: tl.constexpr, QK: tl.constexpr, NGK: tl.constexpr, NGV: tl.constexpr,
+                       Q0: tl.constexpr, ROPE: tl.constexpr, ROPEP: tl.constexpr, R0: tl.constexpr,
                        EB: tl.constexpr, DATA_K: tl.constexpr, DATA_V: tl.constexpr,
                        SC_K: tl.constexpr, SC_V: tl.constexpr, SCALE_OFF: tl.constexpr,
-                       ROPE_OFF: tl.constexpr, DECODE: tl.constexpr):
+                       ROPE_OFF: tl.constexpr, IS_BF16: tl.constexpr, DECODE: tl.constexpr):
+    # s_*: strides of the pool in elements of the hot dtype (kv_ptr); kw_ptr is the same
+    # memory as int32 words (strides halved).
     p = tl.program_id(0)
     lh = tl.program_id(1)
     tt = tl.program_id(2)
@@ -359,27 +403,34 @@ def _nvfp4_page_kernel(kv_ptr, blocks_ptr, slots_ptr, page_ptr, g_ptr,
     blk = tl.load(blocks_ptr + p).to(tl.int64)
     slot = tl.load(slots_ptr + p).to(tl.int64)
     page = page_ptr + slot * page_bytes
-    tok = tt * TB + tl.arange(0, TB)
-    row = h * BLOCK_SIZE + tok
-    xk = kv_ptr + l.to(tl.int64) * s_layer + blk * s_block + h * s_head
-    xv = xk + s_kv
+    eoff = l.to(tl.int64) * s_layer + blk * s_block + h * s_head  # K rows, in elements
+    wk = kw_ptr + eoff // 2
+    wv = kw_ptr + (eoff + s_kv) // 2
     gk = tl.load(g_ptr + 2 * l)
     gv = tl.load(g_ptr + 2 * l + 1)
-    dk = page + l * (DATA_K + DATA_V)
-    sk = page + SCALE_OFF + l * (SC_K + SC_V)
+    dk = page + l * (DATA_K + DATA_V) + h * (BLOCK_SIZE * QK // 2)
+    dv = page + l * (DATA_K + DATA_V) + DATA_K + h * (BLOCK_SIZE * HEAD_DIM // 2)
+    sk = page + SCALE_OFF + l * (SC_K + SC_V) + h * (BLOCK_SIZE * QK // 16)
+    sv = page + SCALE_OFF + l * (SC_K + SC_V) + SC_K + h * (BLOCK_SIZE * HEAD_DIM // 16)
+    wpk, dpk, spk, rmk = _nvfp4_ptrs(wk, tt, dk, sk, QK, Q0, HEAD_DIM, TB, NGK)
+    wpv, dpv, spv, rmv = _nvfp4_ptrs(wv, tt, dv, sv, HEAD_DIM, 0, HEAD_DIM, TB, NGV)
     if DECODE:
-        _nvfp4_dec_part(xk, tok, dk, sk, gk, row, QK, QKP, Q0, HEAD_DIM, TB)
-        _nvfp4_dec_part(xv, tok, dk + DATA_K, sk + SC_K, gv, row, HEAD_DIM, DP, 0, HEAD_DIM, TB)
+        _nvfp4_dec_words(wpk, dpk, spk, rmk, gk, IS_BF16)
+        _nvfp4_dec_words(wpv, dpv, spv, rmv, gv, IS_BF16)
     else:
-        _nvfp4_enc_part(xk, tok, dk, sk, gk, row, QK, QKP, Q0, HEAD_DIM, TB)
-        _nvfp4_enc_part(xv, tok, dk + DATA_K, sk + SC_K, gv, row, HEAD_DIM, DP, 0, HEAD_DIM, TB)
+        # both parts' loads are issued before any store (stores may alias loads for the compiler)
+        xk = tl.load(wpk, mask=rmk[:, None], other=0)
+        xv = tl.load(wpv, mask=rmv[:, None], other=0)
+        _nvfp4_enc_words(xk, dpk, spk, rmk, gk, IS_BF16)
+        _nvfp4_enc_words(xv, dpv, spv, rmv, gv, IS_BF16)
     if ROPE > 0:
+        tok = tt * TB + tl.arange(0, TB)
         rc = tl.arange(0, ROPEP)
         rmask = (rc < ROPE)[None, :]
         rp = (page + ROPE_OFF + (l * NUM_HEADS + h) * (BLOCK_SIZE * ROPE * EB)).to(
             tl.pointer_type(kv_ptr.dtype.element_ty))
         rp = rp + tok[:, None] * ROPE + rc[None, :]
-        xp = xk + tok[:, None] * HEAD_DIM + R0 + rc[None, :]
+        xp = kv_ptr + eoff + tok[:, None] * HEAD_DIM + R0 + rc[None, :]
         if DECODE:
             tl.store(xp, tl.load(rp, mask=rmask), mask=rmask)
         else:
@@ -404,20 +455,24 @@ def _nvfp4_launch(kv, blocks, gscale, pages, slots, rope_dim, rope_side, decode,
     lay = nvfp4_page_layout(L, H, B, D, rope_dim, rope_side, kv.element_size())
     if pages.dtype != torch.uint8 or pages.dim() != 2 or pages.shape[1] != lay["page_bytes"]:
         raise ValueError(f"pages must be uint8 [n, {lay['page_bytes']}], got {pages.dtype} {tuple(pages.shape)}")
+    if kv.stride(-1) != 1 or any(s % 2 for s in kv.stride()[:-1]) or kv.storage_offset() % 2:
+        raise ValueError("NVFP4 codec needs a pool with contiguous rows and even strides")
     n = blocks.numel()
     if slots is None:
         slots = torch.arange(n, dtype=torch.int32, device=blocks.device)
     TB = _tile(B, D, tile_elems)
     qk = lay["qk"]
+    kw = kv.view(torch.int32)  # two hot values per word (rows are D values, D % 16 == 0)
     grid = (n, L * H, B // TB)
     _nvfp4_page_kernel[grid](
-        kv, blocks, slots, pages, gscale,
+        kv, kw, blocks, slots, pages, gscale,
         kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), lay["page_bytes"],
-        NUM_HEADS=H, BLOCK_SIZE=B, HEAD_DIM=D, DP=triton.next_power_of_2(D), TB=TB, QK=qk, QKP=triton.next_power_of_2(qk),
+        NUM_HEADS=H, BLOCK_SIZE=B, HEAD_DIM=D, TB=TB, QK=qk,
+        NGK=triton.next_power_of_2(TB * qk // 16), NGV=triton.next_power_of_2(TB * D // 16),
         Q0=lay["q0"], ROPE=rope_dim, ROPEP=triton.next_power_of_2(max(rope_dim, 1)), R0=lay["r0"],
         EB=kv.element_size(), DATA_K=lay["data_k"], DATA_V=lay["data_v"], SC_K=lay["sc_k"],
-        SC_V=lay["sc_v"], SCALE_OFF=lay["scale_off"], ROPE_OFF=lay["rope_off"], DECODE=decode,
-        num_warps=num_warps, **_NOFUSE)
+        SC_V=lay["sc_v"], SCALE_OFF=lay["scale_off"], ROPE_OFF=lay["rope_off"],
+        IS_BF16=kv.dtype == torch.bfloat16, DECODE=decode, num_warps=num_warps, **_NOFUSE)
     return pages
 
 
