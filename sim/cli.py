@@ -72,7 +72,9 @@ def app(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
     # the overrides that define this run (the resume flag itself excluded)
-    overrides = [o for o in hc.overrides.task if not o.startswith("output.skip_completed")]
+    overrides = [o for o in hc.overrides.task
+                 if not o.startswith(("output.skip_completed", "output.dir", "sim.progress",
+                                      "output.print_summary"))]
     if cfg.output.skip_completed and is_complete(out_dir, overrides):
         log.info("skipping %s: already complete", out_dir)
         return

@@ -135,6 +135,12 @@ def _tiers_factory(cfg, plan, calibration=None):
     for f in ("host_gib", "disk_gib"):
         if getattr(t, f) < 0:
             raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a capacity >= 0 GiB")
+    for f, gib in (("host_gib", t.host_gib), ("disk_gib", t.disk_gib)):
+        if 0 < gib and int(gib * 2**30 // cold) == 0:
+            raise ConfigError(
+                f"tiers.{f}={gib} holds no page of {cold} bytes ({cfg.codec.name} page of "
+                f"{cfg.cache.block_size} tokens); use 0 to disable the tier or at least "
+                f"{cold / 2**30:.6f} GiB")
     if t.host_gib == 0 and t.disk_gib == 0:
         return None, cold
     if not cfg.cache.enable_prefix_caching:
@@ -165,7 +171,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / MARKER).write_text("this run has not completed\n")
-        for name in ("summary.json",):
+        # a reused directory must not keep an earlier run's tables next to the marker
+        for name in ("summary.json", "requests.parquet", "steps.parquet", "rounds.parquet",
+                     "transfers.parquet", "ops.jsonl", "config.yaml"):
             if (out / name).exists():
                 (out / name).unlink()
     validate_config(cfg)
@@ -173,6 +181,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     t_load = time.perf_counter()
     wl = load_workload(cfg.trace, seed=int(cfg.seed)) if workload is None else workload
+    from .validation import validate_workload
+
+    validate_workload(cfg, wl)
     t_load = time.perf_counter() - t_load
     n = len(wl)
     rec = Recorder(n, wl.table.column("session_id").to_numpy(),
@@ -210,6 +221,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         "model": cfg.model.name,
         "gpu": cfg.gpu.name,
         "trace": cfg.trace.name,
+        "trace_source": str(getattr(wl, "source", "")),
         "block_size": int(cfg.cache.block_size),
         "kv_bytes_per_token": kv_bytes_per_token(cfg.model, cfg.cache),
         "kv_bytes_per_block": kv_bytes_per_block(cfg.model, cfg.cache),
@@ -270,6 +282,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         if not (out / ".hydra" / "config.yaml").exists():
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
+        summary["wall"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         _write_json(summary, out / "summary.json")
         (out / MARKER).unlink()
     return summary

@@ -89,7 +89,7 @@ def test_notebook_runs_headless(nb_path, tmp_path):
     os.environ["KVSIM_NOTEBOOK_SWEEPS"] = str(tmp_path / "sweeps")  # the kernel inherits it
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     try:
-        client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
+        client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
                                          resources={"metadata": {"path": str(NB_DIR)}})
         client.execute()
     finally:

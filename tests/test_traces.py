@@ -225,7 +225,9 @@ def test_weka_full_load_streams_with_bounded_memory():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     r = _json.loads(out.stdout.strip().splitlines()[-1])
     assert r["n"] == 49334
-    assert r["rss_mb"] < 1500, r
+    # 1.04 GB measured on an idle machine; up to 2.0 GB was seen once on a loaded one; the
+    # issue's bound for a whole Weka run is 2 GB
+    assert r["rss_mb"] < 2048, r
 
 
 @needs_real

@@ -1,0 +1,306 @@
+"""Bad input: impossible configs and malformed traces fail before anything is simulated, with a
+message naming the field (config) or the file, line and field (trace); ``kvsim`` exits 2 and
+leaves only the INCOMPLETE marker. Also a property test: random small workloads and configs
+(policies, compactors, a tiny host tier) keep the engine's invariants after every step and end
+every request in exactly one terminal state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import make_workload
+from sim.hardware import ConfigError
+from sim.run import MARKER, compose_config, run_simulation
+from sim.validation import validate_config, validate_workload
+from traces import TraceConfig, TraceError, load_workload
+
+REPO = Path(__file__).resolve().parents[1]
+BAD = Path(__file__).parent / "data" / "bad"
+TRACES = Path(__file__).parent / "data" / "traces"
+KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
+
+# (overrides, regex the message must match): every message names the config field
+CONFIG_CASES = [
+    (["model=llama3_1_70b", "gpu=rtx4090"],
+     r"model weights do not fit: Llama-3\.1-70B \(none\) needs 131\.5 GiB .* 1 x RTX-4090"),
+    (["cache.activation_reserve_gib=120"], r"zero KV blocks left: budget 126\.36 GiB"),
+    (["cache.num_gpu_blocks=0"], r"cache\.num_gpu_blocks=0; expected a positive number"),
+    (["cache.block_size=24"], r"cache\.block_size=24; expected a power of two between 1 and "
+                              r"cache\.max_block_size=256"),
+    (["cache.block_size=512"], r"cache\.block_size=512; expected a power of two"),
+    (["cache.block_size=0"], r"cache\.block_size=0; expected a power of two"),
+    (["cache.gpu_memory_utilization=-0.5"], r"cache\.gpu_memory_utilization=-0\.5; expected 0 < u <= 1"),
+    (["cache.gpu_memory_utilization=1.2"], r"cache\.gpu_memory_utilization=1\.2"),
+    (["cache.activation_reserve_gib=-1"], r"cache\.activation_reserve_gib=-1\.0; expected >= 0"),
+    (["cache.kv_cache_dtype=int3"], r"cache\.kv_cache_dtype='int3' is not a known dtype; expected one of"),
+    (["model.weight_quant=int2"], r"model\.weight_quant='int2'; expected one of \['none', 'fp8'"),
+    (["policy=triattention", "policy.beta=0"],
+     r"policy\.\*\): policy triattention: beta \(round period, tokens\) must be > 0, got 0"),
+    (["policy=h2o", "policy.beta=-4"], r"policy h2o: beta .* must be > 0, got -4"),
+    (["policy=snapkv", "policy.budget=0"], r"policy snapkv: budget must be >= 1 token, got 0"),
+    (["policy.name=nope"], r"unknown policy 'nope'; valid: ada_kv, full, h2o, pyramidkv, quest, "
+                           r"r_kv, random, snapkv, streaming_llm, tova, triattention"),
+    (["compaction.name=defrag"], r"compaction\.\*\): unknown compaction 'defrag'; valid: none, "
+                                 r"forward_pack, hole_fill"),
+    (["tiers=gpu_host", "tiers.host_gib=-1"], r"tiers\.host_gib=-1\.0; expected a capacity >= 0 GiB"),
+    (["tiers.disk_gib=-2"], r"tiers\.disk_gib=-2\.0; expected a capacity >= 0 GiB"),
+    (["tiers.write_policy=bogus"], r"tiers\.write_policy='bogus'; expected one of \['write_back'"),
+    (["tiers=gpu_host", "tiers.replacement=mru"], r"tiers\.replacement='mru'; expected one of \['lru', 'arc'\]"),
+    (["tiers.onboard=lazy"], r"tiers\.onboard='lazy'; expected one of \['blocking', 'layerwise'\]"),
+    (["tiers=gpu_host", "tiers.pcie_gbps=0"], r"tiers\.pcie_gbps=0\.0; expected > 0"),
+    (["tiers=gpu_host", "tiers.disk_read_gbps=0"], r"tiers\.disk_read_gbps=0\.0; expected > 0"),
+    (["tiers=gpu_host", "cache.enable_prefix_caching=false"],
+     r"tiers below the GPU need cache\.enable_prefix_caching=true"),
+    (["codec=nvfp4", "model.head_dim=72", "model.rope_dim=72"],
+     r"codec nvfp4 needs head dims in multiples of 16 .* model Qwen3-8B has \[72\]"),
+    (["codec=fp8", "cache.kv_cache_dtype=fp8"], r"codec fp8 encodes a 16-bit hot cache"),
+    (["codec.name=zstd"], r"codec\.name='zstd'; expected one of \['identity', 'fp8', 'nvfp4'\]"),
+    (["cost.mfu=1.5"], r"cost\.mfu=1\.5; expected 0 < value <= 1"),
+    (["cost.mbu=0"], r"cost\.mbu=0\.0; expected 0 < value <= 1"),
+    (["cost.attention_efficiency=-0.1"], r"cost\.attention_efficiency=-0\.1"),
+    (["cost.step_overhead_s=-0.001"], r"cost\.step_overhead_s=-0\.001; expected >= 0"),
+    (["cost.tensor_parallel_size=0"], r"cost\.tensor_parallel_size=0; expected >= 1"),
+    (["cost.kind=magic"], r"cost\.kind='magic'; expected one of"),
+    (["scheduler.max_num_seqs=0"], r"scheduler\.max_num_seqs=0; expected >= 1"),
+    (["scheduler.max_num_batched_tokens=0"], r"scheduler\.max_num_batched_tokens=0; expected >= 1"),
+    (["scheduler.long_prefill_token_threshold=-1"], r"scheduler\.long_prefill_token_threshold=-1"),
+    (["scheduler.preemption_mode=swap"], r"scheduler\.preemption_mode='swap'; expected 'recompute'"),
+    (["scheduler.enable_chunked_prefill=false", "scheduler.max_num_batched_tokens=1024"],
+     r"scheduler\.max_num_batched_tokens=1024 < model\.max_model_len=131072 with "
+     r"scheduler\.enable_chunked_prefill=false"),
+    (["model.max_model_len=0"], r"model\.max_model_len=0; expected > 0"),
+    (["model.attention=linear"], r"model\.attention='linear'; expected 'gqa' or 'mla'"),
+    (["model.num_kv_heads=0"], r"model\.num_kv_heads=0; expected >= 1"),
+    (["model.num_layers=0"], r"model\.num_layers=0; expected >= 1"),
+    (["model.head_dim=-8"], r"model\.head_dim=-8; expected >= 1"),
+    (["model.vocab_size=0"], r"model\.vocab_size=0; expected >= 1"),
+    (["model.num_kv_heads=5"], r"model\.num_q_heads=32 is not a multiple of model\.num_kv_heads=5"),
+    (["model.num_sliding_window_layers=36"],
+     r"model\.num_sliding_window_layers=36; expected 0 <= n < model\.num_layers=36"),
+    (["model.num_sliding_window_layers=4"], r"model\.sliding_window=0 with model\.num_sliding_window_layers=4"),
+    (["model.rope_dim=256"], r"model\.rope_dim=256; expected 0 <= rope_dim <= model\.head_dim=128"),
+    (["model.active_params_b=100"], r"model\.active_params_b=100\.0; expected embedding_params_b"),
+    (["model.attention=mla", "model.kv_lora_rank=0"], r"model\.kv_lora_rank=0; expected >= 1 with model\.attention=mla"),
+    (["gpu.memory_gib=-5"], r"gpu\.memory_gib=-5\.0; expected > 0"),
+    (["gpu.hbm_bandwidth_gbps=0"], r"gpu\.hbm_bandwidth_gbps=0\.0; expected > 0"),
+    (["gpu.bf16_dense_tflops=0"], r"gpu\.bf16_dense_tflops=0\.0; expected > 0"),
+    (["sim.max_sim_time_s=0"], r"sim\.max_sim_time_s=0\.0; expected > 0 s or null"),
+    (["output.ops_limit=-1"], r"output\.ops_limit=-1; expected >= 0"),
+    (["trace.time_scale=0"], r"trace\.time_scale=0\.0; expected > 0"),
+    (["trace.time_scale=-1"], r"trace\.time_scale=-1\.0; expected > 0"),
+    (["trace.on_error=ignore"], r"trace\.on_error='ignore'; expected one of \['fail', 'skip'\]"),
+    (["trace.max_requests=0"], r"trace\.max_requests=0; expected >= 1 or null"),
+]
+
+
+def _cfg(*o):
+    return compose_config(["sim.progress=false", *o])
+
+
+@pytest.mark.parametrize("overrides,pattern", CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
+def test_impossible_config_fails_before_simulation(tmp_path, overrides, pattern):
+    """run_simulation raises ConfigError naming the field; the directory holds only the marker
+    (no summary.json, no tables), so it can never be mistaken for a finished run."""
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=pattern):
+        run_simulation(_cfg(*overrides), out)
+    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+
+
+def test_validate_config_accepts_every_preset():
+    """The checks do not reject a shipped preset (a model that needs several GPUs gets them)."""
+    conf = REPO / "experiments" / "conf"
+    for grp in ("trace", "policy", "compaction", "tiers", "codec", "cache", "gpu"):
+        for f in sorted((conf / grp).glob("*.yaml")):
+            validate_config(_cfg(f"{grp}={f.stem}"))
+    for f in sorted((conf / "model").glob("*.yaml")):
+        validate_config(_cfg(f"model={f.stem}", "gpu=h200", "cost.tensor_parallel_size=8"))
+
+
+def test_sim_validate_config_delegates():
+    from sim import run as run_mod
+
+    with pytest.raises(ConfigError, match=r"tiers\.write_policy='x'"):
+        run_mod.validate_config(_cfg("tiers.write_policy=x"))
+
+
+def test_policy_budget_below_protected_prompt():
+    """h2o/tova with a protected prompt keep ``budget`` tokens in total: a longer prompt is
+    impossible. validate_workload names the request, its prompt and the field; requests rejected
+    anyway for max_model_len do not count."""
+    c = _cfg("policy=h2o", "policy.protect_prompt=true", "policy.budget=100", "model.max_model_len=2000")
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=50, output_tokens=4),
+                        dict(arrival_s=0.1, input_tokens=300, output_tokens=4),
+                        dict(arrival_s=0.2, input_tokens=5000, output_tokens=4)])
+    with pytest.raises(ConfigError, match=r"policy\.budget=100 cannot serve request 1 .*300 prompt "
+                                          r"tokens.*below the protected prompt of 300 tokens"):
+        validate_workload(c, wl)
+    validate_workload(_cfg("policy=h2o", "policy.protect_prompt=false", "policy.budget=100"), wl)
+    ok = make_workload([dict(arrival_s=0.0, input_tokens=90, output_tokens=4)])
+    validate_workload(c, ok)
+
+
+def test_budget_below_prompt_run_is_not_complete(tmp_path):
+    """Through run_simulation the same config fails with ConfigError (today from the engine at
+    the request's admission) and leaves no summary.json."""
+    c = _cfg("policy=h2o", "policy.protect_prompt=true", "policy.budget=100")
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=300, output_tokens=4)])
+    with pytest.raises(ConfigError, match=r"budget 100 .* below the protected prompt of 300 tokens"):
+        run_simulation(c, tmp_path / "r", workload=wl)
+    assert (tmp_path / "r" / MARKER).exists() and not (tmp_path / "r" / "summary.json").exists()
+
+
+# ------------------------------------------------------------------------------ traces
+TRACE_CASES = [
+    (dict(path=str(BAD / "mooncake_many_bad.jsonl")),
+     r"mooncake_many_bad\.jsonl line 2, field 'hash_ids': found element -2, expected non-negative integers"),
+    (dict(path=str(BAD / "mooncake_truncated.jsonl.gz")),
+     r"mooncake_truncated\.jsonl\.gz after line \d+: unreadable gzip stream, found EOFError"),
+    (dict(path=str(BAD / "blank.jsonl")), r"blank\.jsonl: empty file, found no non-blank lines"),
+    (dict(format="azure", path=str(BAD / "azure_text.csv")),
+     r"azure_text\.csv line 3, field 'ContextTokens': found 'abc', expected an integer"),
+]
+
+
+@pytest.mark.parametrize("kw,pattern", TRACE_CASES, ids=[Path(c[0]["path"]).name for c in TRACE_CASES])
+def test_trace_errors_name_file_line_field(kw, pattern):
+    with pytest.raises(TraceError, match=pattern):
+        load_workload(TraceConfig(name="x", **kw), 0)
+
+
+def test_trace_skip_keeps_count_and_examples():
+    w = load_workload(TraceConfig(name="x", path=str(BAD / "mooncake_many_bad.jsonl"), on_error="skip"), 0)
+    assert len(w) == 2 and w.skipped["count"] == 5
+    ex = w.skipped["examples"]
+    assert "line 3, field 'output_length': found -1, expected >= 0" in ex[1]
+    assert "line 4, field 'hash_ids': found '7', expected a list" in ex[2]
+    assert "line 5: found list, expected a JSON object" in ex[3]
+    assert "line 6, field 'timestamp': found -5, expected >= 0" in ex[4]
+
+
+# ------------------------------------------------------------------------------ the command
+def _kvsim(out: Path, *overrides, timeout=120):
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    return subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false", *overrides],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+
+
+def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
+    """trace.on_error=skip through a full kvsim run: summary.json's trace_skipped_rows holds the
+    count and the first messages (file, line, field)."""
+    p = BAD / "mooncake_many_bad.jsonl"
+    r = _kvsim(tmp_path, f"trace.path={p}", "trace.on_error=skip", "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert not (tmp_path / MARKER).exists()
+    sk = s["trace_skipped_rows"]
+    assert sk["count"] == 5 and len(sk["examples"]) == 5
+    assert f"{p} line 2, field 'hash_ids'" in sk["examples"][0]
+    assert s["requests_total"] == 2
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (["trace.path={bad}"], r"kvsim: error: .*mooncake_many_bad\.jsonl line 2, field 'hash_ids'"),
+    (["cache.block_size=24"], r"kvsim: error: cache\.block_size=24; expected a power of two"),
+    (["trace.name=nope", "trace.format=mooncake"], r"kvsim: error: .*field 'name': unknown trace name"),
+], ids=["bad-trace", "bad-block-size", "unknown-trace"])
+def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
+    o = [x.format(bad=BAD / "mooncake_many_bad.jsonl") for x in overrides]
+    r = _kvsim(tmp_path / "r", *o)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    import re
+    assert re.search(pattern, r.stderr), r.stderr
+    assert "it holds an INCOMPLETE marker" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [MARKER]
+
+
+# ------------------------------------------------------------------------------ invariants
+POLICY_OVERRIDES = {
+    "full": lambda d: [],
+    "triattention": lambda d: ["policy=triattention", f"policy.budget={d['budget']}", f"policy.beta={d['beta']}"],
+    "streaming_llm": lambda d: ["policy=streaming_llm", "policy.sink_tokens=4",
+                                f"policy.recent_window={d['budget']}", f"policy.beta={d['beta']}"],
+    "snapkv": lambda d: ["policy=snapkv", f"policy.budget={d['budget']}",
+                         f"policy.observation_window={min(8, d['budget'])}"],
+    "h2o": lambda d: ["policy=h2o", f"policy.budget={d['budget']}", f"policy.beta={d['beta']}"],
+}
+
+
+@st.composite
+def scenarios(draw):
+    n_docs = draw(st.integers(1, 4))
+    rows = []
+    for _ in range(draw(st.integers(1, 12))):
+        doc = draw(st.integers(0, n_docs - 1))
+        inp = draw(st.integers(1, 200))
+        row = dict(arrival_s=draw(st.floats(0.0, 0.5)), input_tokens=inp,
+                   output_tokens=draw(st.integers(1, 40)),
+                   prefix_ids=[doc * 1000 + j for j in range(inp // 16)])
+        rows.append(row)
+    rows.sort(key=lambda r: r["arrival_s"])
+    # a few closed-loop follow-ups (parents precede children)
+    for k in range(draw(st.integers(0, 3))):
+        p = draw(st.integers(0, len(rows) - 1))
+        inp = rows[p]["input_tokens"] + rows[p]["output_tokens"] + draw(st.integers(1, 50))
+        rows.append(dict(arrival_s=rows[p]["arrival_s"], input_tokens=inp,
+                         output_tokens=draw(st.integers(1, 20)), parent_request_id=p,
+                         think_s=draw(st.sampled_from([0.0, 0.01])),
+                         prefix_ids=rows[p]["prefix_ids"] + [50_000 + 100 * k + j for j in
+                                                             range(inp // 16 - len(rows[p]["prefix_ids"]))]))
+    policy = draw(st.sampled_from(sorted(POLICY_OVERRIDES)))
+    d = dict(budget=draw(st.sampled_from([8, 24, 64])), beta=draw(st.sampled_from([1, 4, 16])))
+    o = [f"cache.block_size={draw(st.sampled_from([4, 8, 16, 32]))}",
+         f"cache.num_gpu_blocks={draw(st.integers(2, 48))}",
+         f"scheduler.max_num_seqs={draw(st.sampled_from([1, 3, 16]))}",
+         f"scheduler.max_num_batched_tokens={draw(st.sampled_from([32, 256]))}",
+         *POLICY_OVERRIDES[policy](d)]
+    if policy != "full":
+        o.append(f"compaction={draw(st.sampled_from(['none', 'forward_pack', 'hole_fill']))}")
+    if draw(st.booleans()):
+        # Qwen3-8B BF16: 147,456 B per token, so 1-8 MiB holds a handful of pages
+        o += ["tiers=gpu_host", f"tiers.host_gib={draw(st.sampled_from([0.004, 0.008, 0.016]))}",
+              f"tiers.write_policy={draw(st.sampled_from(['write_back', 'write_through']))}"]
+    return rows, o
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_random_configs_keep_invariants(scenario):
+    """sim.check_invariants asserts the pool and layout invariants after every step; every
+    request ends exactly once, finished or rejected."""
+    rows, o = scenario
+    wl = make_workload(rows, prefix_block_tokens=16)
+    c = _cfg("sim.check_invariants=true", "output.write_steps=false", *o)
+    with tempfile.TemporaryDirectory() as d:
+        s = run_simulation(c, d, workload=wl)
+        req = pd.read_parquet(Path(d) / "requests.parquet")
+    n = len(rows)
+    assert s["requests_total"] == n == len(req)
+    assert req.request_id.tolist() == list(range(n))
+    assert set(req.status) <= {"finished", "rejected"}
+    assert s["requests_finished"] + s["requests_rejected"] == n
+    fin = req[req.status == "finished"]
+    assert fin.finish_s.notna().all() and (fin.finish_s >= fin.arrival_s).all()
+    assert (req[req.status == "rejected"].reject_reason != "").all()
+
+
+def test_tier_smaller_than_one_page_is_an_error():
+    from sim.hardware import ConfigError
+    from sim.run import compose_config, run_simulation
+
+    cfg = compose_config(["tiers=gpu_host", "tiers.host_gib=0.001", "trace.max_requests=5",
+                          "sim.progress=false"])
+    with pytest.raises(ConfigError, match=r"tiers\.host_gib=0\.001 holds no page of 2359296 bytes"):
+        run_simulation(cfg, None)

@@ -1,0 +1,98 @@
+"""Interrupted runs: Ctrl-C (SIGINT), SIGTERM or a crash in the middle of a simulation leave the
+results directory marked incomplete (INCOMPLETE marker, no summary.json, no tables), so
+``is_complete`` and ``output.skip_completed`` never take it for a finished run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sim.run import MARKER, is_complete
+
+REPO = Path(__file__).resolve().parents[1]
+KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
+# H2O scores every step: the bundled slice takes minutes, so the run is surely mid-simulation
+LONG = ["policy=h2o", "policy.budget=512", "output.print_summary=false", "sim.progress=true"]
+PROGRESS = re.compile(rb"\| *([1-9]\d*)/1750 ")  # tqdm: at least one request done
+
+
+def _start(out: Path):
+    return subprocess.Popen([*KVSIM, f"output.dir={out}", *LONG], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_simulating(proc, timeout=90.0) -> bytes:
+    """Read the progress bar until a request has finished (the engine is running)."""
+    os.set_blocking(proc.stderr.fileno(), False)
+    buf = b""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        chunk = proc.stderr.read()
+        if chunk:
+            buf += chunk
+            if PROGRESS.search(buf):
+                return buf
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"kvsim did not start simulating (rc={proc.poll()}): {buf[-2000:]!r}")
+
+
+def _assert_incomplete(out: Path) -> None:
+    names = sorted(p.name for p in out.iterdir())
+    assert MARKER in names, names
+    assert "summary.json" not in names
+    assert not any(n.endswith(".parquet") for n in names), names
+    assert not is_complete(out)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = _start(out)
+    try:
+        _wait_simulating(proc)
+        assert (out / MARKER).exists()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc != 0
+    _assert_incomplete(out)
+
+
+def test_crash_mid_simulation_leaves_incomplete_dir(tmp_path):
+    """An exception raised inside the engine (here: the simulated-time limit) ends the process
+    non-zero with the directory still marked."""
+    out = tmp_path / "run"
+    r = subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false", "sim.max_sim_time_s=30",
+                        "output.print_summary=false"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "sim.max_sim_time_s=30" in r.stderr
+    _assert_incomplete(out)
+
+
+def test_rerun_into_completed_dir_that_fails_is_not_complete(tmp_path):
+    """A finished directory reused by a run that then fails loses its summary.json and gets the
+    marker back, so it no longer reads as complete."""
+    from sim.hardware import ConfigError
+    from sim.run import compose_config, run_simulation
+
+    out = tmp_path / "run"
+    run_simulation(compose_config(["sim.progress=false", "trace.max_requests=5"]), out)
+    assert is_complete(out)
+    with pytest.raises(ConfigError):
+        run_simulation(compose_config(["sim.progress=false", "cache.block_size=3"]), out)
+    assert (out / MARKER).exists() and not (out / "summary.json").exists()
+    assert not is_complete(out)
