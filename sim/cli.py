@@ -32,7 +32,11 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         v = d.get(k)
         return "-" if v is None else f"{v * 1e3:,.1f}"
 
-    t = Table(title=f"kvsim: {s.get('trace')} | {s.get('model')} on {s.get('gpu')}", show_header=True)
+    src = s.get("trace_source") or ""
+    trace = s.get("trace")
+    if src and not src.endswith(("mooncake_conversation_10min.jsonl",)) and trace and trace not in src:
+        trace = f"{trace} ({Path(src).name})"
+    t = Table(title=f"kvsim: {trace} | {s.get('model')} on {s.get('gpu')}", show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests (finished / rejected / total)",
@@ -82,13 +86,30 @@ def app(cfg: DictConfig) -> None:
 
     from .hardware import ConfigError
 
+    from hydra.types import RunMode
+
+    multirun = hc.mode == RunMode.MULTIRUN
     try:
         summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:
         print(f"kvsim: error: {e}", file=sys.stderr)
         print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",
               file=sys.stderr)
+        marker = out_dir / "INCOMPLETE"
+        if marker.exists():
+            marker.write_text(f"this run failed before simulating: {e}\n")
+        if multirun:
+            return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)",
+              file=sys.stderr)
+        sys.exit(130)
+    skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
+    if skipped:
+        ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
+        print(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad rows (first: {ex}); "
+              f"see summary.json trace_skipped_rows", file=sys.stderr)
     if cfg.output.print_summary:
         Console(stderr=False).print(format_summary(summary))
         print(f"results: {out_dir}")

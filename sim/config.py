@@ -198,15 +198,7 @@ class KvsimConfig:
 
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent)."""
+    # the root schema types every group node, so group options (YAML files) are validated
+    # against their dataclass without being listed as selectable options themselves
     cs = ConfigStore.instance()
     cs.store(name="kvsim_schema", node=KvsimConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="gpu", name="gpu_schema", node=GPUConfig)
-    cs.store(group="trace", name="trace_schema", node=TraceConfig)
-    cs.store(group="cache", name="cache_schema", node=CacheConfig)
-    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
-    cs.store(group="cost", name="cost_schema", node=CostConfig)
-    cs.store(group="tiers", name="tiers_schema", node=TiersConfig)
-    cs.store(group="codec", name="codec_schema", node=CodecConfig)
-    cs.store(group="policy", name="policy_schema", node=PolicyConfig)
-    cs.store(group="compaction", name="compaction_schema", node=CompactionConfig)

@@ -216,6 +216,28 @@ def _check_trace(cfg) -> None:
 
 
 # ---------------------------------------------------------------------------------- entry points
+def _check_known_keys(cfg) -> None:
+    """Every key must be a field of its schema: Hydra's ``+key=value`` can add keys to a
+    structured config, and a misspelt added key would otherwise be ignored silently."""
+    import dataclasses
+
+    from .config import KvsimConfig
+
+    def walk(node, schema, where):
+        if not dataclasses.is_dataclass(schema) or not hasattr(node, "keys"):
+            return
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        for k in node.keys():
+            if k not in fields:
+                raise ConfigError(
+                    f"{where}{k}: unknown key; expected one of {sorted(fields)}")
+            sub = fields[k].default_factory if fields[k].default_factory is not dataclasses.MISSING else None
+            if sub is not None:
+                walk(node[k], type(sub()), f"{where}{k}.")
+
+    walk(cfg, KvsimConfig, "")
+
+
 def validate_config(cfg) -> None:
     """Check a resolved kvsim config before anything runs; raise ConfigError naming the field.
 
@@ -225,6 +247,7 @@ def validate_config(cfg) -> None:
     calibration file), the cold-page codec (NVFP4 needs head dims in multiples of 16) and the
     tier manager (capacities, links).
     """
+    _check_known_keys(cfg)
     _check_scheduler(cfg)
     _check_model(cfg)
     _check_gpu(cfg)

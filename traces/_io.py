@@ -21,6 +21,9 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         TraceError: empty file; corrupt or truncated compressed stream (names the last good line).
     """
     path = Path(path)
+    if path.is_dir():
+        raise TraceError("not a file", path=str(path), found="a directory",
+                         expected="a trace file (set trace.path to the file itself)")
     with open(path, "rb") as fh:
         magic = fh.read(6)
     if not magic:
