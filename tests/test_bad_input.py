@@ -270,7 +270,7 @@ def scenarios(draw):
         o.append(f"compaction={draw(st.sampled_from(['none', 'forward_pack', 'hole_fill']))}")
     if draw(st.booleans()):
         # Qwen3-8B BF16: 147,456 B per token, so 1-8 MiB holds a handful of pages
-        o += ["tiers=gpu_host", f"tiers.host_gib={draw(st.sampled_from([0.004, 0.008, 0.016]))}",
+        o += ["tiers=gpu_host", f"tiers.host_gib={draw(st.sampled_from([0.02, 0.04, 0.08]))}",
               f"tiers.write_policy={draw(st.sampled_from(['write_back', 'write_through']))}"]
     return rows, o
 
