@@ -263,7 +263,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra["round_time_total_s"] = float(rounds["duration_s"].sum())
     summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra,
                         block_size=int(cfg.cache.block_size))
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    from traces.loader import peak_rss_mb as _peak
+
+    peak_rss_mb = _peak()
     summary["wall"] = {
         "wall_s": time.perf_counter() - wall0,
         "load_s": t_load,
@@ -282,7 +284,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         if not (out / ".hydra" / "config.yaml").exists():
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
-        summary["wall"]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        summary["wall"]["peak_rss_mb"] = _peak()
         _write_json(summary, out / "summary.json")
         (out / MARKER).unlink()
     return summary

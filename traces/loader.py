@@ -16,8 +16,24 @@ from .workload import Workload, build_table
 __all__ = ["load_workload"]
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process's own address space, MiB.
+
+    Linux keeps ``getrusage().ru_maxrss`` across ``exec``, so a process started by a large parent
+    (a test runner) would report the parent's peak; ``VmHWM`` in /proc/self/status is the high
+    water mark of the current address space only. Falls back to ru_maxrss elsewhere.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+_peak_rss_mb = peak_rss_mb
 
 
 def _roots_of(parent: np.ndarray) -> np.ndarray:
