@@ -355,25 +355,25 @@ class TierManager:
         self.bytes_onboarded = {"host": 0, "disk": 0}
 
     # ------------------------------------------------------------------ timing
+    def _copy_time(self, pages: int, link: "Link", fused_op: str, plain_op: str) -> float:
+        """Seconds to move ``pages`` over ``link`` with the codec fused into the copy: the
+        calibrated fused op when there is one, else the link time or the codec's HBM time,
+        whichever is longer (the quantisation rides the transfer)."""
+        if self.cal is not None and self.codec != "identity" and self.cal.has(fused_op):
+            return self.cal.op_time(fused_op, pages * self.hot, pages)
+        if self.cal is not None and self.codec == "identity" and self.cal.has(plain_op):
+            return self.cal.op_time(plain_op, pages * self.cold, 1)
+        t_link = link.duration(pages * self.cold)
+        t_codec = link.overhead + codec_time(self.codec, pages * self.hot, pages * self.cold, self.hbm)
+        return max(t_link, t_codec)
+
     def d2h_time(self, pages: int) -> float:
         """Seconds to encode ``pages`` and copy them to host (encode fused with the copy)."""
-        op = f"{self.codec}_encode_d2h_fused"
-        if self.cal is not None and self.codec != "identity" and self.cal.has(op):
-            return self.cal.op_time(op, pages * self.hot, pages)
-        if self.cal is not None and self.codec == "identity" and self.cal.has("d2h"):
-            return self.cal.op_time("d2h", pages * self.cold, 1)
-        link = self.d2h.duration(pages * self.cold)
-        return max(link, self.d2h.overhead + codec_time(self.codec, pages * self.hot, pages * self.cold, self.hbm))
+        return self._copy_time(pages, self.d2h, f"{self.codec}_encode_d2h_fused", "d2h")
 
     def h2d_time(self, pages: int) -> float:
         """Seconds to copy ``pages`` to the GPU and decode them (decode fused with the copy)."""
-        op = f"{self.codec}_h2d_decode_fused"
-        if self.cal is not None and self.codec != "identity" and self.cal.has(op):
-            return self.cal.op_time(op, pages * self.hot, pages)
-        if self.cal is not None and self.codec == "identity" and self.cal.has("h2d"):
-            return self.cal.op_time("h2d", pages * self.cold, 1)
-        link = self.h2d.duration(pages * self.cold)
-        return max(link, self.h2d.overhead + codec_time(self.codec, pages * self.hot, pages * self.cold, self.hbm))
+        return self._copy_time(pages, self.h2d, f"{self.codec}_h2d_decode_fused", "h2d")
 
     def disk_read_time(self, pages: int) -> float:
         """Seconds to read ``pages`` encoded pages from disk (one I/O per batch)."""
