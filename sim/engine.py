@@ -152,8 +152,8 @@ class Simulator:
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
-            # exactness of the decode fast-forward is only proven without tiers
-            self.fast_forward = False
+            # the decode fast-forward issues each step's offloads at that step's end time
+            # (see _fast_forward), so tiers keep it exact
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.n = len(workload)
@@ -677,6 +677,14 @@ class Simulator:
                 pair_i.append(np.full(len(st), i))
         evicted_per_step = np.zeros(k + 1, dtype=np.int64)
         alloc_per_step = np.zeros(k + 1, dtype=np.int64)
+        tiers = self.tiers
+        if tiers is not None:
+            # offloads the per-step loop would issue at the end of step 1 (its scheduling
+            # already ran): the keys it evicted and registered
+            t_ev = {1: list(self.pool.evict_log)}
+            t_cached = {1: list(self.pool.cached_log)}
+            self.pool.evict_log.clear()
+            self.pool.cached_log.clear()
         if pair_s:
             ps = np.concatenate(pair_s)
             pi = np.concatenate(pair_i)
@@ -684,6 +692,12 @@ class Simulator:
             ps = ps[order]
             pi = pi[order]
             blocks, evicted = self.pool.allocate(len(ps), return_evicted=True)
+            if tiers is not None and evicted.any():
+                # evicted keys in allocation order = (step, request) order
+                ev_keys = list(self.pool.evict_log)
+                self.pool.evict_log.clear()
+                for st, key in zip(ps[evicted].tolist(), ev_keys):
+                    t_ev.setdefault(st, []).append(key)
             np.add.at(alloc_per_step, ps, 1)
             if evicted.any():
                 np.add.at(evicted_per_step, ps[evicted], 1)
@@ -703,6 +717,18 @@ class Simulator:
         durs = durs[:k]
         cum = cum[:k]
         total = float(cum[-1] - start)
+        if tiers is not None:
+            # blocks filled by decode tokens are registered by the scheduling of the step that
+            # fills them: block j of a request at c tokens fills at step (j + 1) x B - c; their
+            # keys are unique to the request (sim/keys.py), so every one is newly registered
+            if self.caching:
+                for req in reqs:
+                    if req.compressed:
+                        continue
+                    c = req.n_computed
+                    for j in range(req.n_cached, (c + k) // B):
+                        t_cached.setdefault((j + 1) * B - c, []).append(int(req.keys[j]))
+            env.process(self._ff_offloads(cum, t_ev, t_cached))
         yield env.timeout(total)
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
@@ -729,6 +755,8 @@ class Simulator:
                 req.status = FINISHED
                 req.finish = now
                 finished = True
+        if tiers is not None:
+            self.pool.cached_log.clear()  # issued per step by _ff_offloads
         live0 = int(np.sum(ctx0))
         rec = self.rec
         if finished:
@@ -750,6 +778,19 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _ff_offloads(self, ends, evicted: dict, cached: dict):
+        """SimPy process: the write-policy offloads of fast-forwarded steps, each issued at its
+        step's end time (``ends[s - 1]``) as the per-step loop would."""
+        env = self.env
+        tiers = self.tiers
+        for st in sorted(set(evicted) | set(cached)):
+            t = float(ends[st - 1])
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            tiers.on_gpu_evict(evicted.get(st, []))
+            tiers.on_gpu_cached(cached.get(st, []))
+            tiers.flush()
 
     def _tier_step_end(self) -> None:
         pool = self.pool

@@ -175,3 +175,27 @@ def test_lru_and_arc_stores():
     a.touch(1)  # 1 becomes frequent
     ev = a.insert(3)
     assert ev == [2] and 1 in a and len(a) == 2
+
+
+@pytest.mark.parametrize("write_policy", ["write_back", "write_through"])
+def test_fast_forward_equals_per_step_with_tiers(tmp_path, write_policy):
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):
+        d = int(rng.integers(0, 6))
+        rows.append(doc(d, int(rng.integers(2, 12)) * 16, t=float(rng.uniform(0, 30)),
+                        out=int(rng.integers(20, 200))))
+    rows.sort(key=lambda r: r["arrival_s"])
+    page = 147_456 * 16
+    common = ["tiers=gpu_host_disk", f"tiers.host_gib={30 * page / 2**30}",
+              f"tiers.disk_gib={60 * page / 2**30}", f"tiers.write_policy={write_policy}",
+              "tiers.transfer_batch_pages=4", "cache.num_gpu_blocks=60"]
+    sa, ra, ta = run_frames(tmp_path / "ff", rows, *common, "sim.fast_forward=true")
+    sb, rb, tb = run_frames(tmp_path / "step", rows, *common, "sim.fast_forward=false")
+    cols = ["hit_tokens_gpu", "hit_tokens_host", "hit_tokens_disk", "computed_prompt_tokens",
+            "preemptions", "status"]
+    pd.testing.assert_frame_equal(ra[cols].reset_index(drop=True), rb[cols].reset_index(drop=True))
+    np.testing.assert_allclose(ra.finish_s, rb.finish_s, rtol=1e-9)
+    assert len(ta) == len(tb) and (ta.pages.to_numpy() == tb.pages.to_numpy()).all()
+    np.testing.assert_allclose(ta.time_s, tb.time_s, rtol=1e-9)
+    assert sa["engine_steps"] == sb["engine_steps"]
