@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments._report import md_table as _md_table
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 SCRATCH = ROOT / "outputs" / "experiments" / "hit_by_tier"
@@ -91,17 +93,8 @@ FMT.update({"ttft_p50_s": "{:.3f}", "ttft_p90_s": "{:.3f}", "ttft_p99_s": "{:.3f
 
 
 def md_table(df: pd.DataFrame, cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            else:
-                cells.append(FMT[c].format(v) if c in FMT else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """A markdown table with this module's number formats."""
+    return _md_table(df, cols, FMT)
 
 
 def main(argv=None) -> None:

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from experiments._report import md_table as _md_table
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 SCRATCH = ROOT / "outputs" / "experiments" / "policy_matrix"
@@ -108,17 +110,8 @@ FMT = {"freed_ratio": "{:.3f}", "throughput_tok_s": "{:,.0f}", "output_tok_s": "
 
 
 def md_table(df: pd.DataFrame, cols: list[str]) -> str:
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            else:
-                cells.append(FMT[c].format(v) if c in FMT else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """A markdown table with this module's number formats."""
+    return _md_table(df, cols, FMT)
 
 
 def scatter(df: pd.DataFrame, path: Path, block_size: int) -> None:

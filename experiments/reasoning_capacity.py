@@ -31,6 +31,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from experiments._report import md_table as _md_table
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 SCRATCH = ROOT / "outputs" / "experiments" / "reasoning_capacity"
@@ -127,23 +129,6 @@ def run_one(job: dict) -> dict:
         "weights_gib": float(s["memory_gib"]["weights"]),
         "wall_s": wall,
     }
-
-
-def _md_table(df: pd.DataFrame, cols: list[str], fmt: dict) -> str:
-    head = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-    rows = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            elif c in fmt:
-                cells.append(fmt[c].format(v))
-            else:
-                cells.append(str(v))
-        rows.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(rows) + "\n"
 
 
 FMT = {"peak_kv_gib": "{:.1f}", "pool_gib": "{:.1f}", "output_tok_s": "{:,.0f}",

@@ -491,34 +491,39 @@ class TierManager:
         self.disk.insert_many(keys)
 
     # ------------------------------------------------------------------ onboarding
+    def _copy_batches(self, keys: list[int], link: Link, duration, direction: str, tier: str,
+                      after=None):
+        """SimPy process: move ``keys`` over ``link`` in batches of ``transfer_batch_pages``,
+        each batch queued on the link for ``duration(pages)`` seconds, recorded, then passed to
+        ``after(batch_keys)`` if given."""
+        env = self.env
+        for lo in range(0, len(keys), self.batch):
+            chunk = keys[lo:lo + self.batch]
+            n = len(chunk)
+            q = env.now
+            with link.res.request() as rq:
+                yield rq
+                start = env.now
+                dur = duration(n)
+                yield env.timeout(dur)
+            self._record(start, direction, tier, n, dur, q)
+            if after is not None:
+                after(chunk)
+
     def onboard(self, host_keys: list[int], disk_keys: list[int], out: dict):
         """SimPy process: read ``disk_keys`` from disk (promoting them into the host store), then
         copy all pages to the GPU in batches. Fills ``out`` with onboard_host_s and
         onboard_disk_s (time spent per tier, queueing included)."""
         env = self.env
         t0 = env.now
-        for lo in range(0, len(disk_keys), self.batch):
-            chunk = disk_keys[lo:lo + self.batch]
-            q = env.now
-            with self.disk_read.res.request() as rq:
-                yield rq
-                start = env.now
-                dur = self.disk_read_time(len(chunk))
-                yield env.timeout(dur)
-            self._record(start, "disk_to_host", "disk", len(chunk), dur, q)
+        def promote(chunk):  # read pages land in the host store batch by batch
             self.bytes_onboarded["disk"] += len(chunk) * self.cold
             self._insert_host(chunk)
+
+        yield from self._copy_batches(disk_keys, self.disk_read, self.disk_read_time,
+                                      "disk_to_host", "disk", after=promote)
         t1 = env.now
-        allk = host_keys + disk_keys
-        for lo in range(0, len(allk), self.batch):
-            chunk = allk[lo:lo + self.batch]
-            q = env.now
-            with self.h2d.res.request() as rq:
-                yield rq
-                start = env.now
-                dur = self.h2d_time(len(chunk))
-                yield env.timeout(dur)
-            self._record(start, "h2d", "host", len(chunk), dur, q)
+        yield from self._copy_batches(host_keys + disk_keys, self.h2d, self.h2d_time, "h2d", "host")
         self.bytes_onboarded["host"] += len(host_keys) * self.cold
         self.flush()
         out["onboard_disk_s"] = t1 - t0
