@@ -15,10 +15,15 @@ Semantics (vLLM v1 ``BlockPool`` / ``KVCacheManager``, vllm/v1/core/block_pool.p
 
 Implementation: the free queue is an append-only array with lazy deletion (an entry is valid when
 its sequence number equals the block's ``free_seq``), so allocation, freeing and touching are
-vectorised and amortised O(1) per block; nothing scans the whole pool per step.
+vectorised and amortised O(1) per block; nothing scans the whole pool per step. The prefix index
+(a dict key -> block) is lazily deleted too: an entry is live only while ``block_hash[block] ==
+key``, so evicting a block is one numpy store, not a dict deletion per block; stale entries are
+dropped by rebuilding the dict from ``block_hash`` once they outnumber the pool (amortised O(1)).
 """
 
 from __future__ import annotations
+
+from itertools import repeat
 
 import numpy as np
 
@@ -58,12 +63,15 @@ class BlockPool:
         self._next_seq = n
         self.num_free = n
         self.num_cached_free = 0
+        # key -> block; live only while block_hash[block] == key (see the module docstring)
         self.index: dict[int, int] = {}
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends evicted keys and cache_blocks() newly registered keys
         # (the tier manager's write policies read them)
         self.evict_log: list[int] | None = None
         self.cached_log: list[int] | None = None
+        # when a list: every key registered, evicted or uncached (any change of the index)
+        self.change_log: list[int] | None = None
 
     # ------------------------------------------------------------------ counts
     @property
@@ -72,6 +80,22 @@ class BlockPool:
         return self.num_blocks - self.num_free
 
     # ------------------------------------------------------------------ prefix index
+    def cached_blocks(self, keys: list[int]) -> np.ndarray:
+        """Block id holding each of ``keys`` in the prefix index, -1 where none does.
+
+        ``keys``: Python ints (a list). Returns int64, shape ``(len(keys),)``.
+        """
+        n = len(keys)
+        if n == 0:
+            return np.empty(0, dtype=np.int64)
+        vals = np.fromiter(map(self.index.get, keys, repeat(-1, n)), dtype=np.int64, count=n)
+        found = vals >= 0
+        if found.any():
+            stale = found.copy()
+            stale[found] = self.block_hash[vals[found]] != np.asarray(keys, dtype=np.int64)[found]
+            vals[stale] = -1
+        return vals
+
     def lookup_prefix(self, keys: np.ndarray, max_blocks: int) -> np.ndarray:
         """Longest run of cached blocks matching ``keys[0], keys[1], ...`` (at most ``max_blocks``).
 
@@ -79,38 +103,34 @@ class BlockPool:
         """
         if not self.enable_caching or max_blocks <= 0:
             return np.empty(0, dtype=np.int64)
-        get = self.index.get
-        out: list[int] = []
+        out: list[np.ndarray] = []
         start = 0
         limit = min(int(max_blocks), len(keys))
         chunk = 256
         while start < limit:
             stop = min(start + chunk, limit)
-            vals = list(map(get, keys[start:stop].tolist()))
-            try:
-                miss = vals.index(None)
-            except ValueError:
-                out.extend(vals)
-                start = stop
-                chunk = min(chunk * 4, 1 << 16)
-                continue
-            out.extend(vals[:miss])
-            break
-        return np.asarray(out, dtype=np.int64)
+            vals = self.cached_blocks(keys[start:stop].tolist())
+            miss = vals < 0
+            if miss.any():
+                out.append(vals[:int(np.argmax(miss))])
+                break
+            out.append(vals)
+            start = stop
+            chunk = min(chunk * 4, 1 << 16)
+        if not out:
+            return np.empty(0, dtype=np.int64)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray) -> None:
-        """Register full ``blocks`` under ``keys`` (same length) in the prefix index.
-
-        A key already present keeps its first block (see module docstring).
-        """
+        """Register full ``blocks`` under ``keys`` (same length, keys distinct) in the prefix
+        index. A key already held by a block keeps its first block (see module docstring)."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        index = self.index
         kl = keys.tolist()
-        new = np.fromiter(map(index.__contains__, kl), dtype=bool, count=len(kl))
-        np.logical_not(new, out=new)
+        new = self.cached_blocks(kl) < 0
         if not new.any():
             return
+        index = self.index
         if new.all():
             nb, nk = blocks, keys
             index.update(zip(kl, blocks.tolist()))
@@ -118,23 +138,30 @@ class BlockPool:
             nb, nk = blocks[new], keys[new]
             index.update(zip(nk.tolist(), nb.tolist()))
         self.block_hash[nb] = nk
-        if self.cached_log is not None:
-            self.cached_log.extend(nk.tolist())
+        if self.cached_log is not None or self.change_log is not None:
+            nkl = nk.tolist()
+            if self.cached_log is not None:
+                self.cached_log.extend(nkl)
+            if self.change_log is not None:
+                self.change_log.extend(nkl)
+        if len(index) > 2 * self.num_blocks + 1024:
+            self._rebuild_index()
+
+    def _rebuild_index(self) -> None:
+        """Drop stale index entries: rebuild the dict from ``block_hash`` (O(num_blocks), run
+        once the dict outgrows twice the pool, so amortised O(1) per registration)."""
+        held = np.flatnonzero(self.block_hash != NO_HASH)
+        self.index = dict(zip(self.block_hash[held].tolist(), held.tolist()))
 
     def uncache(self, blocks: np.ndarray) -> None:
         """Drop ``blocks`` (held by a request) from the prefix index: their content changed
         (eviction or compaction), so they must never serve a hit for the uncompressed text."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        h = self.block_hash[blocks]
-        m = h != NO_HASH
-        if not m.any():
-            return
-        idx = self.index
-        for b, k in zip(blocks[m].tolist(), h[m].tolist()):
-            if idx.get(k) == b:
-                del idx[k]
-        self.block_hash[blocks[m]] = NO_HASH
+        if self.change_log is not None:
+            h = self.block_hash[blocks]
+            self.change_log.extend(h[h != NO_HASH].tolist())
+        self.block_hash[blocks] = NO_HASH  # their index entries are now stale
 
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:
@@ -194,14 +221,13 @@ class BlockPool:
         h = self.block_hash[out]
         cached = h != NO_HASH
         if cached.any():
-            # a block holds a hash only while the index maps that hash to it (duplicates are
-            # never registered), so every evicted hash is removed without a per-block check
-            ek = h[cached].tolist()
-            pop = self.index.pop
-            for k in ek:
-                pop(k)
-            if self.evict_log is not None:
-                self.evict_log.extend(ek)
+            # clearing block_hash makes the block's index entry stale (lazy deletion)
+            if self.evict_log is not None or self.change_log is not None:
+                ek = h[cached].tolist()
+                if self.evict_log is not None:
+                    self.evict_log.extend(ek)
+                if self.change_log is not None:
+                    self.change_log.extend(ek)
             nc = int(np.count_nonzero(cached))
             self.num_cached_free -= nc
             self.evicted_cached_blocks += nc
@@ -261,8 +287,8 @@ class BlockPool:
         """Assert the pool's invariants (O(num_blocks); used by ``sim.check_invariants``).
 
         free + used = total; ref counts >= 0; free blocks have ref 0 and appear once in the queue;
-        ``held_blocks`` (all blocks in block tables) are never in the free queue; the index maps
-        each key to a block holding that hash; the cached-free counter matches.
+        ``held_blocks`` (all blocks in block tables) are never in the free queue; every block holding
+        a hash is the index's entry for it (other entries are stale); the cached-free counter matches.
         """
         n = self.num_blocks
         assert (self.ref_cnt >= 0).all(), "negative ref count"
@@ -273,7 +299,9 @@ class BlockPool:
         assert self.num_free + int(np.count_nonzero(self.ref_cnt > 0)) == n, "free + used != total"
         if held_blocks is not None and len(held_blocks):
             assert (self.free_seq[held_blocks] == -1).all(), "block in a block table is free"
-        for k, b in self.index.items():
-            assert self.block_hash[b] == k, f"index key {k} -> block {b} with hash {self.block_hash[b]}"
+        held = np.flatnonzero(self.block_hash != NO_HASH)
+        assert len(np.unique(self.block_hash[held])) == len(held), "one hash on two blocks"
+        for b, k in zip(held.tolist(), self.block_hash[held].tolist()):
+            assert self.index.get(k) == b, f"block {b} holds hash {k}; the index maps it to {self.index.get(k)}"
         cf = int(np.count_nonzero(self.block_hash[order] != NO_HASH))
         assert cf == self.num_cached_free, f"cached-free counter {self.num_cached_free} != {cf}"

@@ -149,9 +149,11 @@ class Simulator:
         if self.comp is not None and self.comp.hole_fill:
             # hole-filled appends land in scattered slots: no closed form for block crossings
             self.fast_forward = False
+        self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
+            self.pool.change_log = []
             # the decode fast-forward issues each step's offloads at that step's end time
             # (see _fast_forward), so tiers keep it exact
         self.waiting: deque[Request] = deque()
@@ -373,11 +375,7 @@ class Simulator:
                 req = self.waiting[0]
                 self._ensure_keys(req)
                 num_tokens = req.num_tokens
-                max_hit = (num_tokens - 1) // B if self.caching else 0
-                hit = pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
-                tier_pos = tier_keys = tier_codes = None
-                if tiers is not None and len(hit) < max_hit:
-                    hit, tier_pos, tier_keys, tier_codes = self._tier_hit(req, hit, max_hit)
+                hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
                 n_tier = 0 if tier_pos is None else len(tier_pos)
                 hit_tokens = len(hit) * B
                 n = num_tokens - hit_tokens
@@ -407,6 +405,7 @@ class Simulator:
                     if hit_tokens:
                         self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
                 self.waiting.popleft()
+                self._hit_memo = None
                 if req.preemptions == 0:
                     req.hit_tokens = hit_tokens
                     req.first_scheduled = self.env.now
@@ -431,6 +430,36 @@ class Simulator:
                 budget -= n
         return sched_req, sched_n, sched_ctx
 
+    def _prefix_hit(self, req: Request):
+        """The admission's prefix hit: GPU lookup, extended through host and disk with tiers.
+
+        Returns ``(table, tier_pos, tier_keys, tier_codes)`` as :meth:`_tier_hit` (the last three
+        None without tier pages). With tiers, the result for the waiting head is memoised and
+        reused while none of its keys changed membership in the GPU index, host or disk (the
+        pool's and tier manager's change logs since the walk): an overloaded server retries its
+        head every step, and the walk over thousands of keys was the top cost.
+        """
+        B = self.B
+        max_hit = (req.num_tokens - 1) // B if self.caching else 0
+        tiers = self.tiers
+        if tiers is not None:
+            memo = self._hit_memo
+            pool_log = self.pool.change_log
+            if (memo is not None and memo[0] is req and memo[1] == req.gen and memo[2] == max_hit
+                    and memo[3].isdisjoint(pool_log) and memo[3].isdisjoint(tiers.change_log)):
+                pool_log.clear()
+                tiers.change_log.clear()
+                return memo[4]
+            pool_log.clear()
+            tiers.change_log.clear()
+        hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
+        res = (hit, None, None, None)
+        if tiers is not None:
+            if len(hit) < max_hit:
+                res = self._tier_hit(req, hit, max_hit)
+            self._hit_memo = (req, req.gen, max_hit, set(req.keys[:max_hit].tolist()), res)
+        return res
+
     # ------------------------------------------------------------------ tiers
     def _tier_hit(self, req: Request, gpu_hit: np.ndarray, max_hit: int):
         """Extend a GPU prefix hit through the host and disk tiers.
@@ -442,13 +471,11 @@ class Simulator:
         pages would take longer than recomputing the tokens from there on.
         """
         tiers = self.tiers
-        index = self.pool.index
         g = len(gpu_hit)
         keys_l = req.keys[g:max_hit].tolist()
         # vectorised walk: membership per tier with C-level maps, then the first block held
         # nowhere ends the hit
-        gpu_b = np.fromiter((-1 if b is None else b for b in map(index.get, keys_l)),
-                            dtype=np.int64, count=len(keys_l))
+        gpu_b = self.pool.cached_blocks(keys_l)
         in_host = np.fromiter(tiers.host.contains_many(keys_l), dtype=bool, count=len(keys_l))
         if tiers.disk is not None:
             in_disk = np.fromiter(tiers.disk.contains_many(keys_l), dtype=bool, count=len(keys_l))
@@ -646,37 +673,45 @@ class Simulator:
         t_next = env.peek()
         if self.max_sim_time is not None:
             t_next = min(t_next, float(self.max_sim_time))
-        durs = self.cost.decode_step_times(ctx0, k)
+        # step durations: a short first chunk, enough when the next event is near (the common
+        # case with frequent arrivals); all k only if the chunk ends before that event
+        k_try = min(k, 64)
+        durs = self.cost.decode_step_times(ctx0, k_try)
         durs[0] += extra_first  # round costs charged to this step
         cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
+        if k_try < k and cum[-1] < t_next:
+            durs = self.cost.decode_step_times(ctx0, k)
+            durs[0] += extra_first
+            cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
+        else:
+            k = k_try
         if t_next != float("inf"):
             k = min(k, int(np.searchsorted(cum, t_next, side="left")) + 1)
-        # new blocks needed at steps 2..k: token index ctx0 + s - 1 starting a block
-        s0 = 2 + (-(slot0 + 1)) % B  # first step >= 2 whose slot index is a multiple of B
-        if k >= 2:
-            per_step = np.zeros(k + 1, dtype=np.int64)
-            firsts = s0[s0 <= k]
-            if len(firsts):
-                # counts of crossings per step (each request crosses every B steps from s0)
-                for f in np.unique(firsts).tolist():
-                    cnt = int(np.count_nonzero(firsts == f))
-                    per_step[f:k + 1:B] += cnt
-            cum_new = np.cumsum(per_step)
+        if k < 2:
+            return 0
+        # new blocks needed at steps 2..k: request i's token index slot0 + s - 1 starts a block
+        # at steps s0[i], s0[i] + B, ... (pairs of (step, request), built request-major)
+        s0 = 2 + (-(slot0 + 1)) % B
+        cnt = np.where(s0 <= k, (k - s0) // B + 1, 0)
+        n_pairs = int(cnt.sum())
+        if n_pairs:
+            pi = np.repeat(np.arange(b), cnt)
+            ps = np.repeat(s0, cnt) + B * (np.arange(n_pairs) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+            alloc_per_step = np.bincount(ps, minlength=k + 1)
+            cum_new = np.cumsum(alloc_per_step)
             free = self.pool.num_free
             if cum_new[k] > free:
                 k = int(np.searchsorted(cum_new, free, side="right")) - 1
-        if k < 2:
-            return 0
-        # allocation order: by step, then running order
-        pair_s = []
-        pair_i = []
-        for i, f in enumerate(s0.tolist()):
-            if f <= k:
-                st = np.arange(f, k + 1, B)
-                pair_s.append(st)
-                pair_i.append(np.full(len(st), i))
+                if k < 2:
+                    return 0
+                keep = ps <= k
+                ps = ps[keep]
+                pi = pi[keep]
+                n_pairs = len(ps)
+                alloc_per_step = alloc_per_step[:k + 1]
+        else:
+            alloc_per_step = np.zeros(k + 1, dtype=np.int64)
         evicted_per_step = np.zeros(k + 1, dtype=np.int64)
-        alloc_per_step = np.zeros(k + 1, dtype=np.int64)
         tiers = self.tiers
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
@@ -685,30 +720,29 @@ class Simulator:
             t_cached = {1: list(self.pool.cached_log)}
             self.pool.evict_log.clear()
             self.pool.cached_log.clear()
-        if pair_s:
-            ps = np.concatenate(pair_s)
-            pi = np.concatenate(pair_i)
-            order = np.lexsort((pi, ps))
-            ps = ps[order]
-            pi = pi[order]
-            blocks, evicted = self.pool.allocate(len(ps), return_evicted=True)
-            if tiers is not None and evicted.any():
-                # evicted keys in allocation order = (step, request) order
-                ev_keys = list(self.pool.evict_log)
-                self.pool.evict_log.clear()
-                for st, key in zip(ps[evicted].tolist(), ev_keys):
-                    t_ev.setdefault(st, []).append(key)
-            np.add.at(alloc_per_step, ps, 1)
+        nb_all = np.zeros(b, dtype=np.int64)
+        if n_pairs:
+            # allocation order: by step, then running order (stable sort of the request-major
+            # pairs by step)
+            order = np.argsort(ps, kind="stable")
+            blocks, evicted = self.pool.allocate(n_pairs, return_evicted=True)
             if evicted.any():
-                np.add.at(evicted_per_step, ps[evicted], 1)
-            by_req = np.argsort(pi, kind="stable")
-            pi_sorted = pi[by_req]
-            blocks_sorted = blocks[by_req]
-            bounds = np.searchsorted(pi_sorted, np.arange(b + 1))
-            for i in np.flatnonzero(np.diff(bounds)).tolist():
+                ps_ev = ps[order][evicted]
+                if tiers is not None:
+                    # evicted keys in allocation order = (step, request) order
+                    ev_keys = list(self.pool.evict_log)
+                    self.pool.evict_log.clear()
+                    for st, key in zip(ps_ev.tolist(), ev_keys):
+                        t_ev.setdefault(st, []).append(key)
+                evicted_per_step = np.bincount(ps_ev, minlength=k + 1)
+            by_req = np.empty(n_pairs, dtype=np.int64)
+            by_req[order] = blocks  # back to request-major order
+            nb_all = np.bincount(pi, minlength=b)
+            ends = np.cumsum(nb_all)
+            for i in np.flatnonzero(nb_all).tolist():
                 req = reqs[i]
-                nb = bounds[i + 1] - bounds[i]
-                req.blocks[req.n_blocks:req.n_blocks + nb] = blocks_sorted[bounds[i]:bounds[i + 1]]
+                nb = int(nb_all[i])
+                req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[ends[i] - nb:ends[i]]
                 req.n_blocks += nb
         used1 = self.pool.num_used - int(alloc_per_step.sum())  # after step 1
         cf1 = self.pool.num_cached_free + int(evicted_per_step.sum())
@@ -733,7 +767,8 @@ class Simulator:
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
         finished = False
-        nb_all = np.diff(np.searchsorted(pi_sorted, np.arange(b + 1))) if pair_s else np.zeros(b, np.int64)
+        reg_b = []
+        reg_k = []
         for i, req in enumerate(reqs):
             if req.layout is not None:
                 nb = int(nb_all[i])
@@ -747,7 +782,12 @@ class Simulator:
             if self.caching and not req.compressed:
                 full = req.n_computed // B
                 if full > req.n_cached:
-                    self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+                    if req.layout is not None:  # before its round (which may uncache them)
+                        self.pool.cache_blocks(req.blocks[req.n_cached:full],
+                                               req.keys[req.n_cached:full])
+                    else:
+                        reg_b.append(req.blocks[req.n_cached:full])
+                        reg_k.append(req.keys[req.n_cached:full])
                     req.n_cached = full
             if req.layout is not None and comp.due(req, False):
                 self._round(req)
@@ -755,6 +795,9 @@ class Simulator:
                 req.status = FINISHED
                 req.finish = now
                 finished = True
+        if reg_b:
+            # one registration for all requests (their decode-filled keys are distinct)
+            self.pool.cache_blocks(np.concatenate(reg_b), np.concatenate(reg_k))
         if tiers is not None:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
         live0 = int(np.sum(ctx0))
@@ -795,6 +838,9 @@ class Simulator:
     def _tier_step_end(self) -> None:
         pool = self.pool
         tiers = self.tiers
+        if self._hit_memo is None:  # nothing to revalidate: keep the change logs short
+            pool.change_log.clear()
+            tiers.change_log.clear()
         if pool.evict_log:
             tiers.on_gpu_evict(pool.evict_log)
             pool.evict_log.clear()

@@ -51,6 +51,22 @@ class _Growable:
             self.cols[k][i] = v
         self.n = i + 1
 
+    def extend(self, *cols):
+        """Append ``len(cols[0])`` rows; each of ``cols`` is an array or a scalar (broadcast)."""
+        k = len(cols[0])
+        i = self.n
+        cap = len(self.cols[self.names[0]])
+        if i + k > cap:
+            while cap < i + k:
+                cap *= 2
+            for name, v in self.cols.items():
+                nv = np.empty(cap, dtype=v.dtype)
+                nv[:i] = v[:i]
+                self.cols[name] = nv
+        for name, v in zip(self.names, cols):
+            self.cols[name][i:i + k] = v
+        self.n = i + k
+
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({k: v[:self.n] for k, v in self.cols.items()})
 
@@ -110,9 +126,7 @@ class Recorder:
         if pk > self.peak_blocks_used:
             self.peak_blocks_used = pk
         if self.record_steps:
-            for i in range(k):
-                self.steps.append(starts[i], durs[i], running[i], waiting[i], 0, decode, used[i],
-                                  cached_free[i], live[i])
+            self.steps.extend(starts, durs, running, waiting, 0, decode, used, cached_free, live)
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""

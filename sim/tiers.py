@@ -353,6 +353,9 @@ class TierManager:
         self.records: list[tuple] = []
         self.bytes_offloaded = {"host": 0, "disk": 0}
         self.bytes_onboarded = {"host": 0, "disk": 0}
+        # keys whose host/disk membership changed (inserted or evicted) since the engine last
+        # cleared the list: it revalidates its memo of the waiting head's hit walk with it
+        self.change_log: list[int] = []
 
     # ------------------------------------------------------------------ timing
     def _copy_time(self, pages: int, link: "Link", fused_op: str, plain_op: str) -> float:
@@ -474,6 +477,8 @@ class TierManager:
 
     def _insert_host(self, keys) -> None:
         ev = self.host.insert_many(keys)
+        self.change_log.extend(keys)
+        self.change_log.extend(ev)
         if ev and self.disk is not None:
             on_disk = self.disk.contains_many(ev)
             self.pending_demote.extend(k for k, d in zip(ev, on_disk) if not d)
@@ -488,7 +493,8 @@ class TierManager:
             yield env.timeout(dur)
         self._record(start, "host_to_disk", "disk", len(keys), dur, t0)
         self.bytes_offloaded["disk"] += len(keys) * self.cold
-        self.disk.insert_many(keys)
+        self.change_log.extend(keys)
+        self.change_log.extend(self.disk.insert_many(keys))
 
     # ------------------------------------------------------------------ onboarding
     def _copy_batches(self, keys: list[int], link: Link, duration, direction: str, tier: str,
