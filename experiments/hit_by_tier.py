@@ -5,14 +5,15 @@ Gen4 drive), host capacity swept over 0, 16, 32, 64, 128, 256 GiB, disk 1,024 Gi
 identity / fp8 / nvfp4. Two traces:
 
 * ``trace=mooncake_conversation`` (the full Kimi conversation trace);
-* ``trace=weka_agentic trace.max_sessions=N`` (a prefix of the 710 Weka agentic sessions; N is
-  chosen so one run takes well under a minute here, see the notes).
+* ``trace=weka_agentic`` (the full Weka agentic trace, 710 sessions, closed loop); with
+  ``--weka-sessions N`` only its first N sessions (``trace.max_sessions=N``, a quicker run).
 
 Each trace is one Hydra sweep (``kvsim -m``, 2 local jobs, through
 :func:`experiments.collect.run_sweep`), collected with kvsim-collect; the figures are drawn by
 ``kvsim-plot hit-by-tier`` / ``disk-share`` / ``ttft-vs`` on the collected directory.
 
-Run: ``python -m experiments.hit_by_tier [--quick] [--weka-sessions N] [--only mooncake|weka]``.
+Run: ``python -m experiments.hit_by_tier [--quick] [--weka-sessions N] [--weka-host-gib 0,16,...]
+[--only mooncake|weka]``.
 Writes ``experiments/results/hit_by_tier{.md,.csv}``, ``hit_by_tier_<trace>.png``,
 ``hit_by_tier_<trace>_disk_share.png``, ``hit_by_tier_<trace>_ttft.png``; sweeps go to
 ``outputs/experiments/hit_by_tier/`` (git-ignored).
@@ -42,14 +43,17 @@ COMMON = ["seed=0", "gpu=h200", "model=qwen3_8b", "tiers=gpu_host_disk", "tiers.
           "output.write_steps=false"]
 
 
-def sweep_overrides(trace: str, quick: bool, weka_sessions: int, extra: list[str] = ()) -> list[str]:
+def sweep_overrides(trace: str, quick: bool, weka_sessions: int, extra: list[str] = (),
+                    weka_hosts: list[int] = HOST_GIB) -> list[str]:
+    """Hydra overrides of one sweep. ``weka_sessions``: 0 = the full Weka trace."""
     if quick:
         tr = ["trace=mooncake_conversation_10min", "trace.max_requests=300", "cache.num_gpu_blocks=2000"]
         hosts, codecs = [0, 4], ["identity", "nvfp4"]
     elif trace == "mooncake":
         tr, hosts, codecs = ["trace=mooncake_conversation"], HOST_GIB, CODECS
     else:
-        tr, hosts, codecs = ["trace=weka_agentic", f"trace.max_sessions={weka_sessions}"], HOST_GIB, CODECS
+        tr = ["trace=weka_agentic"] + ([f"trace.max_sessions={weka_sessions}"] if weka_sessions else [])
+        hosts, codecs = weka_hosts, CODECS
     return [*COMMON, *tr, *extra, "tiers.host_gib=" + ",".join(str(h) for h in hosts),
             "codec=" + ",".join(codecs)]
 
@@ -100,7 +104,11 @@ def md_table(df: pd.DataFrame, cols: list[str]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny version (tests)")
-    ap.add_argument("--weka-sessions", type=int, default=40)
+    ap.add_argument("--weka-sessions", type=int, default=0,
+                    help="first N Weka sessions only (0 = the full trace, 710 sessions)")
+    ap.add_argument("--weka-host-gib", default=",".join(map(str, HOST_GIB)),
+                    help="host capacities (GiB) swept on Weka, comma-separated")
+    ap.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per sweep")
     ap.add_argument("--only", choices=["mooncake", "weka"], default=None)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--gpu-blocks", type=int, default=None,
@@ -117,12 +125,12 @@ def main(argv=None) -> None:
     frames, cmds, figs = [], [], []
     t0 = time.perf_counter()
     for trace, label, extra in sweeps:
-        ov = sweep_overrides(trace, args.quick, args.weka_sessions, extra)
+        ov = sweep_overrides(trace, args.quick, args.weka_sessions, extra, weka_hosts)
         sweep_dir = SCRATCH / tag / label
         cmds.append(f"kvsim -m hydra/launcher=local hydra.launcher.n_jobs={args.jobs} "
                     f"hydra.sweep.dir={sweep_dir.relative_to(ROOT)} sim.progress=false " + " ".join(ov))
         ts = time.perf_counter()
-        res = run_sweep(ov, sweep_dir, n_jobs=args.jobs, fresh=False, resume=True, timeout_s=3600)
+        res = run_sweep(ov, sweep_dir, n_jobs=args.jobs, fresh=False, resume=True, timeout_s=args.timeout)
         cmds.append(f"kvsim-collect {sweep_dir.relative_to(ROOT)}")
         print(f"[{label}] {len(res.runs)} runs, {len(res.failed)} failed, {time.perf_counter() - ts:.0f} s",
               flush=True)
@@ -162,7 +170,8 @@ def main(argv=None) -> None:
             "ttft_p90_s", "ttft_p99_s", "throughput_tok_s", "preemptions", "peak_host_gib", "wall_s"]
     md = ["# Prefix hits by tier vs host capacity and codec (kvsim)\n",
           f"Command: `python -m experiments.hit_by_tier{' --quick' if args.quick else ''}"
-          f"{'' if args.quick else f' --weka-sessions {args.weka_sessions}'}"
+          f"{f' --weka-sessions {args.weka_sessions}' if args.weka_sessions and not args.quick else ''}"
+          f"{f' --weka-host-gib {args.weka_host_gib}' if args.weka_host_gib != ','.join(map(str, HOST_GIB)) else ''}"
           f"{f' --gpu-blocks {args.gpu_blocks}' if args.gpu_blocks else ''}`  ",
           f"Date: {_dt.date.today().isoformat()}; total wall {total:.0f} s with {args.jobs} parallel jobs; "
           "deterministic (seed 0).\n",

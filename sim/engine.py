@@ -509,11 +509,9 @@ class Simulator:
 
     def _start_onboard(self, req: Request, pos, keys, codes, blocking: bool) -> None:
         tiers = self.tiers
-        keys_l = keys.tolist()
-        codes_l = codes.tolist()
-        tiers.touch(keys_l, codes_l)
-        host_keys = [k for k, c in zip(keys_l, codes_l) if c == HOST]
-        disk_keys = [k for k, c in zip(keys_l, codes_l) if c == DISK]
+        host_keys = keys[codes == HOST].tolist()
+        disk_keys = keys[codes == DISK].tolist()
+        tiers.touch(host_keys, disk_keys)
         if blocking:
             req.status = ONBOARDING
             self.onboarding += 1

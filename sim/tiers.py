@@ -29,7 +29,7 @@ defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 
@@ -110,6 +110,10 @@ class LRUStore:
         """Mark a held page most recently used."""
         self._d.move_to_end(key)
 
+    def touch_many(self, keys: list[int]) -> None:
+        """Mark held pages most recently used, in order (the last ends most recent)."""
+        deque(map(self._d.move_to_end, keys), maxlen=0)
+
     def contains_many(self, keys: list[int]) -> list[bool]:
         """Membership of each key (C-level map; no per-key Python frame)."""
         return list(map(self._d.__contains__, keys))
@@ -189,6 +193,11 @@ class ARCStore:
             self.t2[key] = None
         elif key in self.t2:
             self.t2.move_to_end(key)
+
+    def touch_many(self, keys: list[int]) -> None:
+        """:meth:`touch` each of ``keys`` in order."""
+        for k in keys:
+            self.touch(k)
 
     def _replace(self, key_in_b2: bool) -> int:
         if self.t1 and (len(self.t1) > self.p or (key_in_b2 and len(self.t1) == self.p)):
@@ -401,13 +410,14 @@ class TierManager:
             return DISK
         return -1
 
-    def touch(self, keys: list[int], tiers: list[int]) -> None:
-        """Refresh hit pages in their stores, deepest first (shallow blocks end most recent)."""
-        for k, t in zip(reversed(keys), reversed(tiers)):
-            if t == HOST:
-                self.host.touch(k)
-            elif t == DISK:
-                self.disk.touch(k)
+    def touch(self, host_keys: list[int], disk_keys: list[int]) -> None:
+        """Refresh hit pages in their stores, deepest first (shallow blocks end most recent).
+
+        ``host_keys`` / ``disk_keys``: the hit's pages held by each tier, in block order."""
+        if host_keys:
+            self.host.touch_many(host_keys[::-1])
+        if disk_keys:
+            self.disk.touch_many(disk_keys[::-1])
 
     # ------------------------------------------------------------------ offload
     def on_gpu_evict(self, keys: list[int]) -> None:
