@@ -118,7 +118,9 @@ def main(argv=None) -> None:
 
     name = "hit_by_tier" + ("_quick" if args.quick else "")
     traces = ["mooncake"] if args.quick else (["mooncake", "weka"] if args.only is None else [args.only])
-    sweeps = [(t, t, []) for t in traces]
+    weka_hosts = [int(h) for h in args.weka_host_gib.split(",")]
+    sweeps = [(t, t if t != "weka" or not args.weka_sessions else f"weka{args.weka_sessions}", [])
+              for t in traces]
     if args.gpu_blocks and not args.quick:
         sweeps.append(("mooncake", f"mooncake_capped{args.gpu_blocks}", [f"cache.num_gpu_blocks={args.gpu_blocks}"]))
     tag = "quick" if args.quick else "full"
