@@ -91,9 +91,9 @@ class AnalyticCostModel:
         """Attention time for chunks of ``new_tokens`` after ``context_tokens`` each (s)."""
         n = new_tokens.astype(np.float64)
         c = context_tokens.astype(np.float64)
-        pairs_full = float(np.sum(n * c + n * (n + 1) / 2))
-        kv_read = float(np.sum(c)) * self.kv_tok
-        kv_write = float(np.sum(n)) * self.kv_tok
+        pairs_full = float((n * c + n * (n + 1) / 2).sum())
+        kv_read = float(c.sum()) * self.kv_tok
+        kv_write = float(n.sum()) * self.kv_tok
         flops = pairs_full * self.attn_flops_per_pair * self.full_layers
         bytes_ = kv_read + kv_write
         if self.win_layers:
@@ -106,7 +106,7 @@ class AnalyticCostModel:
 
     def step_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray, samples: int) -> float:
         """Duration of one engine step (s): overhead + linear + attention."""
-        t = int(np.sum(new_tokens))
+        t = int(new_tokens.sum())
         return self.overhead + self.linear_time(t, samples) + self.attention_time(new_tokens, context_tokens)
 
     def decode_step_times(self, ctx0: np.ndarray, k: int) -> np.ndarray:

@@ -341,22 +341,29 @@ class Simulator:
         sched_ctx: list[int] = []
         preempted = False
         running = self.running
+        long_thr = self.long_thr
+        B = self.B
+        caching = self.caching
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.num_tokens - req.n_computed
-            if self.long_thr and n > self.long_thr:
-                n = self.long_thr
+            n = req.input + req.n_generated - req.n_computed
+            if long_thr and n > long_thr:
+                n = long_thr
             if n > budget:
                 n = budget
             ok = True
-            while not self._grow(req, req.n_computed + n):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    ok = False
-                    break
+            upto = req.n_computed + n
+            # fast path: the slots exist and no block fills (most decode steps)
+            if (req.layout is not None or upto > req.n_blocks * B
+                    or (caching and upto // B > req.n_cached)):
+                while not self._grow(req, upto):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        ok = False
+                        break
             if not ok:
                 break
             sched_req.append(req)
@@ -561,7 +568,7 @@ class Simulator:
             ctx_arr = np.asarray(sched_ctx, dtype=np.int64)
             samples = 0
             for req, n in zip(sched_req, sched_n):
-                if req.n_computed + n == req.num_tokens:
+                if req.n_computed + n == req.input + req.n_generated:
                     samples += 1
             dt = self.cost.step_time(n_arr, ctx_arr, samples)
             extra_dt = 0.0
@@ -609,7 +616,7 @@ class Simulator:
                 if self.comp is not None and req.layout is not None and req.n_computed >= req.input:
                     if self.comp.due(req, req.n_computed - n < req.input):
                         self._round(req)
-                if req.n_computed == req.num_tokens:
+                if req.n_computed == req.input + req.n_generated:
                     req.n_generated += 1
                     if req.n_generated == 1:
                         req.first_token = now
@@ -656,18 +663,19 @@ class Simulator:
         env = self.env
         B = self.B
         b = len(reqs)
-        remaining = np.fromiter((r.output - r.n_generated for r in reqs), dtype=np.int64, count=b)
-        k = int(remaining.min())
+        k = min([r.output - r.n_generated for r in reqs])
+        if k < 2:
+            return 0
         comp = self.comp
-        # slot index of each request's step-1 token (dense: its position; compressed: physical)
-        slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
-                             for r in reqs), dtype=np.int64, count=b)
         if comp is not None:
             for r in reqs:
                 if r.layout is not None and r.next_round is not None:
                     k = min(k, r.next_round - r.n_computed)  # the round fires at that step's end
-        if k < 2:
-            return 0
+            if k < 2:
+                return 0
+        # slot index of each request's step-1 token (dense: its position; compressed: physical)
+        slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
+                             for r in reqs), dtype=np.int64, count=b)
         t_next = env.peek()
         if self.max_sim_time is not None:
             t_next = min(t_next, float(self.max_sim_time))
