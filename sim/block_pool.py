@@ -16,9 +16,13 @@ Semantics (vLLM v1 ``BlockPool`` / ``KVCacheManager``, vllm/v1/core/block_pool.p
 Implementation: the free queue is an append-only array with lazy deletion (an entry is valid when
 its sequence number equals the block's ``free_seq``), so allocation, freeing and touching are
 vectorised and amortised O(1) per block; nothing scans the whole pool per step. The prefix index
-(a dict key -> block) is lazily deleted too: an entry is live only while ``block_hash[block] ==
-key``, so evicting a block is one numpy store, not a dict deletion per block; stale entries are
-dropped by rebuilding the dict from ``block_hash`` once they outnumber the pool (amortised O(1)).
+(key -> block) is lazily deleted: an entry is live only while ``block_hash[block] == key``, so
+evicting a block is one numpy store; stale entries are dropped by rebuilding the index from
+``block_hash`` once they outnumber the pool (amortised O(1) per registration). Two interchangeable
+index backends give the same answers: :class:`DictIndex` (a Python dict; cheapest for the short
+lookups of chat traces) and :class:`KeyTable` (a numpy open-addressing table; a lookup or a
+registration of a whole long prompt is a few vector operations: on this machine 36 us vs 341 us
+for 4,096 keys, 10 us vs 5 us for 64).
 """
 
 from __future__ import annotations
@@ -28,6 +32,130 @@ from itertools import repeat
 import numpy as np
 
 NO_HASH = np.iinfo(np.int64).min
+
+
+class DictIndex:
+    """Prefix-index backend on a Python dict (int64 key -> block id), same interface as
+    :class:`KeyTable`. ``min_size``: the pool size x 8 (the rebuild threshold is a quarter)."""
+
+    def __init__(self, min_size: int):
+        self.d: dict[int, int] = {}
+        self.size = int(min_size)
+
+    @property
+    def count(self) -> int:
+        """Entries held (live and stale)."""
+        return len(self.d)
+
+    def get_many(self, q: np.ndarray) -> np.ndarray:
+        """Value of each key in ``q`` (int64 array), -1 where absent."""
+        n = len(q)
+        return np.fromiter(map(self.d.get, q.tolist(), repeat(-1, n)), dtype=np.int64, count=n)
+
+    def put_many(self, q: np.ndarray, v: np.ndarray) -> None:
+        """Set ``key q[i] -> v[i]`` (an existing entry of a key is overwritten)."""
+        self.d.update(zip(q.tolist(), v.tolist()))
+
+
+class KeyTable:
+    """Hash table int64 key -> int64 value in numpy arrays (open addressing, linear probing,
+    multiplicative hashing), looked up and filled a whole array of keys at a time.
+
+    Args:
+        min_size: the table gets at least this many slots (rounded up to a power of two).
+
+    No deletion: a key's entry is overwritten by a later :meth:`put_many` of the same key, and
+    :class:`BlockPool` rebuilds the table to drop stale entries. ``NO_HASH`` is reserved (the
+    empty-slot marker) and never a key. ``count`` = occupied slots.
+    """
+
+    def __init__(self, min_size: int):
+        self.bits = max(10, int(min_size - 1).bit_length())
+        self.size = 1 << self.bits
+        self.mask = self.size - 1
+        self.keys = np.full(self.size, NO_HASH, dtype=np.int64)
+        self.vals = np.full(self.size, -1, dtype=np.int64)
+        self.count = 0
+        self._shift = np.uint64(64 - self.bits)
+
+    def _home(self, q: np.ndarray) -> np.ndarray:
+        # Fibonacci hashing: the top bits of key x 2^64/phi (wrapping uint64 product)
+        return ((q.view(np.uint64) * _PHI) >> self._shift).astype(np.int64)
+
+    def get_many(self, q: np.ndarray) -> np.ndarray:
+        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``."""
+        slot = self._home(q)
+        k = self.keys[slot]
+        hit = k == q
+        out = self.vals[slot]
+        go = ~hit
+        if not go.any():  # every key at its home slot (the common case at low load)
+            return out
+        out[go] = -1
+        go &= k != NO_HASH
+        idx = np.flatnonzero(go)
+        keys, vals, mask = self.keys, self.vals, self.mask
+        while len(idx):
+            qk = q[idx]
+            slot = (slot[go] + 1) & mask
+            k = keys[slot]
+            hit = k == qk
+            if hit.any():
+                out[idx[hit]] = vals[slot[hit]]
+            go = ~hit & (k != NO_HASH)
+            idx = idx[go]
+        return out
+
+    def put_many(self, q: np.ndarray, v: np.ndarray) -> None:
+        """Set ``key q[i] -> v[i]`` (keys distinct; an existing entry of a key is overwritten)."""
+        if len(q) == 0:
+            return
+        if self.count + len(q) > self.size - 1:
+            raise RuntimeError("KeyTable full")  # BlockPool rebuilds long before this
+        keys, vals, mask = self.keys, self.vals, self.mask
+        slot = self._home(q)
+        k = keys[slot]
+        if (k == NO_HASH).all():
+            # fast path: every home slot empty; keys sharing a home slot are resolved below
+            keys[slot] = q
+            won = keys[slot] == q
+            if won.all():
+                vals[slot] = v
+                self.count += len(q)
+                return
+            vals[slot[won]] = v[won]
+            self.count += int(np.count_nonzero(won))
+            lost = ~won
+            slot, qk, qv = slot[lost], q[lost], v[lost]
+        else:
+            qk, qv = q, v
+        while len(qk):
+            k = keys[slot]
+            same = k == qk
+            if same.any():
+                vals[slot[same]] = qv[same]
+            empty = k == NO_HASH
+            done = same
+            if empty.any():
+                # several keys may reach one empty slot: the last write takes it (read back),
+                # the others probe on
+                e = np.flatnonzero(empty)
+                keys[slot[e]] = qk[e]
+                w = e[keys[slot[e]] == qk[e]]
+                vals[slot[w]] = qv[w]
+                self.count += len(w)
+                done = done.copy()
+                done[w] = True
+            left = ~done
+            # losers of a claimed slot re-read it (now taken) and move on next round
+            adv = left & ~empty
+            slot = np.where(adv, (slot + 1) & mask, slot)[left]
+            qk = qk[left]
+            qv = qv[left]
+
+
+_PHI = np.uint64(0x9E3779B97F4A7C15)
+INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
 
 class PoolExhausted(RuntimeError):
@@ -40,13 +168,18 @@ class BlockPool:
     Args:
         num_blocks: number of physical blocks (> 0).
         enable_caching: register full blocks in the prefix index (vLLM ``enable_prefix_caching``).
+        index: prefix-index backend, ``"dict"`` (:class:`DictIndex`) or ``"table"``
+            (:class:`KeyTable`); same results, different speed (see the module docstring).
 
     Block ids are ``0..num_blocks-1``. All methods take and return ``np.ndarray`` of int64 ids.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, index: str = "dict"):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks={num_blocks}; expected > 0")
+        if index not in INDEX_BACKENDS:
+            raise ValueError(f"index={index!r}; expected one of {list(INDEX_BACKENDS)}")
+        self._index_cls = INDEX_BACKENDS[index]
         n = int(num_blocks)
         self.num_blocks = n
         self.enable_caching = bool(enable_caching)
@@ -64,7 +197,7 @@ class BlockPool:
         self.num_free = n
         self.num_cached_free = 0
         # key -> block; live only while block_hash[block] == key (see the module docstring)
-        self.index: dict[int, int] = {}
+        self.index = self._index_cls(8 * n)
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends evicted keys and cache_blocks() newly registered keys
         # (the tier manager's write policies read them)
@@ -80,19 +213,13 @@ class BlockPool:
         return self.num_blocks - self.num_free
 
     # ------------------------------------------------------------------ prefix index
-    def cached_blocks(self, keys: list[int]) -> np.ndarray:
-        """Block id holding each of ``keys`` in the prefix index, -1 where none does.
-
-        ``keys``: Python ints (a list). Returns int64, shape ``(len(keys),)``.
-        """
-        n = len(keys)
-        if n == 0:
-            return np.empty(0, dtype=np.int64)
-        vals = np.fromiter(map(self.index.get, keys, repeat(-1, n)), dtype=np.int64, count=n)
-        found = vals >= 0
-        if found.any():
-            stale = found.copy()
-            stale[found] = self.block_hash[vals[found]] != np.asarray(keys, dtype=np.int64)[found]
+    def cached_blocks(self, keys: np.ndarray) -> np.ndarray:
+        """Block id holding each of ``keys`` (int64 array) in the prefix index, -1 where none
+        does. Returns int64, shape ``(len(keys),)``."""
+        vals = self.index.get_many(keys)
+        found = np.flatnonzero(vals >= 0)
+        if len(found):
+            stale = found[self.block_hash[vals[found]] != keys[found]]
             vals[stale] = -1
         return vals
 
@@ -109,7 +236,7 @@ class BlockPool:
         chunk = 256
         while start < limit:
             stop = min(start + chunk, limit)
-            vals = self.cached_blocks(keys[start:stop].tolist())
+            vals = self.cached_blocks(keys[start:stop])
             miss = vals < 0
             if miss.any():
                 out.append(vals[:int(np.argmax(miss))])
@@ -126,17 +253,18 @@ class BlockPool:
         index. A key already held by a block keeps its first block (see module docstring)."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        kl = keys.tolist()
-        new = self.cached_blocks(kl) < 0
+        new = self.cached_blocks(keys) < 0
         if not new.any():
             return
-        index = self.index
         if new.all():
             nb, nk = blocks, keys
-            index.update(zip(kl, blocks.tolist()))
         else:
             nb, nk = blocks[new], keys[new]
-            index.update(zip(nk.tolist(), nb.tolist()))
+        index = self.index
+        if index.count + len(nk) > index.size // 4:
+            self._rebuild_index(len(nk))
+            index = self.index
+        index.put_many(nk, nb)
         self.block_hash[nb] = nk
         if self.cached_log is not None or self.change_log is not None:
             nkl = nk.tolist()
@@ -144,14 +272,16 @@ class BlockPool:
                 self.cached_log.extend(nkl)
             if self.change_log is not None:
                 self.change_log.extend(nkl)
-        if len(index) > 2 * self.num_blocks + 1024:
-            self._rebuild_index()
 
-    def _rebuild_index(self) -> None:
-        """Drop stale index entries: rebuild the dict from ``block_hash`` (O(num_blocks), run
-        once the dict outgrows twice the pool, so amortised O(1) per registration)."""
+    def _rebuild_index(self, extra: int = 0) -> None:
+        """Drop stale index entries: rebuild the table from ``block_hash`` (O(num_blocks), run
+        once a quarter of the table is taken, at least ``num_blocks`` registrations after the
+        last rebuild, so amortised O(1) per registration). The load stays <= 1/4, so most keys
+        sit at their home slot."""
         held = np.flatnonzero(self.block_hash != NO_HASH)
-        self.index = dict(zip(self.block_hash[held].tolist(), held.tolist()))
+        t = self._index_cls(8 * max(self.num_blocks, len(held) + extra))
+        t.put_many(self.block_hash[held], held)
+        self.index = t
 
     def uncache(self, blocks: np.ndarray) -> None:
         """Drop ``blocks`` (held by a request) from the prefix index: their content changed
@@ -301,7 +431,9 @@ class BlockPool:
             assert (self.free_seq[held_blocks] == -1).all(), "block in a block table is free"
         held = np.flatnonzero(self.block_hash != NO_HASH)
         assert len(np.unique(self.block_hash[held])) == len(held), "one hash on two blocks"
-        for b, k in zip(held.tolist(), self.block_hash[held].tolist()):
-            assert self.index.get(k) == b, f"block {b} holds hash {k}; the index maps it to {self.index.get(k)}"
+        got = self.index.get_many(self.block_hash[held])
+        bad = np.flatnonzero(got != held)
+        assert not len(bad), (f"block {held[bad[0]]} holds hash {self.block_hash[held[bad[0]]]}; "
+                              f"the index maps it to {got[bad[0]]}")
         cf = int(np.count_nonzero(self.block_hash[order] != NO_HASH))
         assert cf == self.num_cached_free, f"cached-free counter {self.num_cached_free} != {cf}"

@@ -162,6 +162,9 @@ class SimConfig:
     progress: bool = True
     fast_forward: bool = True
     max_sim_time_s: Optional[float] = None
+    # prefix-index backend (same results, different speed): dict | table | auto (table when the
+    # trace's mean prompt spans >= 256 blocks; see sim/block_pool.py)
+    prefix_index: str = "auto"
 
 
 @dataclass

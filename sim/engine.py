@@ -38,6 +38,7 @@ from .metrics import Recorder
 from .tiers import DISK, GPU, HOST
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
+AUTO_TABLE_BLOCKS = 256  # sim.prefix_index=auto: numpy table when mean prompt >= this many blocks
 STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected",
                 ONBOARDING: "onboarding"}
 
@@ -109,16 +110,24 @@ class Simulator:
         cost_model: object with ``step_time(new_tokens, context_tokens, samples)``.
         max_model_len: longest accepted request (input + output tokens).
         recorder: metrics sink; check_invariants: verify pool invariants after every step.
+        prefix_index: ``dict`` | ``table`` | ``auto`` (see :class:`sim.block_pool.BlockPool`).
         progress: a callable ``progress(n_done)`` or None.
     """
 
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
-                 fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None):
+                 fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
+                 prefix_index: str = "auto"):
         self.wl = workload
         self.B = int(block_size)
-        self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching)
+        if prefix_index == "auto":
+            # the numpy table wins once lookups and registrations span hundreds of blocks
+            # (measured crossover ~150-500 keys per call; sim/block_pool.py)
+            mean_in = float(np.mean(workload.input_tokens)) if len(workload) else 0.0
+            prefix_index = "table" if mean_in >= AUTO_TABLE_BLOCKS * self.B else "dict"
+        self.prefix_index = prefix_index
+        self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching, index=prefix_index)
         self.caching = bool(cache.enable_prefix_caching)
         self.max_seqs = int(scheduler.max_num_seqs)
         self.max_tokens = int(scheduler.max_num_batched_tokens)
@@ -482,7 +491,7 @@ class Simulator:
         keys_l = req.keys[g:max_hit].tolist()
         # vectorised walk: membership per tier with C-level maps, then the first block held
         # nowhere ends the hit
-        gpu_b = self.pool.cached_blocks(keys_l)
+        gpu_b = self.pool.cached_blocks(req.keys[g:max_hit])
         in_host = np.fromiter(tiers.host.contains_many(keys_l), dtype=bool, count=len(keys_l))
         if tiers.disk is not None:
             in_disk = np.fromiter(tiers.disk.contains_many(keys_l), dtype=bool, count=len(keys_l))

@@ -208,7 +208,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
                     cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                     progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
                     fast_forward=cfg.sim.fast_forward, tiers=tiers_factory,
-                    num_layers=cfg.model.num_layers, compression=comp)
+                    num_layers=cfg.model.num_layers, compression=comp,
+                    prefix_index=cfg.sim.prefix_index)
     t_sim = time.perf_counter()
     try:
         sim.run()
@@ -271,6 +272,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         "load_s": t_load,
         "simulate_s": t_sim,
         "peak_rss_mb": peak_rss_mb,
+        "prefix_index": sim.prefix_index,  # the backend sim.prefix_index resolved to
     }
     summary = _clean_nan(summary)
     if out is not None:

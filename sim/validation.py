@@ -200,6 +200,8 @@ def _check_sim_output(cfg) -> None:
     s = cfg.sim
     if s.max_sim_time_s is not None:
         _need("sim", s, "max_sim_time_s", _pos, "> 0 s or null (no limit)")
+    if s.prefix_index not in ("auto", "dict", "table"):
+        raise ConfigError(f"sim.prefix_index={s.prefix_index!r}; expected 'auto', 'dict' or 'table'")
     _need("output", cfg.output, "ops_limit", _nonneg, ">= 0")
 
 

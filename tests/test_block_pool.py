@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.block_pool import NO_HASH, BlockPool
+from sim.block_pool import NO_HASH, BlockPool, KeyTable
 from sim.keys import block_keys
 
 
@@ -102,3 +102,44 @@ def test_pool_never_double_frees_or_exceeds(ops):
         pool.check(allheld)
         assert pool.num_free + pool.num_used == 16
         assert 0 <= pool.num_free <= 16
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 10**6)), max_size=40), max_size=25),
+       st.sampled_from([1024, 2048]))
+def test_key_table_matches_a_dict(batches, size):
+    """KeyTable (vectorised open addressing) answers like a dict under batched puts and
+    overwrites, including many keys colliding on one home slot (keys spaced by 2**k)."""
+    t = KeyTable(size)
+    ref: dict[int, int] = {}
+    for batch in batches:
+        d = dict(batch)  # distinct keys per batch, last value wins
+        if not d:
+            continue
+        # spread small ints over the int64 range with multiples of 2**40 (collide in the low bits)
+        q = np.array([k * (1 << 40) + (k & 1) for k in d], dtype=np.int64)
+        v = np.array(list(d.values()), dtype=np.int64)
+        t.put_many(q, v)
+        ref.update(zip(q.tolist(), v.tolist()))
+        probe = np.array(sorted(ref) + [7, -7 * (1 << 40) + 3], dtype=np.int64)
+        want = [ref.get(k, -1) for k in probe.tolist()]
+        assert t.get_many(probe).tolist() == want
+    assert t.count == len(ref)
+
+
+def test_index_rebuild_keeps_live_entries_only():
+    """Many registrations and evictions on a small pool: the table is rebuilt (stale entries
+    dropped) and every cached block still resolves to itself."""
+    pool = BlockPool(8)
+    sizes = []
+    for r in range(400):
+        keys = block_keys(np.empty(0, np.int64), 0, 0, 16, r, 4)
+        b = pool.allocate(4)
+        pool.cache_blocks(b, keys)
+        sizes.append(pool.index.count)
+        assert pool.lookup_prefix(keys, 4).tolist() == b.tolist()
+        pool.free(b[::-1])
+        pool.check()
+    assert max(sizes) <= pool.index.size // 4
+    assert min(sizes[100:]) < max(sizes)  # rebuilt at least once
+
