@@ -38,6 +38,7 @@ from .metrics import Recorder
 from .tiers import DISK, GPU, HOST
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
+MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped
 AUTO_TABLE_BLOCKS = 256  # sim.prefix_index=auto: numpy table when mean prompt >= this many blocks
 STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected",
                 ONBOARDING: "onboarding"}
@@ -853,6 +854,10 @@ class Simulator:
     def _tier_step_end(self) -> None:
         pool = self.pool
         tiers = self.tiers
+        if self._hit_memo is not None and len(pool.change_log) + len(tiers.change_log) > MEMO_LOG_MAX:
+            # the head has not been walked for a long time (e.g. max_num_seqs reached): drop the
+            # memo rather than let the logs grow
+            self._hit_memo = None
         if self._hit_memo is None:  # nothing to revalidate: keep the change logs short
             pool.change_log.clear()
             tiers.change_log.clear()

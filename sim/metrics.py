@@ -71,6 +71,71 @@ class _Growable:
         return pd.DataFrame({k: v[:self.n] for k, v in self.cols.items()})
 
 
+class TransferLog:
+    """The tier manager's transfer records (one per batched copy), kept as numpy columns.
+
+    ``append(time_s, direction, tier, pages, bytes, duration_s, queue_s)`` takes seconds, pages
+    and bytes; rows are buffered as tuples and packed into columns every ``chunk`` rows, so a run
+    with millions of transfers holds ~40 bytes per row instead of a Python tuple (~200 bytes).
+    Iterating yields the rows as tuples ``(time_s, direction, tier, pages, bytes, duration_s,
+    queue_s, codec)``; :meth:`frame` gives the ``transfers`` table (TRANSFER_COLUMNS).
+    """
+
+    DIRECTIONS = ("d2h", "h2d", "disk_to_host", "host_to_disk")
+    TIERS = ("host", "disk")
+
+    def __init__(self, codec: str, chunk: int = 65536):
+        self.codec = codec
+        self.chunk = int(chunk)
+        self._buf: list[tuple] = []
+        self._cols: list[tuple] = []  # packed chunks
+        self._n = 0
+        self._dcode = {d: i for i, d in enumerate(self.DIRECTIONS)}
+        self._tcode = {t: i for i, t in enumerate(self.TIERS)}
+
+    def append(self, time_s, direction, tier, pages, nbytes, duration_s, queue_s) -> None:
+        """Record one batched copy (``direction`` in DIRECTIONS, ``tier`` in TIERS)."""
+        self._buf.append((time_s, self._dcode[direction], self._tcode[tier], pages, nbytes,
+                          duration_s, queue_s))
+        self._n += 1
+        if len(self._buf) >= self.chunk:
+            self._pack()
+
+    def _pack(self) -> None:
+        if not self._buf:
+            return
+        t, d, tr, p, b, dur, q = zip(*self._buf)
+        self._cols.append((np.array(t, np.float64), np.array(d, np.int8), np.array(tr, np.int8),
+                           np.array(p, np.int64), np.array(b, np.int64), np.array(dur, np.float64),
+                           np.array(q, np.float64)))
+        self._buf = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _columns(self):
+        self._pack()
+        if not self._cols:
+            return [np.empty(0, dt) for dt in (np.float64, np.int8, np.int8, np.int64, np.int64,
+                                                np.float64, np.float64)]
+        return [np.concatenate(c) for c in zip(*self._cols)]
+
+    def __iter__(self):
+        t, d, tr, p, b, dur, q = self._columns()
+        for i in range(len(t)):
+            yield (float(t[i]), self.DIRECTIONS[d[i]], self.TIERS[tr[i]], int(p[i]), int(b[i]),
+                   float(dur[i]), float(q[i]), self.codec)
+
+    def frame(self) -> pd.DataFrame:
+        """The transfers table (columns TRANSFER_COLUMNS; string-typed direction/tier/codec)."""
+        t, d, tr, p, b, dur, q = self._columns()
+        return pd.DataFrame({
+            "time_s": t, "direction": pd.array(np.array(self.DIRECTIONS, dtype=object)[d], dtype="string"),
+            "tier": pd.array(np.array(self.TIERS, dtype=object)[tr], dtype="string"),
+            "pages": p, "bytes": b, "duration_s": dur, "queue_s": q,
+            "codec": pd.array([self.codec] * len(t), dtype="string")})
+
+
 class Recorder:
     """Collects what happened. ``request_done`` is called once per request (finished or rejected)."""
 

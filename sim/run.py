@@ -94,8 +94,9 @@ def is_complete(out_dir, overrides: list[str] | None = None) -> bool:
 
 def transfers_frame(tm) -> pd.DataFrame:
     """The transfers table (one row per batched copy; empty with no tier)."""
-    rows = tm.records if tm is not None else []
-    df = pd.DataFrame.from_records(rows, columns=TRANSFER_COLUMNS)
+    if tm is not None:
+        return tm.records.frame()
+    df = pd.DataFrame.from_records([], columns=TRANSFER_COLUMNS)
     return df.astype({"time_s": "float64", "direction": "string", "tier": "string",
                       "pages": "int64", "bytes": "int64", "duration_s": "float64",
                       "queue_s": "float64", "codec": "string"})

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
+from .metrics import TransferLog
 
 CODECS = ("identity", "fp8", "nvfp4")
 REPLACEMENTS = ("lru", "arc")
@@ -359,7 +360,7 @@ class TierManager:
         self.pending: list[int] = []
         self.pending_demote: list[int] = []
         self.hit_count: dict[int, int] = {}
-        self.records: list[tuple] = []
+        self.records = TransferLog(self.codec)
         self.bytes_offloaded = {"host": 0, "disk": 0}
         self.bytes_onboarded = {"host": 0, "disk": 0}
         # keys whose host/disk membership changed (inserted or evicted) since the engine last
@@ -468,7 +469,7 @@ class TierManager:
                 self.env.process(self._demote(d[lo:lo + self.batch]))
 
     def _record(self, start, direction, tier, pages, dur, queued):
-        self.records.append((start, direction, tier, pages, pages * self.cold, dur, start - queued, self.codec))
+        self.records.append(start, direction, tier, pages, pages * self.cold, dur, start - queued)
 
     def _offload(self, keys):
         env = self.env
