@@ -354,6 +354,7 @@ class Simulator:
         long_thr = self.long_thr
         B = self.B
         caching = self.caching
+        ff_layout = self.comp is not None and not self.comp.hole_fill
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -364,9 +365,20 @@ class Simulator:
                 n = budget
             ok = True
             upto = req.n_computed + n
-            # fast path: the slots exist and no block fills (most decode steps)
-            if (req.layout is not None or upto > req.n_blocks * B
-                    or (caching and upto // B > req.n_cached)):
+            # fast paths: the slots exist and no block fills (most decode steps); a compressed
+            # layout (order-preserving) whose new tokens fit its blocks only records them
+            if req.layout is None:
+                slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
+            elif ff_layout and not (caching and not req.compressed and upto // B > req.n_cached):
+                m = upto - req.n_placed
+                slow = m > 0 and (req.phys_base + req.pending + m + B - 1) // B > (
+                    req.layout.n_blocks + req.blocks_since)
+                if m > 0 and not slow:
+                    req.pending += m  # = Compression.place(req, m, 0)
+                    req.n_placed += m
+            else:
+                slow = True
+            if slow:
                 while not self._grow(req, upto):
                     victim = running.pop()
                     self._preempt(victim)
