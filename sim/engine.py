@@ -832,6 +832,13 @@ class Simulator:
         rec = self.rec
         if finished:
             self._retire_finished()
+        if not rec.record_steps:
+            # counters only: the peak of used blocks is before the finished requests left
+            # (used grows through the stretch) or after
+            rec.steps_counted(k, b, max(used1 + int(alloc_per_step[1:k].sum()), self.pool.num_used))
+            if self.check:
+                self.check_invariants()
+            return k
         steps_idx = np.arange(1, k + 1)
         starts = np.concatenate(([start], cum[:-1]))
         used = used1 + np.cumsum(alloc_per_step[1:])

@@ -182,6 +182,14 @@ class Recorder:
         if self.record_steps:
             self.steps.append(t, dur, running, waiting, prefill, decode, used, cached_free, live)
 
+    def steps_counted(self, k: int, decode: int, peak_used: int) -> None:
+        """Count ``k`` pure-decode steps of ``decode`` tokens each without per-step rows (the
+        fast-forward when steps are not recorded); ``peak_used``: most blocks used in them."""
+        self.num_steps += k
+        self.sum_decode += decode * k
+        if peak_used > self.peak_blocks_used:
+            self.peak_blocks_used = peak_used
+
     def steps_bulk(self, starts, durs, running, waiting, decode, used, cached_free, live) -> None:
         """Record ``len(starts)`` consecutive pure-decode steps (fast-forward)."""
         k = len(starts)
