@@ -56,6 +56,17 @@ class DictIndex:
         """Set ``key q[i] -> v[i]`` (an existing entry of a key is overwritten)."""
         self.d.update(zip(q.tolist(), v.tolist()))
 
+    def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
+        """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
+        ``live_hash[b] == key``). Returns the bool mask of keys set."""
+        cur = self.get_many(q)
+        new = (cur < 0) | (live_hash[np.maximum(cur, 0)] != q)
+        if new.all():
+            self.d.update(zip(q.tolist(), v.tolist()))
+        elif new.any():
+            self.d.update(zip(q[new].tolist(), v[new].tolist()))
+        return new
+
 
 class KeyTable:
     """Hash table int64 key -> int64 value in numpy arrays (open addressing, linear probing,
@@ -152,6 +163,49 @@ class KeyTable:
             slot = np.where(adv, (slot + 1) & mask, slot)[left]
             qk = qk[left]
             qv = qv[left]
+
+
+    def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
+        """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
+        ``live_hash[b] == key``; a stale entry of the key is overwritten), in one probe pass.
+        Keys distinct. Returns the bool mask of keys set."""
+        n = len(q)
+        new = np.zeros(n, dtype=bool)
+        if n == 0:
+            return new
+        if self.count + n > self.size - 1:
+            raise RuntimeError("KeyTable full")  # BlockPool rebuilds long before this
+        keys, vals, mask = self.keys, self.vals, self.mask
+        idx = np.arange(n)
+        slot = self._home(q)
+        qk = q
+        while True:
+            k = keys[slot]
+            done = k == qk
+            if done.any():  # the key's entry: keep it if live, else overwrite the stale one
+                si = np.flatnonzero(done)
+                w = si[live_hash[vals[slot[si]]] != qk[si]]
+                if len(w):
+                    vals[slot[w]] = v[idx[w]]
+                    new[idx[w]] = True
+            empty = k == NO_HASH
+            if empty.any():
+                # several keys may reach one empty slot: the last write takes it (read back),
+                # the others probe on
+                e = np.flatnonzero(empty)
+                keys[slot[e]] = qk[e]
+                w = e[keys[slot[e]] == qk[e]]
+                vals[slot[w]] = v[idx[w]]
+                new[idx[w]] = True
+                self.count += len(w)
+                done[w] = True
+            left = ~done
+            if not left.any():
+                return new
+            # losers of a claimed slot re-read it (now taken) and move on next round
+            slot = np.where(left & ~empty, (slot + 1) & mask, slot)[left]
+            qk = qk[left]
+            idx = idx[left]
 
 
 _PHI = np.uint64(0x9E3779B97F4A7C15)
@@ -253,18 +307,15 @@ class BlockPool:
         index. A key already held by a block keeps its first block (see module docstring)."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        new = self.cached_blocks(keys) < 0
+        if self.index.count + len(keys) > self.index.size // 4:
+            self._rebuild_index(len(keys))
+        new = self.index.put_absent(keys, blocks, self.block_hash)
         if not new.any():
             return
         if new.all():
             nb, nk = blocks, keys
         else:
             nb, nk = blocks[new], keys[new]
-        index = self.index
-        if index.count + len(nk) > index.size // 4:
-            self._rebuild_index(len(nk))
-            index = self.index
-        index.put_many(nk, nb)
         self.block_hash[nb] = nk
         if self.cached_log is not None or self.change_log is not None:
             nkl = nk.tolist()

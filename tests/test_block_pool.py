@@ -143,3 +143,20 @@ def test_index_rebuild_keeps_live_entries_only():
     assert max(sizes) <= pool.index.size // 4
     assert min(sizes[100:]) < max(sizes)  # rebuilt at least once
 
+
+
+@pytest.mark.parametrize("backend", ["dict", "table"])
+def test_put_absent_keeps_live_entries_and_replaces_stale(backend):
+    """put_absent sets only keys not held live; a stale entry (its block now holds another
+    hash) is replaced; a live one keeps its first block."""
+    from sim.block_pool import INDEX_BACKENDS
+    t = INDEX_BACKENDS[backend](1024)
+    live = np.full(10, NO_HASH, dtype=np.int64)
+    q = np.array([5, 7 << 40, 9], dtype=np.int64)
+    new = t.put_absent(q, np.array([0, 1, 2]), live)
+    assert new.tolist() == [True, True, True]
+    live[[0, 1, 2]] = q
+    live[1] = 123  # block 1 now holds another hash: key 7<<40's entry is stale
+    new = t.put_absent(np.array([5, 7 << 40, 11], dtype=np.int64), np.array([3, 4, 5]), live)
+    assert new.tolist() == [False, True, True]
+    assert t.get_many(np.array([5, 7 << 40, 11, 9, 13], dtype=np.int64)).tolist() == [0, 4, 5, 2, -1]
