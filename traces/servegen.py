@@ -41,6 +41,23 @@ from .errors import ErrorSink, TraceError
 WINDOW_S = 600.0
 PMF_FIELDS = ("input_tokens", "output_tokens", "reason_ratio")
 _CHUNK_RE = re.compile(r"chunk-(\d+)-trace\.csv$")
+# a plain {number: number, ...} literal (what ServeGen files hold) is parsed without ast; anything
+# else goes through ast.literal_eval (same result, and its errors)
+_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
+_PMF_RE = re.compile(rf"\s*\{{\s*(?:{_NUM}\s*:\s*{_NUM}\s*(?:,\s*{_NUM}\s*:\s*{_NUM}\s*)*,?\s*)?\}}\s*\Z")
+_PAIR_RE = re.compile(rf"({_NUM})\s*:\s*({_NUM})")
+_INT_RE = re.compile(r"[-+]?\d+\Z")
+
+
+def _num(tok: str):
+    return int(tok) if _INT_RE.match(tok) else float(tok)
+
+
+def _literal_dict(text: str):
+    """``ast.literal_eval(text)``, with a fast path for a flat ``{number: number}`` literal."""
+    if _PMF_RE.match(text):
+        return {_num(k): _num(v) for k, v in _PAIR_RE.findall(text)}
+    return ast.literal_eval(text)
 
 
 def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
@@ -58,7 +75,7 @@ def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
             raise TraceError(path=path, where=where, field=field, found=type(text).__name__,
                              expected="a string holding a dict literal")
         try:
-            d = ast.literal_eval(text)
+            d = _literal_dict(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
             raise TraceError("unparsable PMF", path=path, where=where, field=field,
                              found=f"{type(e).__name__}: {str(e)[:60]}",
