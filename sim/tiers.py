@@ -30,6 +30,7 @@ defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import filterfalse, repeat
 
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .metrics import TransferLog
@@ -119,17 +120,27 @@ class LRUStore:
         """Membership of each key (C-level map; no per-key Python frame)."""
         return list(map(self._d.__contains__, keys))
 
+    def missing(self, keys: list[int]) -> list[int]:
+        """The keys not held, in order (C-level filter)."""
+        return list(filterfalse(self._d.__contains__, keys))
+
     def insert_many(self, keys: list[int]) -> list[int]:
         """Insert pages in order; returns those evicted. Same result as one ``insert`` per key:
         a batch's own pages are newer than everything already held, so older pages go first."""
         d = self._d
         if self.capacity <= 0:
             return list(keys)
-        for k in keys:
-            if k in d:
-                d.move_to_end(k)
-            else:
-                d[k] = None
+        if len(set(keys)) == len(keys):
+            # every batch key ends at the MRU end in batch order: the same order as one insert
+            # per key, with C-level calls
+            d.update(zip(keys, repeat(None)))
+            deque(map(d.move_to_end, keys), maxlen=0)
+        else:
+            for k in keys:
+                if k in d:
+                    d.move_to_end(k)
+                else:
+                    d[k] = None
         out = []
         extra = len(d) - self.capacity
         if extra > 0:
@@ -174,6 +185,11 @@ class ARCStore:
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+    def missing(self, keys: list[int]) -> list[int]:
+        """The keys in neither T1 nor T2, in order."""
+        t1, t2 = self.t1, self.t2
+        return [k for k in keys if not (k in t1 or k in t2)]
 
     def contains_many(self, keys: list[int]) -> list[bool]:
         """Membership of each key in T1 or T2."""
@@ -446,14 +462,10 @@ class TierManager:
             self._queue(ready[::-1])
 
     def _queue(self, keys) -> None:
-        inflight = self.inflight
-        held = self.host.contains_many(keys)
-        pend = self.pending
-        for k, h in zip(keys, held):
-            if h or k in inflight:
-                continue
-            inflight.add(k)
-            pend.append(k)
+        # pages neither on the host nor already being copied, each once, in order
+        new = list(dict.fromkeys(filterfalse(self.inflight.__contains__, self.host.missing(keys))))
+        self.inflight.update(new)
+        self.pending.extend(new)
 
     def flush(self) -> None:
         """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
@@ -491,8 +503,7 @@ class TierManager:
         self.change_log.extend(keys)
         self.change_log.extend(ev)
         if ev and self.disk is not None:
-            on_disk = self.disk.contains_many(ev)
-            self.pending_demote.extend(k for k, d in zip(ev, on_disk) if not d)
+            self.pending_demote.extend(self.disk.missing(ev))
 
     def _demote(self, keys):
         env = self.env

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import make_workload
 from sim.hardware import ConfigError
@@ -199,3 +200,28 @@ def test_fast_forward_equals_per_step_with_tiers(tmp_path, write_policy):
     assert len(ta) == len(tb) and (ta.pages.to_numpy() == tb.pages.to_numpy()).all()
     np.testing.assert_allclose(ta.time_s, tb.time_s, rtol=1e-9)
     assert sa["engine_steps"] == sb["engine_steps"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=15), st.integers(0, 12))
+def test_lru_insert_many_equals_one_insert_per_key(batches, cap):
+    """LRUStore.insert_many (C-level batch path) leaves the same order and evicts the same pages
+    as inserting each key in turn, with repeated and already-held keys."""
+    from collections import OrderedDict
+
+    s = LRUStore(cap)
+    ref: OrderedDict[int, None] = OrderedDict()
+    for keys in batches:
+        got = s.insert_many(keys)
+        if cap <= 0:
+            want = list(keys)
+        else:
+            for k in keys:
+                if k in ref:
+                    ref.move_to_end(k)
+                else:
+                    ref[k] = None
+            want = [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+        assert got == want
+        assert list(s._d) == list(ref)
+        assert s.missing(list(range(31))) == [k for k in range(31) if k not in ref]
