@@ -97,23 +97,24 @@ class KeyTable:
         # the same hash as _home, on one Python int
         return (((key & _M64) * _PHI_INT) & _M64) >> (64 - self.bits)
 
+    def _get1(self, key: int, s: int) -> int:
+        """Scalar probe for ``key`` from slot ``s``: its value or -1."""
+        keys, mask = self.keys, self.mask
+        while True:
+            k = int(keys[s])
+            if k == key:
+                return int(self.vals[s])
+            if k == _EMPTY:
+                return -1
+            s = (s + 1) & mask
+
     def get_many(self, q: np.ndarray) -> np.ndarray:
-        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``."""
-        if len(q) <= SMALL_BATCH:  # scalar probes beat ~20 vector operations on a few keys
-            keys, vals, mask = self.keys, self.vals, self.mask
-            out = []
-            for key in q.tolist():
-                s = self._home1(key)
-                while True:
-                    k = int(keys[s])
-                    if k == key:
-                        out.append(int(vals[s]))
-                        break
-                    if k == _EMPTY:
-                        out.append(-1)
-                        break
-                    s = (s + 1) & mask
-            return np.array(out, dtype=np.int64)
+        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``.
+
+        Vector probes while many keys are unresolved, scalar probes for the last few (a few
+        keys cost less one by one than ~10 vector operations per probe round)."""
+        if len(q) <= SMALL_BATCH:
+            return np.array([self._get1(k, self._home1(k)) for k in q.tolist()], dtype=np.int64)
         slot = self._home(q)
         k = self.keys[slot]
         hit = k == q
@@ -126,8 +127,12 @@ class KeyTable:
         idx = np.flatnonzero(go)
         keys, vals, mask = self.keys, self.vals, self.mask
         while len(idx):
-            qk = q[idx]
             slot = (slot[go] + 1) & mask
+            if len(idx) <= SMALL_BATCH:
+                for i, key, st in zip(idx.tolist(), q[idx].tolist(), slot.tolist()):
+                    out[i] = self._get1(key, st)
+                break
+            qk = q[idx]
             k = keys[slot]
             hit = k == qk
             if hit.any():
@@ -197,21 +202,7 @@ class KeyTable:
         keys, vals, mask = self.keys, self.vals, self.mask
         if n <= SMALL_BATCH:  # scalar probes (see get_many)
             for i, (key, val) in enumerate(zip(q.tolist(), v.tolist())):
-                s = self._home1(key)
-                while True:
-                    k = int(keys[s])
-                    if k == key:
-                        if int(live_hash[vals[s]]) != key:  # stale entry: replace
-                            vals[s] = val
-                            new[i] = True
-                        break
-                    if k == _EMPTY:
-                        keys[s] = key
-                        vals[s] = val
-                        self.count += 1
-                        new[i] = True
-                        break
-                    s = (s + 1) & mask
+                new[i] = self._put_absent1(key, val, self._home1(key), live_hash)
             return new
         idx = np.arange(n)
         slot = self._home(q)
@@ -243,6 +234,27 @@ class KeyTable:
             slot = np.where(left & ~empty, (slot + 1) & mask, slot)[left]
             qk = qk[left]
             idx = idx[left]
+            if len(idx) <= SMALL_BATCH:
+                for i, key, st in zip(idx.tolist(), qk.tolist(), slot.tolist()):
+                    new[i] = self._put_absent1(key, int(v[i]), st, live_hash)
+                return new
+
+    def _put_absent1(self, key: int, val: int, s: int, live_hash: np.ndarray) -> bool:
+        """Scalar :meth:`put_absent` of one key, probing from slot ``s``; True if set."""
+        keys, vals, mask = self.keys, self.vals, self.mask
+        while True:
+            k = int(keys[s])
+            if k == key:
+                if int(live_hash[vals[s]]) != key:  # stale entry: replace
+                    vals[s] = val
+                    return True
+                return False
+            if k == _EMPTY:
+                keys[s] = key
+                vals[s] = val
+                self.count += 1
+                return True
+            s = (s + 1) & mask
 
 
 _PHI = np.uint64(0x9E3779B97F4A7C15)
