@@ -59,6 +59,17 @@ class DictIndex:
     def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
         """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
         ``live_hash[b] == key``). Returns the bool mask of keys set."""
+        if len(q) <= SMALL_BATCH:  # scalar: a few keys cost less one by one
+            d = self.d
+            out = []
+            for key, val in zip(q.tolist(), v.tolist()):
+                cur = d.get(key)
+                if cur is None or int(live_hash[cur]) != key:
+                    d[key] = val
+                    out.append(True)
+                else:
+                    out.append(False)
+            return np.array(out, dtype=bool)
         cur = self.get_many(q)
         new = (cur < 0) | (live_hash[np.maximum(cur, 0)] != q)
         if new.all():
