@@ -93,11 +93,11 @@ def app(cfg: DictConfig) -> None:
         summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:
         print(f"kvsim: error: {e}", file=sys.stderr)
-        print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",
-              file=sys.stderr)
         marker = out_dir / "INCOMPLETE"
         if marker.exists():
-            marker.write_text(f"this run failed before simulating: {e}\n")
+            print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",
+                  file=sys.stderr)
+            marker.write_text(f"this run failed: {e}\n")
         if multirun:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)

@@ -656,7 +656,11 @@ class Simulator:
             if self.check:
                 self.check_invariants()
             if self.max_sim_time is not None and now > self.max_sim_time:
-                raise RuntimeError(f"simulated time passed sim.max_sim_time_s={self.max_sim_time}")
+                from .hardware import ConfigError
+                raise ConfigError(
+                    f"sim.max_sim_time_s={self.max_sim_time}: the simulated clock passed it at "
+                    f"t={now:.3f} s with {self.done} of {self.n} requests done; expected a limit "
+                    f"the run fits in (raise it, or null for no limit)")
 
     # ------------------------------------------------------------------ fast-forward
     def _pure_decode(self, sched_req, n_arr, ctx_arr) -> bool:

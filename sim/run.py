@@ -135,7 +135,7 @@ def _tiers_factory(cfg, plan, calibration=None):
     t = cfg.tiers
     for f in ("host_gib", "disk_gib"):
         if getattr(t, f) < 0:
-            raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a capacity >= 0 GiB")
+            raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a finite capacity >= 0 GiB")
     for f, gib in (("host_gib", t.host_gib), ("disk_gib", t.disk_gib)):
         if 0 < gib and int(gib * 2**30 // cold) == 0:
             raise ConfigError(
@@ -170,6 +170,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"output.dir={out}: exists and is not a folder; expected a folder "
+                              f"for the results (or a path to create)")
         out.mkdir(parents=True, exist_ok=True)
         (out / MARKER).write_text("this run has not completed\n")
         # a reused directory must not keep an earlier run's tables next to the marker
@@ -273,8 +276,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         "load_s": t_load,
         "simulate_s": t_sim,
         "peak_rss_mb": peak_rss_mb,
-        "prefix_index": sim.prefix_index,  # the backend sim.prefix_index resolved to
     }
+    summary["prefix_index"] = sim.prefix_index  # the backend sim.prefix_index resolved to
     summary = _clean_nan(summary)
     if out is not None:
         _write_parquet(req, out / "requests.parquet")

@@ -301,8 +301,8 @@ class Link:
 
 def tier_capacity_pages(gib: float, page_bytes: int, field: str) -> int:
     """Pages of ``page_bytes`` that fit in ``gib`` GiB; ConfigError if ``gib`` is negative."""
-    if gib < 0:
-        raise ConfigError(f"{field}={gib}; expected a capacity >= 0 GiB")
+    if not (0 <= gib < float("inf")):
+        raise ConfigError(f"{field}={gib}; expected a finite capacity >= 0 GiB")
     return int(gib * GIB // page_bytes)
 
 

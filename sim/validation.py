@@ -143,7 +143,7 @@ def _check_tiers(cfg) -> None:
     t = cfg.tiers
     # checked even when no tier is enabled: a typo must not pass silently
     for f in ("host_gib", "disk_gib"):
-        _need("tiers", t, f, _nonneg, "a capacity >= 0 GiB")
+        _need("tiers", t, f, _nonneg, "a finite capacity >= 0 GiB")
     if t.replacement not in REPLACEMENTS:
         raise ConfigError(f"tiers.replacement={t.replacement!r}; expected one of {list(REPLACEMENTS)}")
     if t.write_policy not in WRITE_POLICIES:

@@ -53,8 +53,10 @@ CONFIG_CASES = [
                            r"r_kv, random, snapkv, streaming_llm, tova, triattention"),
     (["compaction.name=defrag"], r"compaction\.\*\): unknown compaction 'defrag'; valid: none, "
                                  r"forward_pack, hole_fill"),
-    (["tiers=gpu_host", "tiers.host_gib=-1"], r"tiers\.host_gib=-1\.0; expected a capacity >= 0 GiB"),
-    (["tiers.disk_gib=-2"], r"tiers\.disk_gib=-2\.0; expected a capacity >= 0 GiB"),
+    (["tiers=gpu_host", "tiers.host_gib=-1"], r"tiers\.host_gib=-1\.0; expected a finite capacity >= 0 GiB"),
+    (["tiers.disk_gib=-2"], r"tiers\.disk_gib=-2\.0; expected a finite capacity >= 0 GiB"),
+    (["tiers=gpu_host", "tiers.host_gib=inf"], r"tiers\.host_gib=inf; expected a finite capacity >= 0 GiB"),
+    (["sim.prefix_index=btree"], r"sim\.prefix_index='btree'; expected 'auto', 'dict' or 'table'"),
     (["tiers.write_policy=bogus"], r"tiers\.write_policy='bogus'; expected one of \['write_back'"),
     (["tiers=gpu_host", "tiers.replacement=mru"], r"tiers\.replacement='mru'; expected one of \['lru', 'arc'\]"),
     (["tiers.onboard=lazy"], r"tiers\.onboard='lazy'; expected one of \['blocking', 'layerwise'\]"),
@@ -214,7 +216,10 @@ def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
     (["trace.path={bad}"], r"kvsim: error: .*mooncake_many_bad\.jsonl line 2, field 'hash_ids'"),
     (["cache.block_size=24"], r"kvsim: error: cache\.block_size=24; expected a power of two"),
     (["trace.name=nope", "trace.format=mooncake"], r"kvsim: error: .*field 'name': unknown trace name"),
-], ids=["bad-trace", "bad-block-size", "unknown-trace"])
+    (["trace.max_requests=50", "sim.max_sim_time_s=1"],
+     r"kvsim: error: sim\.max_sim_time_s=1\.0: the simulated clock passed it at t=[0-9.]+ s with \d+ of 50 "
+     r"requests done"),
+], ids=["bad-trace", "bad-block-size", "unknown-trace", "sim-time-limit"])
 def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     o = [x.format(bad=BAD / "mooncake_many_bad.jsonl") for x in overrides]
     r = _kvsim(tmp_path / "r", *o)
@@ -224,6 +229,16 @@ def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     assert re.search(pattern, r.stderr), r.stderr
     assert "it holds an INCOMPLETE marker" in r.stderr
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [MARKER]
+
+
+def test_cli_output_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "results.txt"
+    f.write_text("not a folder")
+    r = _kvsim(f, "trace.max_requests=5")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert f"output.dir={f}: exists and is not a folder" in r.stderr
+    assert f.read_text() == "not a folder"
 
 
 # ------------------------------------------------------------------------------ invariants
