@@ -52,10 +52,6 @@ class DictIndex:
         n = len(q)
         return np.fromiter(map(self.d.get, q.tolist(), repeat(-1, n)), dtype=np.int64, count=n)
 
-    def put_many(self, q: np.ndarray, v: np.ndarray) -> None:
-        """Set ``key q[i] -> v[i]`` (an existing entry of a key is overwritten)."""
-        self.d.update(zip(q.tolist(), v.tolist()))
-
     def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
         """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
         ``live_hash[b] == key``). Returns the bool mask of keys set."""
@@ -86,7 +82,7 @@ class KeyTable:
     Args:
         min_size: the table gets at least this many slots (rounded up to a power of two).
 
-    No deletion: a key's entry is overwritten by a later :meth:`put_many` of the same key, and
+    No deletion: a key's stale entry is overwritten by a later :meth:`put_absent` of the key, and
     :class:`BlockPool` rebuilds the table to drop stale entries. ``NO_HASH`` is reserved (the
     empty-slot marker) and never a key. ``count`` = occupied slots.
     """
@@ -151,54 +147,6 @@ class KeyTable:
             go = ~hit & (k != NO_HASH)
             idx = idx[go]
         return out
-
-    def put_many(self, q: np.ndarray, v: np.ndarray) -> None:
-        """Set ``key q[i] -> v[i]`` (keys distinct; an existing entry of a key is overwritten)."""
-        if len(q) == 0:
-            return
-        if self.count + len(q) > self.size - 1:
-            raise RuntimeError("KeyTable full")  # BlockPool rebuilds long before this
-        keys, vals, mask = self.keys, self.vals, self.mask
-        slot = self._home(q)
-        k = keys[slot]
-        if (k == NO_HASH).all():
-            # fast path: every home slot empty; keys sharing a home slot are resolved below
-            keys[slot] = q
-            won = keys[slot] == q
-            if won.all():
-                vals[slot] = v
-                self.count += len(q)
-                return
-            vals[slot[won]] = v[won]
-            self.count += int(np.count_nonzero(won))
-            lost = ~won
-            slot, qk, qv = slot[lost], q[lost], v[lost]
-        else:
-            qk, qv = q, v
-        while len(qk):
-            k = keys[slot]
-            same = k == qk
-            if same.any():
-                vals[slot[same]] = qv[same]
-            empty = k == NO_HASH
-            done = same
-            if empty.any():
-                # several keys may reach one empty slot: the last write takes it (read back),
-                # the others probe on
-                e = np.flatnonzero(empty)
-                keys[slot[e]] = qk[e]
-                w = e[keys[slot[e]] == qk[e]]
-                vals[slot[w]] = qv[w]
-                self.count += len(w)
-                done = done.copy()
-                done[w] = True
-            left = ~done
-            # losers of a claimed slot re-read it (now taken) and move on next round
-            adv = left & ~empty
-            slot = np.where(adv, (slot + 1) & mask, slot)[left]
-            qk = qk[left]
-            qv = qv[left]
-
 
     def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
         """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
@@ -395,7 +343,7 @@ class BlockPool:
         sit at their home slot."""
         held = np.flatnonzero(self.block_hash != NO_HASH)
         t = self._index_cls(8 * max(self.num_blocks, len(held) + extra))
-        t.put_many(self.block_hash[held], held)
+        t.put_absent(self.block_hash[held], held, self.block_hash)  # all new: distinct keys
         self.index = t
 
     def uncache(self, blocks: np.ndarray) -> None:
