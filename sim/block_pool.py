@@ -429,6 +429,21 @@ class BlockPool:
             self.block_hash[out] = NO_HASH
         return (out, cached) if return_evicted else out
 
+    def peek_free(self, n: int) -> np.ndarray:
+        """The ``n`` blocks :meth:`allocate` would take next, in order, without taking them
+        (int64; fewer if fewer are free)."""
+        out: list[np.ndarray] = []
+        need = min(int(n), self.num_free)
+        head = self._head
+        while need > 0:
+            stop = min(head + max(2 * need, 64), self._tail)
+            qb = self._q[head:stop]
+            qb = qb[self.free_seq[qb] == self._qseq[head:stop]][:need]
+            out.append(qb)
+            need -= len(qb)
+            head = stop
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
     def _allocate_small(self, n: int, return_evicted: bool):
         """:meth:`allocate` of a few blocks with scalar operations (decode steps allocate one
         block at a time; ~20 vector operations cost more than the loop). Same result."""

@@ -32,7 +32,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from .block_pool import BlockPool
+from .block_pool import NO_HASH, BlockPool
 from .keys import block_keys
 from .metrics import Recorder
 from .tiers import DISK, GPU, HOST
@@ -743,8 +743,28 @@ class Simulator:
                 alloc_per_step = alloc_per_step[:k + 1]
         else:
             alloc_per_step = np.zeros(k + 1, dtype=np.int64)
-        evicted_per_step = np.zeros(k + 1, dtype=np.int64)
         tiers = self.tiers
+        if (tiers is not None and self.waiting and self.max_tokens > b
+                and len(self.running) + self.onboarding < self.max_seqs):
+            # The per-step loop retries the waiting head every step. Without tiers a pure-decode
+            # stretch can only make it less admissible (fewer free blocks, shorter hits); with
+            # tiers a GPU eviction can cut its hit before host/disk pages (a blocking onboard
+            # then needs fewer blocks) and landed offloads change its host/disk hits. So the
+            # stretch ends before the first step that evicts a cached block (its scheduling
+            # would see the change) and at most one step after the first step whose end issues
+            # an offload (a copy lands no earlier than during the next step).
+            cap = self._tier_ff_cap(reqs, k, ps if n_pairs else None, B)
+            if cap < k:
+                k = cap
+                if k < 2:
+                    return 0
+                if n_pairs:
+                    keep = ps <= k
+                    ps = ps[keep]
+                    pi = pi[keep]
+                    n_pairs = len(ps)
+                alloc_per_step = alloc_per_step[:k + 1]
+        evicted_per_step = np.zeros(k + 1, dtype=np.int64)
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
             # already ran): the keys it evicted and registered
@@ -794,7 +814,7 @@ class Simulator:
                     c = req.n_computed
                     for j in range(req.n_cached, (c + k) // B):
                         t_cached.setdefault((j + 1) * B - c, []).append(int(req.keys[j]))
-            env.process(self._ff_offloads(cum, t_ev, t_cached))
+            env.process(self._ff_offloads(cum, t_ev, t_cached, k))
         yield env.timeout(total)
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
@@ -836,6 +856,12 @@ class Simulator:
         rec = self.rec
         if finished:
             self._retire_finished()
+        if tiers is not None:
+            # the last step's offloads are issued here, at the end of the stretch, before the
+            # next scheduling (as the per-step loop's _tier_step_end), not by _ff_offloads
+            self.pool.evict_log.extend(t_ev.get(k, ()))
+            self.pool.cached_log.extend(t_cached.get(k, ()))
+            self._tier_step_end()
         if not rec.record_steps:
             # counters only: the peak of used blocks is before the finished requests left
             # (used grows through the stretch) or after
@@ -861,12 +887,37 @@ class Simulator:
             self.check_invariants()
         return k
 
-    def _ff_offloads(self, ends, evicted: dict, cached: dict):
-        """SimPy process: the write-policy offloads of fast-forwarded steps, each issued at its
-        step's end time (``ends[s - 1]``) as the per-step loop would."""
+    def _tier_ff_cap(self, reqs, k: int, ps, B: int) -> int:
+        """Last fast-forward step that keeps the waiting head's per-step retries exact with
+        tiers (see :meth:`_fast_forward`). ``ps``: the step of each new block, in request-major
+        order (None: no new blocks). Returns a step count <= ``k``."""
+        pool = self.pool
+        wp = self.tiers.write_policy
+        cap = k
+        # step 1's scheduling already evicted/registered: its offloads are issued at its end
+        if (wp == "write_back" and pool.evict_log) or (wp == "write_through" and pool.cached_log):
+            cap = min(cap, 2)
+        if ps is not None and len(ps):
+            steps = np.sort(ps, kind="stable")  # allocation order: by step
+            ev = pool.block_hash[pool.peek_free(len(steps))] != NO_HASH
+            if ev.any():
+                cap = min(cap, int(steps[int(np.argmax(ev))]) - 1)
+        if wp == "write_through" and self.caching:
+            # decode-filled blocks are registered (and copied down at that step's end) at step
+            # (n_cached + 1) x B - n_computed
+            first = min((((r.n_cached + 1) * B - r.n_computed) for r in reqs if not r.compressed),
+                        default=None)
+            if first is not None:
+                cap = min(cap, first + 1)
+        return cap
+
+    def _ff_offloads(self, ends, evicted: dict, cached: dict, last: int):
+        """SimPy process: the write-policy offloads of fast-forwarded steps before step ``last``,
+        each issued at its step's end time (``ends[s - 1]``) as the per-step loop would (the
+        last step's are issued by the engine itself, before it schedules again)."""
         env = self.env
         tiers = self.tiers
-        for st in sorted(set(evicted) | set(cached)):
+        for st in sorted(st for st in set(evicted) | set(cached) if st < last):
             t = float(ends[st - 1])
             if t > env.now:
                 yield env.timeout(t - env.now)
