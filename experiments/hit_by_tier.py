@@ -175,8 +175,9 @@ def main(argv=None) -> None:
           f"{f' --weka-sessions {args.weka_sessions}' if args.weka_sessions and not args.quick else ''}"
           f"{f' --weka-host-gib {args.weka_host_gib}' if args.weka_host_gib != ','.join(map(str, HOST_GIB)) else ''}"
           f"{f' --gpu-blocks {args.gpu_blocks}' if args.gpu_blocks else ''}`  ",
-          f"Date: {_dt.date.today().isoformat()}; total wall {total:.0f} s with {args.jobs} parallel jobs; "
-          "deterministic (seed 0).\n",
+          f"Date: {_dt.date.today().isoformat()}; this invocation's wall {total:.0f} s with {args.jobs} parallel "
+          "jobs (runs already complete in the sweep folder are reused, output.skip_completed; each run's "
+          "own wall is the wall_s column); deterministic (seed 0).\n",
           "Equivalent tool commands (what the module runs):\n",
           "\n".join(f"    {c}" for c in cmds) + "\n",
           "Qwen3-8B BF16 on one H200 (vLLM defaults, block 16), `tiers=gpu_host_disk` (LRU, write-back, "

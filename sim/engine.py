@@ -164,8 +164,9 @@ class Simulator:
             self.pool.evict_log = []
             self.pool.cached_log = []
             self.pool.change_log = []
-            # the decode fast-forward issues each step's offloads at that step's end time
-            # (see _fast_forward), so tiers keep it exact
+            # the decode fast-forward issues each step's offloads at that step's end time and,
+            # with requests waiting, stops where tier changes could admit one (_tier_ff_cap),
+            # so tiers keep it exact
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.n = len(workload)
@@ -682,7 +683,8 @@ class Simulator:
         finish (every running request samples one token per step), by the next pending SimPy
         event (an arrival or a closed-loop release: the run stops at the step during which it
         happens, as the per-step loop would see it at that step's end), and by the free blocks
-        (the step that would need a preemption runs through the normal path). Blocks are
+        (the step that would need a preemption runs through the normal path), and with tiers and
+        a waiting request by :meth:`_tier_ff_cap`. Blocks are
         allocated in the per-step order (step, then running order), so pool state, prefix-cache
         evictions and recorded steps equal the per-step loop's. Returns ``k`` (0 = not taken).
         """
