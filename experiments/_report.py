@@ -21,3 +21,15 @@ def md_table(df: pd.DataFrame, cols: list[str], fmt: dict | None = None) -> str:
                 cells.append(fmt[c].format(v) if c in fmt else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_report(results_dir, name: str, notes_stem: str, md: list[str], quick: bool) -> None:
+    """Write ``results_dir/<name>.md`` from the report lines ``md`` (with the hand-written
+    ``<notes_stem>_notes.md`` appended unless ``quick``) and print it."""
+    from pathlib import Path
+
+    notes = Path(results_dir) / f"{notes_stem}_notes.md"
+    if not quick and notes.exists():
+        md = [*md, "\n" + notes.read_text()]
+    (Path(results_dir) / f"{name}.md").write_text("\n".join(md))
+    print("\n".join(md))

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments._report import md_table as _md_table
+from experiments._report import md_table as _md_table, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
@@ -191,11 +191,7 @@ def main(argv=None) -> None:
         md += ["\n## NVFP4 vs identity at equal host capacity\n",
                md_table(deltas, list(deltas.columns))]
     md += ["\nFigures (drawn by kvsim-plot from the collected sweeps): " + ", ".join(f"`{f}`" for f in figs) + "\n"]
-    notes = RESULTS / "hit_by_tier_notes.md"
-    if not args.quick and notes.exists():
-        md.append("\n" + notes.read_text())
-    (RESULTS / f"{name}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_report(RESULTS, name, "hit_by_tier", md, args.quick)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from experiments._report import write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 SCRATCH = ROOT / "outputs" / "experiments" / "multi_turn_growth"
@@ -191,11 +193,7 @@ def main(argv=None) -> None:
           "## Runs\n", "\n".join(slines) + "\n",
           f"final_context_gib = all clients' last-turn histories ({p['clients']} x {p['unit'] * p['turns']:,} tokens).\n",
           f"Figure: `{name}.png`.\n"]
-    notes = RESULTS / "multi_turn_growth_notes.md"
-    if not args.quick and notes.exists():
-        md.append("\n" + notes.read_text())
-    (RESULTS / f"{name}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_report(RESULTS, name, "multi_turn_growth", md, args.quick)
 
 
 if __name__ == "__main__":

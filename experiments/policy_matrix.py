@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from experiments._report import md_table as _md_table
+from experiments._report import md_table as _md_table, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
@@ -235,11 +235,7 @@ def main(argv=None) -> None:
     md += [f"\nFigures: `{name}.png` (run totals, log-log, colour = compactor, marker = trace); "
            + ", ".join(f"`{f}`" for f in figs) + " (kvsim-plot `blocks-freed` per eviction round, "
            "policies streaming_llm / h2o / snapkv / r_kv / triattention).\n"]
-    notes = RESULTS / "policy_matrix_notes.md"
-    if not args.quick and notes.exists():
-        md.append("\n" + notes.read_text())
-    (RESULTS / f"{name}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_report(RESULTS, name, "policy_matrix", md, args.quick)
 
 
 if __name__ == "__main__":

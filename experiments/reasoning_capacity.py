@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from experiments._report import md_table as _md_table
+from experiments._report import md_table as _md_table, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
@@ -267,11 +267,7 @@ def main(argv=None) -> None:
           _md_table(side, scols, FMT),
           f"\nFigure: `{name}.png` (top: throughput vs batch, red x = preempted; bottom: peak KV "
           "vs pool).\n"]
-    notes_path = RESULTS / "reasoning_capacity_notes.md"
-    if not args.quick and notes_path.exists():
-        md.append("\n" + notes_path.read_text())
-    (RESULTS / f"{name}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_report(RESULTS, name, "reasoning_capacity", md, args.quick)
 
 
 if __name__ == "__main__":

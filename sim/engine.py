@@ -141,13 +141,8 @@ class Simulator:
         self.progress = progress
         self.max_sim_time = max_sim_time_s
         self.fast_forward = bool(fast_forward)
-        if not self.chunked and self.max_tokens < self.max_model_len:
-            from .hardware import ConfigError
-            raise ConfigError(
-                f"scheduler.max_num_batched_tokens={self.max_tokens} < model.max_model_len="
-                f"{self.max_model_len} with chunked prefill disabled: a long prompt could never be "
-                f"scheduled (vLLM rejects this config too); enable chunked prefill, raise the "
-                f"budget or lower model.max_model_len")
+        from .hardware import check_prefill_budget
+        check_prefill_budget(self.max_tokens, self.max_model_len, self.chunked)
         self.env = simpy.Environment()
         # tiers: a factory env -> TierManager (None = GPU only)
         self.tiers = tiers(self.env) if tiers is not None else None

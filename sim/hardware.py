@@ -40,6 +40,17 @@ class ConfigError(ValueError):
     """An impossible or inconsistent configuration; the message names the field(s)."""
 
 
+def check_prefill_budget(max_num_batched_tokens: int, max_model_len: int, chunked: bool) -> None:
+    """Without chunked prefill a prompt longer than the step budget could never be scheduled
+    (vLLM rejects this config too). Raises ConfigError naming the fields."""
+    if not chunked and max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens={max_num_batched_tokens} < model.max_model_len="
+            f"{max_model_len} with scheduler.enable_chunked_prefill=false: a long prompt could "
+            f"never be scheduled; enable chunked prefill, raise the budget or lower "
+            f"model.max_model_len")
+
+
 def dtype_bytes(name: str, field_name: str) -> float:
     """Bytes per value of a dtype name; raises ConfigError naming ``field_name`` if unknown."""
     try:

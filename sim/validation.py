@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .hardware import ConfigError
+from .hardware import ConfigError, check_prefill_budget
 
 __all__ = ["validate_config", "validate_workload"]
 
@@ -57,13 +57,8 @@ def _check_scheduler(cfg) -> None:
     _need("scheduler", s, "long_prefill_token_threshold", _nonneg, ">= 0 (0 = no cap)")
     if s.preemption_mode != "recompute":
         raise ConfigError(f"scheduler.preemption_mode={s.preemption_mode!r}; expected 'recompute'")
-    if not s.enable_chunked_prefill and s.max_num_batched_tokens < m.max_model_len:
-        # the engine makes the same check; here it comes before the memory plan and the trace
-        raise ConfigError(
-            f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} < model.max_model_len="
-            f"{m.max_model_len} with scheduler.enable_chunked_prefill=false: a long prompt could "
-            f"never be scheduled; enable chunked prefill, raise the budget or lower "
-            f"model.max_model_len")
+    # the engine makes the same check; here it comes before the memory plan and the trace
+    check_prefill_budget(s.max_num_batched_tokens, m.max_model_len, s.enable_chunked_prefill)
 
 
 def _check_model(cfg) -> None:
