@@ -47,6 +47,10 @@ class DictIndex:
         """Entries held (live and stale)."""
         return len(self.d)
 
+    def get1(self, key: int) -> int:
+        """Value of one key, -1 where absent."""
+        return self.d.get(key, -1)
+
     def get_many(self, q: np.ndarray) -> np.ndarray:
         """Value of each key in ``q`` (int64 array), -1 where absent."""
         n = len(q)
@@ -66,6 +70,9 @@ class DictIndex:
                 else:
                     out.append(False)
             return np.array(out, dtype=bool)
+        if not self.d:  # empty (a fresh or rebuilt index): every key is absent
+            self.d.update(zip(q.tolist(), v.tolist()))
+            return np.ones(len(q), dtype=bool)
         cur = self.get_many(q)
         new = (cur < 0) | (live_hash[np.maximum(cur, 0)] != q)
         if new.all():
@@ -114,6 +121,10 @@ class KeyTable:
             if k == _EMPTY:
                 return -1
             s = (s + 1) & mask
+
+    def get1(self, key: int) -> int:
+        """Value of one key, -1 where absent."""
+        return self._get1(key, self._home1(key))
 
     def get_many(self, q: np.ndarray) -> np.ndarray:
         """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``.
@@ -296,9 +307,15 @@ class BlockPool:
         """
         if not self.enable_caching or max_blocks <= 0:
             return np.empty(0, dtype=np.int64)
+        limit = min(int(max_blocks), len(keys))
+        if limit <= 0:
+            return np.empty(0, dtype=np.int64)
+        k0 = int(keys[0])
+        b0 = self.index.get1(k0)
+        if b0 < 0 or int(self.block_hash[b0]) != k0:  # no hit (a scalar probe, not a chunk)
+            return np.empty(0, dtype=np.int64)
         out: list[np.ndarray] = []
         start = 0
-        limit = min(int(max_blocks), len(keys))
         chunk = 256
         while start < limit:
             stop = min(start + chunk, limit)

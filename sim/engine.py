@@ -696,9 +696,13 @@ class Simulator:
                     k = min(k, r.next_round - r.n_computed)  # the round fires at that step's end
             if k < 2:
                 return 0
-        # slot index of each request's step-1 token (dense: its position; compressed: physical)
-        slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
-                             for r in reqs), dtype=np.int64, count=b)
+        # slot index of each request's step-1 token (dense: its position, = its context in
+        # ``ctx0``; compressed: physical)
+        if comp is None:
+            slot0 = ctx0
+        else:
+            slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
+                                 for r in reqs), dtype=np.int64, count=b)
         t_next = env.peek()
         if self.max_sim_time is not None:
             t_next = min(t_next, float(self.max_sim_time))
@@ -721,11 +725,18 @@ class Simulator:
         # new blocks needed at steps 2..k: request i's token index slot0 + s - 1 starts a block
         # at steps s0[i], s0[i] + B, ... (pairs of (step, request), built request-major)
         s0 = 2 + (-(slot0 + 1)) % B
-        cnt = np.where(s0 <= k, (k - s0) // B + 1, 0)
-        n_pairs = int(cnt.sum())
+        if k <= B + 1:  # at most one new block per request (s0 >= 2): the common short stretch
+            pi = np.flatnonzero(s0 <= k)
+            n_pairs = len(pi)
+            ps = s0[pi]
+        else:
+            cnt = np.where(s0 <= k, (k - s0) // B + 1, 0)
+            n_pairs = int(cnt.sum())
+            if n_pairs:
+                pi = np.repeat(np.arange(b), cnt)
+                ps = np.repeat(s0, cnt) + B * (np.arange(n_pairs)
+                                               - np.repeat(np.cumsum(cnt) - cnt, cnt))
         if n_pairs:
-            pi = np.repeat(np.arange(b), cnt)
-            ps = np.repeat(s0, cnt) + B * (np.arange(n_pairs) - np.repeat(np.cumsum(cnt) - cnt, cnt))
             alloc_per_step = np.bincount(ps, minlength=k + 1)
             cum_new = np.cumsum(alloc_per_step)
             free = self.pool.num_free
@@ -787,12 +798,18 @@ class Simulator:
             by_req = np.empty(n_pairs, dtype=np.int64)
             by_req[order] = blocks  # back to request-major order
             nb_all = np.bincount(pi, minlength=b)
-            ends = np.cumsum(nb_all)
-            for i in np.flatnonzero(nb_all).tolist():
-                req = reqs[i]
-                nb = int(nb_all[i])
-                req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[ends[i] - nb:ends[i]]
-                req.n_blocks += nb
+            if k <= B + 1:  # at most one new block per request (see above)
+                for i, blk in zip(pi.tolist(), by_req.tolist()):
+                    req = reqs[i]
+                    req.blocks[req.n_blocks] = blk
+                    req.n_blocks += 1
+            else:
+                ends = np.cumsum(nb_all)
+                for i in np.flatnonzero(nb_all).tolist():
+                    req = reqs[i]
+                    nb = int(nb_all[i])
+                    req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[ends[i] - nb:ends[i]]
+                    req.n_blocks += nb
         used1 = self.pool.num_used - int(alloc_per_step.sum())  # after step 1
         cf1 = self.pool.num_cached_free + int(evicted_per_step.sum())
         start = env.now

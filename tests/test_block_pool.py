@@ -127,6 +127,7 @@ def test_key_table_matches_a_dict(batches, size):
         probe = np.array(sorted(ref) + [7, -7 * (1 << 40) + 3], dtype=np.int64)
         want = [ref.get(k, -1) for k in probe.tolist()]
         assert t.get_many(probe).tolist() == want
+        assert [t.get1(k) for k in probe.tolist()] == want
     assert t.count == len(ref)
 
 
@@ -163,3 +164,23 @@ def test_put_absent_keeps_live_entries_and_replaces_stale(backend):
     new = t.put_absent(np.array([5, 7 << 40, 11], dtype=np.int64), np.array([3, 4, 5]), live)
     assert new.tolist() == [False, True, True]
     assert t.get_many(np.array([5, 7 << 40, 11, 9, 13], dtype=np.int64)).tolist() == [0, 4, 5, 2, -1]
+
+
+@pytest.mark.parametrize("backend", ["dict", "table"])
+def test_lookup_prefix_first_block_evicted_or_stale(backend):
+    """lookup_prefix probes the first key alone: a stale first entry (its block evicted and
+    reallocated) is a miss even when later keys are still cached; a live first key walks on."""
+    pool = BlockPool(6, index=backend)
+    keys = block_keys(np.empty(0, np.int64), 0, 0, 16, 1, 3)
+    b = pool.allocate(3)
+    pool.cache_blocks(b, keys)
+    assert pool.lookup_prefix(keys, 3).tolist() == b.tolist()
+    pool.free(b[::-1])  # freed deepest first: b[2], b[1], b[0] at the queue's tail
+    pool.allocate(3)  # the never-used blocks go first; nothing evicted yet
+    assert pool.lookup_prefix(keys, 3).tolist() == b.tolist()
+    pool.allocate(1)  # evicts b[2] (deepest): the hit is cut after two blocks
+    assert pool.lookup_prefix(keys, 3).tolist() == b[:2].tolist()
+    pool.allocate(2)  # evicts b[1] and b[0]: the first key's entry is stale
+    assert pool.index.get1(int(keys[0])) == int(b[0])  # lazily deleted, still in the index
+    assert pool.lookup_prefix(keys, 3).tolist() == []
+    assert pool.lookup_prefix(keys[1:], 2).tolist() == []
