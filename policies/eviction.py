@@ -87,6 +87,9 @@ def _rank_desc(score: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return np.where(cand, rank, np.iinfo(np.int64).max)
 
 
+TOPK_ROWS_BY_PARTITION = 8  # topk_mask: up to this many rows take the per-row partition path
+
+
 def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     """``bool[H, S]``: the top-``k`` candidates per row by ``score`` (all of them if fewer).
 
@@ -94,7 +97,28 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     k = np.maximum(np.broadcast_to(np.asarray(k, dtype=np.int64), (score.shape[0],)), 0)
     if score.shape[1] == 0:
         return np.zeros(score.shape, dtype=bool)
-    return cand & (_rank_desc(score, cand) < k[:, None])
+    if score.shape[0] > TOPK_ROWS_BY_PARTITION:
+        return cand & (_rank_desc(score, cand) < k[:, None])
+    # few rows: per row, a partition finds the k-th largest candidate score; every candidate
+    # above it is kept, and of those equal to it the lowest slots (the stable sort's tie order)
+    out = np.zeros(score.shape, dtype=bool)
+    for h in range(score.shape[0]):
+        c = np.flatnonzero(cand[h])
+        kk = int(k[h])
+        v = score[h, c].astype(np.float64)
+        if not np.isfinite(v).all():  # an infinite candidate score ties with non-candidates
+            return cand & (_rank_desc(score, cand) < k[:, None])
+        if len(c) <= kk:
+            out[h, c] = True
+            continue
+        if kk == 0:
+            continue
+        thr = np.partition(v, len(v) - kk)[len(v) - kk]
+        above = v > thr
+        ties = np.flatnonzero(v == thr)[:kk - int(np.count_nonzero(above))]
+        out[h, c[above]] = True
+        out[h, c[ties]] = True
+    return out
 
 
 def recent_mask(pos: np.ndarray, cand: np.ndarray, k) -> np.ndarray:

@@ -92,6 +92,7 @@ class ImportanceModel:
         validate_importance_params(self.params)
         self.seed = int(seed)
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._sigma_memo: dict[tuple, np.ndarray] = {}
 
     # -- latent fields -------------------------------------------------------------------------
     def _lattice(self, key: int, stream: int, epoch: int, idx: np.ndarray) -> np.ndarray:
@@ -114,39 +115,56 @@ class ImportanceModel:
             self._memo.move_to_end(mk)
         return arr[idx]
 
-    def _field(self, key: int, stream: int, epoch: int, pos: np.ndarray) -> np.ndarray:
-        """Unit-variance Gaussian field with correlation length L over positions (float64)."""
+    def _interp(self, pos: np.ndarray):
+        """Linear-interpolation terms of :meth:`_field` at ``pos`` (they depend on the positions
+        only, so the static and drift fields share them): ``None`` when L <= 1, else
+        ``(i0, i0 + 1, t, 1 - t, sqrt((1 - t)^2 + t^2))``."""
         L = float(self.params.correlation_length)
         if L <= 1.0:
-            return self._lattice(key, stream, epoch, pos)
+            return None
         x = pos / L
         i0 = np.floor(x).astype(np.int64)
         t = x - i0
-        g0 = self._lattice(key, stream, epoch, i0)
-        g1 = self._lattice(key, stream, epoch, i0 + 1)
-        return ((1.0 - t) * g0 + t * g1) / np.sqrt((1.0 - t) ** 2 + t ** 2)
+        omt = 1.0 - t
+        return i0, i0 + 1, t, omt, np.sqrt(omt ** 2 + t ** 2)
 
-    def _stream(self, key: int, stream: int, pos: np.ndarray, step: int) -> np.ndarray:
+    def _field(self, key: int, stream: int, epoch: int, pos: np.ndarray, ip=False) -> np.ndarray:
+        """Unit-variance Gaussian field with correlation length L over positions (float64).
+        ``ip``: :meth:`_interp` of ``pos`` if already computed."""
+        if ip is False:
+            ip = self._interp(pos)
+        if ip is None:
+            return self._lattice(key, stream, epoch, pos)
+        i0, i1, t, omt, den = ip
+        g0 = self._lattice(key, stream, epoch, i0)
+        g1 = self._lattice(key, stream, epoch, i1)
+        return (omt * g0 + t * g1) / den
+
+    def _stream(self, key: int, stream: int, pos: np.ndarray, step: int, ip=False) -> np.ndarray:
         p = self.params
-        static = self._field(key, stream, _STATIC, pos)
+        if ip is False:
+            ip = self._interp(pos)
+        static = self._field(key, stream, _STATIC, pos, ip)
         if p.drift <= 0.0 or p.drift_period <= 0:
             return static
         e, r = divmod(int(step), int(p.drift_period))
         th = 0.5 * math.pi * r / p.drift_period
-        dyn = math.cos(th) * self._field(key, stream, e, pos) + math.sin(th) * self._field(key, stream, e + 1, pos)
+        dyn = (math.cos(th) * self._field(key, stream, e, pos, ip)
+               + math.sin(th) * self._field(key, stream, e + 1, pos, ip))
         return math.sqrt(1.0 - p.drift) * static + math.sqrt(p.drift) * dyn
 
     def latent(self, request_key: int, positions, num_groups: int, step: int = 0) -> np.ndarray:
         """``float64[num_groups, n]`` standard-normal latent z_g(p, step) (before the heavy tail)."""
         pos = np.asarray(positions, dtype=np.int64)
         rho = float(self.params.head_correlation)
-        shared = self._stream(request_key, _SHARED, pos, step) if rho > 0 else 0.0
+        ip = self._interp(pos)
+        shared = self._stream(request_key, _SHARED, pos, step, ip) if rho > 0 else 0.0
         out = np.empty((num_groups, pos.size), dtype=np.float64)
         for g in range(num_groups):
             if rho >= 1.0:
                 out[g] = shared
             else:
-                own = self._stream(request_key, g, pos, step)
+                own = self._stream(request_key, g, pos, step, ip)
                 out[g] = math.sqrt(rho) * shared + math.sqrt(1.0 - rho) * own
         return out
 
@@ -155,8 +173,15 @@ class ImportanceModel:
         p = self.params
         if p.sigma_spread <= 0:
             return np.full(num_groups, p.sigma, dtype=np.float64)
-        n = _gauss(self.seed, request_key, _SIGMA, 0, np.arange(num_groups))
-        return p.sigma * np.exp(p.sigma_spread * n - 0.5 * p.sigma_spread ** 2)
+        mk = (request_key, num_groups)
+        sig = self._sigma_memo.get(mk)
+        if sig is None:  # a pure function of (seed, request_key, num_groups): memoised
+            n = _gauss(self.seed, request_key, _SIGMA, 0, np.arange(num_groups))
+            sig = p.sigma * np.exp(p.sigma_spread * n - 0.5 * p.sigma_spread ** 2)
+            if len(self._sigma_memo) >= self.MEMO_ENTRIES:
+                self._sigma_memo.clear()
+            self._sigma_memo[mk] = sig
+        return sig.copy()
 
     def scores(self, request_key: int, positions, num_groups: int, step: int = 0,
                seq_len: Optional[int] = None) -> np.ndarray:
@@ -321,6 +346,15 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None) ->
     out = np.full((H, S), -np.inf, dtype=np.float32)
     live = layout.slot_pos >= 0
     if not live.any():
+        return out
+    if H == 1:
+        # score the group's slots directly: a score is a function of its position alone (given
+        # step and seq_len), so this equals scoring the sorted distinct positions and mapping back
+        m = live[0]
+        pos = layout.slot_pos[0, m]
+        seq = layout.next_position if seq_len is None else seq_len
+        out[0, m] = source.scores(layout.request_key, pos, 1, step=step,
+                                  seq_len=max(seq, int(pos.max()) + 1))[0]
         return out
     pos_all = np.unique(layout.slot_pos[live])
     seq = layout.next_position if seq_len is None else seq_len

@@ -497,21 +497,36 @@ class Simulator:
         """
         tiers = self.tiers
         g = len(gpu_hit)
-        keys_l = req.keys[g:max_hit].tolist()
-        # vectorised walk: membership per tier with C-level maps, then the first block held
+        # vectorised walk in growing chunks: membership per tier with C-level maps (the disk is
+        # asked only about blocks neither the GPU nor the host holds); the first block held
         # nowhere ends the hit
-        gpu_b = self.pool.cached_blocks(req.keys[g:max_hit])
-        in_host = np.fromiter(tiers.host.contains_many(keys_l), dtype=bool, count=len(keys_l))
-        if tiers.disk is not None:
-            in_disk = np.fromiter(tiers.disk.contains_many(keys_l), dtype=bool, count=len(keys_l))
-        else:
-            in_disk = np.zeros(len(keys_l), dtype=bool)
-        held = (gpu_b >= 0) | in_host | in_disk
-        m = int(np.argmin(held)) if not held.all() else len(held)
+        gpu_parts, host_parts = [], []
+        lo = g
+        chunk = 256
+        while lo < max_hit:
+            hi = min(lo + chunk, max_hit)
+            kc = req.keys[lo:hi]
+            gpu_b = self.pool.cached_blocks(kc)
+            in_host = np.fromiter(tiers.host.contains_many(kc.tolist()), dtype=bool, count=len(kc))
+            held = (gpu_b >= 0) | in_host
+            if tiers.disk is not None and not held.all():
+                rest = np.flatnonzero(~held)
+                held[rest] = np.fromiter(tiers.disk.contains_many(kc[rest].tolist()), dtype=bool,
+                                         count=len(rest))
+            m = int(np.argmin(held)) if not held.all() else len(held)
+            gpu_parts.append(gpu_b[:m])
+            host_parts.append(in_host[:m])
+            if m < len(held):
+                break
+            lo = hi
+            chunk *= 4
+        gpu_b = gpu_parts[0] if len(gpu_parts) == 1 else np.concatenate(gpu_parts)
+        m = len(gpu_b)
         if m == 0:
             return gpu_hit, None, None, None
-        ext = gpu_b[:m]
-        codes_a = np.where(gpu_b[:m] >= 0, GPU, np.where(in_host[:m], HOST, DISK)).astype(np.int8)
+        in_host = host_parts[0] if len(host_parts) == 1 else np.concatenate(host_parts)
+        ext = gpu_b
+        codes_a = np.where(gpu_b >= 0, GPU, np.where(in_host, HOST, DISK)).astype(np.int8)
         if tiers.load_or_recompute and (codes_a == DISK).any():
             first = int(np.argmax(codes_a == DISK))
             n_disk = int(np.count_nonzero(codes_a[first:] == DISK))

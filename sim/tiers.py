@@ -132,9 +132,12 @@ class LRUStore:
             return list(keys)
         if len(set(keys)) == len(keys):
             # every batch key ends at the MRU end in batch order: the same order as one insert
-            # per key, with C-level calls
+            # per key, with C-level calls (new keys are appended in order by the update; held
+            # ones must be moved, which re-orders the whole batch)
+            n0 = len(d)
             d.update(zip(keys, repeat(None)))
-            deque(map(d.move_to_end, keys), maxlen=0)
+            if len(d) - n0 != len(keys):
+                deque(map(d.move_to_end, keys), maxlen=0)
         else:
             for k in keys:
                 if k in d:
