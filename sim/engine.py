@@ -351,6 +351,7 @@ class Simulator:
         B = self.B
         caching = self.caching
         ff_layout = self.comp is not None and not self.comp.hole_fill
+        plain_ctx = ff_layout and not self.comp.quest
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -386,8 +387,13 @@ class Simulator:
                 break
             sched_req.append(req)
             sched_n.append(n)
-            sched_ctx.append(req.n_computed if req.layout is None
-                             else max(0, self.comp.physical_context(req) - n))
+            if req.layout is None:
+                sched_ctx.append(req.n_computed)
+            elif plain_ctx:  # = Compression.physical_context without read-factor or Quest
+                ctx = req.phys_base + req.pending if req.compressed else req.n_placed
+                sched_ctx.append(max(0, ctx - n))
+            else:
+                sched_ctx.append(max(0, self.comp.physical_context(req) - n))
             budget -= n
             i += 1
         self._step_preempted = preempted
