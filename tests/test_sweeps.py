@@ -99,7 +99,9 @@ def test_killed_sweep_resumes_only_missing_runs(tmp_path):
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while not _summaries(sweep):
+        # wait for a complete run (summary.json is renamed into place just before the marker
+        # is removed: a run killed between the two is incomplete)
+        while not any(C.read_run(p.parent, sweep, 0).complete for p in _summaries(sweep).values()):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"sweep ended (rc={proc.returncode}) or timed out before any run completed")
             time.sleep(0.02)
@@ -115,8 +117,9 @@ def test_killed_sweep_resumes_only_missing_runs(tmp_path):
     assert 1 <= len(before) < 6, f"kill came too late: {sorted(before)} complete"
     started = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     interrupted = [d for d in started if d not in before]
-    for d in interrupted:  # a killed run holds the marker and no summary
-        assert not (sweep / d / "summary.json").exists()
+    for d in interrupted:  # a killed run holds the marker (and no summary unless killed
+        # between writing its summary and removing the marker)
+        assert (sweep / d / "INCOMPLETE").exists() or not (sweep / d / "summary.json").exists()
 
     # the collection of the interrupted sweep lists the unfinished runs and keeps them out
     res = C.collect(sweep, tmp_path / "col1", quiet=True)
