@@ -73,12 +73,14 @@ class DictIndex:
         if not self.d:  # empty (a fresh or rebuilt index): every key is absent
             self.d.update(zip(q.tolist(), v.tolist()))
             return np.ones(len(q), dtype=bool)
-        cur = self.get_many(q)
-        new = (cur < 0) | (live_hash[np.maximum(cur, 0)] != q)
-        if new.all():
-            self.d.update(zip(q.tolist(), v.tolist()))
-        elif new.any():
-            self.d.update(zip(q[new].tolist(), v[new].tolist()))
+        # one C-level pass: absent keys are inserted, held ones return their block; an entry
+        # is kept only if live (a stale one is overwritten below)
+        vl = v.tolist()
+        cur = np.fromiter(map(self.d.setdefault, q.tolist(), vl), dtype=np.int64, count=len(vl))
+        new = live_hash[cur] != q
+        stale = new & (cur != v)
+        if stale.any():
+            self.d.update(zip(q[stale].tolist(), v[stale].tolist()))
         return new
 
 

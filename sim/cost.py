@@ -121,7 +121,7 @@ class AnalyticCostModel:
         sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
         pairs = sum_c + b  # sum over requests of (1 x c + 1)
         flops = pairs * self.attn_flops_per_pair * self.full_layers
-        bytes_ = (sum_c + b) * self.kv_tok
+        bytes_ = pairs * self.kv_tok  # (sum_c + b) tokens read and written
         if self.win_layers:
             w = self.window
             cw = np.minimum(ctx0[None, :].astype(np.float64) + s[:, None], w).sum(axis=1)

@@ -856,7 +856,24 @@ class Simulator:
         finished = False
         reg_b = []
         reg_k = []
-        for i, req in enumerate(reqs):
+        caching = self.caching
+        if comp is None:  # dense requests only: the loop below without its layout branches
+            for req in reqs:
+                if req.n_blocks > req.peak_blocks:
+                    req.peak_blocks = req.n_blocks
+                c = req.n_computed + k
+                req.n_computed = c
+                req.n_generated += k
+                if caching and c // B > req.n_cached:
+                    full = c // B
+                    reg_b.append(req.blocks[req.n_cached:full])
+                    reg_k.append(req.keys[req.n_cached:full])
+                    req.n_cached = full
+                if req.n_generated >= req.output:
+                    req.status = FINISHED
+                    req.finish = now
+                    finished = True
+        for i, req in enumerate(reqs if comp is not None else ()):
             if req.layout is not None:
                 nb = int(nb_all[i])
                 if comp.blocks_for(req, k - 1) != nb:
@@ -887,7 +904,6 @@ class Simulator:
             self.pool.cache_blocks(np.concatenate(reg_b), np.concatenate(reg_k))
         if tiers is not None:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
-        live0 = int(np.sum(ctx0))
         rec = self.rec
         if finished:
             self._retire_finished()
@@ -904,6 +920,7 @@ class Simulator:
             if self.check:
                 self.check_invariants()
             return k
+        live0 = int(np.sum(ctx0))
         steps_idx = np.arange(1, k + 1)
         starts = np.concatenate(([start], cum[:-1]))
         used = used1 + np.cumsum(alloc_per_step[1:])

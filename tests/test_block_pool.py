@@ -184,3 +184,33 @@ def test_lookup_prefix_first_block_evicted_or_stale(backend):
     assert pool.index.get1(int(keys[0])) == int(b[0])  # lazily deleted, still in the index
     assert pool.lookup_prefix(keys, 3).tolist() == []
     assert pool.lookup_prefix(keys[1:], 2).tolist() == []
+
+
+@pytest.mark.parametrize("backend", ["dict", "table"])
+@pytest.mark.parametrize("n", [3, 40])
+def test_put_absent_batch_paths_agree_with_a_reference(backend, n):
+    """Scalar (few keys) and batch paths of put_absent: absent keys are set, live entries kept,
+    stale entries replaced, including a stale entry that already points at the new block."""
+    from sim.block_pool import INDEX_BACKENDS
+    rng = np.random.default_rng(n)
+    t = INDEX_BACKENDS[backend](4096)
+    live = np.full(200, NO_HASH, dtype=np.int64)
+    ref: dict[int, int] = {}
+    for _ in range(30):
+        q = rng.choice(np.arange(1, 300, dtype=np.int64) << 33, size=n, replace=False)
+        v = rng.integers(0, 200, size=n)
+        want = []
+        for key, val in zip(q.tolist(), v.tolist()):
+            cur = ref.get(key)
+            ok = cur is None or live[cur] != key
+            if ok:
+                ref[key] = val
+            want.append(ok)
+        assert t.put_absent(q, v, live).tolist() == want
+        # some registrations become live, some blocks get other hashes (entries go stale)
+        for key, val, w in zip(q.tolist(), v.tolist(), want):
+            if w and rng.random() < 0.6:
+                live[val] = key
+        live[rng.integers(0, 200, size=10)] = NO_HASH
+        probe = np.array(sorted(ref), dtype=np.int64)
+        assert t.get_many(probe).tolist() == [ref[k] for k in probe.tolist()]
