@@ -352,10 +352,13 @@ class Simulator:
         caching = self.caching
         ff_layout = self.comp is not None and not self.comp.hole_fill
         plain_ctx = ff_layout and not self.comp.quest
+        samples = 0  # scheduled requests whose chunk ends at their last token (they sample)
+        decodes = 0  # running requests scheduled for exactly their one next decode token
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.input + req.n_generated - req.n_computed
+            rem = req.input + req.n_generated - req.n_computed
+            n = rem
             if long_thr and n > long_thr:
                 n = long_thr
             if n > budget:
@@ -387,6 +390,10 @@ class Simulator:
                 break
             sched_req.append(req)
             sched_n.append(n)
+            if n == rem:
+                samples += 1
+                if n == 1 and req.n_generated:
+                    decodes += 1
             if req.layout is None:
                 sched_ctx.append(req.n_computed)
             elif plain_ctx:  # = Compression.physical_context without read-factor or Quest
@@ -398,6 +405,7 @@ class Simulator:
             i += 1
         self._step_preempted = preempted
         self._step_admitted = 0
+        self._step_decodes = decodes
         if not preempted:
             pool = self.pool
             B = self.B
@@ -458,8 +466,10 @@ class Simulator:
                 sched_req.append(req)
                 sched_n.append(n)
                 sched_ctx.append(hit_tokens)
+                if hit_tokens + n == num_tokens:
+                    samples += 1
                 budget -= n
-        return sched_req, sched_n, sched_ctx
+        return sched_req, sched_n, sched_ctx, samples
 
     def _prefix_hit(self, req: Request):
         """The admission's prefix hit: GPU lookup, extended through host and disk with tiers.
@@ -592,7 +602,7 @@ class Simulator:
                 yield self._wake
                 self._wake = None
                 continue
-            sched_req, sched_n, sched_ctx = self._schedule()
+            sched_req, sched_n, sched_ctx, samples = self._schedule()
             if not sched_req and self.onboarding:
                 # nothing runnable until an onboarding request's pages arrive (or an arrival)
                 self._wake = env.event()
@@ -605,10 +615,6 @@ class Simulator:
                     f"{len(self.running)} running, {self.pool.num_free} free blocks")
             n_arr = np.asarray(sched_n, dtype=np.int64)
             ctx_arr = np.asarray(sched_ctx, dtype=np.int64)
-            samples = 0
-            for req, n in zip(sched_req, sched_n):
-                if req.n_computed + n == req.input + req.n_generated:
-                    samples += 1
             dt = self.cost.step_time(n_arr, ctx_arr, samples)
             extra_dt = 0.0
             if self.comp is not None:
@@ -618,7 +624,7 @@ class Simulator:
                     extra_dt += sum(self.comp.step_extra_time(r) for r, n in zip(sched_req, sched_n)
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
-            if self.fast_forward and self._pure_decode(sched_req, n_arr, ctx_arr):
+            if self.fast_forward and self._pure_decode(sched_req):
                 k = 0
                 if env.peek() > env.now + dt:  # else the next event lands inside this step
                     k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
@@ -680,17 +686,14 @@ class Simulator:
                     f"the run fits in (raise it, or null for no limit)")
 
     # ------------------------------------------------------------------ fast-forward
-    def _pure_decode(self, sched_req, n_arr, ctx_arr) -> bool:
-        """True if this step schedules every running request for exactly one decode token and
-        admitted nobody (so the next steps repeat the same shape until an event changes it)."""
+    def _pure_decode(self, sched_req) -> bool:
+        """True if this step schedules every running request for exactly one decode token (each
+        has sampled at least one token and computed all but its last) and admitted and preempted
+        nobody (so the next steps repeat the same shape until an event changes it). Uses the
+        counts :meth:`_schedule` kept."""
         if self._step_admitted or self._step_preempted:
             return False
-        if len(sched_req) != len(self.running) or not (n_arr == 1).all():
-            return False
-        for req in sched_req:
-            if req.n_generated < 1 or req.n_computed != req.num_tokens - 1:
-                return False
-        return True
+        return len(sched_req) == len(self.running) == self._step_decodes
 
     def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0):
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
