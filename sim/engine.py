@@ -371,8 +371,8 @@ class Simulator:
                 slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
             elif ff_layout and not (caching and not req.compressed and upto // B > req.n_cached):
                 m = upto - req.n_placed
-                slow = m > 0 and (req.phys_base + req.pending + m + B - 1) // B > (
-                    req.layout.n_blocks + req.blocks_since)
+                # the block table's length (= layout.n_blocks + blocks_since; check_invariants)
+                slow = m > 0 and (req.phys_base + req.pending + m + B - 1) // B > req.n_blocks
                 if m > 0 and not slow:
                     req.pending += m  # = Compression.place(req, m, 0)
                     req.n_placed += m
@@ -659,7 +659,11 @@ class Simulator:
                     prefill_tokens += n
                 req.n_computed += n
                 if self.comp is not None and req.layout is not None and req.n_computed >= req.input:
-                    if self.comp.due(req, req.n_computed - n < req.input):
+                    # Compression.due is False unless the prefill ended now or the cached round
+                    # point is reached: test those here before the call
+                    pd = req.n_computed - n < req.input
+                    if (pd or (req.next_round is not None and req.n_computed >= req.next_round)) \
+                            and self.comp.due(req, pd):
                         self._round(req)
                 if req.n_computed == req.input + req.n_generated:
                     req.n_generated += 1
@@ -1030,6 +1034,10 @@ class Simulator:
 
     def check_invariants(self) -> None:
         """Assert pool and request invariants (``sim.check_invariants``)."""
+        for r in self.running:
+            if r.layout is not None:  # the scheduler's fast path reads n_blocks for this sum
+                assert r.n_blocks == r.layout.n_blocks + r.blocks_since, \
+                    f"request {r.rid}: block table {r.n_blocks} != layout {r.layout.n_blocks} + {r.blocks_since}"
         held = [r.blocks[:r.n_blocks] for r in self.running if r.n_blocks]
         held_arr = np.concatenate(held) if held else np.empty(0, np.int64)
         self.pool.check(held_arr)
