@@ -30,7 +30,7 @@ defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import filterfalse, repeat
+from itertools import filterfalse, islice, repeat
 
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .metrics import TransferLog
@@ -147,8 +147,9 @@ class LRUStore:
         out = []
         extra = len(d) - self.capacity
         if extra > 0:
-            pop = d.popitem
-            out = [pop(last=False)[0] for _ in range(extra)]
+            # the ``extra`` least recently used keys, then their removal (C-level passes)
+            out = list(islice(d, extra))
+            deque(map(d.pop, out), maxlen=0)
         if len(d) > self.peak:
             self.peak = len(d)
         return out
