@@ -154,6 +154,10 @@ class Simulator:
         if self.comp is not None and self.comp.hole_fill:
             # hole-filled appends land in scattered slots: no closed form for block crossings
             self.fast_forward = False
+        if self.comp is not None and self.comp.step_scoring:
+            # per-step scoring (H2O, TOVA, ...) adds a cost that grows with each request's
+            # length every step; the stretch's step times do not model it
+            self.fast_forward = False
         self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
         if self.tiers is not None:
             self.pool.evict_log = []
@@ -860,6 +864,10 @@ class Simulator:
         yield env.timeout(total)
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
+        if self.rec.record_steps:
+            # live KV tokens as the per-step loop records them (_live_tokens: computed tokens of
+            # the running requests; compressed requests' physical contexts in ctx0 differ)
+            live0 = sum(r.n_computed for r in reqs)
         finished = False
         reg_b = []
         reg_k = []
@@ -927,7 +935,6 @@ class Simulator:
             if self.check:
                 self.check_invariants()
             return k
-        live0 = int(np.sum(ctx0))
         steps_idx = np.arange(1, k + 1)
         starts = np.concatenate(([start], cum[:-1]))
         used = used1 + np.cumsum(alloc_per_step[1:])

@@ -112,3 +112,23 @@ def test_forward_pack_frees_more_than_none_and_compaction_speeds_decode(tmp_path
     assert sf["peak_gpu_blocks_used"] < sd["peak_gpu_blocks_used"]
     # the compacted cache is shorter, so decode reads less KV: TPOT below dense
     assert sf["tpot_s"]["mean"] < sd["tpot_s"]["mean"]
+
+
+@pytest.mark.parametrize("policy,n", [("triattention", 40), ("h2o", 10), ("snapkv", 40)])
+def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n):
+    """The decode fast-forward with a compression policy writes the same requests, steps
+    (live_kv_tokens included) and rounds tables as the per-step loop, on a real trace slice
+    (reasoning-length outputs so rounds fire inside decode stretches). Per-step scoring
+    policies (H2O) run the per-step loop; the test failed on both before that and before the
+    stretch's live-token column counted computed tokens."""
+    out = {}
+    for ff in ("true", "false"):
+        d = tmp_path / ff
+        cfg = compose_config(["trace=servegen_r1", f"trace.num_requests={n}", f"policy={policy}",
+                              "compaction=forward_pack", "policy.budget=256",
+                              "sim.progress=false", f"sim.fast_forward={ff}"])
+        run_simulation(cfg, d)
+        out[ff] = {t: pd.read_parquet(d / f"{t}.parquet") for t in ("requests", "steps", "rounds")}
+    assert len(out["true"]["rounds"]) > 0
+    for t in ("requests", "steps", "rounds"):
+        pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
