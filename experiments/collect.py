@@ -197,7 +197,11 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
 
     summary_path = run_dir / "summary.json"
     if (run_dir / MARKER).exists():
-        info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
+        text = (run_dir / MARKER).read_text(errors="replace").strip()
+        if text.startswith("this run failed:"):  # the CLI's record of a rejected config/trace
+            info.failure = f"INCOMPLETE marker: {text}"
+        else:
+            info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
     elif not summary_path.is_file():
         info.failure = "no summary.json"
     else:

@@ -93,11 +93,15 @@ def app(cfg: DictConfig) -> None:
         summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:
         print(f"kvsim: error: {e}", file=sys.stderr)
-        marker = out_dir / "INCOMPLETE"
-        if marker.exists():
-            print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker)",
+        if is_complete(out_dir):
+            print(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run",
                   file=sys.stderr)
-            marker.write_text(f"this run failed: {e}\n")
+        elif not out_dir.exists() or out_dir.is_dir():
+            # mark the directory failed (kvsim-collect lists it with this reason)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "INCOMPLETE").write_text(f"this run failed: {e}\n")
+            print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
+                  f"with this error)", file=sys.stderr)
         if multirun:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)

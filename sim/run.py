@@ -165,21 +165,16 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     programmatic use and tests).
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
-    the config or trace is invalid (the results directory then holds only the marker).
+    the config or trace is invalid; the results directory is then not touched (an earlier
+    run's results stay as they were).
     """
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"output.dir={out}: exists and is not a folder; expected a folder "
-                              f"for the results (or a path to create)")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MARKER).write_text("this run has not completed\n")
-        # a reused directory must not keep an earlier run's tables next to the marker
-        for name in ("summary.json", "requests.parquet", "steps.parquet", "rounds.parquet",
-                     "transfers.parquet", "ops.jsonl", "config.yaml"):
-            if (out / name).exists():
-                (out / name).unlink()
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"output.dir={out}: exists and is not a folder; expected a folder "
+                          f"for the results (or a path to create)")
+    # every config and trace check runs before the results directory is touched, so a
+    # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
@@ -189,6 +184,14 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
     validate_workload(cfg, wl)
     t_load = time.perf_counter() - t_load
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("this run has not completed\n")
+        # a reused directory must not keep an earlier run's tables next to the marker
+        for name in ("summary.json", "requests.parquet", "steps.parquet", "rounds.parquet",
+                     "transfers.parquet", "ops.jsonl", "config.yaml"):
+            if (out / name).exists():
+                (out / name).unlink()
     n = len(wl)
     rec = Recorder(n, wl.table.column("session_id").to_numpy(),
                    record_steps=bool(cfg.output.write_steps))

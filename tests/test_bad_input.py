@@ -112,12 +112,25 @@ def _cfg(*o):
 
 @pytest.mark.parametrize("overrides,pattern", CONFIG_CASES, ids=[" ".join(c[0]) for c in CONFIG_CASES])
 def test_impossible_config_fails_before_simulation(tmp_path, overrides, pattern):
-    """run_simulation raises ConfigError naming the field; the directory holds only the marker
-    (no summary.json, no tables), so it can never be mistaken for a finished run."""
+    """run_simulation raises ConfigError naming the field before it touches the results
+    directory (nothing is created, so nothing can be mistaken for a finished run)."""
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match=pattern):
         run_simulation(_cfg(*overrides), out)
-    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert not out.exists()
+
+
+def test_rejected_rerun_keeps_an_earlier_complete_run(tmp_path):
+    """A config typo on a re-run into the same output.dir leaves the earlier complete results
+    as they were (same bytes) and says so; the run exits 2."""
+    out = tmp_path / "r"
+    r = _kvsim(out, "trace.max_requests=30")
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = _kvsim(out, "trace.max_requests=30", "cache.block_size=7")
+    assert r.returncode == 2
+    assert "keeps an earlier complete run" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_validate_config_accepts_every_preset():
@@ -154,13 +167,14 @@ def test_policy_budget_below_protected_prompt():
 
 
 def test_budget_below_prompt_run_is_not_complete(tmp_path):
-    """Through run_simulation the same config fails with ConfigError (today from the engine at
-    the request's admission) and leaves no summary.json."""
+    """Through run_simulation the same config fails with ConfigError (from the workload checks,
+    before the results directory is touched, or from the engine at the request's admission,
+    which leaves the marker) and leaves no summary.json."""
     c = _cfg("policy=h2o", "policy.protect_prompt=true", "policy.budget=100")
     wl = make_workload([dict(arrival_s=0.0, input_tokens=300, output_tokens=4)])
     with pytest.raises(ConfigError, match=r"budget 100 .* below the protected prompt of 300 tokens"):
         run_simulation(c, tmp_path / "r", workload=wl)
-    assert (tmp_path / "r" / MARKER).exists() and not (tmp_path / "r" / "summary.json").exists()
+    assert not (tmp_path / "r" / "summary.json").exists()
 
 
 # ------------------------------------------------------------------------------ traces

@@ -84,15 +84,21 @@ def test_crash_mid_simulation_leaves_incomplete_dir(tmp_path):
 
 
 def test_rerun_into_completed_dir_that_fails_is_not_complete(tmp_path):
-    """A finished directory reused by a run that then fails loses its summary.json and gets the
-    marker back, so it no longer reads as complete."""
+    """A finished directory reused by a run rejected by the config checks keeps its results
+    (nothing is touched before the checks pass); reused by a run that fails while simulating,
+    it loses its summary.json and gets the marker back, so it no longer reads as complete."""
     from sim.hardware import ConfigError
     from sim.run import compose_config, run_simulation
 
     out = tmp_path / "run"
     run_simulation(compose_config(["sim.progress=false", "trace.max_requests=5"]), out)
     assert is_complete(out)
+    summary = (out / "summary.json").read_bytes()
     with pytest.raises(ConfigError):
         run_simulation(compose_config(["sim.progress=false", "cache.block_size=3"]), out)
+    assert is_complete(out) and (out / "summary.json").read_bytes() == summary
+    with pytest.raises(ConfigError, match="max_sim_time_s"):
+        run_simulation(compose_config(["sim.progress=false", "trace.max_requests=50",
+                                       "sim.max_sim_time_s=1"]), out)
     assert (out / MARKER).exists() and not (out / "summary.json").exists()
     assert not is_complete(out)

@@ -373,3 +373,17 @@ def test_round_figures_on_the_agreed_rounds_schema(fn, by, tmp_path):
     fig = getattr(P, f"plot_{fn}")(_fake_rounds(), by=by, **kw)
     assert P.save(fig, tmp_path / f"{fn}.png").stat().st_size > 5000
     assert P.longest_request(_fake_rounds()) in (0, 1, 2)
+
+
+def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_path):
+    """A sweep whose grid holds an impossible value runs the other jobs, then exits 2 listing
+    the failed job; kvsim-collect gives the job's own error as the failure reason."""
+    sweep = tmp_path / "sw"
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+               "trace.max_requests=20", "cache.block_size=7,16", *QUIET, check=False)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "sweep job 0 failed: cache.block_size=7" in r.stderr
+    assert C.read_run(sweep / "1", sweep, 1).complete
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    (f,) = res.failed
+    assert f.run_id == "0" and "cache.block_size=7; expected a power of two" in f.failure
