@@ -66,6 +66,10 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     return t
 
 
+# cost terms the calibration never covers (see sim.cost.CalibratedCostModel): not worth a note
+ALWAYS_ANALYTIC = ("lm_head", "prefill_attention", "step_overhead", "disk_read_write")
+
+
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
@@ -109,6 +113,17 @@ def app(cfg: DictConfig) -> None:
         print(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)",
               file=sys.stderr)
         sys.exit(130)
+    cm = summary.get("cost_model") or {}
+    if cm.get("kind") == "calibrated" and cm.get("analytic_fallback"):
+        why = cm.get("fallback_reasons") or {}
+        for term in cm["analytic_fallback"]:
+            if term in ALWAYS_ANALYTIC:
+                continue
+            print(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
+                  + (f" ({why[term]})" if why.get(term) else ""), file=sys.stderr)
+    for w in summary.get("trace_warnings") or []:
+        if not w.endswith("(on_error=skip)"):  # the skipped rows get their own line below
+            print(f"kvsim: warning: trace {summary['trace']}: {w}", file=sys.stderr)
     skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
     if skipped:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]

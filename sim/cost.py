@@ -203,7 +203,8 @@ class CalibratedCostModel(AnalyticCostModel):
     :class:`sim.tiers.TierManager` and :class:`sim.compression.Compression` (``self.calibration``).
 
     Args: as :class:`AnalyticCostModel`; ``cost.file`` names the calibration (see
-    :func:`resolve_calibration_path`). Raises ConfigError for a missing or invalid file.
+    :func:`resolve_calibration_path`). Raises ConfigError for a missing or invalid file, or
+    one measured on another GPU (its ``device.name`` must contain :func:`gpu_short_name`).
     """
 
     def __init__(self, model, gpu, cache, cost):
@@ -218,6 +219,12 @@ class CalibratedCostModel(AnalyticCostModel):
         except CalibrationError as e:
             raise ConfigError(f"cost.kind=calibrated: {e}") from None
         cal = self.calibration
+        dev = str(cal.device.get("name", ""))
+        if gpu_short_name(gpu) not in re.sub(r"[^a-z0-9]", "", dev.lower()):
+            raise ConfigError(
+                f"cost.kind=calibrated: {self.path} was measured on {dev or 'an unnamed device'}, "
+                f"but gpu={gpu.name}; expected a calibration of this GPU (cost.file), or "
+                f"cost.kind=analytic")
         self.reasons: dict[str, str] = {}
         shapes = cal.raw.get("model_shapes")
         if not isinstance(shapes, dict):

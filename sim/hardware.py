@@ -174,7 +174,7 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
 
     ``num_gpu_blocks = floor((memory x utilization - weights - activations - window reserve) /
     block bytes)`` with memory and activations summed over ``tensor_parallel_size`` GPUs.
-    ``cache.num_gpu_blocks`` overrides the result.
+    ``cache.num_gpu_blocks`` overrides the result (after the weights check).
 
     Raises ConfigError if the weights do not fit or no block is left, naming the numbers.
     """
@@ -196,11 +196,6 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
     act = activation_reserve_bytes(model, cache, scheduler) * tp
     win = window_kv_bytes_per_seq(model, cache) * scheduler.max_num_seqs
     block_bytes = kv_bytes_per_block(model, cache)
-    if cache.num_gpu_blocks is not None:
-        n = int(cache.num_gpu_blocks)
-        if n <= 0:
-            raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
-        return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes, block_bytes, n)
     if w >= budget:
         raise ConfigError(
             f"model weights do not fit: {model.name} ({model.weight_quant}) needs "
@@ -208,12 +203,21 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
             f"{cache.gpu_memory_utilization} gives {budget / GIB:.1f} GiB; use a larger GPU, "
             f"cost.tensor_parallel_size, or model.weight_quant"
         )
+    if cache.num_gpu_blocks is not None:
+        # vLLM num_gpu_blocks_override: the pool size is taken as given (a what-if may exceed
+        # the memory left after weights); the weights must still fit
+        n = int(cache.num_gpu_blocks)
+        if n <= 0:
+            raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
+        return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes, block_bytes, n)
     pool = budget - w - act - win
     n = int(pool // block_bytes) if pool > 0 else 0
     if n <= 0:
         raise ConfigError(
             f"zero KV blocks left: budget {budget / GIB:.2f} GiB - weights {w / GIB:.2f} GiB - "
-            f"activation reserve {act / GIB:.2f} GiB - sliding-window reserve {win / GIB:.2f} GiB "
-            f"= {pool / GIB:.2f} GiB < one block of {block_bytes} B"
+            f"activation reserve {act / GIB:.2f} GiB (scheduler.max_num_batched_tokens="
+            f"{scheduler.max_num_batched_tokens}) - sliding-window reserve {win / GIB:.2f} GiB "
+            f"(scheduler.max_num_seqs={scheduler.max_num_seqs}) = {pool / GIB:.2f} GiB < one "
+            f"block of {block_bytes} B"
         )
     return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n)

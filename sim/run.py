@@ -241,6 +241,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
             "kv_pool": plan.num_gpu_blocks * plan.block_bytes / 2**30,
         },
         "trace_skipped_rows": _clean_nan(dict(wl.skipped)) if getattr(wl, "skipped", None) else {"count": 0, "examples": []},
+        # what the loader changed or could not honour (zero outputs loaded as 1, sessions cut
+        # at max_context_tokens, ...): printed by the CLI too
+        "trace_warnings": [str(w) for w in (getattr(wl, "warnings", None) or [])],
         "seed": int(cfg.seed),
         "overrides": list(overrides) if overrides is not None else None,
     }

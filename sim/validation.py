@@ -192,6 +192,9 @@ def _to_dataclass(node, cls, importance_cls):
 
 
 def _check_sim_output(cfg) -> None:
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed!r}; expected an integer in [0, 2**32) (numpy seeds)")
     s = cfg.sim
     if s.max_sim_time_s is not None:
         _need("sim", s, "max_sim_time_s", _pos, "> 0 s or null (no limit)")

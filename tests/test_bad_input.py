@@ -34,8 +34,13 @@ KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
 CONFIG_CASES = [
     (["model=llama3_1_70b", "gpu=rtx4090"],
      r"model weights do not fit: Llama-3\.1-70B \(none\) needs 131\.5 GiB .* 1 x RTX-4090"),
+    (["model=llama3_1_70b", "cache.num_gpu_blocks=1000"],
+     r"model weights do not fit: Llama-3\.1-70B \(none\) needs 131\.5 GiB .* 1 x H200"),
     (["cache.activation_reserve_gib=120"], r"zero KV blocks left: budget 126\.36 GiB"),
+    (["scheduler.max_num_batched_tokens=100000000"],
+     r"zero KV blocks left: .*scheduler\.max_num_batched_tokens=100000000"),
     (["cache.num_gpu_blocks=0"], r"cache\.num_gpu_blocks=0; expected a positive number"),
+    (["seed=-1"], r"seed=-1; expected an integer in \[0, 2\*\*32\)"),
     (["cache.block_size=24"], r"cache\.block_size=24; expected a power of two between 1 and "
                               r"cache\.max_block_size=256"),
     (["cache.block_size=512"], r"cache\.block_size=512; expected a power of two"),
@@ -333,3 +338,14 @@ def test_tier_smaller_than_one_page_is_an_error():
                           "sim.progress=false"])
     with pytest.raises(ConfigError, match=r"tiers\.host_gib=0\.001 holds no page of 2359296 bytes"):
         run_simulation(cfg, None)
+
+
+def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
+    """A loader warning (sessions cut at max_context_tokens: fewer requests than the trace
+    describes) is printed and written to summary.json, never dropped."""
+    r = _kvsim(tmp_path / "r", "trace=synthetic_multiturn", "trace.max_context_tokens=1000",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "kvsim: warning: trace synthetic_multiturn: 64 sessions ended early" in r.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])

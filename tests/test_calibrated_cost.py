@@ -199,3 +199,10 @@ def test_fast_forward_equals_per_step_with_calibrated_cost():
     b, *_ = simulate(wl, *o, num_blocks=60, fast_forward=False)
     for col in ("first_token_s", "finish_s"):
         np.testing.assert_allclose(a[col], b[col], rtol=1e-9, atol=1e-12)
+
+
+def test_calibration_of_another_gpu_is_rejected():
+    """An H200 calibration with gpu=rtx4090 would time the 4090 as an H200: a clear error
+    naming both devices, not a silent mismatch."""
+    with pytest.raises(ConfigError, match=r"h200\.json was measured on NVIDIA H200, but gpu=RTX-4090"):
+        model_of(cfg("gpu=rtx4090", "cost.file=gpu_validation/calibrations/h200.json"))
