@@ -41,6 +41,8 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     t.add_column("value", justify="right")
     t.add_row("requests (finished / rejected / total)",
               f"{s['requests_finished']:,} / {s['requests_rejected']:,} / {s['requests_total']:,}")
+    if s.get("rejected_by_reason"):
+        t.add_row("rejected by reason", ", ".join(f"{k}: {v:,}" for k, v in s["rejected_by_reason"].items()))
     for name in ("ttft_s", "tpot_s", "e2e_s"):
         d = s[name]
         t.add_row(f"{name[:-2].upper()} ms  p50 / p90 / p99",
@@ -121,6 +123,10 @@ def app(cfg: DictConfig) -> None:
                 continue
             print(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
                   + (f" ({why[term]})" if why.get(term) else ""), file=sys.stderr)
+    if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
+        print(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
+              f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing",
+              file=sys.stderr)
     for w in summary.get("trace_warnings") or []:
         if not w.endswith("(on_error=skip)"):  # the skipped rows get their own line below
             print(f"kvsim: warning: trace {summary['trace']}: {w}", file=sys.stderr)

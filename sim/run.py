@@ -249,7 +249,12 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     }
     tm = sim.tiers
     extra["codec"] = cfg.codec.name
-    extra["tiers"] = cfg.tiers.name
+    # the tiers the run had (a preset's capacities can be overridden: tiers.host_gib=64 on
+    # gpu_only is a host tier); the preset's name is kept beside it
+    has_host, has_disk = float(cfg.tiers.host_gib) > 0, float(cfg.tiers.disk_gib) > 0
+    extra["tiers"] = ("gpu_host_disk" if has_host and has_disk else "gpu_host" if has_host
+                      else "gpu_disk" if has_disk else "gpu_only")
+    extra["tiers_preset"] = cfg.tiers.name
     extra["page_bytes"] = page_bytes
     extra["bytes_offloaded"] = dict(tm.bytes_offloaded) if tm else {"host": 0, "disk": 0}
     extra["bytes_onboarded"] = dict(tm.bytes_onboarded) if tm else {"host": 0, "disk": 0}
