@@ -888,32 +888,33 @@ class Simulator:
                     req.status = FINISHED
                     req.finish = now
                     finished = True
-        for i, req in enumerate(reqs if comp is not None else ()):
-            if req.layout is not None:
-                nb = int(nb_all[i])
-                if comp.blocks_for(req, k - 1) != nb:
-                    raise RuntimeError("fast-forward block count disagrees with the layout")
-                comp.place(req, k - 1, nb)
-            if req.n_blocks > req.peak_blocks:
-                req.peak_blocks = req.n_blocks
-            req.n_computed += k
-            req.n_generated += k
-            if self.caching and not req.compressed:
-                full = req.n_computed // B
-                if full > req.n_cached:
-                    if req.layout is not None:  # before its round (which may uncache them)
-                        self.pool.cache_blocks(req.blocks[req.n_cached:full],
-                                               req.keys[req.n_cached:full])
-                    else:
-                        reg_b.append(req.blocks[req.n_cached:full])
-                        reg_k.append(req.keys[req.n_cached:full])
-                    req.n_cached = full
-            if req.layout is not None and comp.due(req, False):
-                self._round(req)
-            if req.n_generated >= req.output:
-                req.status = FINISHED
-                req.finish = now
-                finished = True
+        else:
+            for i, req in enumerate(reqs):
+                if req.layout is not None:
+                    nb = int(nb_all[i])
+                    if comp.blocks_for(req, k - 1) != nb:
+                        raise RuntimeError("fast-forward block count disagrees with the layout")
+                    comp.place(req, k - 1, nb)
+                if req.n_blocks > req.peak_blocks:
+                    req.peak_blocks = req.n_blocks
+                req.n_computed += k
+                req.n_generated += k
+                if self.caching and not req.compressed:
+                    full = req.n_computed // B
+                    if full > req.n_cached:
+                        if req.layout is not None:  # before its round (which may uncache them)
+                            self.pool.cache_blocks(req.blocks[req.n_cached:full],
+                                                   req.keys[req.n_cached:full])
+                        else:
+                            reg_b.append(req.blocks[req.n_cached:full])
+                            reg_k.append(req.keys[req.n_cached:full])
+                        req.n_cached = full
+                if req.layout is not None and comp.due(req, False):
+                    self._round(req)
+                if req.n_generated >= req.output:
+                    req.status = FINISHED
+                    req.finish = now
+                    finished = True
         if reg_b:
             # one registration for all requests (their decode-filled keys are distinct)
             self.pool.cache_blocks(np.concatenate(reg_b), np.concatenate(reg_k))
