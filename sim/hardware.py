@@ -151,6 +151,38 @@ def activation_reserve_bytes(model, cache, scheduler) -> float:
     return hidden + logits + 0.5 * GIB
 
 
+def check_tensor_parallel(model, tensor_parallel_size: int) -> None:
+    """vLLM's head-split rules for a TP group (vllm/model_executor/models/*Attention):
+    ``num_q_heads % tp == 0``; KV heads are split when ``num_kv_heads >= tp`` (then
+    ``num_kv_heads % tp == 0``) and replicated otherwise (then ``tp % num_kv_heads == 0``).
+    MLA keeps one latent cache per rank. Raises ConfigError naming the field and the heads."""
+    tp = int(tensor_parallel_size)
+    q = int(model.num_q_heads)
+    if q % tp:
+        raise ConfigError(f"cost.tensor_parallel_size={tp} does not divide model.num_q_heads={q} "
+                          f"({model.name}); expected a divisor of the attention heads, as vLLM "
+                          f"requires")
+    if model.attention == "mla":
+        return
+    kv = int(model.num_kv_heads)
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise ConfigError(f"cost.tensor_parallel_size={tp} with model.num_kv_heads={kv} "
+                          f"({model.name}): expected tp to divide the KV heads or be a multiple of "
+                          f"them, as vLLM requires")
+
+
+def kv_replication(model, tensor_parallel_size: int) -> int:
+    """Copies of each token's KV a TP group holds (vLLM): 1 when the KV heads are split across
+    the ranks; ``tp / num_kv_heads`` when there are fewer KV heads than ranks (each rank keeps
+    one, replicated); ``tp`` for MLA (every rank holds the whole latent cache, shape
+    ``[blocks, block_size, 1, kv_lora_rank + rope]`` per rank in vLLM's MLA backend)."""
+    tp = int(tensor_parallel_size)
+    if model.attention == "mla":
+        return tp
+    kv = int(model.num_kv_heads)
+    return tp // kv if tp > kv else 1
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """How GPU memory is split (bytes), and the resulting pool size (blocks)."""
@@ -163,6 +195,7 @@ class MemoryPlan:
     kv_pool_bytes: float
     block_bytes: int
     num_gpu_blocks: int
+    kv_replication: int = 1  # copies of each block across the TP group (see kv_replication)
 
     def token_capacity(self, block_size: int) -> int:
         """Token slots in the pool: ``num_gpu_blocks x block_size``."""
@@ -173,7 +206,9 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
     """Compute the KV pool size.
 
     ``num_gpu_blocks = floor((memory x utilization - weights - activations - window reserve) /
-    block bytes)`` with memory and activations summed over ``tensor_parallel_size`` GPUs.
+    (block bytes x kv_replication))`` with memory and activations summed over
+    ``tensor_parallel_size`` GPUs (:func:`check_tensor_parallel` first; replicated KV heads and
+    MLA's per-rank latent cache hold several copies of each block, :func:`kv_replication`).
     ``cache.num_gpu_blocks`` overrides the result (after the weights check).
 
     Raises ConfigError if the weights do not fit or no block is left, naming the numbers.
@@ -181,6 +216,8 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
     tp = int(tensor_parallel_size)
     if tp < 1:
         raise ConfigError(f"cost.tensor_parallel_size={tp}; expected >= 1")
+    check_tensor_parallel(model, tp)
+    rep = kv_replication(model, tp)
     if not 0.0 < float(cache.gpu_memory_utilization) <= 1.0:
         raise ConfigError(
             f"cache.gpu_memory_utilization={cache.gpu_memory_utilization}; expected 0 < u <= 1"
@@ -194,7 +231,7 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
     budget = gpu_bytes * float(cache.gpu_memory_utilization)
     w = weight_bytes(model)
     act = activation_reserve_bytes(model, cache, scheduler) * tp
-    win = window_kv_bytes_per_seq(model, cache) * scheduler.max_num_seqs
+    win = window_kv_bytes_per_seq(model, cache) * scheduler.max_num_seqs * rep
     block_bytes = kv_bytes_per_block(model, cache)
     if w >= budget:
         raise ConfigError(
@@ -209,15 +246,16 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
         n = int(cache.num_gpu_blocks)
         if n <= 0:
             raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
-        return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes, block_bytes, n)
+        return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes * rep,
+                          block_bytes, n, rep)
     pool = budget - w - act - win
-    n = int(pool // block_bytes) if pool > 0 else 0
+    n = int(pool // (block_bytes * rep)) if pool > 0 else 0
     if n <= 0:
         raise ConfigError(
             f"zero KV blocks left: budget {budget / GIB:.2f} GiB - weights {w / GIB:.2f} GiB - "
             f"activation reserve {act / GIB:.2f} GiB (scheduler.max_num_batched_tokens="
             f"{scheduler.max_num_batched_tokens}) - sliding-window reserve {win / GIB:.2f} GiB "
             f"(scheduler.max_num_seqs={scheduler.max_num_seqs}) = {pool / GIB:.2f} GiB < one "
-            f"block of {block_bytes} B"
+            f"block of {block_bytes} B x {rep} cop{'y' if rep == 1 else 'ies'} across the TP group"
         )
-    return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n)
+    return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n, rep)

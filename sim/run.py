@@ -238,8 +238,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
             "weights": plan.weight_bytes / 2**30,
             "activation_reserve": plan.activation_bytes / 2**30,
             "sliding_window_reserve": plan.window_reserve_bytes / 2**30,
-            "kv_pool": plan.num_gpu_blocks * plan.block_bytes / 2**30,
+            "kv_pool": plan.num_gpu_blocks * plan.block_bytes * plan.kv_replication / 2**30,
         },
+        "kv_replication": plan.kv_replication,
         "trace_skipped_rows": _clean_nan(dict(wl.skipped)) if getattr(wl, "skipped", None) else {"count": 0, "examples": []},
         # what the loader changed or could not honour (zero outputs loaded as 1, sessions cut
         # at max_context_tokens, ...): printed by the CLI too

@@ -78,6 +78,8 @@ CONFIG_CASES = [
     (["cost.attention_efficiency=-0.1"], r"cost\.attention_efficiency=-0\.1"),
     (["cost.step_overhead_s=-0.001"], r"cost\.step_overhead_s=-0\.001; expected >= 0"),
     (["cost.tensor_parallel_size=0"], r"cost\.tensor_parallel_size=0; expected >= 1"),
+    (["model=llama3_1_70b", "cost.tensor_parallel_size=3"],
+     r"cost\.tensor_parallel_size=3 does not divide model\.num_q_heads=64"),
     (["cost.kind=magic"], r"cost\.kind='magic'; expected one of"),
     (["scheduler.max_num_seqs=0"], r"scheduler\.max_num_seqs=0; expected >= 1"),
     (["scheduler.max_num_batched_tokens=0"], r"scheduler\.max_num_batched_tokens=0; expected >= 1"),

@@ -86,3 +86,28 @@ def test_bad_block_size_is_a_clear_error():
         c = cfg(f"cache.block_size={bs}")
         with pytest.raises(ConfigError, match="cache.block_size"):
             plan_memory(c.model, c.gpu, c.cache, c.scheduler)
+
+
+def test_tensor_parallel_heads_and_kv_replication():
+    """vLLM's TP rules: KV heads split while tp <= num_kv_heads (one copy of each block across
+    the group), replicated beyond (tp / kv copies), and MLA's latent cache on every rank (tp
+    copies): the pool shrinks by that factor. A TP size that splits neither way is an error."""
+    from sim.hardware import check_tensor_parallel, kv_replication
+    c = cfg("model=llama3_1_70b")  # 64 q heads, 8 KV heads
+    assert [kv_replication(c.model, tp) for tp in (1, 2, 8, 16, 32)] == [1, 1, 1, 2, 4]
+    p8 = plan_memory(c.model, c.gpu, c.cache, c.scheduler, 8)
+    p16 = plan_memory(c.model, c.gpu, c.cache, c.scheduler, 16)
+    bb = p8.block_bytes
+    assert p8.num_gpu_blocks == int((p8.budget_bytes - p8.weight_bytes - p8.activation_bytes
+                                     - p8.window_reserve_bytes) // bb)
+    assert p16.kv_replication == 2 and p16.num_gpu_blocks == int(
+        (p16.budget_bytes - p16.weight_bytes - p16.activation_bytes - p16.window_reserve_bytes)
+        // (2 * bb))
+    d = cfg("model=deepseek_v3")
+    assert kv_replication(d.model, 8) == 8
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide model\.num_q_heads=64"):
+        check_tensor_parallel(c.model, 3)
+    from omegaconf import OmegaConf
+    m = OmegaConf.merge(c.model, {"num_q_heads": 48, "num_kv_heads": 6})
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=4 with model\.num_kv_heads=6"):
+        check_tensor_parallel(m, 4)
