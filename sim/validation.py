@@ -55,6 +55,12 @@ def _check_scheduler(cfg) -> None:
     _need("scheduler", s, "max_num_seqs", _ge1, ">= 1")
     _need("scheduler", s, "max_num_batched_tokens", _ge1, ">= 1")
     _need("scheduler", s, "long_prefill_token_threshold", _nonneg, ">= 0 (0 = no cap)")
+    if s.max_num_batched_tokens < s.max_num_seqs:
+        # vLLM rejects it too (vllm/config/scheduler.py, SchedulerConfig._verify_args): a full
+        # batch of decodes would not fit one step
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} < scheduler.max_num_seqs="
+            f"{s.max_num_seqs}; expected a token budget of at least one token per sequence")
     if s.preemption_mode != "recompute":
         raise ConfigError(f"scheduler.preemption_mode={s.preemption_mode!r}; expected 'recompute'")
     # the engine makes the same check; here it comes before the memory plan and the trace

@@ -83,6 +83,8 @@ CONFIG_CASES = [
     (["cost.kind=magic"], r"cost\.kind='magic'; expected one of"),
     (["scheduler.max_num_seqs=0"], r"scheduler\.max_num_seqs=0; expected >= 1"),
     (["scheduler.max_num_batched_tokens=0"], r"scheduler\.max_num_batched_tokens=0; expected >= 1"),
+    (["scheduler.max_num_batched_tokens=64"],
+     r"scheduler\.max_num_batched_tokens=64 < scheduler\.max_num_seqs=256"),
     (["scheduler.long_prefill_token_threshold=-1"], r"scheduler\.long_prefill_token_threshold=-1"),
     (["scheduler.preemption_mode=swap"], r"scheduler\.preemption_mode='swap'; expected 'recompute'"),
     (["scheduler.enable_chunked_prefill=false", "scheduler.max_num_batched_tokens=1024"],
