@@ -11,7 +11,9 @@ Tables (written as Parquet by :mod:`sim.results`):
   preemption), preemptions, status (finished | rejected), reject_reason.
 
 ``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
-  prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens.
+  prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens (sum of the
+  running requests' computed tokens: logical, a shared prefix counts once per request and
+  compression does not lower it; ``blocks_used`` is the physical count).
 """
 
 from __future__ import annotations
