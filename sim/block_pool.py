@@ -408,15 +408,28 @@ class BlockPool:
             raise PoolExhausted(f"asked for {n} blocks, {self.num_free} free")
         if n <= SMALL_BATCH:
             return self._allocate_small(n, return_evicted)
+        out, self._head = self._scan_free(n)
+        self.free_seq[out] = -1
+        self.ref_cnt[out] = 1
+        self.num_free -= n
+        h = self.block_hash[out]
+        cached = h != NO_HASH
+        if cached.any():
+            # clearing block_hash makes the block's index entry stale (lazy deletion)
+            self._note_evicted(h[cached])
+            self.block_hash[out] = NO_HASH
+        return (out, cached) if return_evicted else out
+
+    def _scan_free(self, n: int):
+        """The first ``n`` (<= num_free) valid entries of the free queue from its head, in
+        order, and the queue position after the last of them: ``(int64 ids, head)``."""
         taken: list[np.ndarray] = []
         need = n
         head = self._head
         while need > 0:
-            win = max(2 * need, 64)
-            stop = min(head + win, self._tail)
+            stop = min(head + max(2 * need, 64), self._tail)
             qb = self._q[head:stop]
-            valid = self.free_seq[qb] == self._qseq[head:stop]
-            pos = np.flatnonzero(valid)
+            pos = np.flatnonzero(self.free_seq[qb] == self._qseq[head:stop])
             if len(pos) >= need:
                 pos = pos[:need]
                 taken.append(qb[pos])
@@ -427,41 +440,26 @@ class BlockPool:
                     taken.append(qb[pos])
                 need -= len(pos)
                 head = stop
-        self._head = head
-        out = taken[0] if len(taken) == 1 else np.concatenate(taken)
-        self.free_seq[out] = -1
-        self.ref_cnt[out] = 1
-        self.num_free -= n
-        h = self.block_hash[out]
-        cached = h != NO_HASH
-        if cached.any():
-            # clearing block_hash makes the block's index entry stale (lazy deletion)
-            if self.evict_log is not None or self.change_log is not None:
-                ek = h[cached].tolist()
-                if self.evict_log is not None:
-                    self.evict_log.extend(ek)
-                if self.change_log is not None:
-                    self.change_log.extend(ek)
-            nc = int(np.count_nonzero(cached))
-            self.num_cached_free -= nc
-            self.evicted_cached_blocks += nc
-            self.block_hash[out] = NO_HASH
-        return (out, cached) if return_evicted else out
+        if not taken:
+            return np.empty(0, dtype=np.int64), head
+        return (taken[0] if len(taken) == 1 else np.concatenate(taken)), head
+
+    def _note_evicted(self, keys) -> None:
+        """Bookkeeping of cached hashes evicted by an allocation (``keys``: list or int64 array,
+        in allocation order): the tier and memo logs, the cached-free and eviction counts."""
+        if self.evict_log is not None or self.change_log is not None:
+            kl = keys if isinstance(keys, list) else keys.tolist()
+            if self.evict_log is not None:
+                self.evict_log.extend(kl)
+            if self.change_log is not None:
+                self.change_log.extend(kl)
+        self.num_cached_free -= len(keys)
+        self.evicted_cached_blocks += len(keys)
 
     def peek_free(self, n: int) -> np.ndarray:
         """The ``n`` blocks :meth:`allocate` would take next, in order, without taking them
         (int64; fewer if fewer are free)."""
-        out: list[np.ndarray] = []
-        need = min(int(n), self.num_free)
-        head = self._head
-        while need > 0:
-            stop = min(head + max(2 * need, 64), self._tail)
-            qb = self._q[head:stop]
-            qb = qb[self.free_seq[qb] == self._qseq[head:stop]][:need]
-            out.append(qb)
-            need -= len(qb)
-            head = stop
-        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+        return self._scan_free(min(int(n), self.num_free))[0]
 
     def _allocate_small(self, n: int, return_evicted: bool):
         """:meth:`allocate` of a few blocks with scalar operations (decode steps allocate one
@@ -487,12 +485,7 @@ class BlockPool:
         self._head = head
         self.num_free -= n
         if ev:
-            if self.evict_log is not None:
-                self.evict_log.extend(ev)
-            if self.change_log is not None:
-                self.change_log.extend(ev)
-            self.num_cached_free -= len(ev)
-            self.evicted_cached_blocks += len(ev)
+            self._note_evicted(ev)
         arr = np.array(out, dtype=np.int64)
         return (arr, np.array(evicted, dtype=bool)) if return_evicted else arr
 
