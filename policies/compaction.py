@@ -151,7 +151,8 @@ class Compactor:
         freed = layout.empty_blocks() if self.cfg.release_empty_blocks else np.zeros(0, dtype=np.int64)
         kept = layout.live_tokens()
         lengths = self._group_lengths(layout)
-        layout.remove_blocks(freed)
+        if len(freed):
+            layout._drop_blocks(freed)  # empty by construction (empty_blocks)
         waste = int((lengths.max() - lengths).sum()) if H > 1 and lengths.size else 0
         return RoundResult(
             tokens_before=float(before.mean()), tokens_kept=float(kept.mean()),
@@ -206,7 +207,7 @@ class ForwardPack(Compactor):
                 out.append(np.stack([np.full(int(m.sum()), g), src[m], dst[m]], axis=1))
         if not out:
             return np.zeros((0, 3), dtype=np.int64)
-        return np.concatenate(out).astype(np.int64)
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _group_lengths(self, layout):
         return layout.append_ptr.astype(np.int64).copy()

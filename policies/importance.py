@@ -52,20 +52,57 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _hash(*parts) -> np.ndarray:
-    """Hash integers / integer arrays (broadcast) to uint64."""
+_M64 = (1 << 64) - 1
+_M1_INT, _M2_INT, _GOLD_INT = int(_M1), int(_M2), int(_GOLD)
+_SEED_INT = 0x1234567887654321
+
+
+def _mix1(x: int) -> int:
+    """:func:`_mix` on one Python int in [0, 2**64) (the same wrapping arithmetic)."""
+    x ^= x >> 30
+    x = (x * _M1_INT) & _M64
+    x ^= x >> 27
+    x = (x * _M2_INT) & _M64
+    return x ^ (x >> 31)
+
+
+def _hash_prefix(parts) -> tuple[int, int]:
+    """Fold the leading scalar ``parts`` with Python ints; returns (state, parts folded)."""
+    h = _SEED_INT
+    i = 0
+    for p in parts:
+        if np.ndim(p):
+            break
+        h = _mix1(h ^ ((int(p) + _GOLD_INT) & _M64))  # int64 -> uint64 wraps like & _M64
+        i += 1
+    return h, i
+
+
+def _hash_fold(h, parts) -> np.ndarray:
+    """Fold ``parts`` (integers or integer arrays, broadcast) into the hash state ``h``."""
     with np.errstate(over="ignore"):
-        h = np.uint64(0x1234567887654321)
+        h = np.uint64(h) if isinstance(h, int) else h
         for p in parts:
             a = np.asarray(p).astype(np.int64).astype(np.uint64)
             h = _mix(h ^ (a + _GOLD))
         return np.asarray(h, dtype=np.uint64)
 
 
+def _hash(*parts) -> np.ndarray:
+    """Hash integers / integer arrays (broadcast) to uint64: a splitmix64 chain over the parts.
+    Leading scalar parts are folded with Python ints (same bits as the numpy chain, cheaper)."""
+    h, i = _hash_prefix(parts)
+    return _hash_fold(h, parts[i:])
+
+
 def _gauss(*parts) -> np.ndarray:
-    """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two hashes)."""
-    h1 = _hash(*parts, 1)
-    h2 = _hash(*parts, 2)
+    """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two hashes:
+    ``_hash(*parts, 1)`` and ``_hash(*parts, 2)``, which share the chain up to the last part)."""
+    h, i = _hash_prefix(parts)
+    h = _hash_fold(h, parts[i:])
+    with np.errstate(over="ignore"):
+        h1 = _mix(h ^ (np.uint64(1) + _GOLD))
+        h2 = _mix(h ^ (np.uint64(2) + _GOLD))
     u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
     u2 = ((h2 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)

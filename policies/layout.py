@@ -91,14 +91,17 @@ class PagedLayout:
         pos = self.slot_pos[self.slot_pos >= 0]
         return int(np.unique(pos).size)
 
-    def occupancy(self) -> float:
-        """Live slots / allocated slots over all groups (1.0 = no holes; 1.0 for an empty layout)."""
+    def occupancy(self, live_slots: Optional[int] = None) -> float:
+        """Live slots / allocated slots over all groups (1.0 = no holes; 1.0 for an empty layout).
+        ``live_slots``: the live (group, slot) count if the caller has it (else counted here)."""
         alloc = self.allocated_slots * self.num_groups
-        return float(self.live.sum()) / alloc if alloc else 1.0
+        if not alloc:
+            return 1.0
+        return float(self.live.sum() if live_slots is None else live_slots) / alloc
 
-    def fragmentation(self) -> float:
-        """Share of allocated slots that hold no live token: ``1 - occupancy()``."""
-        return 1.0 - self.occupancy()
+    def fragmentation(self, live_slots: Optional[int] = None) -> float:
+        """Share of allocated slots that hold no live token: ``1 - occupancy(live_slots)``."""
+        return 1.0 - self.occupancy(live_slots)
 
     def group_lengths(self) -> np.ndarray:
         """``int64[H]``: per-group physical length = 1 + highest live slot index (0 if none)."""
@@ -209,16 +212,24 @@ class PagedLayout:
         if (counts[idx] > 0).any():
             bad = idx[counts[idx] > 0]
             raise ValueError(f"cannot free blocks {bad.tolist()[:8]}: they still hold live slots")
+        self._drop_blocks(idx)
+
+    def _drop_blocks(self, idx: np.ndarray) -> None:
+        """Remove blocks ``idx`` (distinct, ascending, in range, empty in every group): the
+        unchecked part of :meth:`remove_blocks`."""
         B = self.block_size
-        keep_cols = np.ones(self.allocated_slots, dtype=bool)
-        for b in idx:
-            keep_cols[b * B:(b + 1) * B] = False
-        # slots removed below each group's pointer
-        removed_before = np.cumsum(~keep_cols)  # removed_before[s] = removed slots in [0, s]
+        nb = self.n_blocks
+        # removed slots below each group's pointer: block b removes [bB, bB + B) ∩ [0, ptr)
         ptr = self.append_ptr
-        below = np.where(ptr > 0, removed_before[np.clip(ptr - 1, 0, None)], 0)
+        below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
         self.append_ptr = ptr - below
-        self.slot_pos = self.slot_pos[:, keep_cols]
+        k = len(idx)
+        if int(idx[0]) == nb - k:  # the trailing blocks (forward packing frees these)
+            self.slot_pos = self.slot_pos[:, :(nb - k) * B]
+        else:
+            keep_blocks = np.ones(nb, dtype=bool)
+            keep_blocks[idx] = False
+            self.slot_pos = self.slot_pos[:, np.repeat(keep_blocks, B)]
 
     def copy(self) -> "PagedLayout":
         """Deep copy."""

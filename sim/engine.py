@@ -320,7 +320,7 @@ class Simulator:
             self.env.now, req.rid, comp.name, comp.compaction, res.tokens_before, res.tokens_kept,
             res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
             res.bytes_moved, res.tokens_moved, res.ragged_waste_slots, res.metadata_bytes,
-            req.layout.fragmentation(), dur))
+            req.layout.fragmentation(int(res.kept_per_group.sum())), dur))
 
     def _free_blocks(self, req: Request) -> None:
         if req.n_blocks:
