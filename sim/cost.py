@@ -109,16 +109,24 @@ class AnalyticCostModel:
         t = int(new_tokens.sum())
         return self.overhead + self.linear_time(t, samples) + self.attention_time(new_tokens, context_tokens)
 
-    def decode_step_times(self, ctx0: np.ndarray, k: int) -> np.ndarray:
+    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
         """Durations (s) of ``k`` consecutive pure-decode steps of one batch.
 
-        ``ctx0[i]``: tokens of request ``i`` already cached before the first step; at step ``s``
-        (0-based) each request computes one token after ``ctx0[i] + s`` cached tokens and samples
-        one. Same formulas as :meth:`step_time`, vectorised over steps. Returns shape ``(k,)``.
+        ``ctx0[i]``: tokens of request ``i`` already cached before step 0; at step ``s`` (0-based)
+        each request computes one token after ``ctx0[i] + s`` cached tokens and samples one. The
+        steps returned are ``first .. first + k - 1``; ``shift`` (tokens) is added to the batch's
+        context sum (a compression round between steps changed some contexts; needs a model
+        without sliding-window layers, else ValueError). Same formulas as :meth:`step_time`,
+        vectorised over steps. Returns shape ``(k,)``.
         """
         b = len(ctx0)
-        s = np.arange(k, dtype=np.float64)
+        s = np.arange(first, first + k, dtype=np.float64)
         sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
+        if shift:
+            if self.win_layers:
+                raise ValueError("decode_step_times: a context shift needs per-request contexts "
+                                 "with sliding-window layers")
+            sum_c = sum_c + float(shift)
         pairs = sum_c + b  # sum over requests of (1 x c + 1)
         flops = pairs * self.attn_flops_per_pair * self.full_layers
         bytes_ = pairs * self.kv_tok  # (sum_c + b) tokens read and written
@@ -303,14 +311,17 @@ class CalibratedCostModel(AnalyticCostModel):
             t += super().attention_time(new_tokens[~dec], context_tokens[~dec])
         return t
 
-    def decode_step_times(self, ctx0: np.ndarray, k: int) -> np.ndarray:
+    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
         """``k`` pure-decode steps (see :meth:`AnalyticCostModel.decode_step_times`), with the
         calibrated terms; equals :meth:`step_time` of each step."""
         if not self.use_attn:  # the analytic version calls self.linear_time (calibrated or not)
-            return super().decode_step_times(ctx0, k)
+            return super().decode_step_times(ctx0, k, first, shift)
         b = len(ctx0)
-        s = np.arange(k, dtype=np.float64)
-        kv_mean = (float(np.sum(ctx0, dtype=np.float64)) + s * b + b) / b
+        s = np.arange(first, first + k, dtype=np.float64)
+        sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
+        if shift:
+            sum_c = sum_c + float(shift)
+        kv_mean = (sum_c + b) / b
         return self.overhead + self.linear_time(b, b) + self._decode_attn(b, kv_mean)
 
     def describe(self, codec=None, disk: bool = False, compaction: bool = False) -> dict:

@@ -27,6 +27,7 @@ pool has (``kv_capacity``: it could never run, even alone).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import numpy as np
@@ -158,6 +159,11 @@ class Simulator:
             # per-step scoring (H2O, TOVA, ...) adds a cost that grows with each request's
             # length every step; the stretch's step times do not model it
             self.fast_forward = False
+        # a fast-forward stretch runs the compression rounds that fall inside it when the step
+        # times depend on the batch's context sum only (no sliding-window layers) and no tier
+        # sees the pool (see _fast_forward_rounds)
+        self._ff_rounds = (self.comp is not None and self.tiers is None
+                           and not getattr(self.cost, "win_layers", 0))
         self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
         if self.tiers is not None:
             self.pool.evict_log = []
@@ -291,8 +297,10 @@ class Simulator:
             req.n_cached = full
         return True
 
-    def _round(self, req: Request) -> None:
-        """Run one compression round on ``req`` and return its freed blocks to the pool."""
+    def _round(self, req: Request, now: float | None = None) -> None:
+        """Run one compression round on ``req`` and return its freed blocks to the pool.
+        ``now``: the round's time (s) when it is not the SimPy clock's (a fast-forward stretch
+        runs the rounds of its steps before its single timeout)."""
         pool = self.pool
         comp = self.comp
         table = req.blocks[:req.n_blocks]
@@ -317,7 +325,7 @@ class Simulator:
         req.blocks_freed += res.blocks_freed
         self._round_time += dur
         self.rounds.append((
-            self.env.now, req.rid, comp.name, comp.compaction, res.tokens_before, res.tokens_kept,
+            self.env.now if now is None else now, req.rid, comp.name, comp.compaction, res.tokens_before, res.tokens_kept,
             res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
             res.bytes_moved, res.tokens_moved, res.ragged_waste_slots, res.metadata_bytes,
             req.layout.fragmentation(int(res.kept_per_group.sum())), dur))
@@ -715,6 +723,8 @@ class Simulator:
         allocated in the per-step order (step, then running order), so pool state, prefix-cache
         evictions and recorded steps equal the per-step loop's. Returns ``k`` (0 = not taken).
         """
+        if self._ff_rounds:
+            return (yield from self._fast_forward_rounds(reqs, ctx0, extra_first))
         env = self.env
         B = self.B
         b = len(reqs)
@@ -953,6 +963,238 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _fast_forward_rounds(self, reqs, ctx0, extra_first: float = 0.0):
+        """:meth:`_fast_forward` for compression runs, running the rounds that fall inside the
+        stretch at their steps. With hundreds of running requests and a round every ``beta``
+        tokens each, some request reaches its round point every step or two, so a stretch cut at
+        the first round point would rarely exceed a step.
+
+        Exact against the per-step loop because, in a pure-decode stretch with no tiers and no
+        sliding-window layers:
+
+        * a round at the end of step ``r`` changes only its own request's slot index (its
+          context) from step ``r + 1`` on, so the batch's context sum, on which the step times
+          depend, shifts by the change; its time is charged to step ``r + 1`` (to the next engine
+          step when ``r`` is the stretch's last);
+        * the blocks a round frees go to the tail of the free queue, which the stretch's
+          allocations (never more than the blocks free at its start) do not reach;
+        * allocations are made segment by segment (the steps between round steps) in (step,
+          running order) order, as the scheduler makes them, so a round sees its request's block
+          table as the per-step loop does; the rounds of one step run in running order.
+
+        ``k`` is bounded by the first finish, the next SimPy event and the free blocks, as in
+        :meth:`_fast_forward`, and, while the waiting head could be admitted (a free sequence
+        slot and token budget), by the first step whose rounds return blocks to the pool.
+        Returns ``k`` (0 = not taken: then nothing was changed).
+        """
+        env = self.env
+        B = self.B
+        b = len(reqs)
+        comp = self.comp
+        pool = self.pool
+        k = min([r.output - r.n_generated for r in reqs])
+        if k < 2:
+            return 0
+        nc0 = [r.n_computed for r in reqs]
+        heap = []  # (step, running index): rounds due at the end of that step
+        for i, r in enumerate(reqs):
+            if r.layout is not None and r.next_round is not None:
+                st = r.next_round - r.n_computed
+                if st < 1:
+                    return 0  # due already (the per-step loop handles it)
+                if st <= k:
+                    heap.append((st, i))
+        heapq.heapify(heap)
+        # the slot index of each request's step-s token is anchor + s - 1; nxt: the next step at
+        # which it needs a new block (then every B steps)
+        anchor = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
+                              for r in reqs), dtype=np.int64, count=b)
+        nxt = 2 + (-(anchor + 1)) % B
+        # step 2 must fit whatever the rounds of step 1 do (each may need one block more), so a
+        # stretch that ran a round is never cut below 2 steps by the free blocks
+        r1 = sum(1 for st, _ in heap if st == 1)
+        free0 = pool.num_free
+        if int(np.count_nonzero(nxt == 2)) + r1 > free0:
+            return 0
+        t_next = env.peek()
+        if self.max_sim_time is not None:
+            t_next = min(t_next, float(self.max_sim_time))
+        used0 = pool.num_used
+        cf0 = pool.num_cached_free
+        start = env.now
+        waiting0 = len(self.waiting)
+        # the per-step loop retries the waiting head every step; the stretch only takes blocks
+        # (the head can only become less admissible, see _fast_forward) except where a round
+        # returns blocks: the stretch then ends at that step
+        admit = bool(self.waiting) and self.max_tokens > b and \
+            len(self.running) + self.onboarding < self.max_seqs
+        # per step (index = step): blocks allocated, cached blocks evicted by them, and the
+        # change of used and cached-free blocks by the rounds at the step's end
+        alloc_ps = np.zeros(k + 1, dtype=np.int64)
+        ev_ps = np.zeros(k + 1, dtype=np.int64)
+        round_used = np.zeros(k + 1, dtype=np.int64)
+        round_cf = np.zeros(k + 1, dtype=np.int64)
+        done = [0] * b     # steps committed to each request's counters
+        new_blk = [0] * b  # blocks added to its table since then
+        allocated = 0
+        shift = 0          # change of the batch's context sum by the rounds so far (tokens)
+        carry = extra_first
+        last = start
+        durs_parts = []
+        cum_parts = []
+        seg = 1
+        while True:
+            hi = min(heap[0][0], k) if heap else k  # this segment: steps seg..hi
+            d = self.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
+            d[0] += carry  # round costs charged to the segment's first step
+            c = np.cumsum(np.concatenate(([last], d)))[1:]
+            if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
+                j = int(np.searchsorted(c, t_next, side="left"))
+                hi = k = seg + j
+                d = d[:j + 1]
+                c = c[:j + 1]
+            # new blocks of steps seg..hi (nxt >= seg >= 1; step 1's were allocated by the
+            # scheduler, so nxt >= 2), request-major
+            cnt = np.where(nxt <= hi, (hi - nxt) // B + 1, 0)
+            n_pairs = int(cnt.sum())
+            if n_pairs:
+                pi = np.repeat(np.arange(b), cnt)
+                ps = np.repeat(nxt, cnt) + B * (np.arange(n_pairs) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+                per = np.bincount(ps, minlength=hi + 1)
+                cum_new = allocated + np.cumsum(per)
+                if cum_new[hi] > free0:  # the last step whose blocks fit ends the stretch (>= 2)
+                    hi = k = int(np.searchsorted(cum_new, free0, side="right")) - 1
+                    if hi < seg:  # not even step seg: the stretch ended with the last segment
+                        self._round_time = carry  # its rounds' time goes to the next step
+                        break
+                    d = d[:hi - seg + 1]
+                    c = c[:hi - seg + 1]
+                    keep = ps <= hi
+                    ps = ps[keep]
+                    pi = pi[keep]
+                    n_pairs = len(ps)
+                    per = per[:hi + 1]
+                    cnt = np.bincount(pi, minlength=b)
+            if n_pairs:
+                alloc_ps[:hi + 1] += per
+                order = np.argsort(ps, kind="stable")  # allocation order: step, then running order
+                blocks, evicted = pool.allocate(n_pairs, return_evicted=True)
+                allocated += n_pairs
+                if evicted.any():
+                    ev_ps[:hi + 1] += np.bincount(ps[order][evicted], minlength=hi + 1)
+                by_req = np.empty(n_pairs, dtype=np.int64)
+                by_req[order] = blocks
+                lo = 0
+                for i in np.flatnonzero(cnt).tolist():
+                    req = reqs[i]
+                    nb = int(cnt[i])
+                    req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[lo:lo + nb]
+                    req.n_blocks += nb
+                    new_blk[i] += nb
+                    lo += nb
+                nxt = nxt + B * cnt
+            durs_parts.append(d)
+            cum_parts.append(c)
+            last = float(c[-1])
+            if heap and heap[0][0] == hi:
+                # the rounds at the end of step hi, in running order
+                u = pool.num_used
+                cf = pool.num_cached_free
+                while heap and heap[0][0] == hi:
+                    i = heapq.heappop(heap)[1]
+                    req = reqs[i]
+                    self._ff_commit(req, hi - done[i], hi - max(done[i], 1), new_blk[i])
+                    done[i] = hi
+                    new_blk[i] = 0
+                    if comp.due(req, False):
+                        self._round(req, last)
+                        a = req.phys_base + req.pending - hi
+                        shift += a - int(anchor[i])
+                        anchor[i] = a
+                        nxt[i] = max(hi + 1, req.n_blocks * B - a + 1)
+                    if req.next_round is not None:
+                        # due again at the first step end with n_computed >= next_round
+                        st = max(req.next_round - nc0[i], hi + 1)
+                        if st <= k:
+                            heapq.heappush(heap, (st, i))
+                round_used[hi] = pool.num_used - u
+                round_cf[hi] = pool.num_cached_free - cf
+                if round_used[hi] < 0 and admit:
+                    # freed blocks may admit the waiting head: the next scheduling retries it
+                    k = hi
+            if hi >= k:
+                break
+            carry = self._round_time
+            self._round_time = 0.0
+            seg = hi + 1
+        durs = np.concatenate(durs_parts)
+        cum = np.concatenate(cum_parts)
+        yield env.timeout(float(cum[-1] - start))
+        now = env.now
+        finished = False
+        reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
+        for i, req in enumerate(reqs):
+            if done[i] < k:
+                self._ff_commit(req, k - done[i], k - max(done[i], 1), new_blk[i], reg)
+            if req.n_generated >= req.output:
+                req.status = FINISHED
+                req.finish = now
+                finished = True
+        if reg[0]:
+            pool.cache_blocks(np.concatenate(reg[0]), np.concatenate(reg[1]))
+        if finished:
+            self._retire_finished()
+        # the steps' rows: blocks used and cached-free after each step's commit
+        used = used0 + np.cumsum(alloc_ps[1:k + 1] + round_used[1:k + 1])
+        cached_free = cf0 - np.cumsum(ev_ps[1:k + 1] - round_cf[1:k + 1])
+        used[-1] = pool.num_used  # after the finished requests left
+        cached_free[-1] = pool.num_cached_free
+        rec = self.rec
+        if not rec.record_steps:
+            rec.steps_counted(k, b, int(used.max()))
+        else:
+            steps_idx = np.arange(1, k + 1)
+            starts = np.concatenate(([start], cum[:-1]))
+            live = sum(nc0) + steps_idx * b
+            live[-1] = self._live_tokens()
+            running = np.full(k, b)
+            running[-1] = len(self.running)
+            waiting = np.full(k, waiting0)
+            waiting[-1] = len(self.waiting)
+            rec.steps_bulk(starts, durs, running, waiting, b, used, cached_free, live)
+        if self.check:
+            self.check_invariants()
+        return k
+
+    def _ff_commit(self, req: Request, steps: int, tokens: int, blocks: int, reg=None) -> None:
+        """Bring ``req``'s counters forward by ``steps`` pure-decode steps of a fast-forward
+        stretch: ``tokens`` placed in its layout (a stretch's first token was placed by the
+        scheduler) with the ``blocks`` already added to its table (``n_blocks``), full blocks
+        registered in the prefix cache (now, or appended to ``reg`` = (blocks list, keys list)
+        for one registration later), peak blocks."""
+        if req.layout is not None and (tokens or blocks):
+            # = Compression.blocks_for + place on an order-preserving layout (fast-forward runs
+            # none other), with layout.n_blocks + blocks_since = n_blocks - blocks
+            need = req.phys_base + req.pending + tokens
+            if max(0, -(-need // self.B) - (req.n_blocks - blocks)) != blocks:
+                raise RuntimeError("fast-forward block count disagrees with the layout")
+            req.pending += tokens
+            req.blocks_since += blocks
+            req.n_placed += tokens
+        if req.n_blocks > req.peak_blocks:
+            req.peak_blocks = req.n_blocks
+        req.n_computed += steps
+        req.n_generated += steps
+        if self.caching and not req.compressed:
+            full = req.n_computed // self.B
+            if full > req.n_cached:
+                if reg is None:
+                    self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+                else:
+                    reg[0].append(req.blocks[req.n_cached:full])
+                    reg[1].append(req.keys[req.n_cached:full])
+                req.n_cached = full
 
     def _tier_ff_cap(self, reqs, k: int, ps, B: int) -> int:
         """Last fast-forward step that keeps the waiting head's per-step retries exact with
