@@ -297,6 +297,26 @@ class Simulator:
             req.n_cached = full
         return True
 
+    def _flush_grow(self, defer: list, reg: tuple) -> None:
+        """Make :meth:`_schedule`'s deferred work: one new block for each of ``defer`` (in
+        order; they fit the free blocks), and one registration of the blocks in ``reg``
+        (lists of block and key arrays). Empties both."""
+        if defer:
+            new = self.pool.allocate(len(defer)).tolist()
+            for req, blk in zip(defer, new):
+                req.blocks[req.n_blocks] = blk
+                req.n_blocks += 1
+                if req.n_blocks > req.peak_blocks:
+                    req.peak_blocks = req.n_blocks
+            defer.clear()
+        if reg[0]:
+            if len(reg[0]) == 1:
+                self.pool.cache_blocks(reg[0][0], reg[1][0])
+            else:
+                self.pool.cache_blocks(np.concatenate(reg[0]), np.concatenate(reg[1]))
+            reg[0].clear()
+            reg[1].clear()
+
     def _round(self, req: Request, now: float | None = None) -> None:
         """Run one compression round on ``req`` and return its freed blocks to the pool.
         ``now``: the round's time (s) when it is not the SimPy clock's (a fast-forward stretch
@@ -366,6 +386,14 @@ class Simulator:
         plain_ctx = ff_layout and not self.comp.quest
         samples = 0  # scheduled requests whose chunk ends at their last token (they sample)
         decodes = 0  # running requests scheduled for exactly their one next decode token
+        # A decode token that starts a new block takes one block: those allocations are
+        # deferred and made together, in running order, before any other allocation (so every
+        # block id is the one the request-by-request order gives), while they fit the free
+        # blocks; blocks a decode token fills are registered together (their keys are unique to
+        # their requests). Both are flushed before a slow-path allocation and before admission.
+        defer: list[Request] = []
+        reg = ([], [])
+        free = self.pool.num_free
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -377,20 +405,43 @@ class Simulator:
                 n = budget
             ok = True
             upto = req.n_computed + n
-            # fast paths: the slots exist and no block fills (most decode steps); a compressed
-            # layout (order-preserving) whose new tokens fit its blocks only records them
+            # fast paths: the slots exist and no block fills (most decode steps), or one decode
+            # token needs one block or fills one (deferred as above); a compressed layout
+            # (order-preserving) whose new tokens fit its blocks only records them
+            slow = False
             if req.layout is None:
-                slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
-            elif ff_layout and not (caching and not req.compressed and upto // B > req.n_cached):
+                if n == 1 and len(defer) < free:
+                    if upto > req.n_blocks * B:
+                        defer.append(req)
+                    if caching and upto // B > req.n_cached:
+                        reg[0].append(req.blocks[req.n_cached:upto // B])
+                        reg[1].append(req.keys[req.n_cached:upto // B])
+                        req.n_cached = upto // B
+                else:
+                    slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
+            elif ff_layout:
                 m = upto - req.n_placed
-                # the block table's length (= layout.n_blocks + blocks_since; check_invariants)
-                slow = m > 0 and (req.phys_base + req.pending + m + B - 1) // B > req.n_blocks
-                if m > 0 and not slow:
-                    req.pending += m  # = Compression.place(req, m, 0)
-                    req.n_placed += m
+                if m == 1 and len(defer) < free:
+                    # the block table's length (= layout.n_blocks + blocks_since; check_invariants)
+                    if req.phys_base + req.pending + 1 > req.n_blocks * B:
+                        defer.append(req)
+                        req.blocks_since += 1  # = Compression.place(req, 1, 1)
+                    req.pending += 1
+                    req.n_placed += 1
+                    if caching and not req.compressed and upto // B > req.n_cached:
+                        reg[0].append(req.blocks[req.n_cached:upto // B])
+                        reg[1].append(req.keys[req.n_cached:upto // B])
+                        req.n_cached = upto // B
+                elif m > 0:
+                    slow = True
+                elif caching and not req.compressed and upto // B > req.n_cached:
+                    slow = True
             else:
                 slow = True
             if slow:
+                if defer or reg[0]:
+                    self._flush_grow(defer, reg)
+                    free = self.pool.num_free
                 while not self._grow(req, upto):
                     victim = running.pop()
                     self._preempt(victim)
@@ -398,6 +449,7 @@ class Simulator:
                     if victim is req:
                         ok = False
                         break
+                free = self.pool.num_free
             if not ok:
                 break
             sched_req.append(req)
@@ -415,6 +467,8 @@ class Simulator:
                 sched_ctx.append(max(0, self.comp.physical_context(req) - n))
             budget -= n
             i += 1
+        if defer or reg[0]:
+            self._flush_grow(defer, reg)
         self._step_preempted = preempted
         self._step_admitted = 0
         self._step_decodes = decodes
