@@ -120,8 +120,10 @@ class ImportanceModel:
     step, seq_len) and independent per position of the other positions passed.
     """
 
-    #: lattices kept in the memo (each a float64 array over lattice points); pure function of
-    #: (seed, key, stream, epoch, index), so the memo never changes a result
+    #: lattice values kept in the memo (float64; 64 MB), least recently used out; lattices are
+    #: a pure function of (seed, key, stream, epoch, index), so the memo never changes a result
+    MEMO_VALUES = 8 << 20
+    #: entries of the per-group sigma memo
     MEMO_ENTRIES = 4096
 
     def __init__(self, params: Optional[ImportanceParams] = None, seed: int = 0):
@@ -129,28 +131,35 @@ class ImportanceModel:
         validate_importance_params(self.params)
         self.seed = int(seed)
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._memo_values = 0
         self._sigma_memo: dict[tuple, np.ndarray] = {}
 
     # -- latent fields -------------------------------------------------------------------------
-    def _lattice(self, key: int, stream: int, epoch: int, idx: np.ndarray) -> np.ndarray:
-        """Gaussian deviates at integer lattice points ``idx`` (>= 0), memoised per
-        (key, stream, epoch) as a prefix array that grows by doubling."""
+    def _lattice(self, key: int, streams: tuple, epoch: int, idx: np.ndarray) -> np.ndarray:
+        """Gaussian deviates at integer lattice points ``idx`` (>= 0) of each stream in
+        ``streams``: ``float64[len(streams), len(idx)]``. Memoised per (key, streams, epoch) as a
+        prefix array that grows by doubling (each value is a pure function of (seed, key, stream,
+        epoch, index), so neither the memo nor the grouping of streams changes a value)."""
         if idx.size == 0:
-            return np.zeros(0, dtype=np.float64)
+            return np.zeros((len(streams), 0), dtype=np.float64)
         need = int(idx.max()) + 1
-        mk = (key, stream, epoch)
+        mk = (key, streams, epoch)
         arr = self._memo.get(mk)
-        if arr is None or len(arr) < need:
-            n = max(need, 2 * len(arr) if arr is not None else 256)
-            have = 0 if arr is None else len(arr)
-            ext = _gauss(self.seed, key, stream, epoch, np.arange(have, n, dtype=np.int64))
-            arr = ext if arr is None else np.concatenate([arr, ext])
-            self._memo[mk] = arr
-            if len(self._memo) > self.MEMO_ENTRIES:
-                self._memo.popitem(last=False)
+        if arr is None or arr.shape[1] < need:
+            have = 0 if arr is None else arr.shape[1]
+            n = max(need, 2 * have if arr is not None else 256)
+            ext = _gauss(self.seed, key, np.array(streams, dtype=np.int64)[:, None], epoch,
+                         np.arange(have, n, dtype=np.int64)[None, :])
+            if arr is not None:
+                self._memo_values -= arr.size
+                ext = np.concatenate([arr, ext], axis=1)
+            arr = self._memo[mk] = ext
+            self._memo_values += arr.size
+            while self._memo_values > self.MEMO_VALUES and len(self._memo) > 1:
+                self._memo_values -= self._memo.popitem(last=False)[1].size
         else:
             self._memo.move_to_end(mk)
-        return arr[idx]
+        return np.take(arr, idx, axis=1)
 
     def _interp(self, pos: np.ndarray):
         """Linear-interpolation terms of :meth:`_field` at ``pos`` (they depend on the positions
@@ -165,29 +174,32 @@ class ImportanceModel:
         omt = 1.0 - t
         return i0, i0 + 1, t, omt, np.sqrt(omt ** 2 + t ** 2)
 
-    def _field(self, key: int, stream: int, epoch: int, pos: np.ndarray, ip=False) -> np.ndarray:
-        """Unit-variance Gaussian field with correlation length L over positions (float64).
-        ``ip``: :meth:`_interp` of ``pos`` if already computed."""
+    def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip=False) -> np.ndarray:
+        """Unit-variance Gaussian fields with correlation length L over positions, one row per
+        stream (``float64[len(streams), n]``). ``ip``: :meth:`_interp` of ``pos`` if computed."""
         if ip is False:
             ip = self._interp(pos)
         if ip is None:
-            return self._lattice(key, stream, epoch, pos)
+            return self._lattice(key, streams, epoch, pos)
         i0, i1, t, omt, den = ip
-        g0 = self._lattice(key, stream, epoch, i0)
-        g1 = self._lattice(key, stream, epoch, i1)
+        g0 = self._lattice(key, streams, epoch, i0)
+        g1 = self._lattice(key, streams, epoch, i1)
         return (omt * g0 + t * g1) / den
 
-    def _stream(self, key: int, stream: int, pos: np.ndarray, step: int, ip=False) -> np.ndarray:
+    def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip=False) -> np.ndarray:
+        """``Z_s(p, step)`` of each stream in ``streams`` (module docstring): one row each. The
+        streams share positions and epochs, so they are computed together (same elementwise
+        arithmetic as one stream at a time)."""
         p = self.params
         if ip is False:
             ip = self._interp(pos)
-        static = self._field(key, stream, _STATIC, pos, ip)
+        static = self._field(key, streams, _STATIC, pos, ip)
         if p.drift <= 0.0 or p.drift_period <= 0:
             return static
         e, r = divmod(int(step), int(p.drift_period))
         th = 0.5 * math.pi * r / p.drift_period
-        dyn = (math.cos(th) * self._field(key, stream, e, pos, ip)
-               + math.sin(th) * self._field(key, stream, e + 1, pos, ip))
+        dyn = (math.cos(th) * self._field(key, streams, e, pos, ip)
+               + math.sin(th) * self._field(key, streams, e + 1, pos, ip))
         return math.sqrt(1.0 - p.drift) * static + math.sqrt(p.drift) * dyn
 
     def latent(self, request_key: int, positions, num_groups: int, step: int = 0) -> np.ndarray:
@@ -195,15 +207,15 @@ class ImportanceModel:
         pos = np.asarray(positions, dtype=np.int64)
         rho = float(self.params.head_correlation)
         ip = self._interp(pos)
-        shared = self._stream(request_key, _SHARED, pos, step, ip) if rho > 0 else 0.0
-        out = np.empty((num_groups, pos.size), dtype=np.float64)
-        for g in range(num_groups):
-            if rho >= 1.0:
-                out[g] = shared
-            else:
-                own = self._stream(request_key, g, pos, step, ip)
-                out[g] = math.sqrt(rho) * shared + math.sqrt(1.0 - rho) * own
-        return out
+        if rho >= 1.0:
+            shared = self._stream(request_key, (_SHARED,), pos, step, ip)
+            return np.repeat(shared, num_groups, axis=0)
+        if rho > 0:
+            z = self._stream(request_key, (_SHARED,) + tuple(range(num_groups)), pos, step, ip)
+            shared, own = z[0], z[1:]
+        else:
+            shared, own = 0.0, self._stream(request_key, tuple(range(num_groups)), pos, step, ip)
+        return math.sqrt(rho) * shared + math.sqrt(1.0 - rho) * own
 
     def group_sigma(self, request_key: int, num_groups: int) -> np.ndarray:
         """``float64[num_groups]``: per-group sigma (mean-one lognormal spread around ``sigma``)."""

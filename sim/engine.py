@@ -45,6 +45,29 @@ STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", RE
                 ONBOARDING: "onboarding"}
 
 
+def _advance_to(env, end: float):
+    """SimPy process fragment: advance the clock to exactly ``end`` (>= now), so a stretch of
+    steps timed as one lands on the clock value the per-step loop's additions (``now += dt`` per
+    step) reach. One timeout of ``end - now`` can miss ``end`` by an ulp (when ``now`` has a
+    finer grid than ``end``, ``now + d`` may round past it for every ``d``); then a first timeout
+    lands on a value ``m`` just below ``end`` that it does reach, and a second one covers the
+    exact remainder ``end - m`` (same binade: exact)."""
+    now = env.now
+    d = end - now
+    if now + d == end:
+        yield env.timeout(d)
+        return
+    m = end
+    for _ in range(64):
+        m = float(np.nextafter(m, -np.inf))
+        if now + (m - now) == m and m + (end - m) == end:
+            break
+    else:  # pragma: no cover - half the values below end are reachable from now
+        raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
+    yield env.timeout(m - now)
+    yield env.timeout(end - m)
+
+
 class Request:
     """One request's live state. Token counts in tokens, times in simulated seconds."""
 
@@ -912,7 +935,6 @@ class Simulator:
         waiting0 = len(self.waiting)
         durs = durs[:k]
         cum = cum[:k]
-        total = float(cum[-1] - start)
         if tiers is not None:
             # blocks filled by decode tokens are registered by the scheduling of the step that
             # fills them: block j of a request at c tokens fills at step (j + 1) x B - c; their
@@ -925,7 +947,7 @@ class Simulator:
                     for j in range(req.n_cached, (c + k) // B):
                         t_cached.setdefault((j + 1) * B - c, []).append(int(req.keys[j]))
             env.process(self._ff_offloads(cum, t_ev, t_cached, k))
-        yield env.timeout(total)
+        yield from _advance_to(env, float(cum[-1]))
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
         if self.rec.record_steps:
@@ -1184,7 +1206,7 @@ class Simulator:
             seg = hi + 1
         durs = np.concatenate(durs_parts)
         cum = np.concatenate(cum_parts)
-        yield env.timeout(float(cum[-1] - start))
+        yield from _advance_to(env, float(cum[-1]))
         now = env.now
         finished = False
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration

@@ -114,19 +114,34 @@ def test_forward_pack_frees_more_than_none_and_compaction_speeds_decode(tmp_path
     assert sf["tpot_s"]["mean"] < sd["tpot_s"]["mean"]
 
 
-@pytest.mark.parametrize("policy,n", [("triattention", 40), ("h2o", 10), ("snapkv", 40)])
-def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n):
+# rounds inside fast-forward stretches: a small pool with a waiting queue (a round that frees
+# blocks must end the stretch: the waiting head may fit), beta not a multiple of the block size,
+# and per-layer-per-head groups over long stretches (the stretch's end must land on the exact
+# clock value of the per-step additions)
+FF_EXTRA = {
+    "pool": ["policy.beta=100", "model=llama3_1_8b", "gpu=h100", "cache.num_gpu_blocks=2500"],
+    "per_layer_head": ["policy.mode=per_layer_per_head", "policy.beta=64"],
+}
+
+
+@pytest.mark.parametrize("policy,n,extra", [("triattention", 40, None), ("h2o", 10, None),
+                                            ("snapkv", 40, None), ("triattention", 60, "pool"),
+                                            ("triattention", 6, "per_layer_head")])
+def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extra):
     """The decode fast-forward with a compression policy writes the same requests, steps
     (live_kv_tokens included) and rounds tables as the per-step loop, on a real trace slice
     (reasoning-length outputs so rounds fire inside decode stretches). Per-step scoring
     policies (H2O) run the per-step loop; the test failed on both before that and before the
-    stretch's live-token column counted computed tokens."""
+    stretch's live-token column counted computed tokens; the ``pool`` case failed while a
+    stretch ran past a round that freed blocks with a request waiting, ``per_layer_head`` while
+    a stretch ended with one timeout of ``end - start`` (finish times an ulp off)."""
     out = {}
     for ff in ("true", "false"):
         d = tmp_path / ff
         cfg = compose_config(["trace=servegen_r1", f"trace.num_requests={n}", f"policy={policy}",
                               "compaction=forward_pack", "policy.budget=256",
-                              "sim.progress=false", f"sim.fast_forward={ff}"])
+                              "sim.progress=false", f"sim.fast_forward={ff}",
+                              *FF_EXTRA.get(extra, [])])
         run_simulation(cfg, d)
         out[ff] = {t: pd.read_parquet(d / f"{t}.parquet") for t in ("requests", "steps", "rounds")}
     assert len(out["true"]["rounds"]) > 0
