@@ -99,7 +99,13 @@ def _gauss(*parts) -> np.ndarray:
     """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two hashes:
     ``_hash(*parts, 1)`` and ``_hash(*parts, 2)``, which share the chain up to the last part)."""
     h, i = _hash_prefix(parts)
-    h = _hash_fold(h, parts[i:])
+    return _gauss_from(h, parts[i:])
+
+
+def _gauss_from(h, parts) -> np.ndarray:
+    """:func:`_gauss` from the hash state ``h`` (a Python int, or a uint64 array broadcast with
+    ``parts``) of the parts before ``parts``."""
+    h = _hash_fold(h, parts)
     with np.errstate(over="ignore"):
         h1 = _mix(h ^ (np.uint64(1) + _GOLD))
         h2 = _mix(h ^ (np.uint64(2) + _GOLD))
@@ -148,8 +154,10 @@ class ImportanceModel:
         if arr is None or arr.shape[1] < need:
             have = 0 if arr is None else arr.shape[1]
             n = max(need, 2 * have if arr is not None else 256)
-            ext = _gauss(self.seed, key, np.array(streams, dtype=np.int64)[:, None], epoch,
-                         np.arange(have, n, dtype=np.int64)[None, :])
+            # each stream's chain up to the index, folded with Python ints
+            h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
+                          dtype=np.uint64)[:, None]
+            ext = _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
             if arr is not None:
                 self._memo_values -= arr.size
                 ext = np.concatenate([arr, ext], axis=1)

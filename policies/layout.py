@@ -182,8 +182,13 @@ class PagedLayout:
                                  f"{self.allocated_slots} slots allocated; allocate {self.append(n)} "
                                  f"more block(s) first")
             out = self.append_ptr[:, None] + np.arange(n)[None, :]
-            rows = np.repeat(np.arange(self.num_groups), n)
-            self.slot_pos[rows, out.ravel()] = np.tile(positions.astype(np.int32), self.num_groups)
+            if self.num_groups <= 8:  # a slice per group
+                pos32 = positions.astype(np.int32)
+                for g, p in enumerate(self.append_ptr.tolist()):
+                    self.slot_pos[g, p:p + n] = pos32
+            else:
+                rows = np.repeat(np.arange(self.num_groups), n)
+                self.slot_pos[rows, out.ravel()] = np.tile(positions.astype(np.int32), self.num_groups)
             self.append_ptr = self.append_ptr + n
         self.next_position = max(self.next_position, int(positions.max()) + 1)
         return out
