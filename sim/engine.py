@@ -796,7 +796,9 @@ class Simulator:
         event (an arrival or a closed-loop release: the run stops at the step during which it
         happens, as the per-step loop would see it at that step's end), and by the free blocks
         (the step that would need a preemption runs through the normal path), and with tiers and
-        a waiting request by :meth:`_tier_ff_cap`. Blocks are
+        a waiting request by :meth:`_tier_ff_cap`; with compression, by the next round point
+        (compression runs without tiers or sliding-window layers take
+        :meth:`_fast_forward_rounds`, which runs the rounds inside the stretch). Blocks are
         allocated in the per-step order (step, then running order), so pool state, prefix-cache
         evictions and recorded steps equal the per-step loop's. Returns ``k`` (0 = not taken).
         """
