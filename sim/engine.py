@@ -718,6 +718,7 @@ class Simulator:
                 if env.peek() > env.now + dt:  # else the next event lands inside this step
                     k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
                 if k:
+                    self._check_sim_time()
                     continue
             start = env.now
             yield env.timeout(dt)
@@ -771,12 +772,18 @@ class Simulator:
                      self._live_tokens())
             if self.check:
                 self.check_invariants()
-            if self.max_sim_time is not None and now > self.max_sim_time:
-                from .hardware import ConfigError
-                raise ConfigError(
-                    f"sim.max_sim_time_s={self.max_sim_time}: the simulated clock passed it at "
-                    f"t={now:.3f} s with {self.done} of {self.n} requests done; expected a limit "
-                    f"the run fits in (raise it, or null for no limit)")
+            self._check_sim_time()
+
+    def _check_sim_time(self) -> None:
+        """ConfigError once the clock has passed ``sim.max_sim_time_s`` (checked after every
+        step and every fast-forward stretch, which ends at the step that passes it)."""
+        now = self.env.now
+        if self.max_sim_time is not None and now > self.max_sim_time:
+            from .hardware import ConfigError
+            raise ConfigError(
+                f"sim.max_sim_time_s={self.max_sim_time}: the simulated clock passed it at "
+                f"t={now:.3f} s with {self.done} of {self.n} requests done; expected a limit "
+                f"the run fits in (raise it, or null for no limit)")
 
     # ------------------------------------------------------------------ fast-forward
     def _pure_decode(self, sched_req) -> bool:

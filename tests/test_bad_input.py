@@ -254,6 +254,20 @@ def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [MARKER]
 
 
+def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
+    """The limit error names the clock at the first step that passed it, with the decode
+    fast-forward as without it (a stretch ending at that step used to carry on to the next
+    per-step check: 30.030 s vs 30.002 s)."""
+    import re
+    at = []
+    for ff in ("true", "false"):
+        r = _kvsim(tmp_path / ff, "trace.max_requests=50", "sim.max_sim_time_s=30",
+                   f"sim.fast_forward={ff}")
+        assert r.returncode == 2, r.stderr[-2000:]
+        at.append(re.search(r"passed it at t=([0-9.]+) s", r.stderr).group(1))
+    assert at[0] == at[1]
+
+
 def test_cli_output_dir_that_is_a_file(tmp_path):
     f = tmp_path / "results.txt"
     f.write_text("not a folder")
