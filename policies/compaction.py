@@ -111,17 +111,19 @@ class Compactor:
         return 1.0
 
     # ------------------------------------------------------------------------------------------
-    def _check_keep(self, layout: PagedLayout, keep) -> np.ndarray:
+    def _check_keep(self, layout: PagedLayout, keep):
+        """``(keep as a bool array, live mask of the layout)``; ValueError on a malformed mask."""
         keep = np.asarray(keep)
         if keep.dtype != bool:
             raise ValueError(f"keep mask must be bool, got {keep.dtype}")
         if keep.shape != layout.slot_pos.shape:
             raise ValueError(f"keep mask shape {keep.shape} != layout slots {layout.slot_pos.shape} (H, S)")
-        bad = keep & (layout.slot_pos < 0)
+        live = layout.slot_pos >= 0
+        bad = keep & ~live
         if bad.any():
             g, s = np.argwhere(bad)[0]
             raise ValueError(f"keep mask keeps an empty slot (group {g}, slot {s}); policies must never do that")
-        return keep
+        return keep, live
 
     def _pack(self, layout: PagedLayout, pinned: int) -> np.ndarray:
         return np.zeros((0, 3), dtype=np.int64)
@@ -139,9 +141,9 @@ class Compactor:
             ``cfg.pin_prompt`` else 0 (engine: pass ``policy.pinned_len(layout)``).
         Returns: :class:`RoundResult`. Raises ValueError on a malformed keep mask.
         """
-        keep = self._check_keep(layout, keep)
+        keep, live = self._check_keep(layout, keep)
         H = layout.num_groups
-        before = layout.live_tokens()
+        before = live.sum(axis=1)  # = layout.live_tokens()
         blocks_before = layout.n_blocks
         layout.slot_pos[~keep] = -1
         if pinned_len is None:
@@ -149,7 +151,7 @@ class Compactor:
         moves = self._pack(layout, int(pinned_len))
         per_group_bytes = float(kv_bytes_per_token) / H
         freed = layout.empty_blocks() if self.cfg.release_empty_blocks else np.zeros(0, dtype=np.int64)
-        kept = layout.live_tokens()
+        kept = keep.sum(axis=1)  # = layout.live_tokens(): keep is within the live slots, moves keep counts
         lengths = self._group_lengths(layout)
         if len(freed):
             layout._drop_blocks(freed)  # empty by construction (empty_blocks)

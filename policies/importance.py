@@ -141,14 +141,17 @@ class ImportanceModel:
         self._sigma_memo: dict[tuple, np.ndarray] = {}
 
     # -- latent fields -------------------------------------------------------------------------
-    def _lattice(self, key: int, streams: tuple, epoch: int, idx: np.ndarray) -> np.ndarray:
+    def _lattice(self, key: int, streams: tuple, epoch: int, idx: np.ndarray,
+                 need: Optional[int] = None) -> np.ndarray:
         """Gaussian deviates at integer lattice points ``idx`` (>= 0) of each stream in
         ``streams``: ``float64[len(streams), len(idx)]``. Memoised per (key, streams, epoch) as a
         prefix array that grows by doubling (each value is a pure function of (seed, key, stream,
-        epoch, index), so neither the memo nor the grouping of streams changes a value)."""
+        epoch, index), so neither the memo nor the grouping of streams changes a value).
+        ``need``: at least ``max(idx) + 1`` if the caller knows it."""
         if idx.size == 0:
             return np.zeros((len(streams), 0), dtype=np.float64)
-        need = int(idx.max()) + 1
+        if need is None:
+            need = int(idx.max()) + 1
         mk = (key, streams, epoch)
         arr = self._memo.get(mk)
         if arr is None or arr.shape[1] < need:
@@ -172,7 +175,8 @@ class ImportanceModel:
     def _interp(self, pos: np.ndarray):
         """Linear-interpolation terms of :meth:`_field` at ``pos`` (they depend on the positions
         only, so the static and drift fields share them): ``None`` when L <= 1, else
-        ``(i0, i0 + 1, t, 1 - t, sqrt((1 - t)^2 + t^2))``."""
+        ``(i0, i0 + 1, t, 1 - t, sqrt((1 - t)^2 + t^2), max(i0) + 2)`` (the last: lattice
+        points needed)."""
         L = float(self.params.correlation_length)
         if L <= 1.0:
             return None
@@ -180,7 +184,8 @@ class ImportanceModel:
         i0 = np.floor(x).astype(np.int64)
         t = x - i0
         omt = 1.0 - t
-        return i0, i0 + 1, t, omt, np.sqrt(omt ** 2 + t ** 2)
+        i1 = i0 + 1
+        return i0, i1, t, omt, np.sqrt(omt ** 2 + t ** 2), (int(i1.max()) + 1 if i1.size else 0)
 
     def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip=False) -> np.ndarray:
         """Unit-variance Gaussian fields with correlation length L over positions, one row per
@@ -189,9 +194,9 @@ class ImportanceModel:
             ip = self._interp(pos)
         if ip is None:
             return self._lattice(key, streams, epoch, pos)
-        i0, i1, t, omt, den = ip
-        g0 = self._lattice(key, streams, epoch, i0)
-        g1 = self._lattice(key, streams, epoch, i1)
+        i0, i1, t, omt, den, need = ip
+        g0 = self._lattice(key, streams, epoch, i0, need)
+        g1 = self._lattice(key, streams, epoch, i1, need)
         return (omt * g0 + t * g1) / den
 
     def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip=False) -> np.ndarray:

@@ -358,11 +358,13 @@ class Simulator:
         freed_idx = res.freed_block_indices
         if len(freed_idx):
             freed = table[freed_idx]
-            keep = np.ones(req.n_blocks, dtype=bool)
-            keep[freed_idx] = False
-            kept = table[keep]
-            req.blocks[:len(kept)] = kept
-            req.n_blocks = len(kept)
+            nf = len(freed_idx)
+            if int(freed_idx[0]) != req.n_blocks - nf:  # else the table's tail: nothing moves
+                keep = np.ones(req.n_blocks, dtype=bool)
+                keep[freed_idx] = False
+                kept = table[keep]
+                req.blocks[:len(kept)] = kept
+            req.n_blocks -= nf
             pool.free(freed[::-1])
         req.tokens_evicted += int(round(res.tokens_evicted))
         req.blocks_freed += res.blocks_freed
