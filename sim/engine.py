@@ -370,8 +370,8 @@ class Simulator:
         req.blocks_freed += res.blocks_freed
         self._round_time += dur
         self.rounds.append((
-            self.env.now if now is None else now, req.rid, comp.name, comp.compaction, res.tokens_before, res.tokens_kept,
-            res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
+            self.env.now if now is None else now, req.rid, comp.name, comp.compaction,
+            res.tokens_before, res.tokens_kept, res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
             res.bytes_moved, res.tokens_moved, res.ragged_waste_slots, res.metadata_bytes,
             req.layout.fragmentation(int(res.kept_per_group.sum())), dur))
 
@@ -1147,7 +1147,8 @@ class Simulator:
             n_pairs = int(cnt.sum())
             if n_pairs:
                 pi = np.repeat(np.arange(b), cnt)
-                ps = np.repeat(nxt, cnt) + B * (np.arange(n_pairs) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+                ps = np.repeat(nxt, cnt) + B * (np.arange(n_pairs)
+                                                - np.repeat(np.cumsum(cnt) - cnt, cnt))
                 per = np.bincount(ps, minlength=hi + 1)
                 cum_new = allocated + np.cumsum(per)
                 if cum_new[hi] > free0:  # the last step whose blocks fit ends the stretch (>= 2)
