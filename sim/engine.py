@@ -68,6 +68,17 @@ def _advance_to(env, end: float):
     yield env.timeout(end - m)
 
 
+def _block_pairs(first: np.ndarray, last: int, B: int):
+    """The (request, step) pairs of a decode stretch's new blocks: request ``i`` takes one at
+    steps ``first[i], first[i] + B, ...`` up to step ``last``. Returns ``(count per request,
+    request index per pair, step per pair)``, pairs in request-major order (int64 arrays)."""
+    cnt = np.where(first <= last, (last - first) // B + 1, 0)
+    n = int(cnt.sum())
+    pi = np.repeat(np.arange(len(first)), cnt)
+    ps = np.repeat(first, cnt) + B * (np.arange(n) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    return cnt, pi, ps
+
+
 class Request:
     """One request's live state. Token counts in tokens, times in simulated seconds."""
 
@@ -860,12 +871,8 @@ class Simulator:
             n_pairs = len(pi)
             ps = s0[pi]
         else:
-            cnt = np.where(s0 <= k, (k - s0) // B + 1, 0)
-            n_pairs = int(cnt.sum())
-            if n_pairs:
-                pi = np.repeat(np.arange(b), cnt)
-                ps = np.repeat(s0, cnt) + B * (np.arange(n_pairs)
-                                               - np.repeat(np.cumsum(cnt) - cnt, cnt))
+            cnt, pi, ps = _block_pairs(s0, k, B)
+            n_pairs = len(ps)
         if n_pairs:
             alloc_per_step = np.bincount(ps, minlength=k + 1)
             cum_new = np.cumsum(alloc_per_step)
@@ -1143,12 +1150,9 @@ class Simulator:
                 c = c[:j + 1]
             # new blocks of steps seg..hi (nxt >= seg >= 1; step 1's were allocated by the
             # scheduler, so nxt >= 2), request-major
-            cnt = np.where(nxt <= hi, (hi - nxt) // B + 1, 0)
-            n_pairs = int(cnt.sum())
+            cnt, pi, ps = _block_pairs(nxt, hi, B)
+            n_pairs = len(ps)
             if n_pairs:
-                pi = np.repeat(np.arange(b), cnt)
-                ps = np.repeat(nxt, cnt) + B * (np.arange(n_pairs)
-                                                - np.repeat(np.cumsum(cnt) - cnt, cnt))
                 per = np.bincount(ps, minlength=hi + 1)
                 cum_new = allocated + np.cumsum(per)
                 if cum_new[hi] > free0:  # the last step whose blocks fit ends the stretch (>= 2)
