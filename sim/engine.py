@@ -1119,8 +1119,10 @@ class Simulator:
         start = env.now
         waiting0 = len(self.waiting)
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
-        # (the head can only become less admissible, see _fast_forward) except where a round
-        # returns blocks: the stretch then ends at that step
+        # except where a round returns blocks (the stretch then ends at that step), so the head
+        # can only become less admissible: an allocation never evicts a block of its hit while a
+        # deeper one stays free (tables are freed deepest block first, so descendants sit ahead
+        # in the LRU free queue), and a first round uncaches blocks that are in use
         admit = bool(self.waiting) and self.max_tokens > b and \
             len(self.running) + self.onboarding < self.max_seqs
         # per step (index = step): blocks allocated, cached blocks evicted by them, and the
