@@ -88,16 +88,10 @@ def _hash_fold(h, parts) -> np.ndarray:
         return np.asarray(h, dtype=np.uint64)
 
 
-def _hash(*parts) -> np.ndarray:
-    """Hash integers / integer arrays (broadcast) to uint64: a splitmix64 chain over the parts.
-    Leading scalar parts are folded with Python ints (same bits as the numpy chain, cheaper)."""
-    h, i = _hash_prefix(parts)
-    return _hash_fold(h, parts[i:])
-
-
 def _gauss(*parts) -> np.ndarray:
-    """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two hashes:
-    ``_hash(*parts, 1)`` and ``_hash(*parts, 2)``, which share the chain up to the last part)."""
+    """Standard normal deviates, one per broadcast element of ``parts`` (Box-Muller on two
+    splitmix64 chains over the parts, ending in 1 and in 2; leading scalar parts are folded with
+    Python ints, the same bits as the numpy chain)."""
     h, i = _hash_prefix(parts)
     return _gauss_from(h, parts[i:])
 
@@ -187,11 +181,9 @@ class ImportanceModel:
         i1 = i0 + 1
         return i0, i1, t, omt, np.sqrt(omt ** 2 + t ** 2), (int(i1.max()) + 1 if i1.size else 0)
 
-    def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip=False) -> np.ndarray:
+    def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip) -> np.ndarray:
         """Unit-variance Gaussian fields with correlation length L over positions, one row per
-        stream (``float64[len(streams), n]``). ``ip``: :meth:`_interp` of ``pos`` if computed."""
-        if ip is False:
-            ip = self._interp(pos)
+        stream (``float64[len(streams), n]``). ``ip``: :meth:`_interp` of ``pos``."""
         if ip is None:
             return self._lattice(key, streams, epoch, pos)
         i0, i1, t, omt, den, need = ip
@@ -199,13 +191,11 @@ class ImportanceModel:
         g1 = self._lattice(key, streams, epoch, i1, need)
         return (omt * g0 + t * g1) / den
 
-    def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip=False) -> np.ndarray:
+    def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip) -> np.ndarray:
         """``Z_s(p, step)`` of each stream in ``streams`` (module docstring): one row each. The
         streams share positions and epochs, so they are computed together (same elementwise
-        arithmetic as one stream at a time)."""
+        arithmetic as one stream at a time). ``ip``: :meth:`_interp` of ``pos``."""
         p = self.params
-        if ip is False:
-            ip = self._interp(pos)
         static = self._field(key, streams, _STATIC, pos, ip)
         if p.drift <= 0.0 or p.drift_period <= 0:
             return static

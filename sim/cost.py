@@ -119,14 +119,10 @@ class AnalyticCostModel:
         without sliding-window layers, else ValueError). Same formulas as :meth:`step_time`,
         vectorised over steps. Returns shape ``(k,)``.
         """
-        b = len(ctx0)
-        s = np.arange(first, first + k, dtype=np.float64)
-        sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
-        if shift:
-            if self.win_layers:
-                raise ValueError("decode_step_times: a context shift needs per-request contexts "
-                                 "with sliding-window layers")
-            sum_c = sum_c + float(shift)
+        if shift and self.win_layers:
+            raise ValueError("decode_step_times: a context shift needs per-request contexts "
+                             "with sliding-window layers")
+        b, s, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         pairs = sum_c + b  # sum over requests of (1 x c + 1)
         flops = pairs * self.attn_flops_per_pair * self.full_layers
         bytes_ = pairs * self.kv_tok  # (sum_c + b) tokens read and written
@@ -137,6 +133,17 @@ class AnalyticCostModel:
             bytes_ = bytes_ + (cw + b) * self.win_kv_tok
         attn = np.maximum(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
         return self.overhead + self.linear_time(b, b) + attn
+
+    @staticmethod
+    def _decode_ctx_sums(ctx0: np.ndarray, k: int, first: int, shift: int):
+        """``(b, steps, context sum per step)`` of :meth:`decode_step_times` (float64, exact for
+        integer token counts below 2**53)."""
+        b = len(ctx0)
+        s = np.arange(first, first + k, dtype=np.float64)
+        sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
+        if shift:
+            sum_c = sum_c + float(shift)
+        return b, s, sum_c
 
     def prefill_time(self, tokens: int, context: int = 0) -> float:
         """Time to prefill ``tokens`` after ``context`` cached tokens alone (s, no overhead)."""
@@ -316,11 +323,7 @@ class CalibratedCostModel(AnalyticCostModel):
         calibrated terms; equals :meth:`step_time` of each step."""
         if not self.use_attn:  # the analytic version calls self.linear_time (calibrated or not)
             return super().decode_step_times(ctx0, k, first, shift)
-        b = len(ctx0)
-        s = np.arange(first, first + k, dtype=np.float64)
-        sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
-        if shift:
-            sum_c = sum_c + float(shift)
+        b, _, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         kv_mean = (sum_c + b) / b
         return self.overhead + self.linear_time(b, b) + self._decode_attn(b, kv_mean)
 

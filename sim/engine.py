@@ -79,6 +79,14 @@ def _block_pairs(first: np.ndarray, last: int, B: int):
     return cnt, pi, ps
 
 
+def _queue_registration(req, full: int, reg: tuple) -> None:
+    """Queue ``req``'s blocks ``n_cached .. full - 1`` for one later prefix-cache registration
+    (``reg`` = (block arrays, key arrays)) and count them as registered."""
+    reg[0].append(req.blocks[req.n_cached:full])
+    reg[1].append(req.keys[req.n_cached:full])
+    req.n_cached = full
+
+
 class Request:
     """One request's live state. Token counts in tokens, times in simulated seconds."""
 
@@ -382,8 +390,9 @@ class Simulator:
         self._round_time += dur
         self.rounds.append((
             self.env.now if now is None else now, req.rid, comp.name, comp.compaction,
-            res.tokens_before, res.tokens_kept, res.tokens_evicted, res.blocks_before, res.blocks_after, res.blocks_freed,
-            res.bytes_moved, res.tokens_moved, res.ragged_waste_slots, res.metadata_bytes,
+            res.tokens_before, res.tokens_kept, res.tokens_evicted, res.blocks_before,
+            res.blocks_after, res.blocks_freed, res.bytes_moved, res.tokens_moved,
+            res.ragged_waste_slots, res.metadata_bytes,
             req.layout.fragmentation(int(res.kept_per_group.sum())), dur))
 
     def _free_blocks(self, req: Request) -> None:
@@ -450,9 +459,7 @@ class Simulator:
                     if upto > req.n_blocks * B:
                         defer.append(req)
                     if caching and upto // B > req.n_cached:
-                        reg[0].append(req.blocks[req.n_cached:upto // B])
-                        reg[1].append(req.keys[req.n_cached:upto // B])
-                        req.n_cached = upto // B
+                        _queue_registration(req, upto // B, reg)
                 else:
                     slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
             elif ff_layout:
@@ -465,9 +472,7 @@ class Simulator:
                     req.pending += 1
                     req.n_placed += 1
                     if caching and not req.compressed and upto // B > req.n_cached:
-                        reg[0].append(req.blocks[req.n_cached:upto // B])
-                        reg[1].append(req.keys[req.n_cached:upto // B])
-                        req.n_cached = upto // B
+                        _queue_registration(req, upto // B, reg)
                 elif m > 0:
                     slow = True
                 elif caching and not req.compressed and upto // B > req.n_cached:
@@ -994,25 +999,10 @@ class Simulator:
                     finished = True
         else:
             for i, req in enumerate(reqs):
-                if req.layout is not None:
-                    nb = int(nb_all[i])
-                    if comp.blocks_for(req, k - 1) != nb:
-                        raise RuntimeError("fast-forward block count disagrees with the layout")
-                    comp.place(req, k - 1, nb)
-                if req.n_blocks > req.peak_blocks:
-                    req.peak_blocks = req.n_blocks
-                req.n_computed += k
-                req.n_generated += k
-                if self.caching and not req.compressed:
-                    full = req.n_computed // B
-                    if full > req.n_cached:
-                        if req.layout is not None:  # before its round (which may uncache them)
-                            self.pool.cache_blocks(req.blocks[req.n_cached:full],
-                                                   req.keys[req.n_cached:full])
-                        else:
-                            reg_b.append(req.blocks[req.n_cached:full])
-                            reg_k.append(req.keys[req.n_cached:full])
-                        req.n_cached = full
+                # a compressed request registers its blocks now, before its round (which may
+                # uncache them); dense ones join the one registration below
+                self._ff_commit(req, k, k - 1, int(nb_all[i]),
+                                (reg_b, reg_k) if req.layout is None else None)
                 if req.layout is not None and comp.due(req, False):
                     self._round(req)
                 if req.n_generated >= req.output:
@@ -1284,11 +1274,11 @@ class Simulator:
             full = req.n_computed // self.B
             if full > req.n_cached:
                 if reg is None:
-                    self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+                    self.pool.cache_blocks(req.blocks[req.n_cached:full],
+                                           req.keys[req.n_cached:full])
+                    req.n_cached = full
                 else:
-                    reg[0].append(req.blocks[req.n_cached:full])
-                    reg[1].append(req.keys[req.n_cached:full])
-                req.n_cached = full
+                    _queue_registration(req, full, reg)
 
     def _tier_ff_cap(self, reqs, k: int, ps, B: int) -> int:
         """Last fast-forward step that keeps the waiting head's per-step retries exact with
@@ -1380,8 +1370,9 @@ class Simulator:
         """Assert pool and request invariants (``sim.check_invariants``)."""
         for r in self.running:
             if r.layout is not None:  # the scheduler's fast path reads n_blocks for this sum
-                assert r.n_blocks == r.layout.n_blocks + r.blocks_since, \
-                    f"request {r.rid}: block table {r.n_blocks} != layout {r.layout.n_blocks} + {r.blocks_since}"
+                assert r.n_blocks == r.layout.n_blocks + r.blocks_since, (
+                    f"request {r.rid}: block table {r.n_blocks} != layout {r.layout.n_blocks} + "
+                    f"{r.blocks_since}")
         held = [r.blocks[:r.n_blocks] for r in self.running if r.n_blocks]
         held_arr = np.concatenate(held) if held else np.empty(0, np.int64)
         self.pool.check(held_arr)
