@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from policies import CompactionConfig, PolicyConfig
 from traces import TraceConfig
@@ -199,9 +199,27 @@ class KvsimConfig:
     experiment: Optional[Any] = None
 
 
+def _run_dir(output_dir, default: str) -> str:
+    """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
+
+    An ``output.dir`` naming an existing file also gives ``default``, so Hydra can create its
+    run directory and the job reports the bad ``output.dir`` itself (one clear line, exit 2)."""
+    if output_dir is None or str(output_dir) == "":
+        return default
+    from pathlib import Path
+
+    if Path(str(output_dir)).exists() and not Path(str(output_dir)).is_dir():
+        return default
+    return str(output_dir)
+
+
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent)."""
     # the root schema types every group node, so group options (YAML files) are validated
     # against their dataclass without being listed as selectable options themselves
     cs = ConfigStore.instance()
     cs.store(name="kvsim_schema", node=KvsimConfig)
+    if not OmegaConf.has_resolver("kvsim_run_dir"):
+        # hydra.run.dir is output.dir when that is set (Hydra's .hydra/ and log file then sit
+        # beside the results, and no outputs/<date>/<time>/ folder is created), else its default
+        OmegaConf.register_new_resolver("kvsim_run_dir", _run_dir)

@@ -251,7 +251,9 @@ def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     import re
     assert re.search(pattern, r.stderr), r.stderr
     assert "it holds an INCOMPLETE marker" in r.stderr
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [MARKER]
+    # no results: the marker beside Hydra's own record of the job (.hydra/, the job's log)
+    names = {p.name for p in (tmp_path / "r").iterdir()} - {".hydra", "cli.log"}
+    assert sorted(names) == [MARKER]
 
 
 def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
@@ -266,6 +268,19 @@ def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
         assert r.returncode == 2, r.stderr[-2000:]
         at.append(re.search(r"passed it at t=([0-9.]+) s", r.stderr).group(1))
     assert at[0] == at[1]
+
+
+def test_cli_output_dir_is_the_hydra_run_dir(tmp_path):
+    """With output.dir the results, Hydra's .hydra/ record and the log share that folder; no
+    outputs/<date>/<time>/ folder appears in the working directory."""
+    out = tmp_path / "res"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false", "trace.max_requests=5",
+                        "output.print_summary=false"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]
+    assert (out / "summary.json").exists() and (out / ".hydra" / "config.yaml").exists()
 
 
 def test_cli_output_dir_that_is_a_file(tmp_path):
