@@ -30,7 +30,9 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
   true), with the reason. These runs are in no other output. Both files are always written (empty
   when every run completed).
 
-* ``manifest.json``: sweep dir, counts, the override keys, the tables written.
+* ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
+  ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
+  the same directory (a larger grid's extra jobs; see ``sim.callbacks``).
 
 Reading::
 
@@ -63,6 +65,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+
+from sim.callbacks import stale_job
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 
@@ -424,6 +428,9 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep / "collected"
     run_dirs = find_run_dirs(sweep, exclude=out)
+    # job directories an earlier, larger sweep left in a sweep directory run again
+    stale = [d for d in run_dirs if d != sweep and stale_job(d)]
+    run_dirs = [d for d in run_dirs if d not in stale]
     if not run_dirs:
         raise CollectError(
             f"{sweep}: no kvsim run directories found (expected sub-directories with "
@@ -458,6 +465,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             "runs_total": len(runs),
             "runs_complete": len(done),
             "runs_failed": len(failed),
+            "stale_run_dirs": [d.relative_to(sweep).as_posix() for d in stale],
             "override_keys": keys,
             "tables": written,
         }
@@ -472,6 +480,10 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if stale and not quiet:
+        print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
+              f"the same directory (another sweep id): "
+              f"{', '.join(d.relative_to(sweep).as_posix() for d in stale)}", file=sys.stderr)
     if failed and not quiet:
         print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete and were left out "
               f"(listed in {out / 'failed_runs.csv'}):", file=sys.stderr)

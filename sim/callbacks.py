@@ -4,23 +4,52 @@
 marks the job directory ``INCOMPLETE`` with the error) end with exit status 2 and one line per
 failed job, instead of status 0: a sweep script or CI job then sees the failure. The other jobs
 still ran (Hydra launchers run every job of a sweep).
+
+Each multirun also gets an id (``on_multirun_start`` writes it to ``<sweep dir>/.kvsim_sweep_id``;
+every job copies it into its own directory): a sweep re-run into the same directory with a smaller
+grid leaves the earlier sweep's extra job directories behind, and kvsim-collect and the failure
+report skip job directories holding another sweep's id.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
 
+SWEEP_ID = ".kvsim_sweep_id"
+
+
+def stale_job(job_dir: Path) -> bool:
+    """True when ``job_dir`` holds the id of a sweep other than the latest one run into its
+    parent directory (a job of an earlier, larger grid). A job without an id (written before
+    ids existed, or killed before its first line) is not stale."""
+    root = job_dir.parent / SWEEP_ID
+    mine = job_dir / SWEEP_ID
+    if not root.is_file() or not mine.is_file():
+        return False
+    return mine.read_text().strip() != root.read_text().strip()
+
+
 class FailedRunsExit(Callback):
-    """``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2."""
+    """``on_multirun_start``: give the sweep a new id (see the module doc).
+    ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        sweep.mkdir(parents=True, exist_ok=True)
+        (sweep / SWEEP_ID).write_text(f"{time.time_ns()}-{os.getpid()}\n")
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
         failed = []
         for marker in sorted(sweep.glob("*/INCOMPLETE")):
+            if stale_job(marker.parent):
+                continue
             text = marker.read_text(errors="replace").strip()
             if text.startswith("this run failed:"):
                 failed.append((marker.parent.name, text[len("this run failed:"):].strip()))

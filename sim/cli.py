@@ -85,6 +85,18 @@ def app(cfg: DictConfig) -> None:
     overrides = [o for o in hc.overrides.task
                  if not o.startswith(("output.skip_completed", "output.dir", "sim.progress",
                                       "output.print_summary"))]
+    from hydra.types import RunMode
+
+    multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        # this job belongs to the sweep now running (sim.callbacks: stale jobs of an earlier
+        # sweep into the same directory keep another id)
+        from .callbacks import SWEEP_ID
+
+        sid = Path(hc.sweep.dir) / SWEEP_ID
+        if sid.is_file():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / SWEEP_ID).write_text(sid.read_text())
     if cfg.output.skip_completed and is_complete(out_dir, overrides):
         log.info("skipping %s: already complete", out_dir)
         return
@@ -92,9 +104,6 @@ def app(cfg: DictConfig) -> None:
 
     from .hardware import ConfigError
 
-    from hydra.types import RunMode
-
-    multirun = hc.mode == RunMode.MULTIRUN
     try:
         summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:

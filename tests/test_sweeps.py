@@ -375,6 +375,23 @@ def test_round_figures_on_the_agreed_rounds_schema(fn, by, tmp_path):
     assert P.longest_request(_fake_rounds()) in (0, 1, 2)
 
 
+def test_sweep_rerun_with_a_smaller_grid_leaves_the_old_jobs_out(tmp_path):
+    """A 3-job sweep, then a 2-job sweep (with a rejected job) into the same directory: job 2
+    of the first sweep is neither collected nor reported as this sweep's failure."""
+    sweep = tmp_path / "sw"
+    base = ["-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+            *QUIET]
+    _kvsim(*base, "trace.max_requests=10,20,30")
+    (sweep / "2" / "INCOMPLETE").write_text("this run failed: an old failure\n")
+    r = _kvsim(*base, "trace.max_requests=10,15", check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "an old failure" not in r.stderr
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert sorted(res.runs["trace.max_requests"]) == [10, 15] and not res.failed
+    man = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert man["stale_run_dirs"] == ["2"]
+
+
 def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_path):
     """A sweep whose grid holds an impossible value runs the other jobs, then exits 2 listing
     the failed job; kvsim-collect gives the job's own error as the failure reason."""
