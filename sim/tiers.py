@@ -20,8 +20,9 @@ CPU offload manager offers). Pages of one request are inserted deepest block fir
 shallow blocks of a prefix chain are the most recent and a chain is evicted leaf first: no
 unreachable descendants are kept while their parent is gone (for pages inserted together).
 
-Links are SimPy resources (one per direction: PCIe host-to-device, device-to-host, disk read,
-disk write), FIFO with capacity 1, so transfers queue and contend. A batch of ``n`` pages of
+Links are FIFO queues with capacity 1 (one per direction: PCIe host-to-device, device-to-host,
+disk read, disk write), so transfers queue and contend: SimPy resources for onboarding, which a
+request waits on, and arithmetic queues for offloads (:meth:`Link.reserve`, same times). A batch of ``n`` pages of
 ``b`` bytes takes ``overhead + n x b / bandwidth`` (PCIe: 14 us per issued copy, 55 GB/s each
 way, measured on this workplace's H200, design.md; disk: latency per I/O + bytes / bandwidth,
 defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from vendor sheets).
@@ -29,6 +30,7 @@ defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from 
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from itertools import filterfalse, islice, repeat
 
@@ -279,7 +281,11 @@ def make_store(replacement: str, capacity_pages: int):
 
 
 class Link:
-    """A transfer link: a SimPy FIFO resource with ``overhead_s + bytes / bandwidth`` per batch.
+    """A transfer link: FIFO, one batch at a time, ``overhead_s + bytes / bandwidth`` per batch.
+
+    Onboarding queues on the SimPy resource ``res`` (a request's load is a process it waits on);
+    offloads, which nothing waits on, queue arithmetically (:meth:`reserve`). A link is used one
+    way or the other, never both (D2H and disk writes: arithmetic; H2D and disk reads: SimPy).
 
     Args:
         env: the SimPy environment; name: for records; bandwidth_Bps: bytes/s (> 0);
@@ -297,6 +303,16 @@ class Link:
         self.bw = float(bandwidth_Bps)
         self.overhead = float(overhead_s)
         self.res = simpy.Resource(env, capacity=1)
+        self.free_at = float("-inf")  # when the last reserved batch ends (reserve only)
+
+    def reserve(self, now: float, dur: float) -> tuple[float, float]:
+        """Queue one batch of ``dur`` seconds issued at ``now`` behind the batches already
+        reserved: returns its ``(start, end)``, ``end = start + dur`` (the value a SimPy timeout
+        from ``start`` reaches). The same times as a capacity-1 FIFO resource."""
+        start = now if now >= self.free_at else self.free_at
+        end = start + dur
+        self.free_at = end
+        return start, end
 
     def duration(self, nbytes: float) -> float:
         """Seconds one batch of ``nbytes`` occupies the link."""
@@ -477,28 +493,46 @@ class TierManager:
         if p:
             self.pending = []
             for lo in range(0, len(p), self.batch):
-                self.env.process(self._offload(p[lo:lo + self.batch]))
+                self._offload(p[lo:lo + self.batch])
         d = self.pending_demote
         if d:
             self.pending_demote = []
             for lo in range(0, len(d), self.batch):
-                self.env.process(self._demote(d[lo:lo + self.batch]))
+                self._demote(d[lo:lo + self.batch])
 
     def _record(self, start, direction, tier, pages, dur, queued):
         self.records.append(start, direction, tier, pages, pages * self.cold, dur, start - queued)
 
-    def _offload(self, keys):
+    def _at(self, end: float, fn, *args) -> None:
+        """Call ``fn(*args)`` when the clock reaches exactly ``end`` (>= now): one timeout when
+        ``now + (end - now)`` lands on ``end``, else two (see ``sim.engine._advance_to``)."""
         env = self.env
-        t0 = env.now
-        with self.d2h.res.request() as rq:
-            yield rq
-            start = env.now
-            dur = self.d2h_time(len(keys))
-            yield env.timeout(dur)
-        self._record(start, "d2h", "host", len(keys), dur, t0)
+        now = env.now
+        d = end - now
+        if now + d != end:
+            m = end
+            for _ in range(64):
+                m = math.nextafter(m, -math.inf)
+                if now + (m - now) == m and m + (end - m) == end:
+                    break
+            else:  # pragma: no cover - half the values below end are reachable from now
+                raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
+            env.timeout(m - now).callbacks.append(lambda _e: self._at(end, fn, *args))
+            return
+        env.timeout(d).callbacks.append(lambda _e: fn(*args))
+
+    def _offload(self, keys) -> None:
+        """Issue one D2H batch now: it queues on the link and lands in the host store at its
+        end (:meth:`_offloaded`)."""
+        now = self.env.now
+        dur = self.d2h_time(len(keys))
+        start, end = self.d2h.reserve(now, dur)
+        self._at(end, self._offloaded, keys, start, dur, now)
+
+    def _offloaded(self, keys, start, dur, queued) -> None:
+        self._record(start, "d2h", "host", len(keys), dur, queued)
         self.bytes_offloaded["host"] += len(keys) * self.cold
-        for k in keys:
-            self.inflight.discard(k)
+        self.inflight.difference_update(keys)
         self._insert_host(keys)
         self.flush()
 
@@ -509,15 +543,15 @@ class TierManager:
         if ev and self.disk is not None:
             self.pending_demote.extend(self.disk.missing(ev))
 
-    def _demote(self, keys):
-        env = self.env
-        t0 = env.now
-        with self.disk_write.res.request() as rq:
-            yield rq
-            start = env.now
-            dur = self.disk_write.duration(len(keys) * self.cold)
-            yield env.timeout(dur)
-        self._record(start, "host_to_disk", "disk", len(keys), dur, t0)
+    def _demote(self, keys) -> None:
+        """Issue one host-to-disk batch now (arithmetic queue, as :meth:`_offload`)."""
+        now = self.env.now
+        dur = self.disk_write.duration(len(keys) * self.cold)
+        start, end = self.disk_write.reserve(now, dur)
+        self._at(end, self._demoted, keys, start, dur, now)
+
+    def _demoted(self, keys, start, dur, queued) -> None:
+        self._record(start, "host_to_disk", "disk", len(keys), dur, queued)
         self.bytes_offloaded["disk"] += len(keys) * self.cold
         self.change_log.extend(keys)
         self.change_log.extend(self.disk.insert_many(keys))
