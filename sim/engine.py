@@ -207,6 +207,7 @@ class Simulator:
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
         self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
+        self._hit_keys = None  # (request, its keys array, max_hit, key set)
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
@@ -605,7 +606,10 @@ class Simulator:
         if tiers is not None:
             if len(hit) < max_hit:
                 res = self._tier_hit(req, hit, max_hit)
-            self._hit_memo = (req, req.gen, max_hit, set(req.keys[:max_hit].tolist()), res)
+            ks = self._hit_keys  # the head's key set, kept across its re-walks
+            if ks is None or ks[0] is not req or ks[1] is not req.keys or ks[2] != max_hit:
+                ks = self._hit_keys = (req, req.keys, max_hit, set(req.keys[:max_hit].tolist()))
+            self._hit_memo = (req, req.gen, max_hit, ks[3], res)
         return res
 
     # ------------------------------------------------------------------ tiers
