@@ -28,6 +28,7 @@ pool has (``kv_capacity``: it could never run, even alone).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 import numpy as np
@@ -66,6 +67,19 @@ def _advance_to(env, end: float):
         raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
     yield env.timeout(m - now)
     yield env.timeout(end - m)
+
+
+def _waiting_per_step(waiting0: int, log: list, ends: np.ndarray) -> np.ndarray:
+    """Waiting requests after each step of a fast-forward stretch: ``waiting0``, then the count
+    after the last event (``log``: ``(time, waiting)``, ascending) before each step's end time
+    (``ends``, s). Returns int64, shape ``(len(ends),)``."""
+    out = np.full(len(ends), waiting0, dtype=np.int64)
+    if log:
+        t = np.array([x[0] for x in log])
+        n = np.array([x[1] for x in log], dtype=np.int64)
+        i = np.searchsorted(t, ends, side="left") - 1
+        out[i >= 0] = n[i[i >= 0]]
+    return out
 
 
 def _block_pairs(first: np.ndarray, last: int, B: int):
@@ -1105,13 +1119,16 @@ class Simulator:
         free0 = pool.num_free
         if int(np.count_nonzero(nxt == 2)) + r1 > free0:
             return 0
-        t_next = env.peek()
-        if self.max_sim_time is not None:
-            t_next = min(t_next, float(self.max_sim_time))
+        t_ev = env.peek()
+        t_lim = float(self.max_sim_time) if self.max_sim_time is not None else math.inf
+        t_next = min(t_ev, t_lim)
         used0 = pool.num_used
         cf0 = pool.num_cached_free
         start = env.now
         waiting0 = len(self.waiting)
+        # arrivals behind a waiting head are passed, not stopped at (_pass_arrivals)
+        pass_ev = waiting0 > 0 and self.tiers is None
+        ev_log: list[tuple[float, int]] = []
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
         # except where a round returns blocks (the stretch then ends at that step), so the head
         # can only become less admissible: an allocation never evicts a block of its hit while a
@@ -1139,6 +1156,9 @@ class Simulator:
             d = self.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
             d[0] += carry  # round costs charged to the segment's first step
             c = np.cumsum(np.concatenate(([last], d)))[1:]
+            if pass_ev and c[-1] >= t_ev and t_ev < t_lim:
+                t_ev = yield from self._pass_arrivals(c, t_ev, t_lim, ev_log)
+                t_next = min(t_ev, t_lim)
             if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
                 j = int(np.searchsorted(c, t_next, side="left"))
                 hi = k = seg + j
@@ -1248,12 +1268,38 @@ class Simulator:
             live[-1] = self._live_tokens()
             running = np.full(k, b)
             running[-1] = len(self.running)
-            waiting = np.full(k, waiting0)
+            waiting = _waiting_per_step(waiting0, ev_log, cum)
             waiting[-1] = len(self.waiting)
             rec.steps_bulk(starts, durs, running, waiting, b, used, cached_free, live)
         if self.check:
             self.check_invariants()
         return k
+
+    def _pass_arrivals(self, c: np.ndarray, t_ev: float, t_lim: float, log: list):
+        """SimPy process fragment: let the events that land before the end of a fast-forward
+        segment happen, moving the clock to each, and return the next event's time.
+
+        ``c``: the segment's step end times (s, ascending); ``t_ev``: the next event's time;
+        ``t_lim``: ``sim.max_sim_time_s`` (events from it on are left to the caller); ``log``
+        gets ``(time, waiting requests)`` after each event.
+
+        Used only with requests waiting and no tiers. Every event then is an arrival (the
+        arrival process, or a closed-loop child after its think time), and an arrival joins the
+        waiting queue behind a head that no step of the stretch can admit (the scheduler admits
+        in FCFS order and stops at the first request that does not fit; see
+        :meth:`_fast_forward_rounds`), so the per-step loop would schedule the same decode batch
+        after it. An event at a step's exact end time stops here (the caller ends the stretch
+        there): whether the per-step loop counts it in that step depends on SimPy's event order.
+        """
+        env = self.env
+        while c[-1] >= t_ev and t_ev < t_lim:
+            j = int(np.searchsorted(c, t_ev, side="left"))
+            if c[j] == t_ev:
+                break
+            yield from _advance_to(env, t_ev)
+            log.append((t_ev, len(self.waiting)))
+            t_ev = env.peek()
+        return t_ev
 
     def _ff_commit(self, req: Request, steps: int, tokens: int, blocks: int, reg=None) -> None:
         """Bring ``req``'s counters forward by ``steps`` pure-decode steps of a fast-forward
