@@ -156,9 +156,15 @@ class Compactor:
         if len(freed):
             layout._drop_blocks(freed)  # empty by construction (empty_blocks)
         waste = int((lengths.max() - lengths).sum()) if H > 1 and lengths.size else 0
+        if H == 1:  # the means of one value (the same floats, without three numpy reductions)
+            b0, k0 = int(before[0]), int(kept[0])
+            t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
+        else:
+            t_before, t_kept = float(before.mean()), float(kept.mean())
+            t_evicted = float((before - kept).mean())
         return RoundResult(
-            tokens_before=float(before.mean()), tokens_kept=float(kept.mean()),
-            tokens_evicted=float((before - kept).mean()), blocks_before=blocks_before,
+            tokens_before=t_before, tokens_kept=t_kept,
+            tokens_evicted=t_evicted, blocks_before=blocks_before,
             blocks_after=layout.n_blocks, freed_block_indices=freed,
             bytes_moved=moves.shape[0] * per_group_bytes, moves=moves, kept_per_group=kept,
             group_lengths=lengths, ragged_waste_slots=waste, ragged_waste_bytes=waste * per_group_bytes,
@@ -206,7 +212,12 @@ class ForwardPack(Compactor):
             layout.append_ptr[g] = p + src.size
             m = src != dst
             if m.any():
-                out.append(np.stack([np.full(int(m.sum()), g), src[m], dst[m]], axis=1))
+                mv = src[m]
+                rows = np.empty((len(mv), 3), dtype=np.int64)
+                rows[:, 0] = g
+                rows[:, 1] = mv
+                rows[:, 2] = dst[m]
+                out.append(rows)
         if not out:
             return np.zeros((0, 3), dtype=np.int64)
         return out[0] if len(out) == 1 else np.concatenate(out)

@@ -94,7 +94,10 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     """``bool[H, S]``: the top-``k`` candidates per row by ``score`` (all of them if fewer).
 
     ``k``: int or ``int[H]`` (per-row budgets, clipped at 0)."""
-    k = np.maximum(np.broadcast_to(np.asarray(k, dtype=np.int64), (score.shape[0],)), 0)
+    if isinstance(k, (int, np.integer)):
+        k = np.full(score.shape[0], max(int(k), 0), dtype=np.int64)
+    else:
+        k = np.maximum(np.broadcast_to(np.asarray(k, dtype=np.int64), (score.shape[0],)), 0)
     if score.shape[1] == 0:
         return np.zeros(score.shape, dtype=bool)
     if score.shape[0] > TOPK_ROWS_BY_PARTITION:
@@ -263,7 +266,8 @@ class EvictionPolicy:
             sc = np.asarray(scores)
             if sc.ndim != 2 or sc.shape[1] != S or sc.shape[0] not in (1, H):
                 raise ValueError(f"{self.name}: scores must have shape ({H}, {S}) or (1, {S}), got {sc.shape}")
-            sc = np.broadcast_to(sc, (H, S))
+            if sc.shape[0] != H:
+                sc = np.broadcast_to(sc, (H, S))
         return pos, live, sc
 
     def _protected(self, pos, live, prompt_len):
