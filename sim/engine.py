@@ -221,7 +221,7 @@ class Simulator:
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
         self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
-        self._hit_keys = None  # (request, its keys array, max_hit, key set)
+        self._hit_keys = None  # (request, its keys array, max_hit, {key: block index})
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
@@ -596,78 +596,128 @@ class Simulator:
     def _prefix_hit(self, req: Request):
         """The admission's prefix hit: GPU lookup, extended through host and disk with tiers.
 
-        Returns ``(table, tier_pos, tier_keys, tier_codes)`` as :meth:`_tier_hit` (the last three
-        None without tier pages). With tiers, the result for the waiting head is memoised and
-        reused while none of its keys changed membership in the GPU index, host or disk (the
-        pool's and tier manager's change logs since the walk): an overloaded server retries its
-        head every step, and the walk over thousands of keys was the top cost.
+        Returns ``(table, tier_pos, tier_keys, tier_codes)`` as :meth:`_hit_result` (the last
+        three None without tier pages). With tiers, the walk for the waiting head is memoised:
+        an overloaded server retries its head every step, and the walk over thousands of keys
+        was the top cost. While none of the head's keys changed membership in the GPU index,
+        host or disk (the pool's and tier manager's change logs since the walk) the result is
+        reused; otherwise only the changed blocks are looked up again (:meth:`_rewalk`).
         """
         B = self.B
         max_hit = (req.num_tokens - 1) // B if self.caching else 0
         tiers = self.tiers
-        if tiers is not None:
-            memo = self._hit_memo
-            pool_log = self.pool.change_log
-            if (memo is not None and memo[0] is req and memo[1] == req.gen and memo[2] == max_hit
-                    and memo[3].isdisjoint(pool_log) and memo[3].isdisjoint(tiers.change_log)):
-                pool_log.clear()
-                tiers.change_log.clear()
-                return memo[4]
+        if tiers is None:
+            hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
+            return hit, None, None, None
+        memo = self._hit_memo
+        pool_log = self.pool.change_log
+        kp = self._hit_keys  # the head's key -> block index, kept across its re-walks
+        if kp is None or kp[0] is not req or kp[1] is not req.keys or kp[2] != max_hit:
+            keys = req.keys[:max_hit].tolist()
+            kp = self._hit_keys = (req, req.keys, max_hit, dict(zip(keys, range(len(keys)))))
+        pos_of = kp[3]
+        if memo is not None and memo[0] is req and memo[1] == req.gen and memo[2] == max_hit:
+            changed = set(filter(pos_of.__contains__, pool_log))
+            changed.update(filter(pos_of.__contains__, tiers.change_log))
             pool_log.clear()
             tiers.change_log.clear()
-        hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
-        res = (hit, None, None, None)
-        if tiers is not None:
-            if len(hit) < max_hit:
-                res = self._tier_hit(req, hit, max_hit)
-            ks = self._hit_keys  # the head's key set, kept across its re-walks
-            if ks is None or ks[0] is not req or ks[1] is not req.keys or ks[2] != max_hit:
-                ks = self._hit_keys = (req, req.keys, max_hit, set(req.keys[:max_hit].tolist()))
-            self._hit_memo = (req, req.gen, max_hit, ks[3], res)
+            if not changed:
+                return memo[4]
+            state = self._rewalk(req, memo[3], sorted(pos_of[k] for k in changed), max_hit)
+        else:
+            pool_log.clear()
+            tiers.change_log.clear()
+            hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
+            g = len(hit)
+            blk, code = self._walk(req, g, max_hit)
+            state = (np.concatenate([hit, blk]), np.concatenate([np.full(g, GPU, np.int8), code]))
+        res = self._hit_result(req, *state)
+        self._hit_memo = (req, req.gen, max_hit, state, res)
         return res
 
     # ------------------------------------------------------------------ tiers
-    def _tier_hit(self, req: Request, gpu_hit: np.ndarray, max_hit: int):
-        """Extend a GPU prefix hit through the host and disk tiers.
-
-        Each block from the first is served by the fastest tier holding it (GPU, host, disk);
-        the first block held nowhere ends the hit. Returns the block-table prefix (GPU block ids,
-        -1 where a page must be onboarded), the positions, keys and tier codes of those pages.
-        With ``load_or_recompute`` the hit is cut at the first disk page when loading the disk
-        pages would take longer than recomputing the tokens from there on.
-        """
+    def _locate(self, keys: np.ndarray):
+        """Where each of ``keys`` is served from: ``(GPU block id or -1, code)`` arrays, code
+        GPU, HOST, DISK (the fastest tier holding it) or -1 (held nowhere). The disk is asked
+        only about keys neither the GPU nor the host holds (C-level membership maps)."""
         tiers = self.tiers
-        g = len(gpu_hit)
-        # vectorised walk in growing chunks: membership per tier with C-level maps (the disk is
-        # asked only about blocks neither the GPU nor the host holds); the first block held
-        # nowhere ends the hit
-        gpu_parts, host_parts = [], []
-        lo = g
+        gpu_b = self.pool.cached_blocks(keys)
+        in_host = np.fromiter(tiers.host.contains_many(keys.tolist()), dtype=bool, count=len(keys))
+        code = np.where(gpu_b >= 0, GPU, np.where(in_host, HOST, -1)).astype(np.int8)
+        rest = np.flatnonzero(code < 0)
+        if tiers.disk is not None and len(rest):
+            on_disk = np.fromiter(tiers.disk.contains_many(keys[rest].tolist()), dtype=bool,
+                                  count=len(rest))
+            code[rest[on_disk]] = DISK
+        return gpu_b, code
+
+    def _walk(self, req: Request, lo: int, max_hit: int):
+        """Locate ``req``'s blocks from ``lo`` up to the first held nowhere (or ``max_hit``), in
+        growing chunks: ``(GPU block id or -1, code)`` arrays of those blocks (see :meth:`_locate`)."""
+        blk_parts, code_parts = [], []
         chunk = 256
         while lo < max_hit:
             hi = min(lo + chunk, max_hit)
-            kc = req.keys[lo:hi]
-            gpu_b = self.pool.cached_blocks(kc)
-            in_host = np.fromiter(tiers.host.contains_many(kc.tolist()), dtype=bool, count=len(kc))
-            held = (gpu_b >= 0) | in_host
-            if tiers.disk is not None and not held.all():
-                rest = np.flatnonzero(~held)
-                held[rest] = np.fromiter(tiers.disk.contains_many(kc[rest].tolist()), dtype=bool,
-                                         count=len(rest))
-            m = int(np.argmin(held)) if not held.all() else len(held)
-            gpu_parts.append(gpu_b[:m])
-            host_parts.append(in_host[:m])
-            if m < len(held):
+            gpu_b, code = self._locate(req.keys[lo:hi])
+            miss = code < 0
+            m = int(np.argmax(miss)) if miss.any() else len(code)
+            blk_parts.append(gpu_b[:m])
+            code_parts.append(code[:m])
+            if m < len(code):
                 break
             lo = hi
             chunk *= 4
-        gpu_b = gpu_parts[0] if len(gpu_parts) == 1 else np.concatenate(gpu_parts)
-        m = len(gpu_b)
-        if m == 0:
+        if not blk_parts:
+            return np.empty(0, np.int64), np.empty(0, np.int8)
+        if len(blk_parts) == 1:
+            return blk_parts[0], code_parts[0]
+        return np.concatenate(blk_parts), np.concatenate(code_parts)
+
+    def _rewalk(self, req: Request, state, changed: list, max_hit: int):
+        """The memoised walk ``state = (blk, code)`` of the head's blocks ``0 .. m - 1`` brought
+        up to date after the blocks at indices ``changed`` (sorted) changed membership: they are
+        located again; the first one now held nowhere ends the hit; if block ``m`` (the one that
+        ended it) is now held, the walk goes on from there. Every other block's location is
+        unchanged (the change logs list every key whose GPU, host or disk membership changed),
+        so this equals a fresh walk."""
+        blk, code = state
+        m = len(blk)
+        idx = np.asarray(changed, dtype=np.int64)
+        inside = idx[idx < m]
+        if len(inside):
+            gpu_b, c = self._locate(req.keys[inside])
+            blk = blk.copy()
+            code = code.copy()
+            blk[inside] = gpu_b
+            code[inside] = c
+            gone = inside[c < 0]
+            if len(gone):
+                cut = int(gone[0])
+                return blk[:cut], code[:cut]
+        if m < max_hit and m in changed:
+            ext_b, ext_c = self._walk(req, m, max_hit)
+            if len(ext_b):
+                blk = np.concatenate([blk, ext_b])
+                code = np.concatenate([code, ext_c])
+        return blk, code
+
+    def _hit_result(self, req: Request, blk: np.ndarray, code: np.ndarray):
+        """The admission's hit from the walk of blocks ``0 .. m - 1`` (``blk``: GPU block id or
+        -1, ``code``: serving tier): the GPU prefix, then every block from the first that is not
+        on the GPU served by the fastest tier holding it, up to the first held nowhere. Returns
+        the block-table prefix (GPU block ids, -1 where a page must be onboarded) and the
+        positions, keys and tier codes of those pages (None, None, None without any). With
+        ``load_or_recompute`` the hit is cut at the first disk page when loading the disk pages
+        would take longer than recomputing the tokens from there on.
+        """
+        tiers = self.tiers
+        not_gpu = code != GPU
+        g = int(np.argmax(not_gpu)) if not_gpu.any() else len(code)
+        gpu_hit = blk[:g]
+        if g == len(code):
             return gpu_hit, None, None, None
-        in_host = host_parts[0] if len(host_parts) == 1 else np.concatenate(host_parts)
-        ext = gpu_b
-        codes_a = np.where(gpu_b >= 0, GPU, np.where(in_host, HOST, DISK)).astype(np.int8)
+        ext = blk[g:]
+        codes_a = code[g:]
         if tiers.load_or_recompute and (codes_a == DISK).any():
             first = int(np.argmax(codes_a == DISK))
             n_disk = int(np.count_nonzero(codes_a[first:] == DISK))
