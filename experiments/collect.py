@@ -220,6 +220,10 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = f"summary.json has complete={summary.get('complete')!r}"
             else:
                 info.summary = summary
+                ov = summary.get("overrides")
+                if not info.overrides and isinstance(ov, list):
+                    # a run with output.dir has no .hydra/ record: summary.json keeps its overrides
+                    info.overrides = [str(o) for o in ov]
     return info
 
 
@@ -465,7 +469,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             "runs_total": len(runs),
             "runs_complete": len(done),
             "runs_failed": len(failed),
-            "stale_run_dirs": [d.relative_to(sweep).as_posix() for d in stale],
+            "stale_run_dirs": sorted(d.relative_to(sweep).as_posix() for d in stale),
             "override_keys": keys,
             "tables": written,
         }
@@ -483,7 +487,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     if stale and not quiet:
         print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
               f"the same directory (another sweep id): "
-              f"{', '.join(d.relative_to(sweep).as_posix() for d in stale)}", file=sys.stderr)
+              f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
     if failed and not quiet:
         print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete and were left out "
               f"(listed in {out / 'failed_runs.csv'}):", file=sys.stderr)

@@ -24,15 +24,24 @@ from hydra.experimental.callback import Callback
 SWEEP_ID = ".kvsim_sweep_id"
 
 
+def sweep_root(job_dir: Path) -> Path | None:
+    """The nearest folder above ``job_dir`` holding a sweep id (the sweep directory, also when
+    ``hydra.sweep.subdir`` nests job directories), or None."""
+    for d in job_dir.parents:
+        if (d / SWEEP_ID).is_file():
+            return d
+    return None
+
+
 def stale_job(job_dir: Path) -> bool:
     """True when ``job_dir`` holds the id of a sweep other than the latest one run into its
-    parent directory (a job of an earlier, larger grid). A job without an id (written before
+    sweep directory (a job of an earlier, larger grid). A job without an id (written before
     ids existed, or killed before its first line) is not stale."""
-    root = job_dir.parent / SWEEP_ID
     mine = job_dir / SWEEP_ID
-    if not root.is_file() or not mine.is_file():
+    root = sweep_root(job_dir)
+    if root is None or not mine.is_file():
         return False
-    return mine.read_text().strip() != root.read_text().strip()
+    return mine.read_text().strip() != (root / SWEEP_ID).read_text().strip()
 
 
 class FailedRunsExit(Callback):
@@ -47,12 +56,13 @@ class FailedRunsExit(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
         failed = []
-        for marker in sorted(sweep.glob("*/INCOMPLETE")):
-            if stale_job(marker.parent):
+        for marker in sorted(sweep.rglob("INCOMPLETE")):  # job dirs nested by hydra.sweep.subdir too
+            if marker.parent == sweep or stale_job(marker.parent):
                 continue
             text = marker.read_text(errors="replace").strip()
             if text.startswith("this run failed:"):
-                failed.append((marker.parent.name, text[len("this run failed:"):].strip()))
+                failed.append((marker.parent.relative_to(sweep).as_posix(),
+                               text[len("this run failed:"):].strip()))
         if failed:
             for name, why in failed:
                 print(f"kvsim: sweep job {name} failed: {why}", file=sys.stderr)

@@ -213,6 +213,13 @@ def _run_dir(output_dir, default: str) -> str:
     return str(output_dir)
 
 
+def _output_subdir(output_dir) -> Optional[str]:
+    """``${kvsim_output_subdir:${output.dir}}``: Hydra's ``.hydra/`` record of the job, none
+    with ``output.dir`` (the run writes its own ``config.yaml``, and a rejected re-run must
+    leave an earlier run's directory as it was)."""
+    return ".hydra" if output_dir is None or str(output_dir) == "" else None
+
+
 def register_configs() -> None:
     """Register the schemas in Hydra's ConfigStore (idempotent)."""
     # the root schema types every group node, so group options (YAML files) are validated
@@ -220,6 +227,8 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="kvsim_schema", node=KvsimConfig)
     if not OmegaConf.has_resolver("kvsim_run_dir"):
-        # hydra.run.dir is output.dir when that is set (Hydra's .hydra/ and log file then sit
-        # beside the results, and no outputs/<date>/<time>/ folder is created), else its default
+        # hydra.run.dir is output.dir when that is set (Hydra's log file then sits beside the
+        # results, and no outputs/<date>/<time>/ folder is created), else its default
         OmegaConf.register_new_resolver("kvsim_run_dir", _run_dir)
+    if not OmegaConf.has_resolver("kvsim_output_subdir"):
+        OmegaConf.register_new_resolver("kvsim_output_subdir", _output_subdir)

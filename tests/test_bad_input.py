@@ -271,16 +271,27 @@ def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
 
 
 def test_cli_output_dir_is_the_hydra_run_dir(tmp_path):
-    """With output.dir the results, Hydra's .hydra/ record and the log share that folder; no
-    outputs/<date>/<time>/ folder appears in the working directory."""
+    """With output.dir the results and the job's log share that folder; no
+    outputs/<date>/<time>/ folder appears in the working directory. A rejected re-run into it
+    leaves the earlier run's files as they were (no .hydra/ record is written there: the run's
+    own config.yaml is the record)."""
     out = tmp_path / "res"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    r = subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false", "trace.max_requests=5",
-                        "output.print_summary=false"], capture_output=True, text=True,
-                       cwd=tmp_path, env=env, timeout=120)
+
+    def kvsim(*ov):
+        return subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false",
+                               "trace.max_requests=5", "output.print_summary=false", *ov],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+
+    r = kvsim("cache.block_size=32")
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]
-    assert (out / "summary.json").exists() and (out / ".hydra" / "config.yaml").exists()
+    assert (out / "summary.json").exists() and not (out / ".hydra").exists()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "cli.log"}
+    r = kvsim("tiers.host_gib=-1")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "cli.log"} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]
 
 
 def test_cli_output_dir_that_is_a_file(tmp_path):

@@ -392,6 +392,22 @@ def test_sweep_rerun_with_a_smaller_grid_leaves_the_old_jobs_out(tmp_path):
     assert man["stale_run_dirs"] == ["2"]
 
 
+def test_stale_jobs_in_nested_sweep_subdirs(tmp_path):
+    """Job directories nested by hydra.sweep.subdir (bs16/s1) are matched against the sweep
+    directory's id, not their parent folder's."""
+    sweep = tmp_path / "sw"
+    base = ["-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=bs${cache.block_size}/s${trace.max_requests}", *QUIET]
+    _kvsim(*base, "cache.block_size=16", "trace.max_requests=10,20")
+    (sweep / "bs16" / "s20" / "INCOMPLETE").write_text("this run failed: an old failure\n")
+    r = _kvsim(*base, "cache.block_size=16", "trace.max_requests=10", check=False)
+    assert r.returncode == 0 and "an old failure" not in r.stderr, r.stderr[-2000:]
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert list(res.runs["run_id"]) == ["bs16/s10"] and not res.failed
+    man = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert man["stale_run_dirs"] == ["bs16/s20"]
+
+
 def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_path):
     """A sweep whose grid holds an impossible value runs the other jobs, then exits 2 listing
     the failed job; kvsim-collect gives the job's own error as the failure reason."""
