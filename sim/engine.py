@@ -1206,16 +1206,9 @@ class Simulator:
             d = self.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
             d[0] += carry  # round costs charged to the segment's first step
             c = np.cumsum(np.concatenate(([last], d)))[1:]
-            if pass_ev and c[-1] >= t_ev and t_ev < t_lim:
-                t_ev = yield from self._pass_arrivals(c, t_ev, t_lim, ev_log)
-                t_next = min(t_ev, t_lim)
-            if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
-                j = int(np.searchsorted(c, t_next, side="left"))
-                hi = k = seg + j
-                d = d[:j + 1]
-                c = c[:j + 1]
             # new blocks of steps seg..hi (nxt >= seg >= 1; step 1's were allocated by the
-            # scheduler, so nxt >= 2), request-major
+            # scheduler, so nxt >= 2), request-major; the free blocks bound the stretch first
+            # (arrivals are passed only inside the steps it keeps)
             cnt, pi, ps = _block_pairs(nxt, hi, B)
             n_pairs = len(ps)
             if n_pairs:
@@ -1228,12 +1221,21 @@ class Simulator:
                         break
                     d = d[:hi - seg + 1]
                     c = c[:hi - seg + 1]
-                    keep = ps <= hi
-                    ps = ps[keep]
-                    pi = pi[keep]
-                    n_pairs = len(ps)
-                    per = per[:hi + 1]
-                    cnt = np.bincount(pi, minlength=b)
+            if pass_ev and c[-1] >= t_ev and t_ev < t_lim:
+                t_ev = yield from self._pass_arrivals(c, t_ev, t_lim, ev_log)
+                t_next = min(t_ev, t_lim)
+            if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
+                j = int(np.searchsorted(c, t_next, side="left"))
+                hi = k = seg + j
+                d = d[:j + 1]
+                c = c[:j + 1]
+            if n_pairs and len(per) > hi + 1:  # the stretch was cut: the blocks up to step hi
+                keep = ps <= hi
+                ps = ps[keep]
+                pi = pi[keep]
+                n_pairs = len(ps)
+                per = per[:hi + 1]
+                cnt = np.bincount(pi, minlength=b)
             if n_pairs:
                 alloc_ps[:hi + 1] += per
                 order = np.argsort(ps, kind="stable")  # allocation order: step, then running order

@@ -121,12 +121,14 @@ def test_forward_pack_frees_more_than_none_and_compaction_speeds_decode(tmp_path
 FF_EXTRA = {
     "pool": ["policy.beta=100", "model=llama3_1_8b", "gpu=h100", "cache.num_gpu_blocks=2500"],
     "per_layer_head": ["policy.mode=per_layer_per_head", "policy.beta=64"],
+    "arrivals": ["cache.num_gpu_blocks=1000"],
 }
 
 
 @pytest.mark.parametrize("policy,n,extra", [("triattention", 40, None), ("h2o", 10, None),
                                             ("snapkv", 40, None), ("triattention", 60, "pool"),
-                                            ("triattention", 6, "per_layer_head")])
+                                            ("triattention", 6, "per_layer_head"),
+                                            ("triattention", 60, "arrivals")])
 def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extra):
     """The decode fast-forward with a compression policy writes the same requests, steps
     (live_kv_tokens included) and rounds tables as the per-step loop, on a real trace slice
@@ -134,7 +136,9 @@ def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extr
     policies (H2O) run the per-step loop; the test failed on both before that and before the
     stretch's live-token column counted computed tokens; the ``pool`` case failed while a
     stretch ran past a round that freed blocks with a request waiting, ``per_layer_head`` while
-    a stretch ended with one timeout of ``end - start`` (finish times an ulp off)."""
+    a stretch ended with one timeout of ``end - start`` (finish times an ulp off), ``arrivals``
+    while a stretch that let arrivals happen was then cut by the free blocks to a step ending
+    before them (the clock would have to go back: SimPy's negative delay)."""
     out = {}
     for ff in ("true", "false"):
         d = tmp_path / ff
