@@ -56,7 +56,8 @@ class FailedRunsExit(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
         failed = []
-        for marker in sorted(sweep.rglob("INCOMPLETE")):  # job dirs nested by hydra.sweep.subdir too
+        # job directories nested by hydra.sweep.subdir too
+        for marker in sorted(sweep.rglob("INCOMPLETE")):
             if marker.parent == sweep or stale_job(marker.parent):
                 continue
             text = marker.read_text(errors="replace").strip()

@@ -37,6 +37,7 @@ import simpy
 from .block_pool import NO_HASH, BlockPool
 from .keys import block_keys
 from .metrics import Recorder
+from .clock import exact_delays
 from .tiers import DISK, GPU, HOST
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
@@ -49,24 +50,9 @@ STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", RE
 def _advance_to(env, end: float):
     """SimPy process fragment: advance the clock to exactly ``end`` (>= now), so a stretch of
     steps timed as one lands on the clock value the per-step loop's additions (``now += dt`` per
-    step) reach. One timeout of ``end - now`` can miss ``end`` by an ulp (when ``now`` has a
-    finer grid than ``end``, ``now + d`` may round past it for every ``d``); then a first timeout
-    lands on a value ``m`` just below ``end`` that it does reach, and a second one covers the
-    exact remainder ``end - m`` (same binade: exact)."""
-    now = env.now
-    d = end - now
-    if now + d == end:
+    step) reach (:func:`sim.clock.exact_delays`)."""
+    for d in exact_delays(env.now, end):
         yield env.timeout(d)
-        return
-    m = end
-    for _ in range(64):
-        m = float(np.nextafter(m, -np.inf))
-        if now + (m - now) == m and m + (end - m) == end:
-            break
-    else:  # pragma: no cover - half the values below end are reachable from now
-        raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
-    yield env.timeout(m - now)
-    yield env.timeout(end - m)
 
 
 def _waiting_per_step(waiting0: int, log: list, ends: np.ndarray) -> np.ndarray:
@@ -653,7 +639,7 @@ class Simulator:
 
     def _walk(self, req: Request, lo: int, max_hit: int):
         """Locate ``req``'s blocks from ``lo`` up to the first held nowhere (or ``max_hit``), in
-        growing chunks: ``(GPU block id or -1, code)`` arrays of those blocks (see :meth:`_locate`)."""
+        growing chunks: ``(GPU block id or -1, code)`` arrays of those blocks (:meth:`_locate`)."""
         blk_parts, code_parts = [], []
         chunk = 256
         while lo < max_hit:

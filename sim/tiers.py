@@ -22,18 +22,19 @@ unreachable descendants are kept while their parent is gone (for pages inserted 
 
 Links are FIFO queues with capacity 1 (one per direction: PCIe host-to-device, device-to-host,
 disk read, disk write), so transfers queue and contend: SimPy resources for onboarding, which a
-request waits on, and arithmetic queues for offloads (:meth:`Link.reserve`, same times). A batch of ``n`` pages of
-``b`` bytes takes ``overhead + n x b / bandwidth`` (PCIe: 14 us per issued copy, 55 GB/s each
-way, measured on this workplace's H200, design.md; disk: latency per I/O + bytes / bandwidth,
-defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O from vendor sheets).
+request waits on, and arithmetic queues for offloads (:meth:`Link.reserve`, same times). A batch
+of ``n`` pages of ``b`` bytes takes ``overhead + n x b / bandwidth`` (PCIe: 14 us per issued
+copy, 55 GB/s each way, measured on this workplace's H200, design.md; disk: latency per I/O +
+bytes / bandwidth, defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O
+from vendor sheets).
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from itertools import filterfalse, islice, repeat
 
+from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .metrics import TransferLog
 
@@ -504,22 +505,14 @@ class TierManager:
         self.records.append(start, direction, tier, pages, pages * self.cold, dur, start - queued)
 
     def _at(self, end: float, fn, *args) -> None:
-        """Call ``fn(*args)`` when the clock reaches exactly ``end`` (>= now): one timeout when
-        ``now + (end - now)`` lands on ``end``, else two (see ``sim.engine._advance_to``)."""
-        env = self.env
-        now = env.now
-        d = end - now
-        if now + d != end:
-            m = end
-            for _ in range(64):
-                m = math.nextafter(m, -math.inf)
-                if now + (m - now) == m and m + (end - m) == end:
-                    break
-            else:  # pragma: no cover - half the values below end are reachable from now
-                raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
-            env.timeout(m - now).callbacks.append(lambda _e: self._at(end, fn, *args))
-            return
-        env.timeout(d).callbacks.append(lambda _e: fn(*args))
+        """Call ``fn(*args)`` when the clock reaches exactly ``end`` (>= now), through the
+        timeouts of :func:`sim.clock.exact_delays` (one, or two when ``now + (end - now)``
+        misses ``end``)."""
+        delays = exact_delays(self.env.now, end)
+        if len(delays) == 1:
+            self.env.timeout(delays[0]).callbacks.append(lambda _e: fn(*args))
+        else:
+            self.env.timeout(delays[0]).callbacks.append(lambda _e: self._at(end, fn, *args))
 
     def _offload(self, keys) -> None:
         """Issue one D2H batch now: it queues on the link and lands in the host store at its

@@ -1,0 +1,27 @@
+"""Landing the SimPy clock on an exact float time.
+
+SimPy places a timeout of ``d`` at ``now + d``. When ``now`` has a finer grid than a target
+``end`` (a value the per-step loop reaches by adding step durations), ``now + (end - now)`` may
+round past ``end`` for every ``d``. :func:`exact_delays` then splits the wait in two: first to a
+value ``m`` just below ``end`` that ``now`` does reach, then the exact remainder ``end - m`` (same
+binade: exact).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def exact_delays(now: float, end: float) -> tuple[float, ...]:
+    """Timeout delays (seconds, one or two) that take the clock from ``now`` to exactly ``end``
+    (``end >= now``). Raises RuntimeError if no split lands (never seen: half the values below
+    ``end`` are reachable from ``now``)."""
+    d = end - now
+    if now + d == end:
+        return (d,)
+    m = end
+    for _ in range(64):
+        m = math.nextafter(m, -math.inf)
+        if now + (m - now) == m and m + (end - m) == end:
+            return (m - now, end - m)
+    raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
