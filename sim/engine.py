@@ -35,9 +35,9 @@ import numpy as np
 import simpy
 
 from .block_pool import NO_HASH, BlockPool
+from .clock import exact_delays
 from .keys import block_keys
 from .metrics import Recorder
-from .clock import exact_delays
 from .tiers import DISK, GPU, HOST
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
@@ -206,7 +206,7 @@ class Simulator:
         # sees the pool (see _fast_forward_rounds)
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
-        self._hit_memo = None  # (request, gen, max_hit, key set, walk result); tiers only
+        self._hit_memo = None  # (request, gen, max_hit, walk state, result); tiers only
         self._hit_keys = None  # (request, its keys array, max_hit, {key: block index})
         if self.tiers is not None:
             self.pool.evict_log = []
