@@ -36,7 +36,14 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     trace = s.get("trace")
     if src and not src.endswith(("mooncake_conversation_10min.jsonl",)) and trace and trace not in src:
         trace = f"{trace} ({Path(src).name})"
-    t = Table(title=f"kvsim: {trace} | {s.get('model')} on {s.get('gpu')}", show_header=True)
+    title = f"kvsim: {trace} | {s.get('model')} on {s.get('gpu')}"
+    # the memory setup when it is not the default: policy + compaction, tiers + codec
+    if s.get("policy", "full") != "full":
+        comp = s.get("compaction", "none")
+        title += f" | {s['policy']}" + (f" + {comp}" if comp != "none" else "")
+    if s.get("tiers", "gpu_only") != "gpu_only":
+        title += f" | tiers {s['tiers']}, codec {s.get('codec', 'identity')}"
+    t = Table(title=title, show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests (finished / rejected / total)",

@@ -10,6 +10,9 @@ import pytest
 
 from conftest import make_workload
 from sim.run import compose_config, run_simulation
+from traces import traces_dir
+
+SERVEGEN = traces_dir() / "servegen_deepseek_r1"  # the shared ServeGen R1 data (SOURCES.md)
 
 GOLDEN_POLICIES = ["full", "random", "streaming_llm", "h2o", "snapkv", "r_kv", "triattention", "quest"]
 COMPACTORS = ["none", "forward_pack", "hole_fill"]
@@ -125,6 +128,7 @@ FF_EXTRA = {
 }
 
 
+@pytest.mark.skipif(not SERVEGEN.exists(), reason=f"{SERVEGEN} not present (shared traces absent)")
 @pytest.mark.parametrize("policy,n,extra", [("triattention", 40, None), ("h2o", 10, None),
                                             ("snapkv", 40, None), ("triattention", 60, "pool"),
                                             ("triattention", 6, "per_layer_head"),
