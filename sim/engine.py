@@ -593,8 +593,7 @@ class Simulator:
         max_hit = (req.num_tokens - 1) // B if self.caching else 0
         tiers = self.tiers
         if tiers is None:
-            hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
-            return hit, None, None, None
+            return self.pool.lookup_prefix(req.keys, max_hit), None, None, None
         memo = self._hit_memo
         pool_log = self.pool.change_log
         kp = self._hit_keys  # the head's key -> block index, kept across its re-walks
@@ -613,7 +612,7 @@ class Simulator:
         else:
             pool_log.clear()
             tiers.change_log.clear()
-            hit = self.pool.lookup_prefix(req.keys, max_hit) if self.caching else np.empty(0, np.int64)
+            hit = self.pool.lookup_prefix(req.keys, max_hit)
             g = len(hit)
             blk, code = self._walk(req, g, max_hit)
             state = (np.concatenate([hit, blk]), np.concatenate([np.full(g, GPU, np.int8), code]))
@@ -1032,8 +1031,7 @@ class Simulator:
             # the running requests; compressed requests' physical contexts in ctx0 differ)
             live0 = sum(r.n_computed for r in reqs)
         finished = False
-        reg_b = []
-        reg_k = []
+        reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
         caching = self.caching
         if comp is None:  # dense requests only: the loop below without its layout branches
             for req in reqs:
@@ -1043,10 +1041,7 @@ class Simulator:
                 req.n_computed = c
                 req.n_generated += k
                 if caching and c // B > req.n_cached:
-                    full = c // B
-                    reg_b.append(req.blocks[req.n_cached:full])
-                    reg_k.append(req.keys[req.n_cached:full])
-                    req.n_cached = full
+                    _queue_registration(req, c // B, reg)
                 if req.n_generated >= req.output:
                     req.status = FINISHED
                     req.finish = now
@@ -1056,16 +1051,14 @@ class Simulator:
                 # a compressed request registers its blocks now, before its round (which may
                 # uncache them); dense ones join the one registration below
                 self._ff_commit(req, k, k - 1, int(nb_all[i]),
-                                (reg_b, reg_k) if req.layout is None else None)
+                                reg if req.layout is None else None)
                 if req.layout is not None and comp.due(req, False):
                     self._round(req)
                 if req.n_generated >= req.output:
                     req.status = FINISHED
                     req.finish = now
                     finished = True
-        if reg_b:
-            # one registration for all requests (their decode-filled keys are distinct)
-            self.pool.cache_blocks(np.concatenate(reg_b), np.concatenate(reg_k))
+        self._flush_grow([], reg)  # one registration (the decode-filled keys are distinct)
         if tiers is not None:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
         rec = self.rec
@@ -1162,8 +1155,9 @@ class Simulator:
         cf0 = pool.num_cached_free
         start = env.now
         waiting0 = len(self.waiting)
-        # arrivals behind a waiting head are passed, not stopped at (_pass_arrivals)
-        pass_ev = waiting0 > 0 and self.tiers is None
+        # arrivals behind a waiting head are passed, not stopped at (_pass_arrivals; this
+        # path runs without tiers)
+        pass_ev = waiting0 > 0
         ev_log: list[tuple[float, int]] = []
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
         # except where a round returns blocks (the stretch then ends at that step), so the head
@@ -1287,8 +1281,7 @@ class Simulator:
                 req.status = FINISHED
                 req.finish = now
                 finished = True
-        if reg[0]:
-            pool.cache_blocks(np.concatenate(reg[0]), np.concatenate(reg[1]))
+        self._flush_grow([], reg)
         if finished:
             self._retire_finished()
         # the steps' rows: blocks used and cached-free after each step's commit
