@@ -201,23 +201,26 @@ class ForwardPack(Compactor):
             raise ValueError("forward_pack on a hole_fill layout: slot order is not position order")
         H = layout.num_groups
         out = []
-        for g in range(H):
-            row = layout.slot_pos[g]
-            p = min(int(pinned), int(layout.append_ptr[g]))
-            src = np.flatnonzero(row[p:] >= 0) + p
-            dst = p + np.arange(src.size)
-            vals = row[src].copy()
-            row[p:] = -1
-            row[dst] = vals
-            layout.append_ptr[g] = p + src.size
-            m = src != dst
-            if m.any():
-                mv = src[m]
-                rows = np.empty((len(mv), 3), dtype=np.int64)
+        for g, ptr in enumerate(layout.append_ptr.tolist()):
+            tail = layout.slot_pos[g, min(int(pinned), ptr):]
+            p = min(int(pinned), ptr)
+            lv = tail >= 0
+            src = np.flatnonzero(lv)  # relative to p; survivors go to p, p + 1, ...
+            n = src.size
+            # the survivors before the first hole stay put; every later one moves
+            j = n if n == 0 or int(src[-1]) == n - 1 else int(np.argmin(lv))
+            if j < n:
+                vals = tail[src[j:]]
+                tail[j:] = -1
+                tail[j:n] = vals
+                rows = np.empty((n - j, 3), dtype=np.int64)
                 rows[:, 0] = g
-                rows[:, 1] = mv
-                rows[:, 2] = dst[m]
+                rows[:, 1] = src[j:] + p
+                rows[:, 2] = np.arange(p + j, p + n)
                 out.append(rows)
+            else:
+                tail[n:] = -1
+            layout.append_ptr[g] = p + n
         if not out:
             return np.zeros((0, 3), dtype=np.int64)
         return out[0] if len(out) == 1 else np.concatenate(out)

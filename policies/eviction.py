@@ -108,7 +108,9 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     for h in range(score.shape[0]):
         c = np.flatnonzero(cand[h])
         kk = int(k[h])
-        v = score[h, c].astype(np.float64)
+        v = score[h, c]
+        if v.dtype != np.float32:  # float32 -> float64 is exact and order-preserving: skipped
+            v = v.astype(np.float64)
         if not np.isfinite(v).all():  # an infinite candidate score ties with non-candidates
             return cand & (_rank_desc(score, cand) < k[:, None])
         if len(c) <= kk:
@@ -205,6 +207,19 @@ class EvictionPolicy:
     def budget_scope(self) -> str:
         """What ``budget`` counts: ``decode`` | ``total`` | ``prompt`` | ``read`` | ``none``."""
         return "none"
+
+    #: ``select`` reads its ``scores`` argument (False: pass None, nothing is scored)
+    uses_scores = True
+    #: ``select`` reads the scores of candidate slots only, so a protected prompt needs none
+    scores_candidates_only = False
+
+    def scores_from(self, layout) -> int:
+        """Lowest token position whose score :meth:`select` reads (``score_slots``'s
+        ``from_pos``): ``layout.prompt_len`` when the prompt is protected and the policy ranks
+        only the other tokens, else 0."""
+        if self.scores_candidates_only and self.protects_prompt:
+            return layout.prompt_len
+        return 0
 
     def pinned_len(self, layout) -> int:
         """Leading slots a compactor must not move: ``layout.prompt_len`` if the prompt is protected."""
@@ -337,6 +352,7 @@ class FullPolicy(EvictionPolicy):
     name = "full"
     citation = "dense attention baseline"
     frees_memory = False
+    uses_scores = False
 
 
 class RandomPolicy(_Periodic):
@@ -352,6 +368,7 @@ class RandomPolicy(_Periodic):
 
     name = "random"
     citation = "uniform random eviction baseline (prompt kept, per head or shared)"
+    uses_scores = False
 
     @property
     def budget_scope(self) -> str:
@@ -380,6 +397,7 @@ class StreamingLLMPolicy(_Periodic):
 
     name = "streaming_llm"
     citation = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024"
+    uses_scores = False
 
     @property
     def protects_prompt(self) -> bool:
@@ -411,6 +429,7 @@ class H2OPolicy(_Periodic):
     """
 
     name = "h2o"
+    scores_candidates_only = True
     citation = "Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023"
     needs_attention_scores = True
     scoring_when = "step"
@@ -457,6 +476,7 @@ class TOVAPolicy(_Periodic):
     """
 
     name = "tova"
+    scores_candidates_only = True
     citation = "Oren et al., Transformers are Multi-State RNNs (TOVA), 2024"
     needs_attention_scores = True
     scoring_when = "step"
@@ -498,6 +518,7 @@ class TriAttentionPolicy(_Periodic):
     """
 
     name = "triattention"
+    scores_candidates_only = True
     citation = "Mao et al., TriAttention, ICML 2026; TensorRT-LLM KV cache compression framework"
     scoring_when = "round"
     allowed_modes = ("union", "per_head", "per_layer_per_head")
@@ -758,6 +779,7 @@ class QuestPolicy(EvictionPolicy):
     name = "quest"
     citation = "Tang et al., Quest, ICML 2024"
     frees_memory = False
+    uses_scores = False
     scoring_when = "step"
 
     @property

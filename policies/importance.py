@@ -132,54 +132,99 @@ class ImportanceModel:
         self.seed = int(seed)
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._memo_values = 0
+        self._by_key: dict[int, set] = {}  # request key -> its memo keys (see forget)
         self._sigma_memo: dict[tuple, np.ndarray] = {}
+        self._ip_tab = None  # interpolation terms at every position (see _interp)
+        self._lm_tab = None  # log recency multiplier at every age (see _scores)
 
     # -- latent fields -------------------------------------------------------------------------
+    def _remember(self, mk: tuple, arr: np.ndarray) -> np.ndarray:
+        """Store ``arr`` under ``mk`` in the memo (most recent), dropping the least recently used
+        entries beyond :attr:`MEMO_VALUES`."""
+        self._drop(mk)
+        self._memo[mk] = arr
+        self._memo_values += arr.size
+        self._by_key.setdefault(mk[0], set()).add(mk)
+        while self._memo_values > self.MEMO_VALUES and len(self._memo) > 1:
+            old_mk, old = self._memo.popitem(last=False)
+            self._memo_values -= old.size
+            self._by_key[old_mk[0]].discard(old_mk)
+        return arr
+
+    def _drop(self, mk: tuple) -> None:
+        """Remove ``mk`` from the memo if it is there."""
+        old = self._memo.pop(mk, None)
+        if old is not None:
+            self._memo_values -= old.size
+            self._by_key[mk[0]].discard(mk)
+
+    def forget(self, request_key: int) -> None:
+        """Drop every memoised value of ``request_key`` (its request finished or was preempted):
+        only memory and speed change, never a value (each is a pure function of its inputs)."""
+        for mk in self._by_key.pop(request_key, ()):
+            self._memo_values -= self._memo.pop(mk).size
+
+    def _lattice_arr(self, key: int, streams: tuple, epoch: int, need: int,
+                     room: int = 0) -> np.ndarray:
+        """Gaussian deviates at lattice points ``0..>= need-1`` of each stream in ``streams``
+        (``float64[len(streams), >= need]``), memoised per (key, streams, epoch) as a prefix
+        array that grows by doubling (each value is a pure function of (seed, key, stream, epoch,
+        index), so neither the memo nor the grouping of streams changes a value). ``room``: points
+        to add beyond ``need`` when the array is (re)built."""
+        mk = (key, streams, epoch)
+        arr = self._memo.get(mk)
+        if arr is not None and arr.shape[1] >= need:
+            self._memo.move_to_end(mk)
+            return arr
+        have = 0 if arr is None else arr.shape[1]
+        n = max(need + room, 2 * have if arr is not None else 256)
+        # each stream's chain up to the index, folded with Python ints
+        h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
+                      dtype=np.uint64)[:, None]
+        ext = _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
+        if arr is not None:
+            ext = np.concatenate([arr, ext], axis=1)
+        return self._remember(mk, ext)
+
     def _lattice(self, key: int, streams: tuple, epoch: int, idx: np.ndarray,
                  need: Optional[int] = None) -> np.ndarray:
         """Gaussian deviates at integer lattice points ``idx`` (>= 0) of each stream in
-        ``streams``: ``float64[len(streams), len(idx)]``. Memoised per (key, streams, epoch) as a
-        prefix array that grows by doubling (each value is a pure function of (seed, key, stream,
-        epoch, index), so neither the memo nor the grouping of streams changes a value).
+        ``streams``: ``float64[len(streams), len(idx)]`` (:meth:`_lattice_arr`).
         ``need``: at least ``max(idx) + 1`` if the caller knows it."""
         if idx.size == 0:
             return np.zeros((len(streams), 0), dtype=np.float64)
         if need is None:
             need = int(idx.max()) + 1
-        mk = (key, streams, epoch)
-        arr = self._memo.get(mk)
-        if arr is None or arr.shape[1] < need:
-            have = 0 if arr is None else arr.shape[1]
-            n = max(need, 2 * have if arr is not None else 256)
-            # each stream's chain up to the index, folded with Python ints
-            h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
-                          dtype=np.uint64)[:, None]
-            ext = _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
-            if arr is not None:
-                self._memo_values -= arr.size
-                ext = np.concatenate([arr, ext], axis=1)
-            arr = self._memo[mk] = ext
-            self._memo_values += arr.size
-            while self._memo_values > self.MEMO_VALUES and len(self._memo) > 1:
-                self._memo_values -= self._memo.popitem(last=False)[1].size
-        else:
-            self._memo.move_to_end(mk)
-        return np.take(arr, idx, axis=1)
+        return np.take(self._lattice_arr(key, streams, epoch, need), idx, axis=1)
 
-    def _interp(self, pos: np.ndarray):
+    def _interp(self, pos: np.ndarray, hi: Optional[int] = None):
         """Linear-interpolation terms of :meth:`_field` at ``pos`` (they depend on the positions
         only, so the static and drift fields share them): ``None`` when L <= 1, else
         ``(i0, i0 + 1, t, 1 - t, sqrt((1 - t)^2 + t^2), max(i0) + 2)`` (the last: lattice
-        points needed)."""
+        points needed). ``hi``: ``max(pos) + 1`` if the caller knows it.
+
+        The terms are read from tables over every position ``0..N-1`` (grown by doubling),
+        computed with the same elementwise arithmetic, so they are the very bits computing them
+        at ``pos`` gives."""
         L = float(self.params.correlation_length)
         if L <= 1.0:
             return None
-        x = pos / L
-        i0 = np.floor(x).astype(np.int64)
-        t = x - i0
-        omt = 1.0 - t
-        i1 = i0 + 1
-        return i0, i1, t, omt, np.sqrt(omt ** 2 + t ** 2), (int(i1.max()) + 1 if i1.size else 0)
+        if not pos.size:
+            z = np.zeros(0)
+            return z.astype(np.int64), z.astype(np.int64), z, z, z, 0
+        if hi is None:
+            hi = int(pos.max()) + 1
+        tab = self._ip_tab
+        if tab is None or tab[0].shape[1] < hi:
+            n = max(hi, 2 * tab[0].shape[1] if tab is not None else 4096)
+            x = np.arange(n, dtype=np.int64) / L
+            i0 = np.floor(x).astype(np.int64)
+            t = x - i0
+            omt = 1.0 - t
+            tab = self._ip_tab = (np.stack([i0, i0 + 1]), np.stack([t, omt, np.sqrt(omt ** 2 + t ** 2)]))
+        ii = np.take(tab[0], pos, axis=1)
+        ff = np.take(tab[1], pos, axis=1)
+        return ii[0], ii[1], ff[0], ff[1], ff[2], int(tab[0][1, hi - 1]) + 1
 
     def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip) -> np.ndarray:
         """Unit-variance Gaussian fields with correlation length L over positions, one row per
@@ -191,33 +236,98 @@ class ImportanceModel:
         g1 = self._lattice(key, streams, epoch, i1, need)
         return (omt * g0 + t * g1) / den
 
-    def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip) -> np.ndarray:
+    def _static(self, key: int, streams: tuple, pos: np.ndarray, ip, scale: float,
+                hi: Optional[int] = None) -> np.ndarray:
+        """``scale x`` the static field of each stream at ``pos`` (``float64[len(streams), n]``).
+
+        The static field never changes during a request, so it is memoised densely: the scaled
+        field at every position ``0..n-1``, grown by doubling, in the lattice memo (same LRU and
+        value budget). Each value is the elementwise arithmetic of :meth:`_field` at its position,
+        so the memo returns the very bits :meth:`_field` would. ``hi``: ``max(pos) + 1`` if the
+        caller knows it."""
+        if ip is None:  # no interpolation: the lattice memo already holds the field densely
+            f = self._field(key, streams, _STATIC, pos, ip)
+            return f if scale == 1.0 else scale * f
+        if hi is None:
+            hi = int(pos.max()) + 1 if pos.size else 0
+        mk = (key, streams, "static", scale)
+        arr = self._memo.get(mk)
+        if arr is None or arr.shape[1] < hi:
+            have = 0 if arr is None else arr.shape[1]
+            n = max(hi, 2 * have if arr is not None else 1024)
+            new = np.arange(have, n, dtype=np.int64)
+            ext = self._field(key, streams, _STATIC, new, self._interp(new))
+            if scale != 1.0:
+                ext = scale * ext
+            if arr is not None:
+                ext = np.concatenate([arr, ext], axis=1)
+            arr = self._remember(mk, ext)
+        else:
+            self._memo.move_to_end(mk)
+        return np.take(arr, pos, axis=1)
+
+    def _drift(self, key: int, streams: tuple, epoch: int, ip, c: float, s: float) -> np.ndarray:
+        """``c F_epoch + s F_(epoch+1)`` of each stream (the drifting part of :meth:`_stream`,
+        ``float64[len(streams), n]``; ``ip`` from :meth:`_interp`, not None).
+
+        The two epochs' lattices are memoised side by side with each point's right neighbour
+        (rows: epoch at i, epoch + 1 at i, epoch at i + 1, epoch + 1 at i + 1), so one gather
+        serves both fields; the arithmetic per element is :meth:`_field`'s."""
+        i0, i1, t, omt, den, need = ip
+        p = self.params
+        S = len(streams)
+        mk = (key, streams, "drift", epoch)
+        arr = self._memo.get(mk)
+        if arr is None or arr.shape[1] < need - 1:
+            # headroom: the sequence grows while an epoch lasts (drift_period steps)
+            grow = int(p.drift_period / float(p.correlation_length)) + 1  # lattice points per epoch
+            a = self._lattice_arr(key, streams, epoch, need + grow, grow)
+            b = self._lattice_arr(key, streams, epoch + 1, need + grow, 2 * grow)
+            w = min(a.shape[1], b.shape[1]) - 1
+            self._drop((key, streams, "drift", epoch - 1))  # steps only go forward
+            self._drop((key, streams, epoch - 1))
+            arr = self._remember(mk, np.concatenate([a[:, :w], b[:, :w], a[:, 1:w + 1], b[:, 1:w + 1]]))
+        else:
+            self._memo.move_to_end(mk)
+        g = np.take(arr, i0, axis=1)
+        f = (omt * g[:2 * S] + t * g[2 * S:]) / den
+        return c * f[:S] + s * f[S:]
+
+    def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip,
+                hi: Optional[int] = None) -> np.ndarray:
         """``Z_s(p, step)`` of each stream in ``streams`` (module docstring): one row each. The
         streams share positions and epochs, so they are computed together (same elementwise
-        arithmetic as one stream at a time). ``ip``: :meth:`_interp` of ``pos``."""
+        arithmetic as one stream at a time). ``ip``: :meth:`_interp` of ``pos``; ``hi``:
+        ``max(pos) + 1`` if the caller knows it."""
         p = self.params
-        static = self._field(key, streams, _STATIC, pos, ip)
         if p.drift <= 0.0 or p.drift_period <= 0:
-            return static
+            return self._static(key, streams, pos, ip, 1.0, hi)
         e, r = divmod(int(step), int(p.drift_period))
         th = 0.5 * math.pi * r / p.drift_period
-        dyn = (math.cos(th) * self._field(key, streams, e, pos, ip)
-               + math.sin(th) * self._field(key, streams, e + 1, pos, ip))
-        return math.sqrt(1.0 - p.drift) * static + math.sqrt(p.drift) * dyn
+        if ip is None:
+            dyn = (math.cos(th) * self._field(key, streams, e, pos, ip)
+                   + math.sin(th) * self._field(key, streams, e + 1, pos, ip))
+        else:
+            dyn = self._drift(key, streams, e, ip, math.cos(th), math.sin(th))
+        return self._static(key, streams, pos, ip, math.sqrt(1.0 - p.drift), hi) + math.sqrt(p.drift) * dyn
 
-    def latent(self, request_key: int, positions, num_groups: int, step: int = 0) -> np.ndarray:
-        """``float64[num_groups, n]`` standard-normal latent z_g(p, step) (before the heavy tail)."""
+    def latent(self, request_key: int, positions, num_groups: int, step: int = 0,
+               hi: Optional[int] = None) -> np.ndarray:
+        """``float64[num_groups, n]`` standard-normal latent z_g(p, step) (before the heavy tail).
+        ``hi``: ``max(positions) + 1`` if the caller knows it."""
         pos = np.asarray(positions, dtype=np.int64)
+        if hi is None and pos.size:
+            hi = int(pos.max()) + 1
         rho = float(self.params.head_correlation)
-        ip = self._interp(pos)
+        ip = self._interp(pos, hi)
         if rho >= 1.0:
-            shared = self._stream(request_key, (_SHARED,), pos, step, ip)
+            shared = self._stream(request_key, (_SHARED,), pos, step, ip, hi)
             return np.repeat(shared, num_groups, axis=0)
         if rho > 0:
-            z = self._stream(request_key, (_SHARED,) + tuple(range(num_groups)), pos, step, ip)
+            z = self._stream(request_key, (_SHARED,) + tuple(range(num_groups)), pos, step, ip, hi)
             shared, own = z[0], z[1:]
         else:
-            shared, own = 0.0, self._stream(request_key, tuple(range(num_groups)), pos, step, ip)
+            shared, own = 0.0, self._stream(request_key, tuple(range(num_groups)), pos, step, ip, hi)
         return math.sqrt(rho) * shared + math.sqrt(1.0 - rho) * own
 
     def group_sigma(self, request_key: int, num_groups: int) -> np.ndarray:
@@ -254,17 +364,34 @@ class ImportanceModel:
             raise ValueError("positions must be >= 0")
         if pos.size == 0:
             return np.zeros((num_groups, 0), dtype=np.float32)
+        return self._scores(request_key, pos, num_groups, step,
+                            int(pos.max()) + 1 if seq_len is None else seq_len)
+
+    def _scores(self, request_key: int, pos: np.ndarray, num_groups: int, step: int,
+                seq_len: int, hi: Optional[int] = None) -> np.ndarray:
+        """:meth:`scores` without its checks: ``pos`` a non-empty ``int64[n]`` of positions >= 0;
+        ``hi``: ``max(pos) + 1`` if the caller knows it.
+
+        The recency term ``log(1 + recency_boost exp(-age / recency_window))`` is read from a
+        table over every age (grown by doubling, the same elementwise arithmetic); sink tokens
+        get theirs computed with the boost."""
         p = self.params
-        z = self.latent(request_key, pos, num_groups, step)
+        z = self.latent(request_key, pos, num_groups, step, hi)
         sig = self.group_sigma(request_key, num_groups)[:, None]
         logs = sig * z
-        if seq_len is None:
-            seq_len = int(pos.max()) + 1
-        age = np.maximum(seq_len - 1 - pos, 0).astype(np.float64)
-        mult = 1.0 + p.recency_boost * np.exp(-age / p.recency_window)
-        if p.sink_tokens > 0:
-            mult = np.where(pos < p.sink_tokens, mult * p.sink_boost, mult)
-        logs = logs + np.log(mult)[None, :]
+        age = np.maximum(seq_len - 1 - pos, 0)
+        top = int(seq_len)
+        tab = self._lm_tab
+        if tab is None or tab.size < top:
+            n = max(top, 2 * tab.size if tab is not None else 4096)
+            a = np.arange(n, dtype=np.int64).astype(np.float64)
+            tab = self._lm_tab = np.log(1.0 + p.recency_boost * np.exp(-a / p.recency_window))
+        lm = np.take(tab, age)
+        if p.sink_tokens > 0 and int(pos.min()) < p.sink_tokens:
+            sk = pos < p.sink_tokens
+            a = age[sk].astype(np.float64)
+            lm[sk] = np.log((1.0 + p.recency_boost * np.exp(-a / p.recency_window)) * p.sink_boost)
+        logs = logs + lm[None, :]
         return np.exp(np.clip(logs, -80.0, 80.0)).astype(np.float32)
 
 
@@ -388,28 +515,36 @@ def make_importance(cfg) -> "ImportanceModel | RecordedImportance":
     raise ValueError(f"unknown importance_source {src!r}; valid: generative, recorded")
 
 
-def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None) -> np.ndarray:
+def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
+                from_pos: int = 0) -> np.ndarray:
     """Scores aligned to a layout's slots: ``float32[H, S]``, ``-inf`` in empty slots.
 
     ``source``: an :class:`ImportanceModel` or :class:`RecordedImportance`. Positions are read from
-    ``layout.slot_pos``; ``seq_len`` defaults to ``layout.next_position``.
+    ``layout.slot_pos``; ``seq_len`` defaults to ``layout.next_position``. ``from_pos``: slots
+    holding a position below it are left at ``-inf`` unscored (a policy's
+    ``scores_from(layout)``: the protected prompt, whose scores its selection never reads); a
+    score depends on its own position only, so the others are the same either way.
     """
     H, S = layout.slot_pos.shape
     out = np.full((H, S), -np.inf, dtype=np.float32)
-    live = layout.slot_pos >= 0
-    if not live.any():
-        return out
+    live = layout.slot_pos >= max(int(from_pos), 0)
+    seq = layout.next_position if seq_len is None else seq_len
     if H == 1:
         # score the group's slots directly: a score is a function of its position alone (given
         # step and seq_len), so this equals scoring the sorted distinct positions and mapping back
         m = live[0]
-        pos = layout.slot_pos[0, m]
-        seq = layout.next_position if seq_len is None else seq_len
-        out[0, m] = source.scores(layout.request_key, pos, 1, step=step,
-                                  seq_len=max(seq, int(pos.max()) + 1))[0]
+        pos = layout.slot_pos[0, m].astype(np.int64)
+        if not pos.size:
+            return out
+        seq = max(seq, int(pos.max()) + 1)  # the largest live position is always scored
+        if isinstance(source, ImportanceModel):
+            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq)[0]
+        else:
+            out[0, m] = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
+        return out
+    if not live.any():
         return out
     pos_all = np.unique(layout.slot_pos[live])
-    seq = layout.next_position if seq_len is None else seq_len
     sc = source.scores(layout.request_key, pos_all, H, step=step, seq_len=max(seq, int(pos_all.max()) + 1))
     for g in range(H):
         m = live[g]

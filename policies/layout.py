@@ -116,7 +116,8 @@ class PagedLayout:
 
     def empty_blocks(self) -> np.ndarray:
         """Block-table indices of blocks with no live slot in any group (freeable), ascending ``int64``."""
-        return np.flatnonzero(self.block_live_counts() == 0).astype(np.int64)
+        live = self.live.reshape(self.num_groups, self.n_blocks, self.block_size)
+        return np.flatnonzero(~live.any(axis=(0, 2))).astype(np.int64)
 
     # ------------------------------------------------------------------ appends
     def free_slots_for_reuse(self) -> np.ndarray:
@@ -160,8 +161,10 @@ class PagedLayout:
         """
         if n < 0:
             raise ValueError(f"cannot append a negative number of tokens ({n})")
+        next_position = None  # the default positions: known without a reduction
         if positions is None:
-            positions = np.arange(self.next_position, self.next_position + n, dtype=np.int64)
+            next_position = self.next_position + n
+            positions = np.arange(self.next_position, next_position, dtype=np.int64)
         positions = np.asarray(positions, dtype=np.int64)
         if positions.shape != (n,):
             raise ValueError(f"positions must have shape ({n},), got {positions.shape}")
@@ -177,20 +180,23 @@ class PagedLayout:
             self.append_ptr = np.maximum(self.append_ptr, int(slots.max()) + 1)
             out = np.broadcast_to(slots, (self.num_groups, n)).astype(np.int64)
         else:
-            if int(self.append_ptr.max()) + n > self.allocated_slots:
-                raise ValueError(f"{n} tokens do not fit: append_ptr max {int(self.append_ptr.max())}, "
+            ptr = self.append_ptr.tolist()
+            if max(ptr) + n > self.allocated_slots:
+                raise ValueError(f"{n} tokens do not fit: append_ptr max {max(ptr)}, "
                                  f"{self.allocated_slots} slots allocated; allocate {self.append(n)} "
                                  f"more block(s) first")
             out = self.append_ptr[:, None] + np.arange(n)[None, :]
             if self.num_groups <= 8:  # a slice per group
                 pos32 = positions.astype(np.int32)
-                for g, p in enumerate(self.append_ptr.tolist()):
+                for g, p in enumerate(ptr):
                     self.slot_pos[g, p:p + n] = pos32
             else:
                 rows = np.repeat(np.arange(self.num_groups), n)
                 self.slot_pos[rows, out.ravel()] = np.tile(positions.astype(np.int32), self.num_groups)
             self.append_ptr = self.append_ptr + n
-        self.next_position = max(self.next_position, int(positions.max()) + 1)
+        if next_position is None:
+            next_position = max(self.next_position, int(positions.max()) + 1)
+        self.next_position = next_position
         return out
 
     def fill(self, n: int) -> int:

@@ -188,7 +188,9 @@ class Compression:
         self.sync(req)
         lay = req.layout
         st = req.pstate
-        scores = score_slots(self.importance, lay, step=st.generated)
+        pol = self.policy
+        scores = (score_slots(self.importance, lay, step=st.generated, from_pos=pol.scores_from(lay))
+                  if pol.uses_scores else None)
         keep = self.policy.select(lay, scores, req.n_computed, st.generated)
         pinned = self.policy.pinned_len(lay)
         if shared_blocks:
@@ -229,6 +231,9 @@ class Compression:
         """Policy hook at finish or abort."""
         if getattr(req, "pstate", None) is not None:
             self.policy.on_finish(req.pstate)
+            forget = getattr(self.importance, "forget", None)
+            if forget is not None:
+                forget(req.rid)
 
 
 ROUND_COLUMNS = ["time_s", "request_id", "policy", "compaction", "tokens_before", "tokens_kept",

@@ -367,8 +367,8 @@ class Simulator:
         pool = self.pool
         comp = self.comp
         table = req.blocks[:req.n_blocks]
-        rc = pool.ref_cnt[table]
-        shared = int(np.argmin(rc > 1)) if not (rc > 1).all() else len(rc)
+        sh = pool.ref_cnt[table] > 1
+        shared = int(np.argmin(sh)) if not sh.all() else len(sh)
         res, dur, pinned = comp.run_round(req, shared)
         if not req.compressed:
             # blocks past the pinned prompt no longer hold the uncompressed text
