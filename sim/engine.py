@@ -791,6 +791,16 @@ class Simulator:
                 if k:
                     self._check_sim_time()
                     continue
+            elif self.fast_forward and self._ff_rounds and self._decode_and_admitted(sched_req, sched_n):
+                # the admission step becomes the stretch's first step
+                k = 0
+                if env.peek() > env.now + dt:
+                    na = self._step_admitted
+                    k = yield from self._fast_forward_rounds(sched_req, ctx_arr, 0.0,
+                                                             (dt, sched_n[-na:]))
+                if k:
+                    self._check_sim_time()
+                    continue
             start = env.now
             yield env.timeout(dt)
             if self.tiers is not None and self.tiers.layerwise:
@@ -865,6 +875,21 @@ class Simulator:
         if self._step_admitted or self._step_preempted:
             return False
         return len(sched_req) == len(self.running) == self._step_decodes
+
+    def _decode_and_admitted(self, sched_req, sched_n) -> bool:
+        """True if this step is a pure-decode step of the running requests plus the admission
+        of ``_step_admitted`` waiting requests whose chunk completes their prompt (each samples
+        its first token at the step's end), with nobody preempted: from the next step on the
+        batch is pure decode, so :meth:`_fast_forward_rounds` can take this step as its first."""
+        na = self._step_admitted
+        if not na or self._step_preempted or len(sched_req) != len(self.running):
+            return False
+        if len(sched_req) - na != self._step_decodes:
+            return False
+        for req, n in zip(sched_req[-na:], sched_n[-na:]):
+            if req.layout is None or req.n_computed + n != req.input + req.n_generated:
+                return False
+        return True
 
     def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0):
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
@@ -1095,7 +1120,7 @@ class Simulator:
             self.check_invariants()
         return k
 
-    def _fast_forward_rounds(self, reqs, ctx0, extra_first: float = 0.0):
+    def _fast_forward_rounds(self, reqs, ctx0, extra_first: float = 0.0, admitted=None):
         """:meth:`_fast_forward` for compression runs, running the rounds that fall inside the
         stretch at their steps. With hundreds of running requests and a round every ``beta``
         tokens each, some request reaches its round point every step or two, so a stretch cut at
@@ -1117,6 +1142,12 @@ class Simulator:
         ``k`` is bounded by the first finish, the next SimPy event and the free blocks, as in
         :meth:`_fast_forward`, and, while the waiting head could be admitted (a free sequence
         slot and token budget), by the first step whose rounds return blocks to the pool.
+        ``admitted``: ``(step time s, chunks)`` when the first step also admits the last
+        ``len(chunks)`` of ``reqs`` (:meth:`_decode_and_admitted`): their prompt chunks, already
+        scheduled, complete in that step, which takes the step time the scheduler's batch gives;
+        from step 2 on they decode like the rest (their prefill end is handled at step 1's end,
+        in running order, as the per-step loop does).
+
         Returns ``k`` (0 = not taken: then nothing was changed).
         """
         env = self.env
@@ -1129,6 +1160,15 @@ class Simulator:
             return 0
         nc0 = [r.n_computed for r in reqs]
         heap = []  # (step, running index): rounds due at the end of that step
+        b_dec = b
+        if admitted is not None:
+            # an admitted request has computed n_computed + chunk - 1 + s tokens after step s
+            b_dec = b - len(admitted[1])
+            for i, n in enumerate(admitted[1], b_dec):
+                nc0[i] += n - 1
+                heap.append((1, i))  # its prefill end, at step 1's end
+            ctx0 = ctx0.copy()
+            ctx0[b_dec:] = nc0[b_dec:]
         for i, r in enumerate(reqs):
             if r.layout is not None and r.next_round is not None:
                 st = r.next_round - r.n_computed
@@ -1139,8 +1179,8 @@ class Simulator:
         heapq.heapify(heap)
         # the slot index of each request's step-s token is anchor + s - 1; nxt: the next step at
         # which it needs a new block (then every B steps)
-        anchor = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
-                              for r in reqs), dtype=np.int64, count=b)
+        anchor = np.fromiter((nc0[i] if r.layout is None else r.phys_base + r.pending - 1
+                              for i, r in enumerate(reqs)), dtype=np.int64, count=b)
         nxt = 2 + (-(anchor + 1)) % B
         # step 2 must fit whatever the rounds of step 1 do (each may need one block more), so a
         # stretch that ran a round is never cut below 2 steps by the free blocks
@@ -1184,7 +1224,10 @@ class Simulator:
         while True:
             hi = min(heap[0][0], k) if heap else k  # this segment: steps seg..hi
             d = self.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
-            d[0] += carry  # round costs charged to the segment's first step
+            if seg == 1 and admitted is not None:
+                d[0] = admitted[0]  # the admission step: the scheduler's batch
+            else:
+                d[0] += carry  # round costs charged to the segment's first step
             c = np.cumsum(np.concatenate(([last], d)))[1:]
             # new blocks of steps seg..hi (nxt >= seg >= 1; step 1's were allocated by the
             # scheduler, so nxt >= 2), request-major; the free blocks bound the stretch first
@@ -1244,15 +1287,27 @@ class Simulator:
                 while heap and heap[0][0] == hi:
                     i = heapq.heappop(heap)[1]
                     req = reqs[i]
-                    self._ff_commit(req, hi - done[i], hi - max(done[i], 1), new_blk[i])
+                    pd = False
+                    if i >= b_dec and done[i] == 0:
+                        # an admitted request's step 1: its chunk (placed by the scheduler)
+                        n = admitted[1][i - b_dec]
+                        req.n_computed += n
+                        pd = req.n_computed - n < req.input
+                    else:
+                        self._ff_commit(req, hi - done[i], hi - max(done[i], 1), new_blk[i])
                     done[i] = hi
                     new_blk[i] = 0
-                    if comp.due(req, False):
+                    if comp.due(req, pd):
                         self._round(req, last)
                         a = req.phys_base + req.pending - hi
                         shift += a - int(anchor[i])
                         anchor[i] = a
                         nxt[i] = max(hi + 1, req.n_blocks * B - a + 1)
+                    if pd or (i >= b_dec and hi == 1):
+                        if req.n_computed == req.input + req.n_generated:  # it samples
+                            req.n_generated += 1
+                            if req.n_generated == 1:
+                                req.first_token = last
                     if req.next_round is not None:
                         # due again at the first step end with n_computed >= next_round
                         st = max(req.next_round - nc0[i], hi + 1)
@@ -1290,7 +1345,8 @@ class Simulator:
         used[-1] = pool.num_used  # after the finished requests left
         cached_free[-1] = pool.num_cached_free
         rec = self.rec
-        if not rec.record_steps:
+        j = 0  # steps recorded one by one
+        if not rec.record_steps and admitted is None:
             rec.steps_counted(k, b, int(used.max()))
         else:
             steps_idx = np.arange(1, k + 1)
@@ -1301,7 +1357,22 @@ class Simulator:
             running[-1] = len(self.running)
             waiting = _waiting_per_step(waiting0, ev_log, cum)
             waiting[-1] = len(self.waiting)
-            rec.steps_bulk(starts, durs, running, waiting, b, used, cached_free, live)
+            if admitted is not None:  # step 1's row: the admitted chunks are prefill tokens
+                pre = dec = 0
+                for i, n in enumerate(admitted[1], b_dec):
+                    if nc0[i] - n + 1 >= reqs[i].input and n == 1:
+                        dec += 1
+                    else:
+                        pre += n
+                rec.step(float(starts[0]), float(durs[0]), int(running[0]), int(waiting[0]), pre,
+                         b_dec + dec, int(used[0]), int(cached_free[0]), int(live[0]))
+                j = 1
+            if k > j:
+                if rec.record_steps:
+                    rec.steps_bulk(starts[j:], durs[j:], running[j:], waiting[j:], b, used[j:],
+                                   cached_free[j:], live[j:])
+                else:
+                    rec.steps_counted(k - j, b, int(used[j:].max()))
         if self.check:
             self.check_invariants()
         return k
