@@ -88,6 +88,13 @@ class RoundResult:
                 "metadata_bytes": self.metadata_bytes}
 
 
+def _row_counts(mask: np.ndarray) -> np.ndarray:
+    """``int64[H]``: True entries per row of a ``bool[H, S]`` mask."""
+    if mask.shape[0] == 1:
+        return np.array([np.count_nonzero(mask)], dtype=np.int64)
+    return mask.sum(axis=1)
+
+
 class Compactor:
     """Base compactor (style ``none``). Args: cfg: :class:`policies.config.CompactionConfig`."""
 
@@ -125,7 +132,10 @@ class Compactor:
             raise ValueError(f"keep mask keeps an empty slot (group {g}, slot {s}); policies must never do that")
         return keep, live
 
-    def _pack(self, layout: PagedLayout, pinned: int) -> np.ndarray:
+    def _pack(self, layout: PagedLayout, keep: np.ndarray, pinned: int) -> np.ndarray:
+        """Evict the slots ``keep`` drops and move the survivors (style-dependent); returns the
+        ``int64[M, 3]`` moves. Base: eviction only."""
+        layout.slot_pos[~keep] = -1
         return np.zeros((0, 3), dtype=np.int64)
 
     def apply(self, layout: PagedLayout, keep, kv_bytes_per_token: float = 0.0,
@@ -143,15 +153,14 @@ class Compactor:
         """
         keep, live = self._check_keep(layout, keep)
         H = layout.num_groups
-        before = live.sum(axis=1)  # = layout.live_tokens()
+        before = _row_counts(live)  # = layout.live_tokens()
         blocks_before = layout.n_blocks
-        layout.slot_pos[~keep] = -1
         if pinned_len is None:
             pinned_len = layout.prompt_len if self.cfg.pin_prompt else 0
-        moves = self._pack(layout, int(pinned_len))
+        moves = self._pack(layout, keep, int(pinned_len))
         per_group_bytes = float(kv_bytes_per_token) / H
         freed = layout.empty_blocks() if self.cfg.release_empty_blocks else np.zeros(0, dtype=np.int64)
-        kept = keep.sum(axis=1)  # = layout.live_tokens(): keep is within the live slots, moves keep counts
+        kept = _row_counts(keep)  # = layout.live_tokens(): keep is within the live slots, moves keep counts
         lengths = self._group_lengths(layout)
         if len(freed):
             layout._drop_blocks(freed)  # empty by construction (empty_blocks)
@@ -196,15 +205,18 @@ class ForwardPack(Compactor):
     name = "forward_pack"
     moves_tokens = True
 
-    def _pack(self, layout, pinned):
+    def _pack(self, layout, keep, pinned):
         if layout.hole_fill:
             raise ValueError("forward_pack on a hole_fill layout: slot order is not position order")
-        H = layout.num_groups
         out = []
         for g, ptr in enumerate(layout.append_ptr.tolist()):
-            tail = layout.slot_pos[g, min(int(pinned), ptr):]
             p = min(int(pinned), ptr)
-            lv = tail >= 0
+            if p:  # the pinned slots stay; the ones keep drops are emptied
+                kh = keep[g, :p]
+                if not kh.all():
+                    layout.slot_pos[g, :p][~kh] = -1
+            tail = layout.slot_pos[g, p:]
+            lv = keep[g, p:]  # = the live slots once the others are evicted (keep is within live)
             src = np.flatnonzero(lv)  # relative to p; survivors go to p, p + 1, ...
             n = src.size
             # the survivors before the first hole stay put; every later one moves
@@ -243,9 +255,9 @@ class HoleFill(Compactor):
     def layout_kwargs(self):
         return {"hole_fill": True}
 
-    def _pack(self, layout, pinned):
+    def _pack(self, layout, keep, pinned):
         layout.hole_fill = True
-        return np.zeros((0, 3), dtype=np.int64)
+        return super()._pack(layout, keep, pinned)
 
     def metadata_bytes(self, layout):
         """``position_index_bytes`` x allocated slots x (H if per group else 1), bytes."""

@@ -530,12 +530,13 @@ class TriAttentionPolicy(_Periodic):
     def select(self, layout, scores, n_tokens, step):
         pos, live, sc = self._prep(layout, scores)
         prot = self._protected(pos, live, layout.prompt_len)
-        cand = live & ~prot
+        # = live & ~prot: a live slot is protected exactly when it holds a prompt position
+        cand = pos >= layout.prompt_len if self.protects_prompt else live
         budget = int(self.cfg.budget)
-        keep = prot.copy()
+        keep = prot
         if self.cfg.recent_window > 0:
             rec = recent_mask(pos, cand, min(self.cfg.recent_window, budget))
-            keep |= rec
+            keep = keep | rec
             cand = cand & ~rec
             budget -= min(self.cfg.recent_window, budget)
         return keep | topk_mask(sc, cand, budget)

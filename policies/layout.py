@@ -232,12 +232,14 @@ class PagedLayout:
         nb = self.n_blocks
         # removed slots below each group's pointer: block b removes [bB, bB + B) ∩ [0, ptr)
         ptr = self.append_ptr
-        below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
-        self.append_ptr = ptr - below
         k = len(idx)
         if int(idx[0]) == nb - k:  # the trailing blocks (forward packing frees these)
+            # each pointer is within the table, so it loses what lies past the kept blocks
+            self.append_ptr = np.minimum(ptr, (nb - k) * B)
             self.slot_pos = self.slot_pos[:, :(nb - k) * B]
         else:
+            below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
+            self.append_ptr = ptr - below
             keep_blocks = np.ones(nb, dtype=bool)
             keep_blocks[idx] = False
             self.slot_pos = self.slot_pos[:, np.repeat(keep_blocks, B)]
