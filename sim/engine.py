@@ -444,6 +444,41 @@ class Simulator:
         while i < len(running) and budget > 0:
             req = running[i]
             rem = req.input + req.n_generated - req.n_computed
+            if rem == 1 and len(defer) < free:
+                # the common case first: one decode token whose slot (or deferred block) is
+                # known, as in the general path below
+                lay = req.layout
+                upto = req.n_computed + 1
+                if lay is None:
+                    if upto > req.n_blocks * B:
+                        defer.append(req)
+                    if caching and upto // B > req.n_cached:
+                        _queue_registration(req, upto // B, reg)
+                    ctx = req.n_computed
+                elif ff_layout and upto - req.n_placed == 1:
+                    if req.phys_base + req.pending + 1 > req.n_blocks * B:
+                        defer.append(req)
+                        req.blocks_since += 1  # = Compression.place(req, 1, 1)
+                    req.pending += 1
+                    req.n_placed += 1
+                    if caching and not req.compressed and upto // B > req.n_cached:
+                        _queue_registration(req, upto // B, reg)
+                    if plain_ctx:
+                        ctx = max(0, (req.phys_base + req.pending if req.compressed else req.n_placed) - 1)
+                    else:
+                        ctx = max(0, self.comp.physical_context(req) - 1)
+                else:
+                    ctx = None
+                if ctx is not None:
+                    sched_req.append(req)
+                    sched_n.append(1)
+                    sched_ctx.append(ctx)
+                    samples += 1
+                    if req.n_generated:
+                        decodes += 1
+                    budget -= 1
+                    i += 1
+                    continue
             n = rem
             if long_thr and n > long_thr:
                 n = long_thr
@@ -1494,8 +1529,9 @@ class Simulator:
         for req in self.running:
             if req.status == FINISHED:
                 if req.layout is not None:
-                    self.comp.sync(req)
-                    req.end_live = int(round(float(req.layout.live_tokens().mean())))
+                    # = live tokens after Compression.sync: each pending token takes a slot in
+                    # every group
+                    req.end_live = int(round(float((req.layout.live_tokens() + req.pending).mean())))
                     req.end_blocks = req.n_blocks
                     self.comp.finish(req)
                     req.layout = None
