@@ -15,6 +15,7 @@ Interface (all policies; one policy object serves every request, per-request sta
     policy.on_finish(st)
     keep = policy.select(layout, scores, n_tokens, step)  # bool[H, S]
     policy.pinned_len(layout)                           # slots forward packing must not move
+    policy.uses_scores, policy.scores_from(layout)      # which scores select reads (score_slots)
 
 Cost descriptors: ``needs_attention_scores`` (eager attention: score matrix in HBM),
 ``scoring_when`` (``step`` | ``round`` | ``never``), ``scoring_bytes(shape, n_tokens, prompt_len,

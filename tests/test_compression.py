@@ -155,3 +155,68 @@ def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extr
     assert len(out["true"]["rounds"]) > 0
     for t in ("requests", "steps", "rounds"):
         pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
+
+
+def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch):
+    """A step that admits requests whose prompt completes in it, with every other running
+    request decoding, is the first step of a fast-forward stretch (the scheduler's step time,
+    the prefill ends handled at its end); the run's tables equal the per-step loop's (bundled
+    Mooncake slice: prefix hits, rounds every 16 tokens)."""
+    from sim.engine import Simulator
+
+    calls = {"admitted": 0}
+    orig = Simulator._fast_forward_rounds
+
+    def spy(self, reqs, ctx0, extra_first=0.0, admitted=None):
+        calls["admitted"] += admitted is not None
+        return (yield from orig(self, reqs, ctx0, extra_first, admitted))
+
+    monkeypatch.setattr(Simulator, "_fast_forward_rounds", spy)
+    out = {}
+    for ff in ("true", "false"):
+        cfg = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=150",
+                              "policy=triattention", "policy.budget=64", "policy.beta=16",
+                              "compaction=forward_pack", "sim.progress=false",
+                              f"sim.fast_forward={ff}"])
+        run_simulation(cfg, tmp_path / ff)
+        out[ff] = {t: pd.read_parquet(tmp_path / ff / f"{t}.parquet")
+                   for t in ("requests", "steps", "rounds")}
+        if ff == "true":
+            assert calls["admitted"] > 0
+    assert len(out["true"]["rounds"]) > 0
+    for t in ("requests", "steps", "rounds"):
+        pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
+
+
+@pytest.mark.parametrize("compaction,mode", [("forward_pack", "union"), ("hole_fill", "per_head"),
+                                             ("none", "per_layer_per_head")])
+def test_end_live_tokens_without_applying_pending_tokens(compaction, mode):
+    """A finishing request's end live tokens (the engine reads the layout plus its pending
+    tokens) equal the live tokens once the pending tokens are applied, after rounds."""
+    from types import SimpleNamespace
+
+    from sim.compression import Compression
+
+    cfg = compose_config(["policy=triattention", f"policy.mode={mode}", "policy.budget=64",
+                          "policy.beta=16", f"compaction={compaction}"])
+    comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
+    req = SimpleNamespace(rid=5, input=100, n_computed=0, n_blocks=0)
+    comp.new_request(req)
+    k = comp.blocks_for(req, 100)
+    comp.place(req, 100, k)
+    req.n_blocks += k
+    req.n_computed = 100
+    comp.due(req, True)
+    for _ in range(300):
+        k = comp.blocks_for(req, 1)
+        comp.place(req, 1, k)
+        req.n_blocks += k
+        req.n_computed += 1
+        if comp.due(req, False):
+            res, _, _ = comp.run_round(req, 0)
+            req.n_blocks -= len(res.freed_block_indices)
+        if req.pending > 3:
+            lazy = (req.layout.live_tokens() + req.pending).mean()
+            comp.sync(req)
+            assert lazy == req.layout.live_tokens().mean()
+    assert req.pstate.rounds > 3

@@ -419,6 +419,71 @@ def test_importance_drift_sinks_recency():
     assert np.median(s[-16:]) > np.median(s[1000:3000])  # recency boost
 
 
+def _reference_scores(params, seed, key, pos, G, step, seq_len):
+    """The module docstring's formula computed directly from the lattice deviates (no memo, no
+    tables), in the model's operation order: the memoised model must give the same bits."""
+    from policies.importance import _SHARED, _STATIC, _gauss
+    p = params
+    L = float(p.correlation_length)
+    x = pos / L
+    i0 = np.floor(x).astype(np.int64)
+    t = x - i0
+    omt = 1.0 - t
+    den = np.sqrt(omt ** 2 + t ** 2)
+
+    def field(s, e):
+        return (omt * _gauss(seed, key, s, e, i0) + t * _gauss(seed, key, s, e, i0 + 1)) / den
+
+    e, r = divmod(step, p.drift_period)
+    th = 0.5 * math.pi * r / p.drift_period
+
+    def stream(s):
+        dyn = math.cos(th) * field(s, e) + math.sin(th) * field(s, e + 1)
+        return math.sqrt(1.0 - p.drift) * field(s, _STATIC) + math.sqrt(p.drift) * dyn
+
+    rho = p.head_correlation
+    z = np.stack([math.sqrt(rho) * stream(_SHARED) + math.sqrt(1.0 - rho) * stream(g) for g in range(G)])
+    sig = p.sigma * np.exp(p.sigma_spread * _gauss(seed, key, -2, 0, np.arange(G)) - 0.5 * p.sigma_spread ** 2)
+    age = np.maximum(seq_len - 1 - pos, 0).astype(np.float64)
+    mult = 1.0 + p.recency_boost * np.exp(-age / p.recency_window)
+    mult = np.where(pos < p.sink_tokens, mult * p.sink_boost, mult)
+    return np.exp(np.clip(sig[:, None] * z + np.log(mult)[None, :], -80.0, 80.0)).astype(np.float32)
+
+
+def test_importance_memo_and_tables_give_the_formula_bits():
+    """The importance model's memos (dense static field, interpolation and recency tables, the
+    two drift epochs gathered together, a request's memo dropped at finish) return the very bits
+    of the formula computed directly, whatever was asked before: growing sequences across drift
+    epochs, unsorted and repeated positions, other requests, a forgotten request."""
+    params = ImportanceParams(drift_period=64)
+    m = ImportanceModel(params, seed=3)
+    rng = np.random.default_rng(0)
+    for step in (0, 40, 63, 64, 130, 700, 5000):
+        for key, G in ((7, 1), (8, 3)):
+            n = 50 + step
+            pos = np.concatenate([rng.integers(0, n, 200), [0, 1, 2, 3, n - 1, n - 1]])
+            got = m.scores(key, pos, G, step=step, seq_len=n + 5)
+            assert np.array_equal(got, _reference_scores(params, 3, key, pos, G, step, n + 5))
+        m.forget(7)
+    assert m._memo_values == sum(a.size for a in m._memo.values())
+
+
+def test_score_slots_from_pos_leaves_unread_slots_unscored():
+    """``from_pos`` (a policy's ``scores_from``) leaves the slots below it at -inf and scores
+    the others exactly as a full call; TriAttention's keep mask is the same either way."""
+    lay = filled(3000, prompt=700)
+    imp = ImportanceModel(seed=1)
+    full = score_slots(imp, lay, step=300)
+    part = score_slots(ImportanceModel(seed=1), lay, step=300, from_pos=700)
+    hi = lay.slot_pos >= 700
+    assert np.array_equal(part[hi], full[hi]) and np.isneginf(part[~hi]).all()
+    pol = make_policy(PolicyConfig(name="triattention", budget=1000, protect_prompt=True))
+    assert pol.scores_from(lay) == 700 and pol.uses_scores
+    assert np.array_equal(pol.select(lay, part, 3000, 300), pol.select(lay, full, 3000, 300))
+    assert make_policy(PolicyConfig(name="triattention", protect_prompt=False)).scores_from(lay) == 0
+    assert not make_policy(PolicyConfig(name="streaming_llm")).uses_scores
+
+
 # ------------------------------------------------------------------------- recorded importance
 def _write(path, **cols):
     import pyarrow as pa
