@@ -444,63 +444,23 @@ class Simulator:
         while i < len(running) and budget > 0:
             req = running[i]
             rem = req.input + req.n_generated - req.n_computed
-            if rem == 1 and len(defer) < free:
-                # the common case first: one decode token whose slot (or deferred block) is
-                # known, as in the general path below
-                lay = req.layout
-                upto = req.n_computed + 1
-                if lay is None:
-                    if upto > req.n_blocks * B:
-                        defer.append(req)
-                    if caching and upto // B > req.n_cached:
-                        _queue_registration(req, upto // B, reg)
-                    ctx = req.n_computed
-                elif ff_layout and upto - req.n_placed == 1:
-                    if req.phys_base + req.pending + 1 > req.n_blocks * B:
-                        defer.append(req)
-                        req.blocks_since += 1  # = Compression.place(req, 1, 1)
-                    req.pending += 1
-                    req.n_placed += 1
-                    if caching and not req.compressed and upto // B > req.n_cached:
-                        _queue_registration(req, upto // B, reg)
-                    if plain_ctx:
-                        ctx = max(0, (req.phys_base + req.pending if req.compressed else req.n_placed) - 1)
-                    else:
-                        ctx = max(0, self.comp.physical_context(req) - 1)
-                else:
-                    ctx = None
-                if ctx is not None:
-                    sched_req.append(req)
-                    sched_n.append(1)
-                    sched_ctx.append(ctx)
-                    samples += 1
-                    if req.n_generated:
-                        decodes += 1
-                    budget -= 1
-                    i += 1
-                    continue
             n = rem
             if long_thr and n > long_thr:
                 n = long_thr
             if n > budget:
                 n = budget
-            ok = True
             upto = req.n_computed + n
-            # fast paths: the slots exist and no block fills (most decode steps), or one decode
-            # token needs one block or fills one (deferred as above); a compressed layout
-            # (order-preserving) whose new tokens fit its blocks only records them
-            slow = False
-            if req.layout is None:
-                if n == 1 and len(defer) < free:
+            lay = req.layout
+            if len(defer) < free and (n == 1 if lay is None else ff_layout and upto - req.n_placed == 1):
+                # the fast path (most decode steps): one new token whose slot exists, or whose
+                # one block is deferred as above, and a block it fills queued for registration;
+                # a compressed layout (order-preserving) only records it
+                if lay is None:
                     if upto > req.n_blocks * B:
                         defer.append(req)
                     if caching and upto // B > req.n_cached:
                         _queue_registration(req, upto // B, reg)
                 else:
-                    slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
-            elif ff_layout:
-                m = upto - req.n_placed
-                if m == 1 and len(defer) < free:
                     # the block table's length (= layout.n_blocks + blocks_since; check_invariants)
                     if req.phys_base + req.pending + 1 > req.n_blocks * B:
                         defer.append(req)
@@ -509,26 +469,29 @@ class Simulator:
                     req.n_placed += 1
                     if caching and not req.compressed and upto // B > req.n_cached:
                         _queue_registration(req, upto // B, reg)
-                elif m > 0:
-                    slow = True
-                elif caching and not req.compressed and upto // B > req.n_cached:
-                    slow = True
             else:
-                slow = True
-            if slow:
-                if defer or reg[0]:
-                    self._flush_grow(defer, reg)
+                if lay is None:
+                    slow = upto > req.n_blocks * B or (caching and upto // B > req.n_cached)
+                elif ff_layout:
+                    slow = upto > req.n_placed or (caching and not req.compressed
+                                                   and upto // B > req.n_cached)
+                else:
+                    slow = True
+                if slow:
+                    if defer or reg[0]:
+                        self._flush_grow(defer, reg)
+                        free = self.pool.num_free
+                    ok = True
+                    while not self._grow(req, upto):
+                        victim = running.pop()
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is req:
+                            ok = False
+                            break
                     free = self.pool.num_free
-                while not self._grow(req, upto):
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is req:
-                        ok = False
+                    if not ok:
                         break
-                free = self.pool.num_free
-            if not ok:
-                break
             sched_req.append(req)
             sched_n.append(n)
             if n == rem:
