@@ -877,12 +877,18 @@ class Simulator:
     def _decode_and_admitted(self, sched_req, sched_n) -> bool:
         """True if this step is a pure-decode step of the running requests plus the admission
         of ``_step_admitted`` waiting requests whose chunk completes their prompt (each samples
-        its first token at the step's end), with nobody preempted: from the next step on the
+        its first token at the step's end), with nobody preempted and no waiting request that a
+        later step could admit on token budget and sequence slots: from the next step on the
         batch is pure decode, so :meth:`_fast_forward_rounds` can take this step as its first."""
         na = self._step_admitted
         if not na or self._step_preempted or len(sched_req) != len(self.running):
             return False
         if len(sched_req) - na != self._step_decodes:
+            return False
+        if self.waiting and self.max_tokens > len(sched_req) \
+                and len(self.running) + self.onboarding < self.max_seqs:
+            # the head may have been stopped by the token budget this step's prefill chunks
+            # took: the next step has it again, so the per-step loop may admit the head there
             return False
         for req, n in zip(sched_req[-na:], sched_n[-na:]):
             if req.layout is None or req.n_computed + n != req.input + req.n_generated:

@@ -157,11 +157,23 @@ def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extr
         pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
 
 
-def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch):
+ADMIT_CASES = {
+    "slots_full": [],
+    # break-it pass: a heavy load with free sequence slots, where an admission step's prefill
+    # used the token budget up and the head waited for it; the stretch ran past the next step,
+    # which admits the head in the per-step loop (finish times differed on half the requests)
+    "budget_spent": ["trace.time_scale=0.02", "scheduler.enable_chunked_prefill=false",
+                     "scheduler.max_num_batched_tokens=131072"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADMIT_CASES))
+def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch, case):
     """A step that admits requests whose prompt completes in it, with every other running
-    request decoding, is the first step of a fast-forward stretch (the scheduler's step time,
-    the prefill ends handled at its end); the run's tables equal the per-step loop's (bundled
-    Mooncake slice: prefix hits, rounds every 16 tokens)."""
+    request decoding and no waiting request a later step could admit on budget and slots, is
+    the first step of a fast-forward stretch (the scheduler's step time, the prefill ends
+    handled at its end); the run's tables equal the per-step loop's (bundled Mooncake slice:
+    prefix hits, rounds every 16 tokens)."""
     from sim.engine import Simulator
 
     calls = {"admitted": 0}
@@ -177,7 +189,7 @@ def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch):
         cfg = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=150",
                               "policy=triattention", "policy.budget=64", "policy.beta=16",
                               "compaction=forward_pack", "sim.progress=false",
-                              f"sim.fast_forward={ff}"])
+                              f"sim.fast_forward={ff}", *ADMIT_CASES[case]])
         run_simulation(cfg, tmp_path / ff)
         out[ff] = {t: pd.read_parquet(tmp_path / ff / f"{t}.parquet")
                    for t in ("requests", "steps", "rounds")}
