@@ -788,6 +788,14 @@ class QuestPolicy(EvictionPolicy):
     def budget_scope(self) -> str:
         return "read"
 
+    def num_groups(self, num_kv_heads: int, num_layers: int) -> int:
+        """As :meth:`EvictionPolicy.num_groups`; ValueError if ``dense_layers`` exceeds the
+        model's layers."""
+        if self.cfg.dense_layers > num_layers:
+            raise ValueError(f"quest: dense_layers={self.cfg.dense_layers} exceeds the model's "
+                             f"{num_layers} layers; expected 0..{num_layers}")
+        return super().num_groups(num_kv_heads, num_layers)
+
     def top_k(self, block_size: int) -> int:
         """Pages read per step in sparse layers."""
         if self.cfg.top_k_pages > 0:

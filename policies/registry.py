@@ -52,8 +52,9 @@ def validate_policy_config(cfg: PolicyConfig, prompt_len: int | None = None) -> 
         raise ValueError(f"policy {cfg.name}: recent_window {cfg.recent_window} exceeds budget {cfg.budget}")
     if cfg.pooling not in ("max", "avg"):
         raise ValueError(f"policy {cfg.name}: unknown pooling {cfg.pooling!r}; valid: max, avg")
-    if cfg.pooling_kernel < 1:
-        raise ValueError(f"policy {cfg.name}: pooling_kernel must be >= 1, got {cfg.pooling_kernel}")
+    if cfg.pooling_kernel < 1 or cfg.pooling_kernel % 2 == 0:
+        raise ValueError(f"policy {cfg.name}: pooling_kernel must be an odd number >= 1 (a window "
+                         f"centred on each token), got {cfg.pooling_kernel}")
     if not 0.0 <= cfg.heavy_ratio <= 1.0:
         raise ValueError(f"policy {cfg.name}: heavy_ratio must be in [0, 1], got {cfg.heavy_ratio}")
     if not 0.0 <= cfg.rkv_lambda <= 1.0:

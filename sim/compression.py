@@ -66,12 +66,12 @@ class Compression:
             self.policy = make_policy(pc)
             self.compactor = make_compactor(cc)
             self.importance = make_importance(pc)
+            self.groups = self.policy.num_groups(int(model.num_kv_heads), int(model.num_layers))
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"policy/compaction config: {e}") from None
         self.name = pc.name
         self.compaction = cc.name
         self.active = pc.name != "full"
-        self.groups = self.policy.num_groups(int(model.num_kv_heads), int(model.num_layers))
         self.kv_tok = float(kv_bytes_per_token(model, cache))
         self.shape = ModelShape(int(model.num_layers), int(model.num_kv_heads), int(model.num_q_heads),
                                 int(model.head_dim), self.kv_tok)

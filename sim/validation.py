@@ -168,13 +168,14 @@ def _check_tiers(cfg) -> None:
 
 def _check_policy(cfg) -> None:
     from policies import CompactionConfig, ImportanceParams, PolicyConfig
-    from policies.registry import validate_policy_config
+    from policies.registry import make_policy
     from policies.config import validate_compaction_config
 
     pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
     cc = _to_dataclass(cfg.compaction, CompactionConfig, None)
     try:
-        validate_policy_config(pc)
+        # validates the policy config; the model shape binds the grouping and Quest's dense layers
+        make_policy(pc).num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
     except ValueError as e:
         raise ConfigError(f"policy config (policy.*): {e}") from None
     try:

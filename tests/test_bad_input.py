@@ -32,6 +32,9 @@ KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
 
 # (overrides, regex the message must match): every message names the config field
 CONFIG_CASES = [
+    # break-it pass: both were accepted before
+    (["policy=snapkv", "policy.pooling_kernel=4"], r"pooling_kernel must be an odd number >= 1"),
+    (["policy=quest", "policy.dense_layers=100"], r"dense_layers=100 exceeds the model's 36 layers"),
     (["model=llama3_1_70b", "gpu=rtx4090"],
      r"model weights do not fit: Llama-3\.1-70B \(none\) needs 131\.5 GiB .* 1 x RTX-4090"),
     (["model=llama3_1_70b", "cache.num_gpu_blocks=1000"],
