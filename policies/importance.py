@@ -171,17 +171,24 @@ class ImportanceModel:
         array that grows by doubling (each value is a pure function of (seed, key, stream, epoch,
         index), so neither the memo nor the grouping of streams changes a value). ``room``: points
         to add beyond ``need`` when the array is (re)built."""
-        mk = (key, streams, epoch)
+        def deviates(have: int, n: int) -> np.ndarray:
+            # each stream's chain up to the index, folded with Python ints
+            h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
+                          dtype=np.uint64)[:, None]
+            return _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
+
+        return self._prefix((key, streams, epoch), need, room, 256, deviates)
+
+    def _prefix(self, mk: tuple, need: int, room: int, first: int, extend) -> np.ndarray:
+        """The memo entry ``mk``: an array over indices ``0..>= need-1`` (axis 1), grown when
+        short to ``max(need + room, twice its length)`` (``first`` at least when new) by
+        ``extend(have, n)``, which returns the columns ``have..n-1``."""
         arr = self._memo.get(mk)
         if arr is not None and arr.shape[1] >= need:
             self._memo.move_to_end(mk)
             return arr
         have = 0 if arr is None else arr.shape[1]
-        n = max(need + room, 2 * have if arr is not None else 256)
-        # each stream's chain up to the index, folded with Python ints
-        h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
-                      dtype=np.uint64)[:, None]
-        ext = _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
+        ext = extend(have, max(need + room, 2 * have if arr is not None else first))
         if arr is not None:
             ext = np.concatenate([arr, ext], axis=1)
         return self._remember(mk, ext)
@@ -250,20 +257,13 @@ class ImportanceModel:
             return f if scale == 1.0 else scale * f
         if hi is None:
             hi = int(pos.max()) + 1 if pos.size else 0
-        mk = (key, streams, "static", scale)
-        arr = self._memo.get(mk)
-        if arr is None or arr.shape[1] < hi:
-            have = 0 if arr is None else arr.shape[1]
-            n = max(hi, 2 * have if arr is not None else 1024)
+
+        def field(have: int, n: int) -> np.ndarray:
             new = np.arange(have, n, dtype=np.int64)
             ext = self._field(key, streams, _STATIC, new, self._interp(new))
-            if scale != 1.0:
-                ext = scale * ext
-            if arr is not None:
-                ext = np.concatenate([arr, ext], axis=1)
-            arr = self._remember(mk, ext)
-        else:
-            self._memo.move_to_end(mk)
+            return ext if scale == 1.0 else scale * ext
+
+        arr = self._prefix((key, streams, "static", scale), hi, 0, 1024, field)
         return np.take(arr, pos, axis=1)
 
     def _drift(self, key: int, streams: tuple, epoch: int, ip, c: float, s: float) -> np.ndarray:
@@ -364,8 +364,8 @@ class ImportanceModel:
             raise ValueError("positions must be >= 0")
         if pos.size == 0:
             return np.zeros((num_groups, 0), dtype=np.float32)
-        return self._scores(request_key, pos, num_groups, step,
-                            int(pos.max()) + 1 if seq_len is None else seq_len)
+        hi = int(pos.max()) + 1
+        return self._scores(request_key, pos, num_groups, step, hi if seq_len is None else seq_len, hi)
 
     def _scores(self, request_key: int, pos: np.ndarray, num_groups: int, step: int,
                 seq_len: int, hi: Optional[int] = None) -> np.ndarray:
@@ -536,9 +536,10 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
         pos = layout.slot_pos[0, m].astype(np.int64)
         if not pos.size:
             return out
-        seq = max(seq, int(pos.max()) + 1)  # the largest live position is always scored
+        hi = int(pos.max()) + 1
+        seq = max(seq, hi)  # the largest live position is always scored
         if isinstance(source, ImportanceModel):
-            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq)[0]
+            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq, hi)[0]
         else:
             out[0, m] = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
         return out

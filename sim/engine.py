@@ -782,21 +782,16 @@ class Simulator:
                     extra_dt += sum(self.comp.step_extra_time(r) for r, n in zip(sched_req, sched_n)
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
-            if self.fast_forward and self._pure_decode(sched_req):
-                k = 0
-                if env.peek() > env.now + dt:  # else the next event lands inside this step
-                    k = yield from self._fast_forward(sched_req, ctx_arr, extra_dt)
-                if k:
-                    self._check_sim_time()
-                    continue
-            elif self.fast_forward and self._ff_rounds and self._decode_and_admitted(sched_req, sched_n):
-                # the admission step becomes the stretch's first step
-                k = 0
-                if env.peek() > env.now + dt:
-                    na = self._step_admitted
-                    k = yield from self._fast_forward_rounds(sched_req, ctx_arr, 0.0,
-                                                             (dt, sched_n[-na:]))
-                if k:
+            if self.fast_forward:
+                stretch = None
+                if self._pure_decode(sched_req):
+                    stretch = self._fast_forward(sched_req, ctx_arr, extra_dt)
+                elif self._ff_rounds and self._decode_and_admitted(sched_req, sched_n):
+                    # the admission step becomes the stretch's first step
+                    stretch = self._fast_forward_rounds(sched_req, ctx_arr, 0.0,
+                                                        (dt, sched_n[-self._step_admitted:]))
+                # taken unless the next event lands inside this step
+                if stretch is not None and env.peek() > env.now + dt and (yield from stretch):
                     self._check_sim_time()
                     continue
             start = env.now
@@ -1291,9 +1286,9 @@ class Simulator:
                 while heap and heap[0][0] == hi:
                     i = heapq.heappop(heap)[1]
                     req = reqs[i]
+                    first = i >= b_dec and done[i] == 0  # an admitted request's step 1
                     pd = False
-                    if i >= b_dec and done[i] == 0:
-                        # an admitted request's step 1: its chunk (placed by the scheduler)
+                    if first:  # its chunk (placed by the scheduler)
                         n = admitted[1][i - b_dec]
                         req.n_computed += n
                         pd = req.n_computed - n < req.input
@@ -1307,11 +1302,10 @@ class Simulator:
                         shift += a - int(anchor[i])
                         anchor[i] = a
                         nxt[i] = max(hi + 1, req.n_blocks * B - a + 1)
-                    if pd or (i >= b_dec and hi == 1):
-                        if req.n_computed == req.input + req.n_generated:  # it samples
-                            req.n_generated += 1
-                            if req.n_generated == 1:
-                                req.first_token = last
+                    if first and req.n_computed == req.input + req.n_generated:  # it samples
+                        req.n_generated += 1
+                        if req.n_generated == 1:
+                            req.first_token = last
                     if req.next_round is not None:
                         # due again at the first step end with n_computed >= next_round
                         st = max(req.next_round - nc0[i], hi + 1)
