@@ -36,7 +36,8 @@ NO_HASH = np.iinfo(np.int64).min
 
 class DictIndex:
     """Prefix-index backend on a Python dict (int64 key -> block id), same interface as
-    :class:`KeyTable`. ``min_size``: the pool size x 8 (the rebuild threshold is a quarter)."""
+    :class:`KeyTable`. ``min_size``: the pool size x ``INDEX_SLOTS_PER_BLOCK`` (the rebuild
+    threshold is ``1 / INDEX_LOAD_DIV`` of it)."""
 
     def __init__(self, min_size: int):
         self.d: dict[int, int] = {}
@@ -176,39 +177,41 @@ class KeyTable:
             for i, (key, val) in enumerate(zip(q.tolist(), v.tolist())):
                 new[i] = self._put_absent1(key, val, self._home1(key), live_hash)
             return new
-        idx = np.arange(n)
+        # round r probes the r-th slot of each unresolved key; ``pos`` maps this round's keys to
+        # their index in ``q`` (None in the first round: all of them, in order)
+        pos = None
         slot = self._home(q)
-        qk = q
+        qk, vk = q, v
         while True:
             k = keys[slot]
-            done = k == qk
-            if done.any():  # the key's entry: keep it if live, else overwrite the stale one
-                si = np.flatnonzero(done)
+            left = k != qk
+            if not left.all():  # the key's entry: keep it if live, else overwrite the stale one
+                si = np.flatnonzero(~left)
                 w = si[live_hash[vals[slot[si]]] != qk[si]]
                 if len(w):
-                    vals[slot[w]] = v[idx[w]]
-                    new[idx[w]] = True
-            empty = k == NO_HASH
-            if empty.any():
-                # several keys may reach one empty slot: the last write takes it (read back),
-                # the others probe on
-                e = np.flatnonzero(empty)
-                keys[slot[e]] = qk[e]
-                w = e[keys[slot[e]] == qk[e]]
-                vals[slot[w]] = v[idx[w]]
-                new[idx[w]] = True
+                    vals[slot[w]] = vk[w]
+                    new[w if pos is None else pos[w]] = True
+            e = np.flatnonzero(k == NO_HASH)
+            if len(e):
+                # several keys may reach one empty slot: the last write takes it (read back);
+                # the others find it taken by another key and probe on
+                se, qe = slot[e], qk[e]
+                keys[se] = qe
+                won = keys[se] == qe
+                w = e[won]
+                vals[se[won]] = vk[w]
+                new[w if pos is None else pos[w]] = True
                 self.count += len(w)
-                done[w] = True
-            left = ~done
-            if not left.any():
+                left[w] = False
+            li = np.flatnonzero(left)
+            if not len(li):
                 return new
-            # losers of a claimed slot re-read it (now taken) and move on next round
-            slot = np.where(left & ~empty, (slot + 1) & mask, slot)[left]
-            qk = qk[left]
-            idx = idx[left]
-            if len(idx) <= SMALL_BATCH:
-                for i, key, st in zip(idx.tolist(), qk.tolist(), slot.tolist()):
-                    new[i] = self._put_absent1(key, int(v[i]), st, live_hash)
+            slot = (slot[li] + 1) & mask
+            qk, vk = qk[li], vk[li]
+            pos = li if pos is None else pos[li]
+            if len(li) <= SMALL_BATCH:
+                for i, key, val, st in zip(pos.tolist(), qk.tolist(), vk.tolist(), slot.tolist()):
+                    new[i] = self._put_absent1(key, val, st, live_hash)
                 return new
 
     def _put_absent1(self, key: int, val: int, s: int, live_hash: np.ndarray) -> bool:
@@ -233,6 +236,11 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 _PHI_INT = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 _EMPTY = int(NO_HASH)
+# prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
+# load stays <= 1/8 (most keys at their home slot), and a rebuild comes after about 2 x num_blocks
+# registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
+INDEX_SLOTS_PER_BLOCK = 16
+INDEX_LOAD_DIV = 8
 SMALL_BATCH = 8  # KeyTable: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
@@ -276,7 +284,7 @@ class BlockPool:
         self.num_free = n
         self.num_cached_free = 0
         # key -> block; live only while block_hash[block] == key (see the module docstring)
-        self.index = self._index_cls(8 * n)
+        self.index = self._index_cls(INDEX_SLOTS_PER_BLOCK * n)
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends evicted keys and cache_blocks() newly registered keys
         # (the tier manager's write policies read them)
@@ -338,7 +346,7 @@ class BlockPool:
         index. A key already held by a block keeps its first block (see module docstring)."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        if self.index.count + len(keys) > self.index.size // 4:
+        if self.index.count + len(keys) > self.index.size // INDEX_LOAD_DIV:
             self._rebuild_index(len(keys))
         new = self.index.put_absent(keys, blocks, self.block_hash)
         if not new.any():
@@ -357,11 +365,11 @@ class BlockPool:
 
     def _rebuild_index(self, extra: int = 0) -> None:
         """Drop stale index entries: rebuild the table from ``block_hash`` (O(num_blocks), run
-        once a quarter of the table is taken, at least ``num_blocks`` registrations after the
-        last rebuild, so amortised O(1) per registration). The load stays <= 1/4, so most keys
-        sit at their home slot."""
+        once ``1 / INDEX_LOAD_DIV`` of the table is taken, at least ``num_blocks`` registrations
+        after the last rebuild, so amortised O(1) per registration). The load stays
+        <= 1 / INDEX_LOAD_DIV, so most keys sit at their home slot."""
         held = np.flatnonzero(self.block_hash != NO_HASH)
-        t = self._index_cls(8 * max(self.num_blocks, len(held) + extra))
+        t = self._index_cls(INDEX_SLOTS_PER_BLOCK * max(self.num_blocks, len(held) + extra))
         t.put_absent(self.block_hash[held], held, self.block_hash)  # all new: distinct keys
         self.index = t
 
