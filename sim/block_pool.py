@@ -19,16 +19,17 @@ vectorised and amortised O(1) per block; nothing scans the whole pool per step. 
 (key -> block) is lazily deleted: an entry is live only while ``block_hash[block] == key``, so
 evicting a block is one numpy store; stale entries are dropped by rebuilding the index from
 ``block_hash`` once they outnumber the pool (amortised O(1) per registration). Two interchangeable
-index backends give the same answers: :class:`DictIndex` (a Python dict; cheapest for the short
-lookups of chat traces) and :class:`KeyTable` (a numpy open-addressing table; a lookup or a
-registration of a whole long prompt is a few vector operations: on this machine 36 us vs 341 us
-for 4,096 keys, 10 us vs 5 us for 64).
+index backends give the same answers: :class:`KeyTable` (an open-addressing table in numpy arrays
+probed by compiled loops; the default) and :class:`DictIndex` (a Python dict). On this machine a
+lookup of 4,096 keys takes 14 us in the table and 300 us in the dict, of 64 keys 0.8 us and 4.9 us
+(median of 5, 50,000-block pool with 100,000 entries, commit after 3d22db2).
 """
 
 from __future__ import annotations
 
 from itertools import repeat
 
+import numba
 import numpy as np
 
 NO_HASH = np.iinfo(np.int64).min
@@ -87,7 +88,8 @@ class DictIndex:
 
 class KeyTable:
     """Hash table int64 key -> int64 value in numpy arrays (open addressing, linear probing,
-    multiplicative hashing), looked up and filled a whole array of keys at a time.
+    Fibonacci hashing: the top bits of key x 2^64/phi), probed by compiled loops
+    (:func:`_table_get`, :func:`_table_put_absent`, numba) a whole array of keys per call.
 
     Args:
         min_size: the table gets at least this many slots (rounded up to a power of two).
@@ -104,144 +106,88 @@ class KeyTable:
         self.keys = np.full(self.size, NO_HASH, dtype=np.int64)
         self.vals = np.full(self.size, -1, dtype=np.int64)
         self.count = 0
-        self._shift = np.uint64(64 - self.bits)
-
-    def _home(self, q: np.ndarray) -> np.ndarray:
-        # Fibonacci hashing: the top bits of key x 2^64/phi (wrapping uint64 product)
-        return ((q.view(np.uint64) * _PHI) >> self._shift).astype(np.int64)
-
-    def _home1(self, key: int) -> int:
-        # the same hash as _home, on one Python int
-        return (((key & _M64) * _PHI_INT) & _M64) >> (64 - self.bits)
-
-    def _get1(self, key: int, s: int) -> int:
-        """Scalar probe for ``key`` from slot ``s``: its value or -1."""
-        keys, mask = self.keys, self.mask
-        while True:
-            k = int(keys[s])
-            if k == key:
-                return int(self.vals[s])
-            if k == _EMPTY:
-                return -1
-            s = (s + 1) & mask
+        self._shift = 64 - self.bits
 
     def get1(self, key: int) -> int:
         """Value of one key, -1 where absent."""
-        return self._get1(key, self._home1(key))
+        out = np.empty(1, dtype=np.int64)
+        _table_get(self.keys, self.vals, self._shift, self.mask, np.array([key], dtype=np.int64), out)
+        return int(out[0])
 
     def get_many(self, q: np.ndarray) -> np.ndarray:
-        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``.
-
-        Vector probes while many keys are unresolved, scalar probes for the last few (a few
-        keys cost less one by one than ~10 vector operations per probe round)."""
-        if len(q) <= SMALL_BATCH:
-            return np.array([self._get1(k, self._home1(k)) for k in q.tolist()], dtype=np.int64)
-        slot = self._home(q)
-        k = self.keys[slot]
-        hit = k == q
-        out = self.vals[slot]
-        go = ~hit
-        if not go.any():  # every key at its home slot (the common case at low load)
-            return out
-        out[go] = -1
-        go &= k != NO_HASH
-        idx = np.flatnonzero(go)
-        keys, vals, mask = self.keys, self.vals, self.mask
-        while len(idx):
-            slot = (slot[go] + 1) & mask
-            if len(idx) <= SMALL_BATCH:
-                for i, key, st in zip(idx.tolist(), q[idx].tolist(), slot.tolist()):
-                    out[i] = self._get1(key, st)
-                break
-            qk = q[idx]
-            k = keys[slot]
-            hit = k == qk
-            if hit.any():
-                out[idx[hit]] = vals[slot[hit]]
-            go = ~hit & (k != NO_HASH)
-            idx = idx[go]
+        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``."""
+        out = np.empty(len(q), dtype=np.int64)
+        _table_get(self.keys, self.vals, self._shift, self.mask, q, out)
         return out
 
     def put_absent(self, q: np.ndarray, v: np.ndarray, live_hash: np.ndarray) -> np.ndarray:
         """Set ``q[i] -> v[i]`` for each key not held by a live entry (one whose value ``b`` has
-        ``live_hash[b] == key``; a stale entry of the key is overwritten), in one probe pass.
-        Keys distinct. Returns the bool mask of keys set."""
+        ``live_hash[b] == key``; a stale entry of the key is overwritten), in key order. Keys
+        distinct. Returns the bool mask of keys set. Raises RuntimeError if the table would
+        fill up (:class:`BlockPool` rebuilds it long before)."""
         n = len(q)
         new = np.zeros(n, dtype=bool)
         if n == 0:
             return new
         if self.count + n > self.size - 1:
-            raise RuntimeError("KeyTable full")  # BlockPool rebuilds long before this
-        keys, vals, mask = self.keys, self.vals, self.mask
-        if n <= SMALL_BATCH:  # scalar probes (see get_many)
-            for i, (key, val) in enumerate(zip(q.tolist(), v.tolist())):
-                new[i] = self._put_absent1(key, val, self._home1(key), live_hash)
-            return new
-        # round r probes the r-th slot of each unresolved key; ``pos`` maps this round's keys to
-        # their index in ``q`` (None in the first round: all of them, in order)
-        pos = None
-        slot = self._home(q)
-        qk, vk = q, v
-        while True:
-            k = keys[slot]
-            left = k != qk
-            if not left.all():  # the key's entry: keep it if live, else overwrite the stale one
-                si = np.flatnonzero(~left)
-                w = si[live_hash[vals[slot[si]]] != qk[si]]
-                if len(w):
-                    vals[slot[w]] = vk[w]
-                    new[w if pos is None else pos[w]] = True
-            e = np.flatnonzero(k == NO_HASH)
-            if len(e):
-                # several keys may reach one empty slot: the last write takes it (read back);
-                # the others find it taken by another key and probe on
-                se, qe = slot[e], qk[e]
-                keys[se] = qe
-                won = keys[se] == qe
-                w = e[won]
-                vals[se[won]] = vk[w]
-                new[w if pos is None else pos[w]] = True
-                self.count += len(w)
-                left[w] = False
-            li = np.flatnonzero(left)
-            if not len(li):
-                return new
-            slot = (slot[li] + 1) & mask
-            qk, vk = qk[li], vk[li]
-            pos = li if pos is None else pos[li]
-            if len(li) <= SMALL_BATCH:
-                for i, key, val, st in zip(pos.tolist(), qk.tolist(), vk.tolist(), slot.tolist()):
-                    new[i] = self._put_absent1(key, val, st, live_hash)
-                return new
+            raise RuntimeError("KeyTable full")
+        self.count += _table_put_absent(self.keys, self.vals, self._shift, self.mask, q, v,
+                                        live_hash, new)
+        return new
 
-    def _put_absent1(self, key: int, val: int, s: int, live_hash: np.ndarray) -> bool:
-        """Scalar :meth:`put_absent` of one key, probing from slot ``s``; True if set."""
-        keys, vals, mask = self.keys, self.vals, self.mask
+
+@numba.njit(cache=True, nogil=True)
+def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
+    """``out[i]`` = the value of ``q[i]`` in the table ``keys``/``vals``, -1 where absent."""
+    phi = np.uint64(0x9E3779B97F4A7C15)
+    sh = np.uint64(shift)
+    for i in range(q.shape[0]):
+        key = q[i]
+        s = np.int64((np.uint64(key) * phi) >> sh)
         while True:
-            k = int(keys[s])
+            k = keys[s]
             if k == key:
-                if int(live_hash[vals[s]]) != key:  # stale entry: replace
-                    vals[s] = val
-                    return True
-                return False
-            if k == _EMPTY:
-                keys[s] = key
-                vals[s] = val
-                self.count += 1
-                return True
+                out[i] = vals[s]
+                break
+            if k == NO_HASH:
+                out[i] = -1
+                break
             s = (s + 1) & mask
 
 
-_PHI = np.uint64(0x9E3779B97F4A7C15)
-_PHI_INT = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
+@numba.njit(cache=True, nogil=True)
+def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma: no cover
+    """:meth:`KeyTable.put_absent` on the arrays; returns the number of slots newly taken."""
+    phi = np.uint64(0x9E3779B97F4A7C15)
+    sh = np.uint64(shift)
+    taken = 0
+    for i in range(q.shape[0]):
+        key = q[i]
+        s = np.int64((np.uint64(key) * phi) >> sh)
+        while True:
+            k = keys[s]
+            if k == key:
+                if live_hash[vals[s]] != key:  # stale entry: replace
+                    vals[s] = v[i]
+                    new[i] = True
+                break
+            if k == NO_HASH:
+                keys[s] = key
+                vals[s] = v[i]
+                new[i] = True
+                taken += 1
+                break
+            s = (s + 1) & mask
+    return taken
+
+
 _EMPTY = int(NO_HASH)
 # prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
 # load stays <= 1/8 (most keys at their home slot), and a rebuild comes after about 2 x num_blocks
 # registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
 INDEX_SLOTS_PER_BLOCK = 16
 INDEX_LOAD_DIV = 8
-SMALL_BATCH = 8  # KeyTable: at most this many keys take the scalar path
+SMALL_BATCH = 8  # DictIndex and allocate: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
 

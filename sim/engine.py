@@ -42,7 +42,6 @@ from .tiers import DISK, GPU, HOST
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
 MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped
-AUTO_TABLE_BLOCKS = 256  # sim.prefix_index=auto: numpy table when mean prompt >= this many blocks
 STATUS_NAMES = {WAITING: "waiting", RUNNING: "running", FINISHED: "finished", REJECTED: "rejected",
                 ONBOARDING: "onboarding"}
 
@@ -154,7 +153,7 @@ class Simulator:
         cost_model: object with ``step_time(new_tokens, context_tokens, samples)``.
         max_model_len: longest accepted request (input + output tokens).
         recorder: metrics sink; check_invariants: verify pool invariants after every step.
-        prefix_index: ``dict`` | ``table`` | ``auto`` (see :class:`sim.block_pool.BlockPool`).
+        prefix_index: ``dict`` | ``table`` | ``auto`` (= ``table``; see :class:`sim.block_pool.BlockPool`).
         progress: a callable ``progress(n_done)`` or None.
     """
 
@@ -166,10 +165,8 @@ class Simulator:
         self.wl = workload
         self.B = int(block_size)
         if prefix_index == "auto":
-            # the numpy table wins once lookups and registrations span hundreds of blocks
-            # (measured crossover ~150-500 keys per call; sim/block_pool.py)
-            mean_in = float(np.mean(workload.input_tokens)) if len(workload) else 0.0
-            prefix_index = "table" if mean_in >= AUTO_TABLE_BLOCKS * self.B else "dict"
+            # the compiled table is faster than the dict at every batch size (sim/block_pool.py)
+            prefix_index = "table"
         self.prefix_index = prefix_index
         self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching, index=prefix_index)
         self.caching = bool(cache.enable_prefix_caching)
