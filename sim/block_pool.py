@@ -181,13 +181,109 @@ def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma:
     return taken
 
 
-_EMPTY = int(NO_HASH)
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
+    """Number of ``blocks`` with ref count 0."""
+    c = 0
+    for b in blocks:
+        if ref_cnt[b] == 0:
+            c += 1
+    return c
+
+
+@numba.njit(cache=True, nogil=True)
+def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled)
+    """:meth:`BlockPool.touch` on the arrays: returns (blocks taken off the free queue, of them
+    holding a hash)."""
+    n_free = 0
+    n_cached = 0
+    for b in blocks:
+        if ref_cnt[b] == 0:
+            free_seq[b] = -1
+            n_free += 1
+            if block_hash[b] != NO_HASH:
+                n_cached += 1
+        ref_cnt[b] += 1
+    return n_free, n_cached
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev):  # pragma: no cover
+    """Take the first ``len(out)`` valid free-queue entries from ``head`` (the caller checked
+    that many are free): ids into ``out``, ref count 1, their hashes cleared (``cached`` marks
+    those that held one, ``ev[:m]`` gets the hashes in order). Returns (new head, m)."""
+    n = out.shape[0]
+    i = 0
+    m = 0
+    while i < n:
+        b = q[head]
+        if free_seq[b] == qseq[head]:
+            out[i] = b
+            free_seq[b] = -1
+            ref_cnt[b] = 1
+            h = block_hash[b]
+            cached[i] = h != NO_HASH
+            if h != NO_HASH:
+                ev[m] = h
+                m += 1
+                block_hash[b] = NO_HASH
+            i += 1
+        head += 1
+    return head, m
+
+
+@numba.njit(cache=True, nogil=True)
+def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
+    """The first ``len(out)`` valid free-queue entries from ``head`` into ``out``."""
+    i = 0
+    while i < out.shape[0]:
+        b = q[head]
+        if free_seq[b] == qseq[head]:
+            out[i] = b
+            i += 1
+        head += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pragma: no cover
+    """:meth:`BlockPool.free` on the arrays (the queue has room for every block). Returns
+    (blocks released, of them holding a hash, -1) or, when a block has no reference to drop,
+    (0, 0, that block) with nothing changed."""
+    for j in range(blocks.shape[0]):
+        if ref_cnt[blocks[j]] <= 0:
+            return 0, 0, blocks[j]
+    # a block listed twice drops two references: check that it had them
+    for j in range(blocks.shape[0]):
+        ref_cnt[blocks[j]] -= 1
+    bad = -1
+    for j in range(blocks.shape[0]):
+        if ref_cnt[blocks[j]] < 0:
+            bad = blocks[j]
+    if bad >= 0:
+        for j in range(blocks.shape[0]):
+            ref_cnt[blocks[j]] += 1
+        return 0, 0, bad
+    k = 0
+    n_cached = 0
+    for j in range(blocks.shape[0]):
+        b = blocks[j]
+        if ref_cnt[b] == 0 and free_seq[b] == -1:
+            s = next_seq + k
+            free_seq[b] = s
+            q[tail + k] = b
+            qseq[tail + k] = s
+            k += 1
+            if block_hash[b] != NO_HASH:
+                n_cached += 1
+    return k, n_cached, -1
 # prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
 # load stays <= 1/8 (most keys at their home slot), and a rebuild comes after about 2 x num_blocks
 # registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
 INDEX_SLOTS_PER_BLOCK = 16
 INDEX_LOAD_DIV = 8
-SMALL_BATCH = 8  # DictIndex and allocate: at most this many keys take the scalar path
+SMALL_BATCH = 8  # DictIndex: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
 
@@ -334,19 +430,15 @@ class BlockPool:
         """How many of ``blocks`` are currently free (touching them consumes free capacity)."""
         if len(blocks) == 0:
             return 0
-        return int(np.count_nonzero(self.ref_cnt[blocks] == 0))
+        return int(_count_free(self.ref_cnt, blocks))
 
     def touch(self, blocks: np.ndarray) -> None:
         """Take hit blocks: remove the free ones from the free queue, ref count + 1."""
         if len(blocks) == 0:
             return
-        rc = self.ref_cnt[blocks]
-        was_free = blocks[rc == 0]
-        if len(was_free):
-            self.free_seq[was_free] = -1
-            self.num_free -= len(was_free)
-            self.num_cached_free -= int(np.count_nonzero(self.block_hash[was_free] != NO_HASH))
-        self.ref_cnt[blocks] = rc + 1
+        n_free, n_cached = _touch(self.ref_cnt, self.free_seq, self.block_hash, blocks)
+        self.num_free -= n_free
+        self.num_cached_free -= n_cached
 
     def allocate(self, n: int, return_evicted: bool = False):
         """Pop ``n`` blocks from the head of the free queue (LRU), evicting their cached hashes.
@@ -360,49 +452,22 @@ class BlockPool:
             return (e, np.empty(0, dtype=bool)) if return_evicted else e
         if n > self.num_free:
             raise PoolExhausted(f"asked for {n} blocks, {self.num_free} free")
-        if n <= SMALL_BATCH:
-            return self._allocate_small(n, return_evicted)
-        out, self._head = self._scan_free(n)
-        self.free_seq[out] = -1
-        self.ref_cnt[out] = 1
+        out = np.empty(n, dtype=np.int64)
+        cached = np.empty(n, dtype=bool)
+        ev = np.empty(n, dtype=np.int64)
+        self._head, m = _take_free(self._q, self._qseq, self.free_seq, self.ref_cnt,
+                                   self.block_hash, self._head, out, cached, ev)
         self.num_free -= n
-        h = self.block_hash[out]
-        cached = h != NO_HASH
-        if cached.any():
-            # clearing block_hash makes the block's index entry stale (lazy deletion)
-            self._note_evicted(h[cached])
-            self.block_hash[out] = NO_HASH
+        if m:
+            # clearing block_hash made the blocks' index entries stale (lazy deletion)
+            self._note_evicted(ev[:m])
         return (out, cached) if return_evicted else out
 
-    def _scan_free(self, n: int):
-        """The first ``n`` (<= num_free) valid entries of the free queue from its head, in
-        order, and the queue position after the last of them: ``(int64 ids, head)``."""
-        taken: list[np.ndarray] = []
-        need = n
-        head = self._head
-        while need > 0:
-            stop = min(head + max(2 * need, 64), self._tail)
-            qb = self._q[head:stop]
-            pos = np.flatnonzero(self.free_seq[qb] == self._qseq[head:stop])
-            if len(pos) >= need:
-                pos = pos[:need]
-                taken.append(qb[pos])
-                head = head + int(pos[-1]) + 1
-                need = 0
-            else:
-                if len(pos):
-                    taken.append(qb[pos])
-                need -= len(pos)
-                head = stop
-        if not taken:
-            return np.empty(0, dtype=np.int64), head
-        return (taken[0] if len(taken) == 1 else np.concatenate(taken)), head
-
-    def _note_evicted(self, keys) -> None:
-        """Bookkeeping of cached hashes evicted by an allocation (``keys``: list or int64 array,
-        in allocation order): the tier and memo logs, the cached-free and eviction counts."""
+    def _note_evicted(self, keys: np.ndarray) -> None:
+        """Bookkeeping of cached hashes evicted by an allocation (``keys``: int64 array, in
+        allocation order): the tier and memo logs, the cached-free and eviction counts."""
         if self.evict_log is not None or self.change_log is not None:
-            kl = keys if isinstance(keys, list) else keys.tolist()
+            kl = keys.tolist()
             if self.evict_log is not None:
                 self.evict_log.extend(kl)
             if self.change_log is not None:
@@ -413,59 +478,27 @@ class BlockPool:
     def peek_free(self, n: int) -> np.ndarray:
         """The ``n`` blocks :meth:`allocate` would take next, in order, without taking them
         (int64; fewer if fewer are free)."""
-        return self._scan_free(min(int(n), self.num_free))[0]
-
-    def _allocate_small(self, n: int, return_evicted: bool):
-        """:meth:`allocate` of a few blocks with scalar operations (decode steps allocate one
-        block at a time; ~20 vector operations cost more than the loop). Same result."""
-        q, qs, fs = self._q, self._qseq, self.free_seq
-        bh = self.block_hash
-        head = self._head
-        out = []
-        ev = []
-        evicted = []
-        while len(out) < n:
-            b = int(q[head])
-            if fs[b] == qs[head]:
-                out.append(b)
-                fs[b] = -1
-                self.ref_cnt[b] = 1
-                h = int(bh[b])
-                if h != _EMPTY:
-                    ev.append(h)
-                    bh[b] = NO_HASH  # its index entry is now stale (lazy deletion)
-                evicted.append(h != _EMPTY)
-            head += 1
-        self._head = head
-        self.num_free -= n
-        if ev:
-            self._note_evicted(ev)
-        arr = np.array(out, dtype=np.int64)
-        return (arr, np.array(evicted, dtype=bool)) if return_evicted else arr
+        out = np.empty(min(int(n), self.num_free), dtype=np.int64)
+        _peek_free(self._q, self._qseq, self.free_seq, self._head, out)
+        return out
 
     def free(self, blocks: np.ndarray) -> None:
         """Drop one reference to each of ``blocks``; those reaching 0 join the free-queue tail in
-        the given order (callers pass a finished request's table reversed, last block first)."""
+        the given order (callers pass a finished request's table reversed, last block first).
+        Raises RuntimeError (a double free) if a block has no reference left to drop; the pool
+        is then unchanged."""
         if len(blocks) == 0:
             return
-        rc = self.ref_cnt[blocks] - 1
-        if (rc < 0).any():
-            raise RuntimeError(f"double free of blocks {blocks[rc < 0][:8].tolist()}")
-        self.ref_cnt[blocks] = rc
-        released = blocks[rc == 0]
-        k = len(released)
-        if k == 0:
-            return
-        if self._tail + k > len(self._q):
-            self._compact(k)
-        seqs = np.arange(self._next_seq, self._next_seq + k, dtype=np.int64)
+        if self._tail + len(blocks) > len(self._q):
+            self._compact(len(blocks))
+        k, n_cached, bad = _free(self.ref_cnt, self.free_seq, self.block_hash, self._q, self._qseq,
+                                 self._tail, self._next_seq, blocks)
+        if bad >= 0:
+            raise RuntimeError(f"double free of block {bad}")
         self._next_seq += k
-        self.free_seq[released] = seqs
-        self._q[self._tail:self._tail + k] = released
-        self._qseq[self._tail:self._tail + k] = seqs
         self._tail += k
         self.num_free += k
-        self.num_cached_free += int(np.count_nonzero(self.block_hash[released] != NO_HASH))
+        self.num_cached_free += n_cached
 
     def _compact(self, extra: int) -> None:
         """Drop stale queue entries (amortised: runs when the queue array is full)."""

@@ -50,6 +50,14 @@ def test_touch_removes_from_free_queue_and_counts_refs():
     with pytest.raises(RuntimeError, match="double free"):
         pool.free(hit)
     pool.check()
+    # a block listed twice with one reference: refused, and the pool is left as it was
+    c = pool.allocate(2)
+    before = (pool.ref_cnt.copy(), pool.num_free, pool.free_queue_order().tolist())
+    with pytest.raises(RuntimeError, match=f"double free of block {c[0]}"):
+        pool.free(np.array([c[1], c[0], c[0]]))
+    assert pool.ref_cnt.tolist() == before[0].tolist() and pool.num_free == before[1]
+    assert pool.free_queue_order().tolist() == before[2]
+    pool.check(held_blocks=c)
 
 
 def test_lru_order_across_requests():
