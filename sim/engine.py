@@ -622,12 +622,11 @@ class Simulator:
         only about keys neither the GPU nor the host holds (C-level membership maps)."""
         tiers = self.tiers
         gpu_b = self.pool.cached_blocks(keys)
-        in_host = np.fromiter(tiers.host.contains_many(keys.tolist()), dtype=bool, count=len(keys))
+        in_host = tiers.host.contains_many(keys)
         code = np.where(gpu_b >= 0, GPU, np.where(in_host, HOST, -1)).astype(np.int8)
         rest = np.flatnonzero(code < 0)
         if tiers.disk is not None and len(rest):
-            on_disk = np.fromiter(tiers.disk.contains_many(keys[rest].tolist()), dtype=bool,
-                                  count=len(rest))
+            on_disk = tiers.disk.contains_many(keys[rest])
             code[rest[on_disk]] = DISK
         return gpu_b, code
 

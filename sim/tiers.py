@@ -31,9 +31,13 @@ from vendor sheets).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from itertools import filterfalse, islice, repeat
+from collections import OrderedDict
+from itertools import filterfalse
 
+import numba
+import numpy as np
+
+from .block_pool import NO_HASH
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .metrics import TransferLog
@@ -98,80 +102,227 @@ def cold_page_bytes(model, cache, codec) -> int:
 
 
 class LRUStore:
-    """Pages held by one tier, least recently used first. Capacity in pages (>= 0)."""
+    """Pages held by one tier, least recently used first. Capacity in pages (>= 0).
+
+    A doubly linked list of nodes (LRU at the head) and an open-addressing key -> node table
+    (linear probing, backward-shift deletion), in numpy arrays worked by compiled loops
+    (:func:`_lru_insert_many` and friends, numba); the arrays grow with the pages held, not with
+    the capacity. Keys are int64 page hashes (``sim.block_pool.NO_HASH`` is reserved)."""
 
     def __init__(self, capacity_pages: int):
         self.capacity = int(capacity_pages)
-        self._d: OrderedDict[int, None] = OrderedDict()
         self.peak = 0
+        # st: head node, tail node (most recent), pages held, free-node stack top
+        self._st = np.array([-1, -1, 0, 0], dtype=np.int64)
+        self._alloc(256)
+
+    def _alloc(self, nodes: int) -> None:
+        """(Re)size the node arrays to ``nodes`` and the table to >= 2 x nodes slots, keeping
+        the pages held and their order."""
+        order = self.lru_order() if hasattr(self, "_nkey") else np.empty(0, dtype=np.int64)
+        bits = max(10, int(2 * nodes - 1).bit_length())
+        self._hk = np.full(1 << bits, NO_HASH, dtype=np.int64)
+        self._hv = np.empty(1 << bits, dtype=np.int64)
+        self._mask = (1 << bits) - 1
+        self._shift = 64 - bits
+        self._nkey = np.empty(nodes, dtype=np.int64)
+        self._nprev = np.empty(nodes, dtype=np.int64)
+        self._nnext = np.empty(nodes, dtype=np.int64)
+        self._nfree = np.arange(nodes - 1, -1, -1, dtype=np.int64)  # a stack: node 0 on top
+        self._st[:] = (-1, -1, 0, nodes)
+        if len(order):
+            self._insert(order)
+
+    def _insert(self, keys: np.ndarray) -> np.ndarray:
+        if self._st[2] + len(keys) > len(self._nkey):
+            self._alloc(max(2 * len(self._nkey), int(self._st[2]) + len(keys)))
+        out = np.empty(len(keys) + 1, dtype=np.int64)
+        m = _lru_insert_many(self._hk, self._hv, self._mask, self._shift, self._nkey, self._nprev,
+                             self._nnext, self._nfree, self._st, self.capacity, keys, out)
+        if self._st[2] > self.peak:
+            self.peak = int(self._st[2])
+        return out[:m]
 
     def __contains__(self, key: int) -> bool:
-        return key in self._d
+        return bool(self.contains_many([key])[0])
 
     def __len__(self) -> int:
-        return len(self._d)
+        return int(self._st[2])
+
+    def lru_order(self) -> np.ndarray:
+        """The pages held, least recently used first (int64)."""
+        out = np.empty(int(self._st[2]), dtype=np.int64)
+        _lru_order(self._nkey, self._nnext, self._st, out)
+        return out
 
     def touch(self, key: int) -> None:
-        """Mark a held page most recently used."""
-        self._d.move_to_end(key)
+        """Mark a held page most recently used (KeyError if not held)."""
+        self.touch_many([key])
 
     def touch_many(self, keys: list[int]) -> None:
-        """Mark held pages most recently used, in order (the last ends most recent)."""
-        deque(map(self._d.move_to_end, keys), maxlen=0)
+        """Mark held pages most recently used, in order (the last ends most recent). KeyError
+        for a page not held (the pages before it were touched)."""
+        q = np.asarray(keys, dtype=np.int64)
+        bad = _lru_touch_many(self._hk, self._hv, self._mask, self._shift, self._nprev,
+                              self._nnext, self._st, q)
+        if bad >= 0:
+            raise KeyError(int(q[bad]))
 
-    def contains_many(self, keys: list[int]) -> list[bool]:
-        """Membership of each key (C-level map; no per-key Python frame)."""
-        return list(map(self._d.__contains__, keys))
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        """Membership of each key (``keys``: int64 array or list; bool array)."""
+        q = np.asarray(keys, dtype=np.int64)
+        out = np.empty(len(q), dtype=bool)
+        _lru_contains(self._hk, self._mask, self._shift, q, out)
+        return out
 
     def missing(self, keys: list[int]) -> list[int]:
-        """The keys not held, in order (C-level filter)."""
-        return list(filterfalse(self._d.__contains__, keys))
+        """The keys not held, in order."""
+        q = np.asarray(keys, dtype=np.int64)
+        out = np.empty(len(q), dtype=bool)
+        _lru_contains(self._hk, self._mask, self._shift, q, out)
+        return q[~out].tolist()
 
     def insert_many(self, keys: list[int]) -> list[int]:
-        """Insert pages in order; returns those evicted. Same result as one ``insert`` per key:
-        a batch's own pages are newer than everything already held, so older pages go first."""
-        d = self._d
+        """Insert pages in order (a held page is refreshed: it moves to the most recent end),
+        then evict the least recently used pages beyond the capacity; returns those evicted, in
+        eviction order. Same result as one :meth:`insert` per key: a batch's own pages are
+        newer than everything already held, so older pages go first."""
         if self.capacity <= 0:
             return list(keys)
-        if len(set(keys)) == len(keys):
-            # every batch key ends at the MRU end in batch order: the same order as one insert
-            # per key, with C-level calls (new keys are appended in order by the update; held
-            # ones must be moved, which re-orders the whole batch)
-            n0 = len(d)
-            d.update(zip(keys, repeat(None)))
-            if len(d) - n0 != len(keys):
-                deque(map(d.move_to_end, keys), maxlen=0)
-        else:
-            for k in keys:
-                if k in d:
-                    d.move_to_end(k)
-                else:
-                    d[k] = None
-        out = []
-        extra = len(d) - self.capacity
-        if extra > 0:
-            # the ``extra`` least recently used keys, then their removal (C-level passes)
-            out = list(islice(d, extra))
-            deque(map(d.pop, out), maxlen=0)
-        if len(d) > self.peak:
-            self.peak = len(d)
-        return out
+        if not len(keys):
+            return []
+        return self._insert(np.asarray(keys, dtype=np.int64)).tolist()
 
     def insert(self, key: int) -> list[int]:
         """Insert (or refresh) a page; returns the pages evicted to make room."""
-        d = self._d
-        if key in d:
-            d.move_to_end(key)
-            return []
-        if self.capacity <= 0:
-            return [key]
-        out = []
-        while len(d) >= self.capacity:
-            out.append(d.popitem(last=False)[0])
-        d[key] = None
-        if len(d) > self.peak:
-            self.peak = len(d)
-        return out
+        return self.insert_many([key])
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot_of(hk, mask, shift, key):  # pragma: no cover (compiled)
+    """Table slot holding ``key``, or -1."""
+    s = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+    while True:
+        k = hk[s]
+        if k == key:
+            return s
+        if k == NO_HASH:
+            return -1
+        s = (s + 1) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
+    """Empty slot ``s``, shifting back the entries after it whose probe run crosses it."""
+    j = s
+    while True:
+        j = (j + 1) & mask
+        k = hk[j]
+        if k == NO_HASH:
+            break
+        home = np.int64((np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+        # the entry at j may move to s unless its home lies cyclically in (s, j]
+        if s <= j:
+            stays = s < home <= j
+        else:
+            stays = home > s or home <= j
+        if not stays:
+            hk[s] = k
+            hv[s] = hv[j]
+            s = j
+    hk[s] = NO_HASH
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_unlink(nprev, nnext, st, n):  # pragma: no cover (compiled)
+    p = nprev[n]
+    q = nnext[n]
+    if p >= 0:
+        nnext[p] = q
+    else:
+        st[0] = q
+    if q >= 0:
+        nprev[q] = p
+    else:
+        st[1] = p
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_append(nprev, nnext, st, n):  # pragma: no cover (compiled)
+    t = st[1]
+    nprev[n] = t
+    nnext[n] = -1
+    if t >= 0:
+        nnext[t] = n
+    else:
+        st[0] = n
+    st[1] = n
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, keys, out):  # pragma: no cover
+    """:meth:`LRUStore.insert_many` on the arrays (the node arrays have room for every key):
+    the evicted pages into ``out``; returns how many."""
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        s = _slot_of(hk, mask, shift, key)
+        if s >= 0:
+            n = hv[s]
+            _lru_unlink(nprev, nnext, st, n)
+            _lru_append(nprev, nnext, st, n)
+            continue
+        st[3] -= 1
+        n = nfree[st[3]]
+        nkey[n] = key
+        _lru_append(nprev, nnext, st, n)
+        s = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+        while hk[s] != NO_HASH:
+            s = (s + 1) & mask
+        hk[s] = key
+        hv[s] = n
+        st[2] += 1
+    m = 0
+    while st[2] > cap:
+        n = st[0]
+        _lru_unlink(nprev, nnext, st, n)
+        key = nkey[n]
+        _table_delete(hk, hv, mask, shift, _slot_of(hk, mask, shift, key))
+        nfree[st[3]] = n
+        st[3] += 1
+        st[2] -= 1
+        out[m] = key
+        m += 1
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_touch_many(hk, hv, mask, shift, nprev, nnext, st, keys):  # pragma: no cover (compiled)
+    """Move each held key to the most recent end, in order; the index of the first key not
+    held (the touching stops there), or -1."""
+    for i in range(keys.shape[0]):
+        s = _slot_of(hk, mask, shift, keys[i])
+        if s < 0:
+            return i
+        n = hv[s]
+        _lru_unlink(nprev, nnext, st, n)
+        _lru_append(nprev, nnext, st, n)
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_contains(hk, mask, shift, keys, out):  # pragma: no cover (compiled)
+    for i in range(keys.shape[0]):
+        out[i] = _slot_of(hk, mask, shift, keys[i]) >= 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _lru_order(nkey, nnext, st, out):  # pragma: no cover (compiled)
+    n = st[0]
+    i = 0
+    while n >= 0:
+        out[i] = nkey[n]
+        i += 1
+        n = nnext[n]
 
 
 class ARCStore:
@@ -198,10 +349,10 @@ class ARCStore:
         t1, t2 = self.t1, self.t2
         return [k for k in keys if not (k in t1 or k in t2)]
 
-    def contains_many(self, keys: list[int]) -> list[bool]:
-        """Membership of each key in T1 or T2."""
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        """Membership of each key in T1 or T2 (``keys``: int64 array; bool array)."""
         t1, t2 = self.t1, self.t2
-        return [k in t1 or k in t2 for k in keys]
+        return np.fromiter((k in t1 or k in t2 for k in keys.tolist()), dtype=bool, count=len(keys))
 
     def insert_many(self, keys: list[int]) -> list[int]:
         """Insert pages in order; returns those evicted."""

@@ -223,8 +223,76 @@ def test_lru_insert_many_equals_one_insert_per_key(batches, cap):
                     ref[k] = None
             want = [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
         assert got == want
-        assert list(s._d) == list(ref)
+        assert s.lru_order().tolist() == list(ref)
         assert s.missing(list(range(31))) == [k for k in range(31) if k not in ref]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(-(1 << 62), 1 << 62) | st.integers(0, 700),
+                                                  max_size=400)), max_size=12),
+       st.integers(1, 900))
+def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
+    """The compiled LRU store (node arrays and table grow past their first 256 nodes; evictions
+    delete from the table with backward shifts) against an OrderedDict: inserts (held keys
+    refreshed) and touches of held keys give the same evictions, order and membership."""
+    from collections import OrderedDict
+
+    s = LRUStore(cap)
+    ref: OrderedDict[int, None] = OrderedDict()
+    seen: list[int] = []
+    for is_touch, keys in ops:
+        if is_touch:
+            held = [k for k in keys if k in ref] or list(ref)[:3]
+            s.touch_many(held)
+            for k in held:
+                ref.move_to_end(k)
+        else:
+            got = s.insert_many(keys)
+            for k in keys:
+                if k in ref:
+                    ref.move_to_end(k)
+                else:
+                    ref[k] = None
+            want = [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+            assert got == want
+            seen.extend(keys)
+        assert s.lru_order().tolist() == list(ref)
+        assert len(s) == len(ref)
+        probe = seen[-500:] + [5, 1 << 40]
+        assert s.missing(probe) == [k for k in probe if k not in ref]
+    with pytest.raises(KeyError):
+        s.touch_many([k for k in range(-5, 0) if k not in ref][:1] or [-(1 << 63) + 1])
+
+
+def test_lru_store_long_random_run_matches_an_ordered_dict():
+    """20,000 batched inserts and touches on a store at its capacity (every insert evicts, so the
+    table deletes and shifts entries back all the time) against an OrderedDict."""
+    from collections import OrderedDict
+
+    rng = np.random.default_rng(7)
+    cap = 300
+    s = LRUStore(cap)
+    ref: OrderedDict[int, None] = OrderedDict()
+    universe = rng.integers(-(1 << 62), 1 << 62, size=1500)
+    for it in range(2000):
+        keys = universe[rng.integers(0, len(universe), size=int(rng.integers(1, 20)))].tolist()
+        if it % 5 == 4:
+            held = [k for k in keys if k in ref]
+            s.touch_many(held)
+            for k in held:
+                ref.move_to_end(k)
+            continue
+        got = s.insert_many(keys)
+        for k in keys:
+            if k in ref:
+                ref.move_to_end(k)
+            else:
+                ref[k] = None
+        assert got == [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+        if it % 50 == 0:
+            assert s.lru_order().tolist() == list(ref)
+            assert s.contains_many(universe).tolist() == [k in ref for k in universe.tolist()]
+    assert s.lru_order().tolist() == list(ref)
 
 
 @pytest.mark.parametrize("extra", [
