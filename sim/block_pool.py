@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from itertools import repeat
 
-import numba
 import numpy as np
+
+from .jit import kernel
 
 NO_HASH = np.iinfo(np.int64).min
 
@@ -136,7 +137,7 @@ class KeyTable:
         return new
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8, i8, i8[:], i8[:])")
 def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
     """``out[i]`` = the value of ``q[i]`` in the table ``keys``/``vals``, -1 where absent."""
     phi = np.uint64(0x9E3779B97F4A7C15)
@@ -155,7 +156,7 @@ def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
             s = (s + 1) & mask
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], b1[:])")
 def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma: no cover
     """:meth:`KeyTable.put_absent` on the arrays; returns the number of slots newly taken."""
     phi = np.uint64(0x9E3779B97F4A7C15)
@@ -183,7 +184,7 @@ def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma:
 
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("i8(i4[:], i8[:])")
 def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
     """Number of ``blocks`` with ref count 0."""
     c = 0
@@ -193,7 +194,7 @@ def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
     return c
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("UniTuple(i8, 2)(i4[:], i8[:], i8[:], i8[:])")
 def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled)
     """:meth:`BlockPool.touch` on the arrays: returns (blocks taken off the free queue, of them
     holding a hash)."""
@@ -209,7 +210,7 @@ def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled
     return n_free, n_cached
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:])")
 def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev):  # pragma: no cover
     """Take the first ``len(out)`` valid free-queue entries from ``head`` (the caller checked
     that many are free): ids into ``out``, ref count 1, their hashes cleared (``cached`` marks
@@ -234,7 +235,7 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev):  
     return head, m
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8[:], i8, i8[:])")
 def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
     """The first ``len(out)`` valid free-queue entries from ``head`` into ``out``."""
     i = 0
@@ -246,7 +247,7 @@ def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
         head += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("UniTuple(i8, 3)(i4[:], i8[:], i8[:], i8[:], i8[:], i8, i8, i8[:])")
 def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pragma: no cover
     """:meth:`BlockPool.free` on the arrays (the queue has room for every block). Returns
     (blocks released, of them holding a hash, -1) or, when a block has no reference to drop,

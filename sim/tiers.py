@@ -34,12 +34,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from itertools import filterfalse
 
-import numba
 import numpy as np
 
 from .block_pool import NO_HASH
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
+from .jit import kernel
 from .metrics import TransferLog
 
 CODECS = ("identity", "fp8", "nvfp4")
@@ -198,7 +198,7 @@ class LRUStore:
         return self.insert_many([key])
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("i8(i8[:], i8, i8, i8)")
 def _slot_of(hk, mask, shift, key):  # pragma: no cover (compiled)
     """Table slot holding ``key``, or -1."""
     s = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
@@ -211,7 +211,7 @@ def _slot_of(hk, mask, shift, key):  # pragma: no cover (compiled)
         s = (s + 1) & mask
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8, i8, i8)")
 def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
     """Empty slot ``s``, shifting back the entries after it whose probe run crosses it."""
     j = s
@@ -233,7 +233,7 @@ def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
     hk[s] = NO_HASH
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8[:], i8)")
 def _lru_unlink(nprev, nnext, st, n):  # pragma: no cover (compiled)
     p = nprev[n]
     q = nnext[n]
@@ -247,7 +247,7 @@ def _lru_unlink(nprev, nnext, st, n):  # pragma: no cover (compiled)
         st[1] = p
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8[:], i8)")
 def _lru_append(nprev, nnext, st, n):  # pragma: no cover (compiled)
     t = st[1]
     nprev[n] = t
@@ -259,7 +259,7 @@ def _lru_append(nprev, nnext, st, n):  # pragma: no cover (compiled)
     st[1] = n
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:], i8[:], i8, i8[:], i8[:])")
 def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, keys, out):  # pragma: no cover
     """:meth:`LRUStore.insert_many` on the arrays (the node arrays have room for every key):
     the evicted pages into ``out``; returns how many."""
@@ -295,7 +295,7 @@ def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, ke
     return m
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
 def _lru_touch_many(hk, hv, mask, shift, nprev, nnext, st, keys):  # pragma: no cover (compiled)
     """Move each held key to the most recent end, in order; the index of the first key not
     held (the touching stops there), or -1."""
@@ -309,13 +309,13 @@ def _lru_touch_many(hk, hv, mask, shift, nprev, nnext, st, keys):  # pragma: no 
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8, i8, i8[:], b1[:])")
 def _lru_contains(hk, mask, shift, keys, out):  # pragma: no cover (compiled)
     for i in range(keys.shape[0]):
         out[i] = _slot_of(hk, mask, shift, keys[i]) >= 0
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("void(i8[:], i8[:], i8[:], i8[:])")
 def _lru_order(nkey, nnext, st, out):  # pragma: no cover (compiled)
     n = st[0]
     i = 0

@@ -222,3 +222,35 @@ def test_put_absent_batch_paths_agree_with_a_reference(backend, n):
         live[rng.integers(0, 200, size=10)] = NO_HASH
         probe = np.array(sorted(ref), dtype=np.int64)
         assert t.get_many(probe).tolist() == [ref[k] for k in probe.tolist()]
+
+
+def test_kernel_compiles_without_the_cache_when_no_location_is_writable(monkeypatch):
+    """A read-only install with no writable home: numba refuses ``cache=True`` ("cannot cache
+    function ... no locator available"); the kernel is compiled without the cache instead of
+    the import failing. Any other error still propagates."""
+    import numba
+
+    import sim.jit
+
+    real = numba.njit
+    calls = []
+
+    def njit(sig, cache=False, nogil=False, _msg="cannot cache function 'f': no locator available"):
+        calls.append(cache)
+        if cache:
+            def refuse(fn):
+                raise RuntimeError(_msg)
+            return refuse
+        return real(sig, cache=False, nogil=nogil)
+
+    monkeypatch.setattr(sim.jit.numba, "njit", njit)
+
+    @sim.jit.kernel("i8(i8)")
+    def plus_one(x):
+        return x + 1
+
+    assert plus_one(41) == 42 and calls == [True, False]
+    monkeypatch.setattr(sim.jit.numba, "njit",
+                        lambda sig, cache=False, nogil=False: njit(sig, cache, nogil, _msg="other"))
+    with pytest.raises(RuntimeError, match="other"):
+        sim.jit.kernel("i8(i8)")(lambda x: x)
