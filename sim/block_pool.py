@@ -105,7 +105,7 @@ class KeyTable:
         self.size = 1 << self.bits
         self.mask = self.size - 1
         self.keys = np.full(self.size, NO_HASH, dtype=np.int64)
-        self.vals = np.full(self.size, -1, dtype=np.int64)
+        self.vals = np.empty(self.size, dtype=np.int64)  # read only where ``keys`` holds a key
         self.count = 0
         self._shift = 64 - self.bits
 
@@ -280,10 +280,10 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
                 n_cached += 1
     return k, n_cached, -1
 # prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
-# load stays <= 1/8 (most keys at their home slot), and a rebuild comes after about 2 x num_blocks
+# load stays <= 1/4, and a rebuild (which drops stale entries) comes after about 3 x num_blocks
 # registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
 INDEX_SLOTS_PER_BLOCK = 16
-INDEX_LOAD_DIV = 8
+INDEX_LOAD_DIV = 4
 SMALL_BATCH = 8  # DictIndex: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
