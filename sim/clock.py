@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .jit import kernel
+
 
 def exact_delays(now: float, end: float) -> tuple[float, ...]:
     """Timeout delays (seconds, one or two) that take the clock from ``now`` to exactly ``end``
@@ -25,3 +29,20 @@ def exact_delays(now: float, end: float) -> tuple[float, ...]:
         if now + (m - now) == m and m + (end - m) == end:
             return (m - now, end - m)
     raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
+
+
+def step_ends(start: float, durs: np.ndarray) -> np.ndarray:
+    """End times (s) of consecutive steps of ``durs`` seconds from ``start``: ``start + d0``,
+    ``start + d0 + d1``, ... added one at a time, left to right (the values the per-step loop
+    reaches; equal bit for bit to ``np.cumsum(np.concatenate(([start], durs)))[1:]``). Shape
+    ``durs.shape`` (float64, 1-d)."""
+    out = np.empty(len(durs), dtype=np.float64)
+    _step_ends(float(start), np.asarray(durs, dtype=np.float64), out)
+    return out
+
+
+@kernel("void(f8, f8[:], f8[:])")
+def _step_ends(t, durs, out):  # pragma: no cover (compiled)
+    for i in range(durs.shape[0]):
+        t = t + durs[i]
+        out[i] = t

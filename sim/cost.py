@@ -35,6 +35,7 @@ import numpy as np
 
 from .hardware import (full_attention_layers, kv_bytes_per_token, kv_dtype_bytes, weight_bytes,
                        window_kv_bytes_per_token)
+from .jit import kernel
 
 
 class AnalyticCostModel:
@@ -122,6 +123,15 @@ class AnalyticCostModel:
         if shift and self.win_layers:
             raise ValueError("decode_step_times: a context shift needs per-request contexts "
                              "with sliding-window layers")
+        if not self.win_layers:
+            # the same float64 operations in the same order, one compiled loop over the steps
+            b = len(ctx0)
+            out = np.empty(k, dtype=np.float64)
+            _dense_decode_times(float(np.sum(ctx0, dtype=np.float64)), b, first, float(shift),
+                                self.attn_flops_per_pair, float(self.full_layers), self.kv_tok,
+                                self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu,
+                                self.overhead + self.linear_time(b, b), out)
+            return out
         b, s, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         pairs = sum_c + b  # sum over requests of (1 x c + 1)
         flops = pairs * self.attn_flops_per_pair * self.full_layers
@@ -154,6 +164,20 @@ class AnalyticCostModel:
         """Which model produced each cost term (for the run's ``summary.json``): all analytic."""
         return {"kind": "analytic", "file": None, "calibrated": [], "analytic_fallback": [],
                 "fallback_reasons": {}}
+
+
+@kernel("void(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8, f8[:])")
+def _dense_decode_times(sum0, b, first, shift, apf, layers, kv_tok, flops_s, bytes_s, fixed,
+                        out):  # pragma: no cover (compiled)
+    """:meth:`AnalyticCostModel.decode_step_times` without sliding-window layers, step by step:
+    the numpy expression's float64 operations in its order (``fixed`` = overhead + linear
+    time, ``flops_s`` = peak FLOP/s x attention efficiency, ``bytes_s`` = HBM B/s x MBU), so
+    the same bits."""
+    for i in range(out.shape[0]):
+        pairs = ((sum0 + float(first + i) * b) + shift) + b
+        a = pairs * apf * layers / flops_s
+        m = pairs * kv_tok / bytes_s
+        out[i] = fixed + (a if a >= m else m)
 
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "gpu_validation" / "calibrations"

@@ -35,7 +35,7 @@ import numpy as np
 import simpy
 
 from .block_pool import NO_HASH, BlockPool
-from .clock import exact_delays
+from .clock import exact_delays, step_ends
 from .keys import block_keys
 from .metrics import Recorder
 from .tiers import DISK, GPU, HOST
@@ -930,11 +930,11 @@ class Simulator:
         k_try = min(k, 64)
         durs = self.cost.decode_step_times(ctx0, k_try)
         durs[0] += extra_first  # round costs charged to this step
-        cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
+        cum = step_ends(env.now, durs)
         if k_try < k and cum[-1] < t_next:
             durs = self.cost.decode_step_times(ctx0, k)
             durs[0] += extra_first
-            cum = np.cumsum(np.concatenate(([env.now], durs)))[1:]
+            cum = step_ends(env.now, durs)
         else:
             k = k_try
         if t_next != float("inf"):
@@ -1223,7 +1223,7 @@ class Simulator:
                 d[0] = admitted[0]  # the admission step: the scheduler's batch
             else:
                 d[0] += carry  # round costs charged to the segment's first step
-            c = np.cumsum(np.concatenate(([last], d)))[1:]
+            c = step_ends(last, d)
             # new blocks of steps seg..hi (nxt >= seg >= 1; step 1's were allocated by the
             # scheduler, so nxt >= 2), request-major; the free blocks bound the stretch first
             # (arrivals are passed only inside the steps it keeps)

@@ -206,3 +206,41 @@ def test_calibration_of_another_gpu_is_rejected():
     naming both devices, not a silent mismatch."""
     with pytest.raises(ConfigError, match=r"h200\.json was measured on NVIDIA H200, but gpu=RTX-4090"):
         model_of(cfg("gpu=rtx4090", "cost.file=gpu_validation/calibrations/h200.json"))
+
+
+@pytest.mark.parametrize("model", ["qwen3_8b", "llama3_1_8b", "deepseek_v3"])
+def test_compiled_decode_step_times_equal_the_numpy_formula_bit_for_bit(model):
+    """The compiled loop behind AnalyticCostModel.decode_step_times (no sliding-window layers)
+    gives the numpy expression's bits: the fast-forward's step ends must not move."""
+    c = cfg(f"model={model}")
+    m = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    assert not m.win_layers
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        b = int(rng.integers(1, 300))
+        ctx0 = rng.integers(0, 200_000, size=b)
+        k, first, shift = int(rng.integers(1, 600)), int(rng.integers(0, 5)), int(rng.integers(-5000, 5000))
+        # the numpy expression (AnalyticCostModel before the compiled loop)
+        s = np.arange(first, first + k, dtype=np.float64)
+        sum_c = float(np.sum(ctx0, dtype=np.float64)) + s * b
+        if shift:
+            sum_c = sum_c + float(shift)
+        pairs = sum_c + b
+        flops = pairs * m.attn_flops_per_pair * m.full_layers
+        bytes_ = pairs * m.kv_tok
+        attn = np.maximum(flops / (m.peak_flops * m.attn_eff), bytes_ / (m.hbm_bw * m.mbu))
+        want = m.overhead + m.linear_time(b, b) + attn
+        got = m.decode_step_times(ctx0, k, first, shift)
+        assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+
+
+def test_step_ends_equal_numpy_cumsum_bit_for_bit():
+    """sim.clock.step_ends (compiled) adds the step durations one at a time as np.cumsum does."""
+    from sim.clock import step_ends
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        start = float(rng.uniform(0, 1e5))
+        durs = rng.uniform(1e-4, 0.5, size=int(rng.integers(1, 700)))
+        want = np.cumsum(np.concatenate(([start], durs)))[1:]
+        assert step_ends(start, durs).tobytes() == want.tobytes()
