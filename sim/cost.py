@@ -89,7 +89,17 @@ class AnalyticCostModel:
         return max(flops / (self.peak_flops * self.mfu), self.weight_bytes / (self.hbm_bw * self.mbu))
 
     def attention_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """Attention time for chunks of ``new_tokens`` after ``context_tokens`` each (s)."""
+        """Attention time for chunks of ``new_tokens`` after ``context_tokens`` each (s).
+        ``new_tokens``, ``context_tokens``: integer arrays of one length (tokens)."""
+        if not self.win_layers and new_tokens.dtype == np.int64 and context_tokens.dtype == np.int64:
+            # every term is an integer, so the float sums below are exact (below 2**53) in any
+            # order: one compiled pass sums them as integers and gives the same bits
+            pairs_i, c_i, n_i = _attention_sums(new_tokens, context_tokens)
+            if max(pairs_i, c_i, n_i) < _EXACT:
+                flops = float(pairs_i) * self.attn_flops_per_pair * self.full_layers
+                bytes_ = float(c_i) * self.kv_tok + float(n_i) * self.kv_tok
+                return max(flops / (self.peak_flops * self.attn_eff),
+                           bytes_ / (self.hbm_bw * self.mbu))
         n = new_tokens.astype(np.float64)
         c = context_tokens.astype(np.float64)
         pairs_full = float((n * c + n * (n + 1) / 2).sum())
@@ -164,6 +174,23 @@ class AnalyticCostModel:
         """Which model produced each cost term (for the run's ``summary.json``): all analytic."""
         return {"kind": "analytic", "file": None, "calibrated": [], "analytic_fallback": [],
                 "fallback_reasons": {}}
+
+
+_EXACT = 1 << 53  # float64 holds every integer below this
+
+
+@kernel("UniTuple(i8, 3)(i8[:], i8[:])")
+def _attention_sums(n, c):  # pragma: no cover (compiled)
+    """``(sum n_i c_i + n_i (n_i + 1) / 2, sum c_i, sum n_i)`` in int64 (query-key pairs,
+    context tokens, new tokens of a step's chunks)."""
+    pairs = 0
+    cs = 0
+    ns = 0
+    for i in range(n.shape[0]):
+        pairs += n[i] * c[i] + n[i] * (n[i] + 1) // 2
+        cs += c[i]
+        ns += n[i]
+    return pairs, cs, ns
 
 
 @kernel("void(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8, f8[:])")

@@ -244,3 +244,22 @@ def test_step_ends_equal_numpy_cumsum_bit_for_bit():
         durs = rng.uniform(1e-4, 0.5, size=int(rng.integers(1, 700)))
         want = np.cumsum(np.concatenate(([start], durs)))[1:]
         assert step_ends(start, durs).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("model", ["qwen3_8b", "llama3_1_70b"])
+def test_compiled_attention_time_equals_the_numpy_formula_bit_for_bit(model):
+    """AnalyticCostModel.attention_time sums its integer terms in one compiled pass: the same
+    bits as the float64 numpy sums (exact below 2**53), for decode batches and prefill chunks."""
+    c = cfg(f"model={model}")
+    m = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        b = int(rng.integers(1, 400))
+        n = np.where(rng.random(b) < 0.9, 1, rng.integers(1, 8193, size=b)).astype(np.int64)
+        ctx = rng.integers(0, 300_000, size=b).astype(np.int64)
+        nf, cf = n.astype(np.float64), ctx.astype(np.float64)
+        flops = float((nf * cf + nf * (nf + 1) / 2).sum()) * m.attn_flops_per_pair * m.full_layers
+        bytes_ = float(cf.sum()) * m.kv_tok + float(nf.sum()) * m.kv_tok
+        want = max(flops / (m.peak_flops * m.attn_eff), bytes_ / (m.hbm_bw * m.mbu))
+        assert m.attention_time(n, ctx) == want
+        assert m.attention_time(n[::-1], ctx[::-1]) == m.attention_time(n, ctx)  # strided views
