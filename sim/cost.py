@@ -128,7 +128,8 @@ class AnalyticCostModel:
         steps returned are ``first .. first + k - 1``; ``shift`` (tokens) is added to the batch's
         context sum (a compression round between steps changed some contexts; needs a model
         without sliding-window layers, else ValueError). Same formulas as :meth:`step_time`,
-        vectorised over steps. Returns shape ``(k,)``.
+        computed for all steps at once (a compiled loop without sliding-window layers, numpy with
+        them). Returns shape ``(k,)``.
         """
         if shift and self.win_layers:
             raise ValueError("decode_step_times: a context shift needs per-request contexts "

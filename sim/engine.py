@@ -619,7 +619,7 @@ class Simulator:
     def _locate(self, keys: np.ndarray):
         """Where each of ``keys`` is served from: ``(GPU block id or -1, code)`` arrays, code
         GPU, HOST, DISK (the fastest tier holding it) or -1 (held nowhere). The disk is asked
-        only about keys neither the GPU nor the host holds (C-level membership maps)."""
+        only about keys neither the GPU nor the host holds (compiled membership lookups)."""
         tiers = self.tiers
         gpu_b = self.pool.cached_blocks(keys)
         in_host = tiers.host.contains_many(keys)
