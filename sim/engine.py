@@ -204,7 +204,7 @@ class Simulator:
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
         self._hit_memo = None  # (request, gen, max_hit, walk state, result); tiers only
-        self._hit_keys = None  # (request, its keys array, max_hit, {key: block index})
+        self._hit_keys = None  # [request, its keys array, max_hit, {key: block index} or None]
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
@@ -593,10 +593,14 @@ class Simulator:
         pool_log = self.pool.change_log
         kp = self._hit_keys  # the head's key -> block index, kept across its re-walks
         if kp is None or kp[0] is not req or kp[1] is not req.keys or kp[2] != max_hit:
-            keys = req.keys[:max_hit].tolist()
-            kp = self._hit_keys = (req, req.keys, max_hit, dict(zip(keys, range(len(keys)))))
-        pos_of = kp[3]
+            kp = self._hit_keys = [req, req.keys, max_hit, None]  # the index: built when needed
         if memo is not None and memo[0] is req and memo[1] == req.gen and memo[2] == max_hit:
+            if not pool_log and not tiers.change_log:
+                return memo[4]
+            pos_of = kp[3]
+            if pos_of is None:
+                keys = req.keys[:max_hit].tolist()
+                pos_of = kp[3] = dict(zip(keys, range(len(keys))))
             changed = set(filter(pos_of.__contains__, pool_log))
             changed.update(filter(pos_of.__contains__, tiers.change_log))
             pool_log.clear()
