@@ -137,48 +137,49 @@ class KeyTable:
         return new
 
 
+@kernel("i8(i8, i8)")
+def _home(key, shift):  # pragma: no cover (compiled)
+    """Home slot of ``key`` in a table of ``2 ** (64 - shift)`` slots (Fibonacci hashing: the
+    top bits of key x 2^64/phi, wrapping uint64 product)."""
+    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+
+
+@kernel("i8(i8[:], i8, i8, i8)")
+def _probe(keys, mask, shift, key):  # pragma: no cover (compiled)
+    """The slot of ``key`` in the open-addressing table ``keys`` (linear probing from its
+    :func:`_home`), or the empty slot where it would go."""
+    s = _home(key, shift)
+    while True:
+        k = keys[s]
+        if k == key or k == NO_HASH:
+            return s
+        s = (s + 1) & mask
+
+
 @kernel("void(i8[:], i8[:], i8, i8, i8[:], i8[:])")
 def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
     """``out[i]`` = the value of ``q[i]`` in the table ``keys``/``vals``, -1 where absent."""
-    phi = np.uint64(0x9E3779B97F4A7C15)
-    sh = np.uint64(shift)
     for i in range(q.shape[0]):
-        key = q[i]
-        s = np.int64((np.uint64(key) * phi) >> sh)
-        while True:
-            k = keys[s]
-            if k == key:
-                out[i] = vals[s]
-                break
-            if k == NO_HASH:
-                out[i] = -1
-                break
-            s = (s + 1) & mask
+        s = _probe(keys, mask, shift, q[i])
+        out[i] = vals[s] if keys[s] == q[i] else -1
 
 
 @kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], b1[:])")
 def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma: no cover
     """:meth:`KeyTable.put_absent` on the arrays; returns the number of slots newly taken."""
-    phi = np.uint64(0x9E3779B97F4A7C15)
-    sh = np.uint64(shift)
     taken = 0
     for i in range(q.shape[0]):
         key = q[i]
-        s = np.int64((np.uint64(key) * phi) >> sh)
-        while True:
-            k = keys[s]
-            if k == key:
-                if live_hash[vals[s]] != key:  # stale entry: replace
-                    vals[s] = v[i]
-                    new[i] = True
-                break
-            if k == NO_HASH:
-                keys[s] = key
+        s = _probe(keys, mask, shift, key)
+        if keys[s] == key:
+            if live_hash[vals[s]] != key:  # stale entry: replace
                 vals[s] = v[i]
                 new[i] = True
-                taken += 1
-                break
-            s = (s + 1) & mask
+        else:
+            keys[s] = key
+            vals[s] = v[i]
+            new[i] = True
+            taken += 1
     return taken
 
 

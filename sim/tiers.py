@@ -36,7 +36,7 @@ from itertools import filterfalse
 
 import numpy as np
 
-from .block_pool import NO_HASH
+from .block_pool import NO_HASH, _home, _probe
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .jit import kernel
@@ -201,14 +201,8 @@ class LRUStore:
 @kernel("i8(i8[:], i8, i8, i8)")
 def _slot_of(hk, mask, shift, key):  # pragma: no cover (compiled)
     """Table slot holding ``key``, or -1."""
-    s = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
-    while True:
-        k = hk[s]
-        if k == key:
-            return s
-        if k == NO_HASH:
-            return -1
-        s = (s + 1) & mask
+    s = _probe(hk, mask, shift, key)
+    return s if hk[s] == key else -1
 
 
 @kernel("void(i8[:], i8[:], i8, i8, i8)")
@@ -220,7 +214,7 @@ def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
         k = hk[j]
         if k == NO_HASH:
             break
-        home = np.int64((np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
+        home = _home(k, shift)
         # the entry at j may move to s unless its home lies cyclically in (s, j]
         if s <= j:
             stays = s < home <= j
@@ -275,9 +269,7 @@ def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, ke
         n = nfree[st[3]]
         nkey[n] = key
         _lru_append(nprev, nnext, st, n)
-        s = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
-        while hk[s] != NO_HASH:
-            s = (s + 1) & mask
+        s = _probe(hk, mask, shift, key)  # the empty slot (the key is not held)
         hk[s] = key
         hv[s] = n
         st[2] += 1

@@ -202,6 +202,17 @@ def test_fast_forward_equals_per_step_with_tiers(tmp_path, write_policy):
     assert sa["engine_steps"] == sb["engine_steps"]
 
 
+def _lru_reference_insert(ref, keys, cap: int) -> list:
+    """Insert ``keys`` into the OrderedDict ``ref`` one at a time (a held key moves to the most
+    recent end), then evict beyond ``cap``: the pages evicted, in order (the LRU stores' rule)."""
+    for k in keys:
+        if k in ref:
+            ref.move_to_end(k)
+        else:
+            ref[k] = None
+    return [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=15), st.integers(0, 12))
 def test_lru_insert_many_equals_one_insert_per_key(batches, cap):
@@ -213,15 +224,7 @@ def test_lru_insert_many_equals_one_insert_per_key(batches, cap):
     ref: OrderedDict[int, None] = OrderedDict()
     for keys in batches:
         got = s.insert_many(keys)
-        if cap <= 0:
-            want = list(keys)
-        else:
-            for k in keys:
-                if k in ref:
-                    ref.move_to_end(k)
-                else:
-                    ref[k] = None
-            want = [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+        want = list(keys) if cap <= 0 else _lru_reference_insert(ref, keys, cap)
         assert got == want
         assert s.lru_order().tolist() == list(ref)
         assert s.missing(list(range(31))) == [k for k in range(31) if k not in ref]
@@ -247,14 +250,7 @@ def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
             for k in held:
                 ref.move_to_end(k)
         else:
-            got = s.insert_many(keys)
-            for k in keys:
-                if k in ref:
-                    ref.move_to_end(k)
-                else:
-                    ref[k] = None
-            want = [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
-            assert got == want
+            assert s.insert_many(keys) == _lru_reference_insert(ref, keys, cap)
             seen.extend(keys)
         assert s.lru_order().tolist() == list(ref)
         assert len(s) == len(ref)
@@ -282,13 +278,7 @@ def test_lru_store_long_random_run_matches_an_ordered_dict():
             for k in held:
                 ref.move_to_end(k)
             continue
-        got = s.insert_many(keys)
-        for k in keys:
-            if k in ref:
-                ref.move_to_end(k)
-            else:
-                ref[k] = None
-        assert got == [ref.popitem(last=False)[0] for _ in range(max(0, len(ref) - cap))]
+        assert s.insert_many(keys) == _lru_reference_insert(ref, keys, cap)
         if it % 50 == 0:
             assert s.lru_order().tolist() == list(ref)
             assert s.contains_many(universe).tolist() == [k in ref for k in universe.tolist()]
