@@ -13,8 +13,9 @@ from __future__ import annotations
 import numba
 
 
-def kernel(signature: str):
-    """Decorator: ``numba.njit(signature, cache=True, nogil=True)``, without ``cache`` when
+def kernel(signature):
+    """Decorator: ``numba.njit(signature, cache=True, nogil=True)`` (``signature``: a numba
+    signature string or object), without ``cache`` when
     numba finds no writable cache location (it raises RuntimeError "cannot cache function")."""
 
     def wrap(fn):

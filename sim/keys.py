@@ -23,7 +23,11 @@ Keys are exact 64-bit integers, collision-free by construction (no hashing neede
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+
+from .block_pool import _home
+from .jit import kernel
 
 MAX_BLOCKS_PER_REQUEST = 1 << 24
 
@@ -57,3 +61,45 @@ def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: i
             off = e - j * G
             keys[:n_id] = np.asarray(ids, dtype=np.int64)[j] * (G + 1) + off
     return keys
+
+
+def first_repeated_id(offsets: np.ndarray, values: np.ndarray) -> tuple[int, int]:
+    """The first request whose prefix ids repeat an id: ``(row, id)``, or ``(-1, 0)`` if none
+    does. ``offsets``: int64 ``[N + 1]`` into ``values`` (int64), as
+    ``Workload.prefix_offsets() / prefix_values()``. Trace ids are prefix-chained (the module
+    docstring), so one id names one prefix and cannot appear twice in a request; a repeat would
+    give two of its blocks one key. One compiled pass, O(ids)."""
+    off = np.ascontiguousarray(offsets, dtype=np.int64).view()
+    val = np.ascontiguousarray(values, dtype=np.int64).view()
+    if len(off) < 2 or len(val) == 0:
+        return -1, 0
+    off.flags.writeable = val.flags.writeable = False  # one compiled signature (Arrow's are read-only)
+    longest = int(np.max(np.diff(off)))
+    bits = max(4, (2 * longest - 1).bit_length())
+    row, x = _first_repeat(off, val, bits)
+    return int(row), int(x)
+
+
+_RO_I8 = numba.types.Array(numba.types.int64, 1, "C", readonly=True)
+
+
+@kernel(numba.types.UniTuple(numba.types.int64, 2)(_RO_I8, _RO_I8, numba.types.int64))
+def _first_repeat(off, val, bits):  # pragma: no cover (compiled)
+    size = 1 << bits
+    mask = size - 1
+    shift = 64 - bits
+    keys = np.empty(size, dtype=np.int64)
+    owner = np.full(size, -1, dtype=np.int64)  # the row whose id a slot holds (-1: none yet)
+    for r in range(off.shape[0] - 1):
+        for j in range(off[r], off[r + 1]):
+            x = val[j]
+            s = _home(x, shift)
+            while True:
+                if owner[s] != r:  # empty for this row
+                    owner[s] = r
+                    keys[s] = x
+                    break
+                if keys[s] == x:
+                    return r, x
+                s = (s + 1) & mask
+    return -1, 0

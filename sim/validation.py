@@ -281,16 +281,29 @@ def validate_config(cfg) -> None:
 
 
 def validate_workload(cfg, workload) -> None:
-    """Checks that need the workload: a policy that protects the prompt with a total budget
-    (h2o, tova with ``policy.protect_prompt=true``) cannot serve a prompt longer than
-    ``policy.budget``. Requests the engine rejects at arrival anyway (``input + output >
+    """Checks that need the workload: no request repeats a prefix id (TraceError naming the
+    file, the request and the id: trace ids are prefix-chained, see :mod:`sim.keys`); a policy
+    that protects the prompt with a total budget (h2o, tova with ``policy.protect_prompt=true``)
+    cannot serve a prompt longer than ``policy.budget``. Requests the engine rejects at arrival anyway (``input + output >
     model.max_model_len``) are not counted. Raises ConfigError naming the request, its prompt
     length and the field."""
     import numpy as np
 
     from policies import ImportanceParams, PolicyConfig
     from policies.registry import POLICIES
+    from traces import TraceError
 
+    from .keys import first_repeated_id
+
+    row, rid = first_repeated_id(workload.prefix_offsets(), workload.prefix_values())
+    if row >= 0:
+        raise TraceError(
+            "prefix ids repeat within a request", path=workload.source,
+            where=f"request {int(workload.request_id[row])} (session {int(workload.session_id[row])}, "
+                  f"turn {int(workload.turn[row])})",
+            field="prefix ids", found=f"id {rid} twice",
+            expected="prefix-chained ids: each names a distinct prefix, so no id appears twice in "
+                     "one request")
     pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
     if pc.name not in POLICIES or pc.name == "full" or len(workload) == 0:
         return

@@ -245,9 +245,14 @@ def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
     (["trace.max_requests=50", "sim.max_sim_time_s=1"],
      r"kvsim: error: sim\.max_sim_time_s=1\.0: the simulated clock passed it at t=[0-9.]+ s with \d+ of 50 "
      r"requests done"),
-], ids=["bad-trace", "bad-block-size", "unknown-trace", "sim-time-limit"])
+    # break-it pass: a request repeating a prefix id gave two of its blocks one key (both the
+    # pool's counts and the results were wrong, silently)
+    (["trace.path={repeat}"], r"kvsim: error: .*mooncake_repeated_id\.jsonl request 1 \(session 1, "
+                              r"turn 0\), field 'prefix ids': prefix ids repeat within a request, found id 0 twice"),
+], ids=["bad-trace", "bad-block-size", "unknown-trace", "sim-time-limit", "repeated-prefix-id"])
 def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
-    o = [x.format(bad=BAD / "mooncake_many_bad.jsonl") for x in overrides]
+    o = [x.format(bad=BAD / "mooncake_many_bad.jsonl", repeat=BAD / "mooncake_repeated_id.jsonl")
+         for x in overrides]
     r = _kvsim(tmp_path / "r", *o)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr
