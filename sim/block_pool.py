@@ -90,7 +90,8 @@ class DictIndex:
 class KeyTable:
     """Hash table int64 key -> int64 value in numpy arrays (open addressing, linear probing,
     Fibonacci hashing: the top bits of key x 2^64/phi), probed by compiled loops
-    (:func:`_table_get`, :func:`_table_put_absent`, numba) a whole array of keys per call.
+    (:func:`_probe`, :func:`_table_get`, :func:`_table_put_absent`, numba) a whole array of keys
+    per call.
 
     Args:
         min_size: the table gets at least this many slots (rounded up to a power of two).
@@ -116,7 +117,7 @@ class KeyTable:
         return int(out[0])
 
     def get_many(self, q: np.ndarray) -> np.ndarray:
-        """Value of each key in ``q`` (int64 array), -1 where absent. Shape ``q.shape``."""
+        """Value of each key in ``q`` (1-d int64 array), -1 where absent. Shape ``(len(q),)``."""
         out = np.empty(len(q), dtype=np.int64)
         _table_get(self.keys, self.vals, self._shift, self.mask, q, out)
         return out
