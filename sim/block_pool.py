@@ -184,8 +184,6 @@ def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma:
     return taken
 
 
-
-
 @kernel("i8(i4[:], i8[:])")
 def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
     """Number of ``blocks`` with ref count 0."""
@@ -252,27 +250,19 @@ def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
 @kernel("UniTuple(i8, 3)(i4[:], i8[:], i8[:], i8[:], i8[:], i8, i8, i8[:])")
 def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pragma: no cover
     """:meth:`BlockPool.free` on the arrays (the queue has room for every block). Returns
-    (blocks released, of them holding a hash, -1) or, when a block has no reference to drop,
-    (0, 0, that block) with nothing changed."""
-    for j in range(blocks.shape[0]):
-        if ref_cnt[blocks[j]] <= 0:
-            return 0, 0, blocks[j]
-    # a block listed twice drops two references: check that it had them
+    (blocks released, of them holding a hash, -1) or, when a block has no reference left to drop
+    (a block listed twice drops two), (0, 0, that block) with nothing changed."""
     for j in range(blocks.shape[0]):
         ref_cnt[blocks[j]] -= 1
-    bad = -1
-    for j in range(blocks.shape[0]):
         if ref_cnt[blocks[j]] < 0:
-            bad = blocks[j]
-    if bad >= 0:
-        for j in range(blocks.shape[0]):
-            ref_cnt[blocks[j]] += 1
-        return 0, 0, bad
+            for i in range(j + 1):  # undo
+                ref_cnt[blocks[i]] += 1
+            return 0, 0, blocks[j]
     k = 0
     n_cached = 0
     for j in range(blocks.shape[0]):
         b = blocks[j]
-        if ref_cnt[b] == 0 and free_seq[b] == -1:
+        if ref_cnt[b] == 0 and free_seq[b] == -1:  # (a block listed twice joins once)
             s = next_seq + k
             free_seq[b] = s
             q[tail + k] = b
@@ -281,6 +271,8 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
             if block_hash[b] != NO_HASH:
                 n_cached += 1
     return k, n_cached, -1
+
+
 # prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
 # load stays <= 1/4, and a rebuild (which drops stale entries) comes after about 3 x num_blocks
 # registrations. 16 bytes per slot: 16 MB for 50,000 blocks.

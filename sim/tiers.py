@@ -114,12 +114,11 @@ class LRUStore:
         self.peak = 0
         # st: head node, tail node (most recent), pages held, free-node stack top
         self._st = np.array([-1, -1, 0, 0], dtype=np.int64)
-        self._alloc(256)
+        self._alloc(256, np.empty(0, dtype=np.int64))
 
-    def _alloc(self, nodes: int) -> None:
-        """(Re)size the node arrays to ``nodes`` and the table to >= 2 x nodes slots, keeping
-        the pages held and their order."""
-        order = self.lru_order() if hasattr(self, "_nkey") else np.empty(0, dtype=np.int64)
+    def _alloc(self, nodes: int, order: np.ndarray) -> None:
+        """(Re)size the node arrays to ``nodes`` and the table to >= 2 x nodes slots, holding
+        the pages ``order`` (least recently used first)."""
         bits = max(10, int(2 * nodes - 1).bit_length())
         self._hk = np.full(1 << bits, NO_HASH, dtype=np.int64)
         self._hv = np.empty(1 << bits, dtype=np.int64)
@@ -135,8 +134,8 @@ class LRUStore:
 
     def _insert(self, keys: np.ndarray) -> np.ndarray:
         if self._st[2] + len(keys) > len(self._nkey):
-            self._alloc(max(2 * len(self._nkey), int(self._st[2]) + len(keys)))
-        out = np.empty(len(keys) + 1, dtype=np.int64)
+            self._alloc(max(2 * len(self._nkey), int(self._st[2]) + len(keys)), self.lru_order())
+        out = np.empty(len(keys), dtype=np.int64)  # at most the batch is evicted (held <= cap)
         m = _lru_insert_many(self._hk, self._hv, self._mask, self._shift, self._nkey, self._nprev,
                              self._nnext, self._nfree, self._st, self.capacity, keys, out)
         if self._st[2] > self.peak:
@@ -253,23 +252,27 @@ def _lru_append(nprev, nnext, st, n):  # pragma: no cover (compiled)
     st[1] = n
 
 
+@kernel("void(i8[:], i8[:], i8[:], i8)")
+def _lru_move_to_end(nprev, nnext, st, n):  # pragma: no cover (compiled)
+    """Make node ``n`` the most recently used."""
+    _lru_unlink(nprev, nnext, st, n)
+    _lru_append(nprev, nnext, st, n)
+
+
 @kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:], i8[:], i8, i8[:], i8[:])")
 def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, keys, out):  # pragma: no cover
     """:meth:`LRUStore.insert_many` on the arrays (the node arrays have room for every key):
     the evicted pages into ``out``; returns how many."""
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _slot_of(hk, mask, shift, key)
-        if s >= 0:
-            n = hv[s]
-            _lru_unlink(nprev, nnext, st, n)
-            _lru_append(nprev, nnext, st, n)
+        s = _probe(hk, mask, shift, key)
+        if hk[s] == key:  # held: refresh
+            _lru_move_to_end(nprev, nnext, st, hv[s])
             continue
-        st[3] -= 1
+        st[3] -= 1  # a free node, into the empty slot the probe ended at
         n = nfree[st[3]]
         nkey[n] = key
         _lru_append(nprev, nnext, st, n)
-        s = _probe(hk, mask, shift, key)  # the empty slot (the key is not held)
         hk[s] = key
         hv[s] = n
         st[2] += 1
@@ -295,9 +298,7 @@ def _lru_touch_many(hk, hv, mask, shift, nprev, nnext, st, keys):  # pragma: no 
         s = _slot_of(hk, mask, shift, keys[i])
         if s < 0:
             return i
-        n = hv[s]
-        _lru_unlink(nprev, nnext, st, n)
-        _lru_append(nprev, nnext, st, n)
+        _lru_move_to_end(nprev, nnext, st, hv[s])
     return -1
 
 

@@ -284,9 +284,9 @@ def validate_workload(cfg, workload) -> None:
     """Checks that need the workload: no request repeats a prefix id (TraceError naming the
     file, the request and the id: trace ids are prefix-chained, see :mod:`sim.keys`); a policy
     that protects the prompt with a total budget (h2o, tova with ``policy.protect_prompt=true``)
-    cannot serve a prompt longer than ``policy.budget``. Requests the engine rejects at arrival anyway (``input + output >
-    model.max_model_len``) are not counted. Raises ConfigError naming the request, its prompt
-    length and the field."""
+    cannot serve a prompt longer than ``policy.budget`` (requests the engine rejects at arrival
+    anyway, ``input + output > model.max_model_len``, are not counted; ConfigError naming the
+    request, its prompt length and the field)."""
     import numpy as np
 
     from policies import ImportanceParams, PolicyConfig
