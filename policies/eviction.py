@@ -34,6 +34,8 @@ from typing import Optional
 
 import numpy as np
 
+from sim.jit import kernel
+
 from .config import MODES, PolicyConfig
 
 
@@ -104,27 +106,58 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     if score.shape[0] > TOPK_ROWS_BY_PARTITION:
         return cand & (_rank_desc(score, cand) < k[:, None])
     # few rows: per row, a partition finds the k-th largest candidate score; every candidate
-    # above it is kept, and of those equal to it the lowest slots (the stable sort's tie order)
+    # above it is kept, and of those equal to it the lowest slots (the stable sort's tie order);
+    # one compiled pass per row (_topk_row)
+    if score.dtype != np.float32 and score.dtype != np.float64:
+        score = score.astype(np.float64)  # exact and order-preserving for the scores used
+    elif not score.flags.writeable:  # a broadcast view: the kernel takes writable arrays
+        score = score.copy()
     out = np.zeros(score.shape, dtype=bool)
     for h in range(score.shape[0]):
-        c = np.flatnonzero(cand[h])
-        kk = int(k[h])
-        v = score[h, c]
-        if v.dtype != np.float32:  # float32 -> float64 is exact and order-preserving: skipped
-            v = v.astype(np.float64)
-        if not np.isfinite(v).all():  # an infinite candidate score ties with non-candidates
+        if _topk_row(score[h], cand[h], int(k[h]), out[h]) < 0:
+            # an infinite candidate score ties with non-candidates
             return cand & (_rank_desc(score, cand) < k[:, None])
-        if len(c) <= kk:
-            out[h, c] = True
-            continue
-        if kk == 0:
-            continue
-        thr = np.partition(v, len(v) - kk)[len(v) - kk]
-        above = v > thr
-        ties = np.flatnonzero(v == thr)[:kk - int(np.count_nonzero(above))]
-        out[h, c[above]] = True
-        out[h, c[ties]] = True
     return out
+
+
+@kernel(["i8(f4[:], b1[:], i8, b1[:])", "i8(f8[:], b1[:], i8, b1[:])"])
+def _topk_row(score, cand, k, out):  # pragma: no cover (compiled)
+    """One row of :func:`topk_mask`: sets ``out`` True on the ``k`` candidates with the largest
+    scores, ties to the lowest slots; returns the candidates kept, or -1 (``out`` untouched) if
+    a candidate's score is not finite."""
+    n = 0
+    for i in range(score.shape[0]):
+        if cand[i]:
+            if not np.isfinite(score[i]):
+                return -1
+            n += 1
+    if n <= k:
+        for i in range(score.shape[0]):
+            if cand[i]:
+                out[i] = True
+        return n
+    if k <= 0:
+        return 0
+    v = np.empty(n, dtype=score.dtype)
+    j = 0
+    for i in range(score.shape[0]):
+        if cand[i]:
+            v[j] = score[i]
+            j += 1
+    thr = np.partition(v, n - k)[n - k]
+    ties = k
+    for j in range(n):
+        if v[j] > thr:
+            ties -= 1
+    for i in range(score.shape[0]):
+        if cand[i]:
+            x = score[i]
+            if x > thr:
+                out[i] = True
+            elif x == thr and ties > 0:
+                out[i] = True
+                ties -= 1
+    return k
 
 
 def recent_mask(pos: np.ndarray, cand: np.ndarray, k) -> np.ndarray:

@@ -31,6 +31,8 @@ from typing import Optional
 
 import numpy as np
 
+from sim.jit import kernel
+
 from .config import ImportanceParams, validate_importance_params
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -105,7 +107,36 @@ def _gauss_from(h, parts) -> np.ndarray:
         h2 = _mix(h ^ (np.uint64(2) + _GOLD))
     u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
     u2 = ((h2 >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+    return _box_muller(u1, u2)
+
+
+def _box_muller(u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
+    """Standard normal deviates from uniforms in (0, 1) (float64 arrays of one shape)."""
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+@kernel("u8(u8)")
+def _mix_c(x):  # pragma: no cover (compiled)
+    """:func:`_mix` on one uint64 (compiled)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+@kernel("void(u8[:], i8, f8[:, :, :])")
+def _index_uniforms(h0, lo, out):  # pragma: no cover (compiled)
+    """The two uniforms of :func:`_gauss_from` for the hash states ``h0`` (one per row) folded
+    with the indices ``lo, lo + 1, ...``: ``out[0, r, j]`` and ``out[1, r, j]`` for index
+    ``lo + j`` (the same wrapping uint64 arithmetic and float conversion)."""
+    for r in range(h0.shape[0]):
+        for j in range(out.shape[2]):
+            h = _mix_c(h0[r] ^ (np.uint64(lo + j) + _GOLD))
+            h1 = _mix_c(h ^ (np.uint64(1) + _GOLD))
+            h2 = _mix_c(h ^ (np.uint64(2) + _GOLD))
+            out[0, r, j] = (np.float64(h1 >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+            out[1, r, j] = (np.float64(h2 >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
 class ImportanceModel:
@@ -172,10 +203,13 @@ class ImportanceModel:
         index), so neither the memo nor the grouping of streams changes a value). ``room``: points
         to add beyond ``need`` when the array is (re)built."""
         def deviates(have: int, n: int) -> np.ndarray:
-            # each stream's chain up to the index, folded with Python ints
+            # each stream's chain up to the index, folded with Python ints; the rest of the
+            # chain and the uniforms compiled (integer work), the Box-Muller transform in numpy
             h0 = np.array([_hash_prefix((self.seed, key, s, epoch))[0] for s in streams],
-                          dtype=np.uint64)[:, None]
-            return _gauss_from(h0, (np.arange(have, n, dtype=np.int64)[None, :],))
+                          dtype=np.uint64)
+            u = np.empty((2, len(streams), n - have), dtype=np.float64)
+            _index_uniforms(h0, have, u)
+            return _box_muller(u[0], u[1])
 
         return self._prefix((key, streams, epoch), need, room, 256, deviates)
 
@@ -221,17 +255,25 @@ class ImportanceModel:
             return z.astype(np.int64), z.astype(np.int64), z, z, z, 0
         if hi is None:
             hi = int(pos.max()) + 1
+        tab = self._ip_table(hi)
+        ii = np.take(tab[0], pos, axis=1)
+        ff = np.take(tab[1], pos, axis=1)
+        return ii[0], ii[1], ff[0], ff[1], ff[2], int(tab[0][1, hi - 1]) + 1
+
+    def _ip_table(self, hi: int) -> tuple:
+        """The interpolation tables over positions ``0..>= hi-1`` (grown by doubling):
+        ``(int64[2, N]`` rows i0, i0 + 1; ``float64[3, N]`` rows t, 1 - t, sqrt((1 - t)^2 + t^2))``
+        with ``x = position / L``, ``i0 = floor(x)``, ``t = x - i0``. Needs L > 1."""
         tab = self._ip_tab
         if tab is None or tab[0].shape[1] < hi:
+            L = float(self.params.correlation_length)
             n = max(hi, 2 * tab[0].shape[1] if tab is not None else 4096)
             x = np.arange(n, dtype=np.int64) / L
             i0 = np.floor(x).astype(np.int64)
             t = x - i0
             omt = 1.0 - t
             tab = self._ip_tab = (np.stack([i0, i0 + 1]), np.stack([t, omt, np.sqrt(omt ** 2 + t ** 2)]))
-        ii = np.take(tab[0], pos, axis=1)
-        ff = np.take(tab[1], pos, axis=1)
-        return ii[0], ii[1], ff[0], ff[1], ff[2], int(tab[0][1, hi - 1]) + 1
+        return tab
 
     def _field(self, key: int, streams: tuple, epoch: int, pos: np.ndarray, ip) -> np.ndarray:
         """Unit-variance Gaussian fields with correlation length L over positions, one row per
@@ -257,14 +299,17 @@ class ImportanceModel:
             return f if scale == 1.0 else scale * f
         if hi is None:
             hi = int(pos.max()) + 1 if pos.size else 0
+        return np.take(self._static_arr(key, streams, scale, hi), pos, axis=1)
 
+    def _static_arr(self, key: int, streams: tuple, scale: float, hi: int) -> np.ndarray:
+        """The memo of :meth:`_static` (interpolated fields only): ``scale x`` the static field
+        of each stream at every position ``0..>= hi-1`` (``float64[len(streams), >= hi]``)."""
         def field(have: int, n: int) -> np.ndarray:
             new = np.arange(have, n, dtype=np.int64)
             ext = self._field(key, streams, _STATIC, new, self._interp(new))
             return ext if scale == 1.0 else scale * ext
 
-        arr = self._prefix((key, streams, "static", scale), hi, 0, 1024, field)
-        return np.take(arr, pos, axis=1)
+        return self._prefix((key, streams, "static", scale), hi, 0, 1024, field)
 
     def _drift(self, key: int, streams: tuple, epoch: int, ip, c: float, s: float) -> np.ndarray:
         """``c F_epoch + s F_(epoch+1)`` of each stream (the drifting part of :meth:`_stream`,
@@ -274,8 +319,16 @@ class ImportanceModel:
         (rows: epoch at i, epoch + 1 at i, epoch at i + 1, epoch + 1 at i + 1), so one gather
         serves both fields; the arithmetic per element is :meth:`_field`'s."""
         i0, i1, t, omt, den, need = ip
-        p = self.params
         S = len(streams)
+        g = np.take(self._drift_arr(key, streams, epoch, need), i0, axis=1)
+        f = (omt * g[:2 * S] + t * g[2 * S:]) / den
+        return c * f[:S] + s * f[S:]
+
+    def _drift_arr(self, key: int, streams: tuple, epoch: int, need: int) -> np.ndarray:
+        """The memo of :meth:`_drift`: ``float64[4 x len(streams), >= need - 1]``, rows the
+        lattices of ``epoch`` and ``epoch + 1`` at each point, then at its right neighbour
+        (``need``: lattice points the positions asked for need)."""
+        p = self.params
         mk = (key, streams, "drift", epoch)
         arr = self._memo.get(mk)
         if arr is None or arr.shape[1] < need - 1:
@@ -289,9 +342,7 @@ class ImportanceModel:
             arr = self._remember(mk, np.concatenate([a[:, :w], b[:, :w], a[:, 1:w + 1], b[:, 1:w + 1]]))
         else:
             self._memo.move_to_end(mk)
-        g = np.take(arr, i0, axis=1)
-        f = (omt * g[:2 * S] + t * g[2 * S:]) / den
-        return c * f[:S] + s * f[S:]
+        return arr
 
     def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip,
                 hi: Optional[int] = None) -> np.ndarray:
@@ -332,6 +383,10 @@ class ImportanceModel:
 
     def group_sigma(self, request_key: int, num_groups: int) -> np.ndarray:
         """``float64[num_groups]``: per-group sigma (mean-one lognormal spread around ``sigma``)."""
+        return self._sigma(request_key, num_groups).copy()
+
+    def _sigma(self, request_key: int, num_groups: int) -> np.ndarray:
+        """:meth:`group_sigma` without the copy (the memo's array: not to be written)."""
         p = self.params
         if p.sigma_spread <= 0:
             return np.full(num_groups, p.sigma, dtype=np.float64)
@@ -343,7 +398,7 @@ class ImportanceModel:
             if len(self._sigma_memo) >= self.MEMO_ENTRIES:
                 self._sigma_memo.clear()
             self._sigma_memo[mk] = sig
-        return sig.copy()
+        return sig
 
     def scores(self, request_key: int, positions, num_groups: int, step: int = 0,
                seq_len: Optional[int] = None) -> np.ndarray:
@@ -368,31 +423,107 @@ class ImportanceModel:
         return self._scores(request_key, pos, num_groups, step, hi if seq_len is None else seq_len, hi)
 
     def _scores(self, request_key: int, pos: np.ndarray, num_groups: int, step: int,
-                seq_len: int, hi: Optional[int] = None) -> np.ndarray:
+                seq_len: int, hi: Optional[int] = None, lo: int = 0) -> np.ndarray:
         """:meth:`scores` without its checks: ``pos`` a non-empty ``int64[n]`` of positions >= 0;
-        ``hi``: ``max(pos) + 1`` if the caller knows it.
+        ``hi``: ``max(pos) + 1`` if the caller knows it; ``lo``: a lower bound of ``pos``.
 
         The recency term ``log(1 + recency_boost exp(-age / recency_window))`` is read from a
         table over every age (grown by doubling, the same elementwise arithmetic); sink tokens
-        get theirs computed with the boost."""
+        get theirs computed with the boost. With interpolated, drifting, partly shared fields
+        and no sink position (the defaults, past the prompt) one compiled pass
+        (:func:`_fused_logs`) computes the log-scores from the memos; the exponential stays in
+        numpy, so both ways give the same bits."""
         p = self.params
+        if hi is None:
+            hi = int(pos.max()) + 1
+        if self._fused and (p.sink_tokens <= lo or int(pos.min()) >= p.sink_tokens):
+            return np.exp(self._logs_fused(request_key, pos, num_groups, step, int(seq_len), hi)
+                          ).astype(np.float32)
         z = self.latent(request_key, pos, num_groups, step, hi)
-        sig = self.group_sigma(request_key, num_groups)[:, None]
+        sig = self._sigma(request_key, num_groups)[:, None]
         logs = sig * z
         age = np.maximum(seq_len - 1 - pos, 0)
-        top = int(seq_len)
-        tab = self._lm_tab
-        if tab is None or tab.size < top:
-            n = max(top, 2 * tab.size if tab is not None else 4096)
-            a = np.arange(n, dtype=np.int64).astype(np.float64)
-            tab = self._lm_tab = np.log(1.0 + p.recency_boost * np.exp(-a / p.recency_window))
-        lm = np.take(tab, age)
+        lm = np.take(self._lm_table(int(seq_len)), age)
         if p.sink_tokens > 0 and int(pos.min()) < p.sink_tokens:
             sk = pos < p.sink_tokens
             a = age[sk].astype(np.float64)
             lm[sk] = np.log((1.0 + p.recency_boost * np.exp(-a / p.recency_window)) * p.sink_boost)
         logs = logs + lm[None, :]
         return np.exp(np.clip(logs, -80.0, 80.0)).astype(np.float32)
+
+    @property
+    def _fused(self) -> bool:
+        """Whether :meth:`_logs_fused` applies: interpolated fields (L > 1), drift in (0, 1]
+        with a period, head correlation in (0, 1)."""
+        p = self.params
+        return (float(p.correlation_length) > 1.0 and 0.0 < p.drift <= 1.0 and p.drift_period > 0
+                and 0.0 < p.head_correlation < 1.0)
+
+    def _lm_table(self, top: int) -> np.ndarray:
+        """``log(1 + recency_boost exp(-age / recency_window))`` at every age ``0..>= top-1``
+        (``float64``, grown by doubling)."""
+        p = self.params
+        tab = self._lm_tab
+        if tab is None or tab.size < top:
+            n = max(top, 2 * tab.size if tab is not None else 4096)
+            a = np.arange(n, dtype=np.int64).astype(np.float64)
+            tab = self._lm_tab = np.log(1.0 + p.recency_boost * np.exp(-a / p.recency_window))
+        return tab
+
+    def _logs_fused(self, request_key: int, pos: np.ndarray, num_groups: int, step: int,
+                    seq_len: int, hi: int) -> np.ndarray:
+        """The clipped log-scores ``float64[num_groups, n]`` of :meth:`_scores` (no sink
+        position; :attr:`_fused` holds) in one compiled pass over the memos: the same
+        elementwise arithmetic, in the same order, as :meth:`latent` and :meth:`_scores`."""
+        p = self.params
+        rho = float(p.head_correlation)
+        tab = self._ip_table(hi)
+        need = int(tab[0][1, hi - 1]) + 1
+        streams = (_SHARED,) + tuple(range(num_groups))
+        e, r = divmod(int(step), int(p.drift_period))
+        th = 0.5 * math.pi * r / p.drift_period
+        dr = self._drift_arr(request_key, streams, e, need)
+        st = self._static_arr(request_key, streams, math.sqrt(1.0 - p.drift), hi)
+        out = np.empty((num_groups, len(pos)), dtype=np.float64)
+        _fused_logs(pos, tab[0], tab[1], st, dr, math.cos(th), math.sin(th), math.sqrt(p.drift),
+                    math.sqrt(rho), math.sqrt(1.0 - rho), self._sigma(request_key, num_groups),
+                    self._lm_table(seq_len), seq_len, out)
+        return out
+
+
+@kernel("void(i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8, f8, f8, f8, f8, f8[:], f8[:], "
+        "i8, f8[:, :])")
+def _fused_logs(pos, ip_i, ip_f, static, drift, c, s, sd, a, b, sig, lm, seq_len, out):  # pragma: no cover
+    """Per position ``pos[j]`` and group ``g``: ``clip(sig[g] z_g + lm[age], -80, 80)`` into
+    ``out[g, j]``, with ``z_g = a Z_0 + b Z_(g+1)`` and stream ``Z_r = static[r, p] + sd (c F_e
+    + s F_(e+1))``, each field interpolated from ``drift`` (rows: epoch e, epoch e + 1 at the
+    lattice point, then at its right neighbour; ``ImportanceModel._drift_arr``) with the terms of
+    ``ip_i`` / ``ip_f`` (``ImportanceModel._ip_table``)."""
+    S = static.shape[0]
+    for j in range(pos.shape[0]):
+        p = pos[j]
+        i0 = ip_i[0, p]
+        t = ip_f[0, p]
+        omt = ip_f[1, p]
+        den = ip_f[2, p]
+        age = seq_len - 1 - p
+        if age < 0:
+            age = 0
+        rec = lm[age]
+        fe = (omt * drift[0, i0] + t * drift[2 * S, i0]) / den
+        fe1 = (omt * drift[S, i0] + t * drift[3 * S, i0]) / den
+        z0 = static[0, p] + sd * (c * fe + s * fe1)
+        for g in range(out.shape[0]):
+            r = g + 1
+            fe = (omt * drift[r, i0] + t * drift[r + 2 * S, i0]) / den
+            fe1 = (omt * drift[r + S, i0] + t * drift[r + 3 * S, i0]) / den
+            z = a * z0 + b * (static[r, p] + sd * (c * fe + s * fe1))
+            v = sig[g] * z + rec
+            if v < -80.0:
+                v = -80.0
+            elif v > 80.0:
+                v = 80.0
+            out[g, j] = v
 
 
 class RecordedImportance:
@@ -539,7 +670,7 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
         hi = int(pos.max()) + 1
         seq = max(seq, hi)  # the largest live position is always scored
         if isinstance(source, ImportanceModel):
-            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq, hi)[0]
+            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq, hi, int(from_pos))[0]
         else:
             out[0, m] = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
         return out
