@@ -28,6 +28,8 @@ from typing import Optional
 
 import numpy as np
 
+from sim.jit import kernel
+
 from .config import CompactionConfig, validate_compaction_config
 from .layout import PagedLayout
 
@@ -208,34 +210,9 @@ class ForwardPack(Compactor):
     def _pack(self, layout, keep, pinned):
         if layout.hole_fill:
             raise ValueError("forward_pack on a hole_fill layout: slot order is not position order")
-        out = []
-        for g, ptr in enumerate(layout.append_ptr.tolist()):
-            p = min(int(pinned), ptr)
-            if p:  # the pinned slots stay; the ones keep drops are emptied
-                kh = keep[g, :p]
-                if not kh.all():
-                    layout.slot_pos[g, :p][~kh] = -1
-            tail = layout.slot_pos[g, p:]
-            lv = keep[g, p:]  # = the live slots once the others are evicted (keep is within live)
-            src = np.flatnonzero(lv)  # relative to p; survivors go to p, p + 1, ...
-            n = src.size
-            # the survivors before the first hole stay put; every later one moves
-            j = n if n == 0 or int(src[-1]) == n - 1 else int(np.argmin(lv))
-            if j < n:
-                vals = tail[src[j:]]
-                tail[j:] = -1
-                tail[j:n] = vals
-                rows = np.empty((n - j, 3), dtype=np.int64)
-                rows[:, 0] = g
-                rows[:, 1] = src[j:] + p
-                rows[:, 2] = np.arange(p + j, p + n)
-                out.append(rows)
-            else:
-                tail[n:] = -1
-            layout.append_ptr[g] = p + n
-        if not out:
-            return np.zeros((0, 3), dtype=np.int64)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        moves = np.empty((np.count_nonzero(keep), 3), dtype=np.int64)  # at most one per survivor
+        m = _forward_pack(layout.slot_pos, keep, layout.append_ptr, int(pinned), moves)
+        return moves[:m]
 
     def _group_lengths(self, layout):
         return layout.append_ptr.astype(np.int64).copy()
@@ -273,6 +250,37 @@ class HoleFill(Compactor):
         per = max(1, num_groups // max(1, num_layers)) if self.cfg.position_index_per_group else 1
         idx = float(self.cfg.position_index_bytes) * num_layers * per
         return 1.0 + idx / float(kv_bytes_per_token)
+
+
+@kernel("i8(i4[:, :], b1[:, :], i8[:], i8, i8[:, :])")
+def _forward_pack(slot_pos, keep, append_ptr, pinned, moves):  # pragma: no cover (compiled)
+    """:class:`ForwardPack` on the arrays, group by group: the pinned slots (below
+    ``min(pinned, append_ptr[g])``) that ``keep`` drops are emptied; the survivors after them
+    move down to the next slots in slot order (the ones before the first hole stay put); every
+    slot after the last survivor is emptied; ``append_ptr[g]`` = the slot after it. Writes the
+    moves ``(group, source slot, destination slot)`` into ``moves`` (ascending sources per
+    group) and returns how many."""
+    m = 0
+    S = slot_pos.shape[1]
+    for g in range(slot_pos.shape[0]):
+        p = min(pinned, append_ptr[g])
+        for i in range(p):
+            if not keep[g, i]:
+                slot_pos[g, i] = -1
+        w = p
+        for i in range(p, S):
+            if keep[g, i]:
+                if i != w:
+                    slot_pos[g, w] = slot_pos[g, i]
+                    moves[m, 0] = g
+                    moves[m, 1] = i
+                    moves[m, 2] = w
+                    m += 1
+                w += 1
+        for i in range(w, S):
+            slot_pos[g, i] = -1
+        append_ptr[g] = w
+    return m
 
 
 COMPACTOR_CLASSES = {c.name: c for c in (NoCompaction, ForwardPack, HoleFill)}

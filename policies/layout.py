@@ -26,6 +26,8 @@ from typing import Optional
 
 import numpy as np
 
+from sim.jit import kernel
+
 
 class PagedLayout:
     """Per-group slot -> position map of one request's paged KV.
@@ -116,8 +118,8 @@ class PagedLayout:
 
     def empty_blocks(self) -> np.ndarray:
         """Block-table indices of blocks with no live slot in any group (freeable), ascending ``int64``."""
-        live = self.live.reshape(self.num_groups, self.n_blocks, self.block_size)
-        return np.flatnonzero(~live.any(axis=(0, 2))).astype(np.int64)
+        out = np.empty(self.n_blocks, dtype=np.int64)
+        return out[:_empty_blocks(self.slot_pos, self.block_size, out)]
 
     # ------------------------------------------------------------------ appends
     def free_slots_for_reuse(self) -> np.ndarray:
@@ -257,3 +259,23 @@ class PagedLayout:
         return (f"PagedLayout(B={self.block_size}, H={self.num_groups}, prompt_len={self.prompt_len}, "
                 f"n_blocks={self.n_blocks}, live={self.live_tokens().tolist()[:4]}, "
                 f"hole_fill={self.hole_fill})")
+
+
+@kernel("i8(i4[:, :], i8, i8[:])")
+def _empty_blocks(slot_pos, B, out):  # pragma: no cover (compiled)
+    """Block indices (ascending) whose slots are empty (-1) in every group, into ``out``;
+    returns how many."""
+    m = 0
+    for b in range(slot_pos.shape[1] // B):
+        empty = True
+        for g in range(slot_pos.shape[0]):
+            for s in range(b * B, (b + 1) * B):
+                if slot_pos[g, s] >= 0:
+                    empty = False
+                    break
+            if not empty:
+                break
+        if empty:
+            out[m] = b
+            m += 1
+    return m

@@ -520,13 +520,9 @@ class Simulator:
                 hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
                 n_tier = 0 if tier_pos is None else len(tier_pos)
                 hit_tokens = len(hit) * B
-                n = num_tokens - hit_tokens
-                if not self.chunked and n > budget:
+                n = self._chunk(num_tokens - hit_tokens, budget)
+                if n < 0:
                     break
-                if self.long_thr and n > self.long_thr:
-                    n = self.long_thr
-                if n > budget:
-                    n = budget
                 blocking = n_tier > 0 and not tiers.layerwise
                 gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
                 need = n_tier if blocking else -(-(hit_tokens + n) // B) - len(hit) + n_tier
@@ -573,6 +569,29 @@ class Simulator:
                     samples += 1
                 budget -= n
         return sched_req, sched_n, sched_ctx, samples
+
+    def _chunk(self, rest: int, budget: int) -> int:
+        """Tokens an admission schedules of the ``rest`` a request still needs with ``budget``
+        tokens left: capped by ``long_prefill_token_threshold`` and the budget; -1 when it
+        cannot start (no chunked prefill and the rest exceeds the budget)."""
+        if not self.chunked and rest > budget:
+            return -1
+        if self.long_thr and rest > self.long_thr:
+            rest = self.long_thr
+        return budget if rest > budget else rest
+
+    def _head_fits(self, budget: int) -> bool:
+        """Whether :meth:`_schedule` would admit the waiting head now (without tiers), with
+        ``budget`` tokens left in the step: its prefix hit, chunk and new blocks against the
+        free blocks, the checks the admission loop makes."""
+        req = self.waiting[0]
+        self._ensure_keys(req)
+        hit = self._prefix_hit(req)[0]
+        n = self._chunk(req.num_tokens - len(hit) * self.B, budget)
+        if n < 0:
+            return False
+        need = -(-(len(hit) * self.B + n) // self.B) - len(hit)
+        return need + self.pool.blocks_needed_for_touch(hit) <= self.pool.num_free
 
     def _prefix_hit(self, req: Request):
         """The admission's prefix hit: GPU lookup, extended through host and disk with tiers.
@@ -1132,15 +1151,17 @@ class Simulator:
           context) from step ``r + 1`` on, so the batch's context sum, on which the step times
           depend, shifts by the change; its time is charged to step ``r + 1`` (to the next engine
           step when ``r`` is the stretch's last);
-        * the blocks a round frees go to the tail of the free queue, which the stretch's
-          allocations (never more than the blocks free at its start) do not reach;
         * allocations are made segment by segment (the steps between round steps) in (step,
-          running order) order, as the scheduler makes them, so a round sees its request's block
-          table as the per-step loop does; the rounds of one step run in running order.
+          running order) order, as the scheduler makes them, each segment's before the rounds
+          at its end and after those before it, so the free queue (blocks a round frees join
+          its tail) hands out the blocks the per-step loop's allocations get, and a round sees
+          its request's block table as the per-step loop does; the rounds of one step run in
+          running order.
 
-        ``k`` is bounded by the first finish, the next SimPy event and the free blocks, as in
-        :meth:`_fast_forward`, and, while the waiting head could be admitted (a free sequence
-        slot and token budget), by the first step whose rounds return blocks to the pool.
+        ``k`` is bounded by the first finish, the next SimPy event and the free blocks (those
+        free when each segment allocates), as in :meth:`_fast_forward`, and, while the waiting
+        head could be admitted (a free sequence slot and token budget), by the first step whose
+        rounds return blocks that admit it (:meth:`_head_fits`).
         ``admitted``: ``(step time s, chunks)`` when the first step also admits the last
         ``len(chunks)`` of ``reqs`` (:meth:`_decode_and_admitted`): their prompt chunks, already
         scheduled, complete in that step, which takes the step time the scheduler's batch gives;
@@ -1199,8 +1220,8 @@ class Simulator:
         pass_ev = waiting0 > 0
         ev_log: list[tuple[float, int]] = []
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
-        # except where a round returns blocks (the stretch then ends at that step), so the head
-        # can only become less admissible: an allocation never evicts a block of its hit while a
+        # except where a round returns blocks (the stretch then ends at that step if the head
+        # fits: _head_fits), so between those the head can only become less admissible: an allocation never evicts a block of its hit while a
         # deeper one stays free (tables are freed deepest block first, so descendants sit ahead
         # in the LRU free queue), and a first round uncaches blocks that are in use
         admit = bool(self.waiting) and self.max_tokens > b and \
@@ -1213,7 +1234,6 @@ class Simulator:
         round_cf = np.zeros(k + 1, dtype=np.int64)
         done = [0] * b     # steps committed to each request's counters
         new_blk = [0] * b  # blocks added to its table since then
-        allocated = 0
         shift = 0          # change of the batch's context sum by the rounds so far (tokens)
         carry = extra_first
         last = start
@@ -1235,9 +1255,10 @@ class Simulator:
             n_pairs = len(ps)
             if n_pairs:
                 per = np.bincount(ps, minlength=hi + 1)
-                cum_new = allocated + np.cumsum(per)
-                if cum_new[hi] > free0:  # the last step whose blocks fit ends the stretch (>= 2)
-                    hi = k = int(np.searchsorted(cum_new, free0, side="right")) - 1
+                cum_new = np.cumsum(per)
+                free = pool.num_free  # with the blocks the rounds so far returned
+                if cum_new[hi] > free:  # the last step whose blocks fit ends the stretch (>= 2)
+                    hi = k = int(np.searchsorted(cum_new, free, side="right")) - 1
                     if hi < seg:  # not even step seg: the stretch ended with the last segment
                         self._round_time = carry  # its rounds' time goes to the next step
                         break
@@ -1262,7 +1283,6 @@ class Simulator:
                 alloc_ps[:hi + 1] += per
                 order = np.argsort(ps, kind="stable")  # allocation order: step, then running order
                 blocks, evicted = pool.allocate(n_pairs, return_evicted=True)
-                allocated += n_pairs
                 if evicted.any():
                     ev_ps[:hi + 1] += np.bincount(ps[order][evicted], minlength=hi + 1)
                 by_req = np.empty(n_pairs, dtype=np.int64)
@@ -1313,8 +1333,12 @@ class Simulator:
                             heapq.heappush(heap, (st, i))
                 round_used[hi] = pool.num_used - u
                 round_cf[hi] = pool.num_cached_free - cf
-                if round_used[hi] < 0 and admit:
-                    # freed blocks may admit the waiting head: the next scheduling retries it
+                if round_used[hi] < 0 and admit and self._head_fits(self.max_tokens - b):
+                    # the freed blocks admit the waiting head: the next scheduling does it. If
+                    # they do not, no later step of the stretch does either until blocks are
+                    # freed again (its allocations only take free blocks: see admit above), so
+                    # the stretch goes on; the next step's scheduling, before its admission,
+                    # takes the decode blocks first and leaves fewer free
                     k = hi
             if hi >= k:
                 break
