@@ -510,65 +510,77 @@ class Simulator:
         self._step_admitted = 0
         self._step_decodes = decodes
         if not preempted:
-            pool = self.pool
-            B = self.B
-            tiers = self.tiers
-            while self.waiting and budget > 0 and len(running) + self.onboarding < self.max_seqs:
-                req = self.waiting[0]
-                self._ensure_keys(req)
-                num_tokens = req.num_tokens
-                hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
-                n_tier = 0 if tier_pos is None else len(tier_pos)
-                hit_tokens = len(hit) * B
-                n = self._chunk(num_tokens - hit_tokens, budget)
-                if n < 0:
-                    break
-                blocking = n_tier > 0 and not tiers.layerwise
-                gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
-                need = n_tier if blocking else -(-(hit_tokens + n) // B) - len(hit) + n_tier
-                if need + pool.blocks_needed_for_touch(gpu_blocks) > pool.num_free:
-                    break
-                pool.touch(gpu_blocks)
-                if n_tier:
-                    hit = hit.copy()
-                    hit[tier_pos] = pool.allocate(n_tier)
-                req.blocks[:len(hit)] = hit
-                req.n_blocks = len(hit)
-                req.n_cached = len(hit)
-                req.n_computed = hit_tokens
-                if len(hit) > req.peak_blocks:
-                    req.peak_blocks = len(hit)
-                if self.comp is not None:
-                    self.comp.new_request(req)
-                    if hit_tokens:
-                        self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
-                self.waiting.popleft()
-                self._hit_memo = None
-                if req.preemptions == 0:
-                    req.hit_tokens = hit_tokens
-                    req.first_scheduled = self.env.now
-                    if n_tier:
-                        req.hit_disk = int(np.count_nonzero(tier_codes == DISK)) * B
-                        req.hit_host = n_tier * B - req.hit_disk
-                if tiers is not None and len(gpu_blocks):
-                    tiers.on_gpu_hit(req.keys[:len(hit)][hit >= 0].tolist() if n_tier else req.keys[:len(hit)].tolist())
-                req.computed_prompt_tokens += num_tokens - hit_tokens
-                self._step_admitted += 1
-                if n_tier:
-                    self._start_onboard(req, tier_pos, tier_keys, tier_codes, blocking)
-                if blocking:
-                    continue
-                if not self._grow(req, hit_tokens + n):  # cannot happen after the check above
-                    raise RuntimeError("allocation failed after capacity check")
-                req.status = RUNNING
-                running.append(req)
-                sched_req.append(req)
-                sched_n.append(n)
-                sched_ctx.append(hit_tokens)
-                if hit_tokens + n == num_tokens:
-                    samples += 1
-                budget -= n
+            budget, adm = self._admit(budget, sched_req, sched_n, sched_ctx)
+            samples += adm
         return sched_req, sched_n, sched_ctx, samples
+
+    def _admit(self, budget: int, sched_req: list, sched_n: list, sched_ctx: list):
+        """The scheduler's admission: waiting requests FCFS while the token ``budget`` and
+        ``max_num_seqs`` allow, each with its prefix hit (onboarding the host/disk part), its
+        first chunk and the blocks for it, until one does not fit. Admitted requests join the
+        running list and the step's lists (``sched_req``, ``sched_n``: chunk tokens,
+        ``sched_ctx``: tokens cached before it). Returns ``(budget left, admitted requests whose
+        chunk completes their prompt: they sample)``."""
+        samples = 0
+        pool = self.pool
+        B = self.B
+        tiers = self.tiers
+        while self.waiting and budget > 0 and len(self.running) + self.onboarding < self.max_seqs:
+            req = self.waiting[0]
+            self._ensure_keys(req)
+            num_tokens = req.num_tokens
+            hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
+            n_tier = 0 if tier_pos is None else len(tier_pos)
+            hit_tokens = len(hit) * B
+            n = self._chunk(num_tokens - hit_tokens, budget)
+            if n < 0:
+                break
+            blocking = n_tier > 0 and not tiers.layerwise
+            gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
+            need = n_tier if blocking else -(-(hit_tokens + n) // B) - len(hit) + n_tier
+            if need + pool.blocks_needed_for_touch(gpu_blocks) > pool.num_free:
+                break
+            pool.touch(gpu_blocks)
+            if n_tier:
+                hit = hit.copy()
+                hit[tier_pos] = pool.allocate(n_tier)
+            req.blocks[:len(hit)] = hit
+            req.n_blocks = len(hit)
+            req.n_cached = len(hit)
+            req.n_computed = hit_tokens
+            if len(hit) > req.peak_blocks:
+                req.peak_blocks = len(hit)
+            if self.comp is not None:
+                self.comp.new_request(req)
+                if hit_tokens:
+                    self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
+            self.waiting.popleft()
+            self._hit_memo = None
+            if req.preemptions == 0:
+                req.hit_tokens = hit_tokens
+                req.first_scheduled = self.env.now
+                if n_tier:
+                    req.hit_disk = int(np.count_nonzero(tier_codes == DISK)) * B
+                    req.hit_host = n_tier * B - req.hit_disk
+            if tiers is not None and len(gpu_blocks):
+                tiers.on_gpu_hit(req.keys[:len(hit)][hit >= 0].tolist() if n_tier else req.keys[:len(hit)].tolist())
+            req.computed_prompt_tokens += num_tokens - hit_tokens
+            self._step_admitted += 1
+            if n_tier:
+                self._start_onboard(req, tier_pos, tier_keys, tier_codes, blocking)
+            if blocking:
+                continue
+            if not self._grow(req, hit_tokens + n):  # cannot happen after the check above
+                raise RuntimeError("allocation failed after capacity check")
+            req.status = RUNNING
+            self.running.append(req)
+            sched_req.append(req)
+            sched_n.append(n)
+            sched_ctx.append(hit_tokens)
+            if hit_tokens + n == num_tokens:
+                samples += 1
+            budget -= n
+        return budget, samples
 
     def _chunk(self, rest: int, budget: int) -> int:
         """Tokens an admission schedules of the ``rest`` a request still needs with ``budget``
