@@ -78,6 +78,16 @@ def _block_pairs(first: np.ndarray, last: int, B: int):
     return cnt, pi, ps
 
 
+def _grown(arrays, n: int) -> tuple:
+    """``arrays`` (1-d int64) zero-extended to at least ``n`` entries (doubling)."""
+    out = []
+    for a in arrays:
+        if len(a) < n:
+            a = np.concatenate([a, np.zeros(max(n, 2 * len(a)) - len(a), dtype=a.dtype)])
+        out.append(a)
+    return tuple(out)
+
+
 def _queue_registration(req, full: int, reg: tuple) -> None:
     """Queue ``req``'s blocks ``n_cached .. full - 1`` for one later prefix-cache registration
     (``reg`` = (block arrays, key arrays)) and count them as registered."""
@@ -1152,9 +1162,10 @@ class Simulator:
 
     def _fast_forward_rounds(self, reqs, ctx0, extra_first: float = 0.0, admitted=None):
         """:meth:`_fast_forward` for compression runs, running the rounds that fall inside the
-        stretch at their steps. With hundreds of running requests and a round every ``beta``
-        tokens each, some request reaches its round point every step or two, so a stretch cut at
-        the first round point would rarely exceed a step.
+        stretch at their steps, and going on past requests that finish and the admissions that
+        follow. With hundreds of running requests and a round every ``beta`` tokens each, some
+        request reaches its round point every step or two, and one finishes every few steps, so
+        a stretch cut at either would rarely exceed a few steps.
 
         Exact against the per-step loop because, in a pure-decode stretch with no tiers and no
         sliding-window layers:
@@ -1168,45 +1179,68 @@ class Simulator:
           at its end and after those before it, so the free queue (blocks a round frees join
           its tail) hands out the blocks the per-step loop's allocations get, and a round sees
           its request's block table as the per-step loop does; the rounds of one step run in
-          running order.
+          running order;
+        * at the end of a step where requests finish (after that step's rounds) the clock is
+          brought to the step's end, they are retired as :meth:`_retire_finished` does, and the
+          next step is scheduled as :meth:`_schedule` would: the survivors' decode blocks, then
+          :meth:`_admit` on the budget they leave; that step takes the scheduler's step time of
+          the whole batch (:meth:`_admission_step_time`), and the admitted requests, whose
+          prompt chunks complete in it, decode with the rest from the step after (their prefill
+          end is handled at that step's end, in running order). A finish that releases a
+          closed-loop request at once, or an admission whose chunk does not complete its prompt
+          (or that ends its request), ends the stretch there instead.
 
-        ``k`` is bounded by the first finish, the next SimPy event and the free blocks (those
-        free when each segment allocates), as in :meth:`_fast_forward`, and, while the waiting
-        head could be admitted (a free sequence slot and token budget), by the first step whose
-        rounds return blocks that admit it (:meth:`_head_fits`).
+        ``k`` is bounded by the next SimPy event and the free blocks (those free when each
+        segment allocates), as in :meth:`_fast_forward`, and, while the waiting head could be
+        admitted (a free sequence slot and token budget), by the first step whose rounds return
+        blocks that admit it, or, after an admission step, by that step if the head it stopped
+        at fits with the next step's budget (:meth:`_head_fits`).
         ``admitted``: ``(step time s, chunks)`` when the first step also admits the last
         ``len(chunks)`` of ``reqs`` (:meth:`_decode_and_admitted`): their prompt chunks, already
         scheduled, complete in that step, which takes the step time the scheduler's batch gives;
-        from step 2 on they decode like the rest (their prefill end is handled at step 1's end,
-        in running order, as the per-step loop does).
+        from step 2 on they decode like the rest.
 
         Returns ``k`` (0 = not taken: then nothing was changed).
         """
         env = self.env
         B = self.B
-        b = len(reqs)
         comp = self.comp
         pool = self.pool
-        k = min([r.output - r.n_generated for r in reqs])
-        if k < 2:
+        reqs = list(reqs)  # grows with the stretch's admissions; indices stay (running order)
+        b = len(reqs)
+        fin = [r.output - r.n_generated for r in reqs]  # the step at whose end each finishes
+        kf = min(fin)  # the next step where requests finish
+        if kf < 2:
             return 0
-        nc0 = [r.n_computed for r in reqs]
-        heap = []  # (step, running index): rounds due at the end of that step
-        b_dec = b
+        nc0 = [r.n_computed for r in reqs]  # computed tokens after step s: nc0[i] + s
+        chunk = {}  # index -> prompt chunk of a request admitted in the stretch (until its step ends)
+        heap = []  # (step, index): rounds (and prefill ends) due at the end of that step
+        rows = []  # step rows: (first step, last step, decode, prefill, running, live at step 0, live per step)
+        first_row = 1
         if admitted is not None:
             # an admitted request has computed n_computed + chunk - 1 + s tokens after step s
             b_dec = b - len(admitted[1])
             for i, n in enumerate(admitted[1], b_dec):
                 nc0[i] += n - 1
+                chunk[i] = n
                 heap.append((1, i))  # its prefill end, at step 1's end
             ctx0 = ctx0.copy()
             ctx0[b_dec:] = nc0[b_dec:]
+            # step 1's row: the admitted chunks are prefill tokens
+            pre = dec = 0
+            for i, n in enumerate(admitted[1], b_dec):
+                if nc0[i] - n + 1 >= reqs[i].input and n == 1:
+                    dec += 1
+                else:
+                    pre += n
+            rows.append((1, 1, b_dec + dec, pre, b, sum(nc0), b))
+            first_row = 2
         for i, r in enumerate(reqs):
             if r.layout is not None and r.next_round is not None:
                 st = r.next_round - r.n_computed
                 if st < 1:
                     return 0  # due already (the per-step loop handles it)
-                if st <= k:
+                if st <= fin[i]:
                     heap.append((st, i))
         heapq.heapify(heap)
         # the slot index of each request's step-s token is anchor + s - 1; nxt: the next step at
@@ -1217,8 +1251,7 @@ class Simulator:
         # step 2 must fit whatever the rounds of step 1 do (each may need one block more), so a
         # stretch that ran a round is never cut below 2 steps by the free blocks
         r1 = sum(1 for st, _ in heap if st == 1)
-        free0 = pool.num_free
-        if int(np.count_nonzero(nxt == 2)) + r1 > free0:
+        if int(np.count_nonzero(nxt == 2)) + r1 > pool.num_free:
             return 0
         t_ev = env.peek()
         t_lim = float(self.max_sim_time) if self.max_sim_time is not None else math.inf
@@ -1232,22 +1265,31 @@ class Simulator:
         pass_ev = waiting0 > 0
         ev_log: list[tuple[float, int]] = []
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
-        # except where a round returns blocks (the stretch then ends at that step if the head
-        # fits: _head_fits), so between those the head can only become less admissible: an allocation never evicts a block of its hit while a
-        # deeper one stays free (tables are freed deepest block first, so descendants sit ahead
-        # in the LRU free queue), and a first round uncaches blocks that are in use
+        # except where a round or a finish returns blocks (the stretch then ends at that step
+        # if the head fits: _head_fits; a finish admits it within the stretch), so between those
+        # the head can only become less admissible: an allocation never evicts a block of its hit
+        # while a deeper one stays free (tables are freed deepest block first, so descendants
+        # sit ahead in the LRU free queue), and a first round uncaches blocks that are in use
         admit = bool(self.waiting) and self.max_tokens > b and \
             len(self.running) + self.onboarding < self.max_seqs
+        # the running requests in the stretch (indices into reqs, running order)
+        active = list(range(b))
+        live_base = sum(nc0)  # live tokens after step s: live_base + s x len(active)
         # per step (index = step): blocks allocated, cached blocks evicted by them, and the
-        # change of used and cached-free blocks by the rounds at the step's end
-        alloc_ps = np.zeros(k + 1, dtype=np.int64)
-        ev_ps = np.zeros(k + 1, dtype=np.int64)
-        round_used = np.zeros(k + 1, dtype=np.int64)
-        round_cf = np.zeros(k + 1, dtype=np.int64)
+        # change of used and cached-free blocks by the rounds and retirements at the step's end
+        cap = kf + 1
+        alloc_ps = np.zeros(cap, dtype=np.int64)
+        ev_ps = np.zeros(cap, dtype=np.int64)
+        round_used = np.zeros(cap, dtype=np.int64)
+        round_cf = np.zeros(cap, dtype=np.int64)
         done = [0] * b     # steps committed to each request's counters
         new_blk = [0] * b  # blocks added to its table since then
         shift = 0          # change of the batch's context sum by the rounds so far (tokens)
         carry = extra_first
+        step_time = admitted[0] if admitted is not None else None  # an admission step's time
+        recheck = 1 if admitted is not None else 0  # an admission step: retry the head after it
+        k = kf
+        cut = False  # the stretch ends at k (an event, the free blocks, the head)
         last = start
         durs_parts = []
         cum_parts = []
@@ -1255,8 +1297,9 @@ class Simulator:
         while True:
             hi = min(heap[0][0], k) if heap else k  # this segment: steps seg..hi
             d = self.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
-            if seg == 1 and admitted is not None:
-                d[0] = admitted[0]  # the admission step: the scheduler's batch
+            if step_time is not None:
+                d[0] = step_time  # an admission step: the scheduler's batch (round costs in)
+                step_time = None
             else:
                 d[0] += carry  # round costs charged to the segment's first step
             c = step_ends(last, d)
@@ -1271,8 +1314,10 @@ class Simulator:
                 free = pool.num_free  # with the blocks the rounds so far returned
                 if cum_new[hi] > free:  # the last step whose blocks fit ends the stretch (>= 2)
                     hi = k = int(np.searchsorted(cum_new, free, side="right")) - 1
+                    cut = True
                     if hi < seg:  # not even step seg: the stretch ended with the last segment
                         self._round_time = carry  # its rounds' time goes to the next step
+                        k = seg - 1
                         break
                     d = d[:hi - seg + 1]
                     c = c[:hi - seg + 1]
@@ -1282,6 +1327,7 @@ class Simulator:
             if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
                 j = int(np.searchsorted(c, t_next, side="left"))
                 hi = k = seg + j
+                cut = True
                 d = d[:j + 1]
                 c = c[:j + 1]
             if n_pairs and len(per) > hi + 1:  # the stretch was cut: the blocks up to step hi
@@ -1290,24 +1336,11 @@ class Simulator:
                 pi = pi[keep]
                 n_pairs = len(ps)
                 per = per[:hi + 1]
-                cnt = np.bincount(pi, minlength=b)
+                cnt = np.bincount(pi, minlength=len(reqs))
             if n_pairs:
                 alloc_ps[:hi + 1] += per
-                order = np.argsort(ps, kind="stable")  # allocation order: step, then running order
-                blocks, evicted = pool.allocate(n_pairs, return_evicted=True)
-                if evicted.any():
-                    ev_ps[:hi + 1] += np.bincount(ps[order][evicted], minlength=hi + 1)
-                by_req = np.empty(n_pairs, dtype=np.int64)
-                by_req[order] = blocks
-                lo = 0
-                for i in np.flatnonzero(cnt).tolist():
-                    req = reqs[i]
-                    nb = int(cnt[i])
-                    req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[lo:lo + nb]
-                    req.n_blocks += nb
-                    new_blk[i] += nb
-                    lo += nb
                 nxt = nxt + B * cnt
+                self._ff_allocate(reqs, cnt, ps, ev_ps, new_blk)
             durs_parts.append(d)
             cum_parts.append(c)
             last = float(c[-1])
@@ -1318,42 +1351,86 @@ class Simulator:
                 while heap and heap[0][0] == hi:
                     i = heapq.heappop(heap)[1]
                     req = reqs[i]
-                    first = i >= b_dec and done[i] == 0  # an admitted request's step 1
                     pd = False
-                    if first:  # its chunk (placed by the scheduler)
-                        n = admitted[1][i - b_dec]
+                    n = chunk.pop(i, 0)
+                    if n:  # an admitted request's step (its chunk, placed by the scheduler)
                         req.n_computed += n
                         pd = req.n_computed - n < req.input
                     else:
                         self._ff_commit(req, hi - done[i], hi - max(done[i], 1), new_blk[i])
                     done[i] = hi
                     new_blk[i] = 0
-                    if comp.due(req, pd):
+                    if req.n_computed >= req.input and comp.due(req, pd):
                         self._round(req, last)
                         a = req.phys_base + req.pending - hi
                         shift += a - int(anchor[i])
                         anchor[i] = a
                         nxt[i] = max(hi + 1, req.n_blocks * B - a + 1)
-                    if first and req.n_computed == req.input + req.n_generated:  # it samples
+                    if n and req.n_computed == req.input + req.n_generated:  # it samples
                         req.n_generated += 1
                         if req.n_generated == 1:
                             req.first_token = last
                     if req.next_round is not None:
                         # due again at the first step end with n_computed >= next_round
                         st = max(req.next_round - nc0[i], hi + 1)
-                        if st <= k:
+                        if st <= fin[i]:
                             heapq.heappush(heap, (st, i))
-                round_used[hi] = pool.num_used - u
-                round_cf[hi] = pool.num_cached_free - cf
-                if round_used[hi] < 0 and admit and self._head_fits(self.max_tokens - b):
+                freed = u - pool.num_used
+                round_used[hi] -= freed
+                round_cf[hi] += pool.num_cached_free - cf
+                if freed > 0 and admit and self._head_fits(self.max_tokens - len(active)):
                     # the freed blocks admit the waiting head: the next scheduling does it. If
                     # they do not, no later step of the stretch does either until blocks are
                     # freed again (its allocations only take free blocks: see admit above), so
                     # the stretch goes on; the next step's scheduling, before its admission,
                     # takes the decode blocks first and leaves fewer free
                     k = hi
+                    cut = True
+            if hi == recheck:
+                recheck = 0
+                if admit and self._head_fits(self.max_tokens - len(active)):
+                    # the admission stopped at a head that the next step's budget (no prefill
+                    # chunks) may admit
+                    k = hi
+                    cut = True
             if hi >= k:
-                break
+                if cut or hi != kf:
+                    break
+                # requests finish at the end of step hi: retire them, schedule step hi + 1
+                if hi + 2 > len(alloc_ps):
+                    alloc_ps, ev_ps, round_used, round_cf = _grown(
+                        (alloc_ps, ev_ps, round_used, round_cf), hi + 2)
+                go_on, first_row, live_base, nxt, anchor, step_time, admitted_now = \
+                    yield from self._ff_batch_change(
+                        reqs, hi, last, fin, nc0, done, new_blk, chunk, heap, anchor, nxt,
+                        active, (alloc_ps, ev_ps, round_used, round_cf), rows, first_row,
+                        live_base, ev_log)
+                if not go_on:  # the stretch ends at step hi
+                    break
+                ctx0 = anchor[active]  # contexts at step 1 (anchor + s - 1 at step s)
+                shift = 0
+                # the next finish; the per-step arrays grow to it
+                kf = k = min(fin[i] for i in active) if active else hi + 1
+                if admitted_now:
+                    recheck = hi + 1
+                    if any(reqs[i].n_computed + chunk[i] != reqs[i].input + reqs[i].n_generated
+                           or fin[i] == hi + 1 for i in admitted_now):
+                        k = hi + 1  # a chunk short of its prompt, or a request that ends there
+                        cut = True
+                if k + 1 > len(alloc_ps):
+                    alloc_ps, ev_ps, round_used, round_cf = _grown(
+                        (alloc_ps, ev_ps, round_used, round_cf), k + 1)
+                t_ev = env.peek()  # released closed-loop requests scheduled their arrivals
+                t_next = min(t_ev, t_lim)
+                pass_ev = bool(self.waiting)
+                admit = bool(self.waiting) and self.max_tokens > len(active) and \
+                    len(self.running) + self.onboarding < self.max_seqs
+                if step_time is not None:
+                    step_time += self._round_time  # the finish step's round costs
+                    self._round_time = 0.0
+                    carry = 0.0
+                    seg = hi + 1
+                    continue
             carry = self._round_time
             self._round_time = 0.0
             seg = hi + 1
@@ -1363,7 +1440,8 @@ class Simulator:
         now = env.now
         finished = False
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
-        for i, req in enumerate(reqs):
+        for i in active:
+            req = reqs[i]
             if done[i] < k:
                 self._ff_commit(req, k - done[i], k - max(done[i], 1), new_blk[i], reg)
             if req.n_generated >= req.output:
@@ -1373,43 +1451,165 @@ class Simulator:
         self._flush_grow([], reg)
         if finished:
             self._retire_finished()
-        # the steps' rows: blocks used and cached-free after each step's commit
-        used = used0 + np.cumsum(alloc_ps[1:k + 1] + round_used[1:k + 1])
-        cached_free = cf0 - np.cumsum(ev_ps[1:k + 1] - round_cf[1:k + 1])
-        used[-1] = pool.num_used  # after the finished requests left
-        cached_free[-1] = pool.num_cached_free
-        rec = self.rec
-        j = 0  # steps recorded one by one
-        if not rec.record_steps and admitted is None:
-            rec.steps_counted(k, b, int(used.max()))
-        else:
-            steps_idx = np.arange(1, k + 1)
-            starts = np.concatenate(([start], cum[:-1]))
-            live = sum(nc0) + steps_idx * b
-            live[-1] = self._live_tokens()
-            running = np.full(k, b)
-            running[-1] = len(self.running)
-            waiting = _waiting_per_step(waiting0, ev_log, cum)
-            waiting[-1] = len(self.waiting)
-            if admitted is not None:  # step 1's row: the admitted chunks are prefill tokens
-                pre = dec = 0
-                for i, n in enumerate(admitted[1], b_dec):
-                    if nc0[i] - n + 1 >= reqs[i].input and n == 1:
-                        dec += 1
-                    else:
-                        pre += n
-                rec.step(float(starts[0]), float(durs[0]), int(running[0]), int(waiting[0]), pre,
-                         b_dec + dec, int(used[0]), int(cached_free[0]), int(live[0]))
-                j = 1
-            if k > j:
-                if rec.record_steps:
-                    rec.steps_bulk(starts[j:], durs[j:], running[j:], waiting[j:], b, used[j:],
-                                   cached_free[j:], live[j:])
-                else:
-                    rec.steps_counted(k - j, b, int(used[j:].max()))
+        if k >= first_row:
+            rows.append((first_row, k, len(active), 0, len(active), live_base, len(active)))
+        self._ff_record(rows, k, start, durs, cum, used0 + np.cumsum(alloc_ps[1:k + 1] + round_used[1:k + 1]),
+                        cf0 - np.cumsum(ev_ps[1:k + 1] - round_cf[1:k + 1]), waiting0, ev_log)
         if self.check:
             self.check_invariants()
         return k
+
+    def _ff_allocate(self, reqs, cnt: np.ndarray, ps: np.ndarray, ev_ps: np.ndarray,
+                     new_blk: list) -> None:
+        """Allocate a stretch's new blocks: ``cnt[i]`` for ``reqs[i]``, the pairs' steps ``ps``
+        in request-major order, handed out in (step, running order) order as the scheduler
+        makes them; cached blocks they evict are counted per step in ``ev_ps``, the blocks added
+        to each table in ``new_blk``."""
+        order = np.argsort(ps, kind="stable")  # allocation order: step, then running order
+        blocks, evicted = self.pool.allocate(len(ps), return_evicted=True)
+        if evicted.any():
+            ev = np.bincount(ps[order][evicted])
+            ev_ps[:len(ev)] += ev
+        by_req = np.empty(len(ps), dtype=np.int64)
+        by_req[order] = blocks
+        lo = 0
+        for i in np.flatnonzero(cnt).tolist():
+            req = reqs[i]
+            nb = int(cnt[i])
+            req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[lo:lo + nb]
+            req.n_blocks += nb
+            new_blk[i] += nb
+            lo += nb
+
+    def _ff_batch_change(self, reqs, f: int, t: float, fin, nc0, done, new_blk, chunk, heap,
+                         anchor, nxt, active, per_step, rows, first_row, live_base, ev_log):
+        """SimPy process fragment of :meth:`_fast_forward_rounds` at the end of step ``f``
+        (time ``t``, after its rounds), where the requests of ``active`` with ``fin == f``
+        finish: the clock goes to ``t``, they are committed and retired, and step ``f + 1`` is
+        scheduled as :meth:`_schedule` would: the survivors' decode blocks, then
+        :meth:`_admit` on the budget they leave. The stretch's per-request lists and arrays
+        (indexed by position in ``reqs``, running order) are updated in place or returned;
+        ``rows`` gets the rows of steps up to ``f`` (and ``f + 1``'s if it admits).
+
+        Returns ``(go on, first step without a row, live base, nxt, anchor, the admission
+        step's time without round costs or None, indices admitted)``; the stretch ends at ``f``
+        when it does not go on: no request left, a released closed-loop request arrived at once
+        (the step's row counts it), or the survivors' blocks do not fit (the per-step loop
+        preempts)."""
+        pool = self.pool
+        B = self.B
+        alloc_ps, ev_ps, round_used, round_cf = per_step
+        b_old = len(active)
+        gone = [i for i in active if fin[i] == f]
+        yield from _advance_to(self.env, t)
+        reg = ([], [])
+        for i in gone:
+            req = reqs[i]
+            if done[i] < f:
+                self._ff_commit(req, f - done[i], f - max(done[i], 1), new_blk[i], reg)
+                done[i] = f
+                new_blk[i] = 0
+            req.status = FINISHED
+            req.finish = t
+        self._flush_grow([], reg)
+        u = pool.num_used
+        cf = pool.num_cached_free
+        n_wait = len(self.waiting)
+        self._retire_finished()
+        round_used[f] += pool.num_used - u
+        round_cf[f] += pool.num_cached_free - cf
+        gone_set = set(gone)
+        active[:] = [i for i in active if i not in gone_set]
+        nxt[gone] = np.iinfo(np.int64).max // 2  # no more blocks
+        tokens = (b_old, 0)  # step f's decode and prefill tokens
+        if first_row > f:  # f admitted requests: its row is written; it gets the running after
+            tokens = rows.pop()[2:4]
+        elif f > first_row:
+            rows.append((first_row, f - 1, b_old, 0, b_old, live_base, b_old))
+        live_base -= sum(nc0[i] for i in gone)
+        b = len(active)
+        rows.append((f, f, *tokens, b, live_base, b))
+        first_row = f + 1
+        stop = (False, first_row, live_base, nxt, anchor, None, [])
+        if len(self.waiting) != n_wait or not (b or self.waiting):
+            return stop
+        if not (self.waiting and self.max_tokens > b
+                and len(self.running) + self.onboarding < self.max_seqs):
+            return (True, first_row, live_base, nxt, anchor, None, [])  # no admission
+        s = f + 1
+        cnt, pi, ps = _block_pairs(nxt, s, B)
+        if len(ps) > pool.num_free:
+            return stop
+        if len(ps):
+            alloc_ps[s] += len(ps)
+            nxt = nxt + B * cnt
+            self._ff_allocate(reqs, cnt, ps, ev_ps, new_blk)
+        ctx_dec = anchor[active] + f  # the survivors' contexts at step f + 1
+        sched_req, sched_n, sched_ctx = [], [], []
+        u = pool.num_used
+        cf = pool.num_cached_free
+        _, samples = self._admit(self.max_tokens - b, sched_req, sched_n, sched_ctx)
+        round_used[s] += pool.num_used - u  # the admitted tables (hit blocks and new ones)
+        round_cf[s] += pool.num_cached_free - cf
+        if not sched_req:
+            return (True, first_row, live_base, nxt, anchor, None, [])
+        ev_log.append((t, len(self.waiting)))
+        new = []
+        pre = dec = 0
+        for req, n, h in zip(sched_req, sched_n, sched_ctx):
+            i = len(reqs)
+            reqs.append(req)
+            fin.append(s + req.output - req.n_generated - 1)
+            nc0.append(h + n - s)  # computed tokens after step s' >= s: h + n + (s' - s)
+            done.append(0)
+            new_blk.append(0)
+            chunk[i] = n
+            heapq.heappush(heap, (s, i))
+            a = nc0[i] if req.layout is None else req.phys_base + req.pending - s
+            anchor = np.append(anchor, a)
+            nxt = np.append(nxt, s + 1 + (-(a + s)) % B)
+            active.append(i)
+            new.append(i)
+            live_base += nc0[i]
+            if h >= req.input and n == 1:
+                dec += 1
+            else:
+                pre += n
+        step_time = self.cost.step_time(
+            np.asarray([1] * b + sched_n, dtype=np.int64),
+            np.concatenate([ctx_dec, np.asarray(sched_ctx, dtype=np.int64)]), b + samples)
+        rows.append((s, s, b + dec, pre, len(active), live_base, len(active)))
+        return (True, s + 1, live_base, nxt, anchor, step_time, new)
+
+    def _ff_record(self, rows, k: int, start: float, durs, cum, used, cached_free, waiting0: int,
+                   ev_log) -> None:
+        """Record a compression stretch's ``k`` steps: ``rows`` of ``(first step, last step,
+        decode tokens, prefill tokens, running, live base, live per step)`` (live tokens after
+        step s = base + s x per step), ``used`` / ``cached_free`` blocks after each step; the
+        last step's row takes the state after the finished requests left."""
+        rec = self.rec
+        used[-1] = self.pool.num_used
+        cached_free[-1] = self.pool.num_cached_free
+        dec = np.empty(k, dtype=np.int64)
+        pre = np.empty(k, dtype=np.int64)
+        for s0, s1, d_, p_, *_ in rows:
+            dec[s0 - 1:s1] = d_
+            pre[s0 - 1:s1] = p_
+        if not rec.record_steps:
+            rec.steps_rows(None, None, None, None, pre, dec, used, None, None)
+            return
+        steps = np.arange(1, k + 1)
+        running = np.empty(k, dtype=np.int64)
+        live = np.empty(k, dtype=np.int64)
+        for s0, s1, _, _, r_, lb, bl in rows:
+            running[s0 - 1:s1] = r_
+            live[s0 - 1:s1] = lb + steps[s0 - 1:s1] * bl
+        running[-1] = len(self.running)
+        live[-1] = self._live_tokens()
+        waiting = _waiting_per_step(waiting0, ev_log, cum)
+        waiting[-1] = len(self.waiting)
+        starts = np.concatenate(([start], cum[:-1]))
+        rec.steps_rows(starts, durs, running, waiting, pre, dec, used, cached_free, live)
 
     def _pass_arrivals(self, c: np.ndarray, t_ev: float, t_lim: float, log: list):
         """SimPy process fragment: let the events that land before the end of a fast-forward

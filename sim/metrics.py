@@ -183,6 +183,21 @@ class Recorder:
         if peak_used > self.peak_blocks_used:
             self.peak_blocks_used = peak_used
 
+    def steps_rows(self, starts, durs, running, waiting, prefill, decode, used, cached_free,
+                   live) -> None:
+        """Record ``len(decode)`` consecutive steps of a fast-forward stretch, every column an
+        array (``prefill`` / ``decode``: tokens per step; ``used``: blocks used after each).
+        Without per-step rows only ``prefill``, ``decode`` and ``used`` are read."""
+        self.num_steps += len(decode)
+        self.sum_prefill += int(prefill.sum())
+        self.sum_decode += int(decode.sum())
+        pk = int(np.max(used))
+        if pk > self.peak_blocks_used:
+            self.peak_blocks_used = pk
+        if self.record_steps:
+            self.steps.extend(starts, durs, running, waiting, prefill, decode, used, cached_free,
+                              live)
+
     def steps_bulk(self, starts, durs, running, waiting, decode, used, cached_free, live) -> None:
         """Record ``len(starts)`` consecutive pure-decode steps (fast-forward)."""
         k = len(starts)

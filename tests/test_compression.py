@@ -170,20 +170,27 @@ ADMIT_CASES = {
 @pytest.mark.parametrize("case", sorted(ADMIT_CASES))
 def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch, case):
     """A step that admits requests whose prompt completes in it, with every other running
-    request decoding and no waiting request a later step could admit on budget and slots, is
-    the first step of a fast-forward stretch (the scheduler's step time, the prefill ends
-    handled at its end); the run's tables equal the per-step loop's (bundled Mooncake slice:
-    prefix hits, rounds every 16 tokens)."""
+    request decoding, is a step of a fast-forward stretch: its first (no waiting request a
+    later step could admit on budget and slots), or the step after requests finish inside one
+    (the scheduler's step time, the prefill ends handled at its end); the run's tables equal
+    the per-step loop's (bundled Mooncake slice: prefix hits, rounds every 16 tokens)."""
     from sim.engine import Simulator
 
     calls = {"admitted": 0}
     orig = Simulator._fast_forward_rounds
+    orig_change = Simulator._ff_batch_change
 
     def spy(self, reqs, ctx0, extra_first=0.0, admitted=None):
         calls["admitted"] += admitted is not None
         return (yield from orig(self, reqs, ctx0, extra_first, admitted))
 
+    def spy_change(self, *args):
+        res = yield from orig_change(self, *args)
+        calls["admitted"] += len(res[-1]) > 0  # admitted inside a stretch
+        return res
+
     monkeypatch.setattr(Simulator, "_fast_forward_rounds", spy)
+    monkeypatch.setattr(Simulator, "_ff_batch_change", spy_change)
     out = {}
     for ff in ("true", "false"):
         cfg = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=150",
