@@ -1555,8 +1555,8 @@ class Simulator:
         _, samples = self._admit(self.max_tokens - b, sched_req, sched_n, sched_ctx)
         round_used[s] += pool.num_used - u  # the admitted tables (hit blocks and new ones)
         round_cf[s] += pool.num_cached_free - cf
-        if not sched_req:
-            return (True, first_row, live_base, nxt, anchor, None, [])
+        if not sched_req:  # nobody running and nobody admitted: the per-step loop says why
+            return (b > 0, first_row, live_base, nxt, anchor, None, [])
         ev_log.append((t, len(self.waiting)))
         new = []
         pre = dec = 0
