@@ -1476,8 +1476,16 @@ class Simulator:
             ev_ps[:len(ev)] += ev
         by_req = np.empty(len(ps), dtype=np.int64)
         by_req[order] = blocks
+        idx = np.flatnonzero(cnt)
+        if len(idx) == len(ps):  # one block each (the common short segment): scalar stores
+            for i, blk in zip(idx.tolist(), by_req.tolist()):
+                req = reqs[i]
+                req.blocks[req.n_blocks] = blk
+                req.n_blocks += 1
+                new_blk[i] += 1
+            return
         lo = 0
-        for i in np.flatnonzero(cnt).tolist():
+        for i in idx.tolist():
             req = reqs[i]
             nb = int(cnt[i])
             req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[lo:lo + nb]
