@@ -576,7 +576,8 @@ class Simulator:
                     req.hit_disk = int(np.count_nonzero(tier_codes == DISK)) * B
                     req.hit_host = n_tier * B - req.hit_disk
             if tiers is not None and len(gpu_blocks):
-                tiers.on_gpu_hit(req.keys[:len(hit)][hit >= 0].tolist() if n_tier else req.keys[:len(hit)].tolist())
+                keys = req.keys[:len(hit)]
+                tiers.on_gpu_hit(keys[hit >= 0].tolist() if n_tier else keys.tolist())
             req.computed_prompt_tokens += num_tokens - hit_tokens
             self._step_admitted += 1
             if n_tier:
@@ -1216,9 +1217,10 @@ class Simulator:
         if kf < 2:
             return 0
         nc0 = [r.n_computed for r in reqs]  # computed tokens after step s: nc0[i] + s
-        chunk = {}  # index -> prompt chunk of a request admitted in the stretch (until its step ends)
+        chunk = {}  # index -> prompt chunk of a request admitted in the stretch (until its step)
         heap = []  # (step, index): rounds (and prefill ends) due at the end of that step
-        rows = []  # step rows: (first step, last step, decode, prefill, running, live at step 0, live per step)
+        # step rows: (first step, last step, decode, prefill, running, live base, live per step)
+        rows = []
         first_row = 1
         if admitted is not None:
             # an admitted request has computed n_computed + chunk - 1 + s tokens after step s
@@ -1457,8 +1459,9 @@ class Simulator:
             self._retire_finished()
         if k >= first_row:
             rows.append((first_row, k, len(active), 0, len(active), live_base, len(active)))
-        self._ff_record(rows, k, start, durs, cum, used0 + np.cumsum(alloc_ps[1:k + 1] + round_used[1:k + 1]),
-                        cf0 - np.cumsum(ev_ps[1:k + 1] - round_cf[1:k + 1]), waiting0, ev_log)
+        used = used0 + np.cumsum(alloc_ps[1:k + 1] + round_used[1:k + 1])
+        cached_free = cf0 - np.cumsum(ev_ps[1:k + 1] - round_cf[1:k + 1])
+        self._ff_record(rows, k, start, durs, cum, used, cached_free, waiting0, ev_log)
         if self.check:
             self.check_invariants()
         return k
