@@ -5,7 +5,9 @@ keeps the machine code in numba's on-disk cache (next to the source, or ``NUMBA_
 ``~/.cache``), so later processes load it (~0.2 s) instead of compiling it (~1-3 s). Where no
 cache location is writable (a read-only install without a writable home), it compiles without
 the cache instead of failing. Kernels release the GIL and use no fast-math: integer and
-comparison work only, so results are the same on every machine.
+comparison work, and float64 arithmetic done in the order of the numpy expression it replaces
+(tests compare the bits); transcendental functions (exp, log, cos) stay in numpy, whose results
+a compiled loop might round differently.
 """
 
 from __future__ import annotations
