@@ -112,6 +112,8 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
         score = score.astype(np.float64)  # exact and order-preserving for the scores used
     elif not score.flags.writeable:  # a broadcast view: the kernel takes writable arrays
         score = score.copy()
+    if cand.dtype != np.bool_ or not cand.flags.writeable:
+        cand = np.array(cand, dtype=bool)
     out = np.zeros(score.shape, dtype=bool)
     for h in range(score.shape[0]):
         if _topk_row(score[h], cand[h], int(k[h]), out[h]) < 0:

@@ -555,3 +555,16 @@ def test_topk_mask_equals_the_stable_descending_sort(H, S, seed, coarse, with_in
         kk = np.maximum(np.broadcast_to(np.asarray(ks, dtype=np.int64), (H,)), 0)
         want = cand & (_rank_desc(sc, cand) < kk[:, None])
     assert (topk_mask(sc, cand, ks) == want).all()
+
+
+def test_topk_mask_takes_read_only_views_and_integer_masks():
+    """The compiled per-row path copies what it cannot take as is (broadcast, read-only score
+    and candidate views; a candidate mask of integers) and keeps what the stable sort keeps."""
+    from policies.eviction import _rank_desc, topk_mask
+    rng = np.random.default_rng(0)
+    sc = np.broadcast_to(rng.random((1, 40)).astype(np.float32), (3, 40))
+    cand = np.broadcast_to(rng.random(40) < 0.6, (3, 40))
+    want = cand & (_rank_desc(sc, cand) < 7)
+    assert not sc.flags.writeable and not cand.flags.writeable
+    assert (topk_mask(sc, cand, 7) == want).all()
+    assert (topk_mask(sc, cand.astype(np.int8), 7) == want).all()
