@@ -199,15 +199,11 @@ class Recorder:
                               live)
 
     def steps_bulk(self, starts, durs, running, waiting, decode, used, cached_free, live) -> None:
-        """Record ``len(starts)`` consecutive pure-decode steps (fast-forward)."""
+        """Record ``len(starts)`` consecutive pure-decode steps of ``decode`` tokens each
+        (fast-forward): :meth:`steps_rows` without prefill tokens."""
         k = len(starts)
-        self.num_steps += k
-        self.sum_decode += decode * k
-        pk = int(np.max(used))
-        if pk > self.peak_blocks_used:
-            self.peak_blocks_used = pk
-        if self.record_steps:
-            self.steps.extend(starts, durs, running, waiting, 0, decode, used, cached_free, live)
+        self.steps_rows(starts, durs, running, waiting, np.zeros(k, dtype=np.int64),
+                        np.full(k, decode, dtype=np.int64), used, cached_free, live)
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""

@@ -568,3 +568,31 @@ def test_topk_mask_takes_read_only_views_and_integer_masks():
     assert not sc.flags.writeable and not cand.flags.writeable
     assert (topk_mask(sc, cand, 7) == want).all()
     assert (topk_mask(sc, cand.astype(np.int8), 7) == want).all()
+
+
+def test_importance_compiled_scores_equal_the_numpy_path(monkeypatch):
+    """The compiled log-score pass (``ImportanceModel._logs_fused``) gives the very bits of the
+    numpy path (``latent`` and the recency table) over random parameters, positions, groups,
+    steps and sequence lengths (sinks excluded, as the compiled path requires)."""
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        params = ImportanceParams(
+            drift_period=int(rng.integers(1, 600)),
+            correlation_length=float(rng.choice([1.5, 4.0, 16.0, 33.3])),
+            head_correlation=float(rng.uniform(0.01, 0.99)),
+            drift=float(rng.choice([0.05, 0.3, 1.0])), sink_tokens=int(rng.integers(0, 8)),
+            sigma_spread=float(rng.choice([0.0, 0.5])))
+        seed = int(rng.integers(0, 9))
+        fused, plain = ImportanceModel(params, seed=seed), ImportanceModel(params, seed=seed)
+        assert fused._fused
+        for k in range(3):
+            n = int(rng.integers(10, 6000))
+            G = int(rng.integers(1, 4))
+            step = int(rng.integers(0, 3000)) + 100 * k
+            pos = rng.integers(params.sink_tokens, n, int(rng.integers(1, 3000)))
+            seq = n + int(rng.integers(0, 10))
+            got = fused._scores(5, pos, G, step, seq, None, params.sink_tokens)
+            with monkeypatch.context() as m:
+                m.setattr(ImportanceModel, "_fused", property(lambda self: False))
+                want = plain._scores(5, pos, G, step, seq, None, 0)
+            assert np.array_equal(got, want)
