@@ -252,6 +252,9 @@ class Simulator:
                 p = rid_to_row[int(parents[i])]
                 self.children.setdefault(p, []).append(i)
         self.roots = np.flatnonzero(parents < 0)
+        # root arrival times, ascending (the arrival process's order; _tie_inside reads them)
+        self.root_times = np.sort(np.asarray(self.w_arrival, dtype=np.float64)[self.roots],
+                                  kind="stable")
 
     # ------------------------------------------------------------------ arrivals
     def _arrivals(self):
@@ -280,6 +283,17 @@ class Simulator:
         self.waiting.append(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _tie_inside(self, lo: float, end: float) -> bool:
+        """Whether a root arrival lands strictly inside the step ``(lo, end)`` (s) and the next
+        root arrival after it lands exactly at ``end``. The arrival process creates that next
+        arrival's timeout during the step, after the per-step loop created the step's timeout,
+        so SimPy (equal times run in creation order) ends the step first and the scheduling at
+        ``end`` does not see that arrival; a fast-forward stretch, whose clock waits are created
+        later, would let it in first. Stretches end before such a step."""
+        rt = self.root_times
+        i = int(np.searchsorted(rt, end, side="left"))
+        return 0 < i < len(rt) and rt[i] == end and rt[i - 1] > lo
 
     def _release_children(self, i: int) -> None:
         kids = self.children.get(i)
@@ -987,7 +1001,12 @@ class Simulator:
         else:
             k = k_try
         if t_next != float("inf"):
-            k = min(k, int(np.searchsorted(cum, t_next, side="left")) + 1)
+            j = int(np.searchsorted(cum, t_next, side="left"))
+            if j < k:
+                k = j + 1
+                if cum[j] != t_next and self._tie_inside(float(cum[j - 1]) if j else env.now,
+                                                         float(cum[j])):
+                    k = j  # (_tie_inside: the stretch's clock waits would let the arrival in)
         if k < 2:
             return 0
         # new blocks needed at steps 2..k: request i's token index slot0 + s - 1 starts a block
@@ -1327,8 +1346,23 @@ class Simulator:
                     d = d[:hi - seg + 1]
                     c = c[:hi - seg + 1]
             if pass_ev and c[-1] >= t_ev and t_ev < t_lim:
-                t_ev = yield from self._pass_arrivals(c, t_ev, t_lim, ev_log)
+                t_ev, before = yield from self._pass_arrivals(c, last, t_ev, t_lim, ev_log)
                 t_next = min(t_ev, t_lim)
+                if before is not None:
+                    cut = True
+                    if before == 0 and env.now != last:
+                        # the stretch ends at step seg - 1 (the clock has not reached it, so it
+                        # is not step 1, which the engine scheduled: its start is the clock)
+                        self._round_time = carry
+                        k = seg - 1
+                        break
+                    # it ends at step seg + before - 1; or at step seg, whose start is the clock
+                    # (the engine or a finish scheduled it): the stretch's one clock wait from
+                    # there, created before the arrival inside it, runs first at its end
+                    j = max(before, 1)
+                    hi = k = seg + j - 1
+                    d = d[:j]
+                    c = c[:j]
             if c[-1] >= t_next:  # the event lands during step seg + j: the stretch ends there
                 j = int(np.searchsorted(c, t_next, side="left"))
                 hi = k = seg + j
@@ -1626,13 +1660,14 @@ class Simulator:
         starts = np.concatenate(([start], cum[:-1]))
         rec.steps_rows(starts, durs, running, waiting, pre, dec, used, cached_free, live)
 
-    def _pass_arrivals(self, c: np.ndarray, t_ev: float, t_lim: float, log: list):
+    def _pass_arrivals(self, c: np.ndarray, t0: float, t_ev: float, t_lim: float, log: list):
         """SimPy process fragment: let the events that land before the end of a fast-forward
-        segment happen, moving the clock to each, and return the next event's time.
+        segment happen, moving the clock to each; returns ``(next event's time, j)``, ``j`` the
+        index of a step the stretch must end before, or None.
 
-        ``c``: the segment's step end times (s, ascending); ``t_ev``: the next event's time;
-        ``t_lim``: ``sim.max_sim_time_s`` (events from it on are left to the caller); ``log``
-        gets ``(time, waiting requests)`` after each event.
+        ``c``: the segment's step end times (s, ascending) from ``t0``; ``t_ev``: the next
+        event's time; ``t_lim``: ``sim.max_sim_time_s`` (events from it on are left to the
+        caller); ``log`` gets ``(time, waiting requests)`` after each event.
 
         Used only with requests waiting and no tiers. Every event then is an arrival (the
         arrival process, or a closed-loop child after its think time), and an arrival joins the
@@ -1640,17 +1675,23 @@ class Simulator:
         in FCFS order and stops at the first request that does not fit; see
         :meth:`_fast_forward_rounds`), so the per-step loop would schedule the same decode batch
         after it. An event at a step's exact end time stops here (the caller ends the stretch
-        there): whether the per-step loop counts it in that step depends on SimPy's event order.
+        there): it was created before that step began (the arrival process after an arrival
+        in an earlier step, or a finish), so SimPy runs it before the per-step loop's scheduling
+        there, as it runs before the stretch's. A step in which an arrival would create an
+        arrival at the step's exact end is not entered (:meth:`_tie_inside`: SimPy would run that
+        one after the scheduling): ``j`` is its index.
         """
         env = self.env
         while c[-1] >= t_ev and t_ev < t_lim:
             j = int(np.searchsorted(c, t_ev, side="left"))
             if c[j] == t_ev:
                 break
+            if self._tie_inside(float(c[j - 1]) if j else t0, float(c[j])):
+                return t_ev, j
             yield from _advance_to(env, t_ev)
             log.append((t_ev, len(self.waiting)))
             t_ev = env.peek()
-        return t_ev
+        return t_ev, None
 
     def _ff_commit(self, req: Request, steps: int, tokens: int, blocks: int, reg=None) -> None:
         """Bring ``req``'s counters forward by ``steps`` pure-decode steps of a fast-forward
