@@ -36,7 +36,7 @@ from itertools import filterfalse
 
 import numpy as np
 
-from .block_pool import NO_HASH, _home, _probe
+from .block_pool import NO_HASH, _home
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .jit import kernel
@@ -107,7 +107,13 @@ class LRUStore:
     A doubly linked list of nodes (LRU at the head) and an open-addressing key -> node table
     (linear probing, backward-shift deletion), in numpy arrays worked by compiled loops
     (:func:`_lru_insert_many` and friends, numba); the arrays grow with the pages held, not with
-    the capacity. Keys are int64 page hashes (``sim.block_pool.NO_HASH`` is reserved)."""
+    the capacity. Keys are int64 page hashes (``sim.block_pool.NO_HASH`` is reserved).
+
+    Layout: a table slot is the pair (key, node) in adjacent int64s, and a node the record
+    (key, prev, next, unused) in four: a disk tier holds millions of pages, far beyond the CPU
+    caches, and a page's insert or eviction touches a few random slots and nodes, each one
+    cache line instead of one per field (~290 -> ~190 ns a page measured with 1.66 M pages held;
+    BENCHMARKS.md)."""
 
     def __init__(self, capacity_pages: int):
         self.capacity = int(capacity_pages)
@@ -120,24 +126,22 @@ class LRUStore:
         """(Re)size the node arrays to ``nodes`` and the table to >= 2 x nodes slots, holding
         the pages ``order`` (least recently used first)."""
         bits = max(10, int(2 * nodes - 1).bit_length())
-        self._hk = np.full(1 << bits, NO_HASH, dtype=np.int64)
-        self._hv = np.empty(1 << bits, dtype=np.int64)
+        self._tab = np.empty(2 << bits, dtype=np.int64)
+        self._tab[0::2] = NO_HASH
         self._mask = (1 << bits) - 1
         self._shift = 64 - bits
-        self._nkey = np.empty(nodes, dtype=np.int64)
-        self._nprev = np.empty(nodes, dtype=np.int64)
-        self._nnext = np.empty(nodes, dtype=np.int64)
+        self._node = np.empty(4 * nodes, dtype=np.int64)
         self._nfree = np.arange(nodes - 1, -1, -1, dtype=np.int64)  # a stack: node 0 on top
         self._st[:] = (-1, -1, 0, nodes)
         if len(order):
             self._insert(order)
 
     def _insert(self, keys: np.ndarray) -> np.ndarray:
-        if self._st[2] + len(keys) > len(self._nkey):
-            self._alloc(max(2 * len(self._nkey), int(self._st[2]) + len(keys)), self.lru_order())
+        if self._st[2] + len(keys) > len(self._nfree):
+            self._alloc(max(2 * len(self._nfree), int(self._st[2]) + len(keys)), self.lru_order())
         out = np.empty(len(keys), dtype=np.int64)  # at most the batch is evicted (held <= cap)
-        m = _lru_insert_many(self._hk, self._hv, self._mask, self._shift, self._nkey, self._nprev,
-                             self._nnext, self._nfree, self._st, self.capacity, keys, out)
+        m = _lru_insert_many(self._tab, self._mask, self._shift, self._node, self._nfree,
+                             self._st, self.capacity, keys, out)
         if self._st[2] > self.peak:
             self.peak = int(self._st[2])
         return out[:m]
@@ -151,7 +155,7 @@ class LRUStore:
     def lru_order(self) -> np.ndarray:
         """The pages held, least recently used first (int64)."""
         out = np.empty(int(self._st[2]), dtype=np.int64)
-        _lru_order(self._nkey, self._nnext, self._st, out)
+        _lru_order(self._node, self._st, out)
         return out
 
     def touch(self, key: int) -> None:
@@ -162,8 +166,7 @@ class LRUStore:
         """Mark held pages most recently used, in order (the last ends most recent). KeyError
         for a page not held (the pages before it were touched)."""
         q = np.asarray(keys, dtype=np.int64)
-        bad = _lru_touch_many(self._hk, self._hv, self._mask, self._shift, self._nprev,
-                              self._nnext, self._st, q)
+        bad = _lru_touch_many(self._tab, self._mask, self._shift, self._node, self._st, q)
         if bad >= 0:
             raise KeyError(int(q[bad]))
 
@@ -171,14 +174,14 @@ class LRUStore:
         """Membership of each key (``keys``: int64 array or list; bool array)."""
         q = np.asarray(keys, dtype=np.int64)
         out = np.empty(len(q), dtype=bool)
-        _lru_contains(self._hk, self._mask, self._shift, q, out)
+        _lru_contains(self._tab, self._mask, self._shift, q, out)
         return out
 
     def missing(self, keys: list[int]) -> list[int]:
         """The keys not held, in order."""
         q = np.asarray(keys, dtype=np.int64)
         out = np.empty(len(q), dtype=bool)
-        _lru_contains(self._hk, self._mask, self._shift, q, out)
+        _lru_contains(self._tab, self._mask, self._shift, q, out)
         return q[~out].tolist()
 
     def insert_many(self, keys: list[int]) -> list[int]:
@@ -197,20 +200,28 @@ class LRUStore:
         return self.insert_many([key])
 
 
+# The compiled LRU store: table slot s is tab[2s] (key, NO_HASH when empty), tab[2s + 1] (its
+# node); node n is node[4n] (key), node[4n + 1] (prev), node[4n + 2] (next).
+
 @kernel("i8(i8[:], i8, i8, i8)")
-def _slot_of(hk, mask, shift, key):  # pragma: no cover (compiled)
-    """Table slot holding ``key``, or -1."""
-    s = _probe(hk, mask, shift, key)
-    return s if hk[s] == key else -1
+def _lru_probe(tab, mask, shift, key):  # pragma: no cover (compiled)
+    """The slot of ``key`` (linear probing from its :func:`_home`), or the empty slot where it
+    would go."""
+    s = _home(key, shift)
+    while True:
+        k = tab[2 * s]
+        if k == key or k == NO_HASH:
+            return s
+        s = (s + 1) & mask
 
 
-@kernel("void(i8[:], i8[:], i8, i8, i8)")
-def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
+@kernel("void(i8[:], i8, i8, i8)")
+def _lru_table_delete(tab, mask, shift, s):  # pragma: no cover (compiled)
     """Empty slot ``s``, shifting back the entries after it whose probe run crosses it."""
     j = s
     while True:
         j = (j + 1) & mask
-        k = hk[j]
+        k = tab[2 * j]
         if k == NO_HASH:
             break
         home = _home(k, shift)
@@ -220,68 +231,63 @@ def _table_delete(hk, hv, mask, shift, s):  # pragma: no cover (compiled)
         else:
             stays = home > s or home <= j
         if not stays:
-            hk[s] = k
-            hv[s] = hv[j]
+            tab[2 * s] = k
+            tab[2 * s + 1] = tab[2 * j + 1]
             s = j
-    hk[s] = NO_HASH
+    tab[2 * s] = NO_HASH
 
 
-@kernel("void(i8[:], i8[:], i8[:], i8)")
-def _lru_unlink(nprev, nnext, st, n):  # pragma: no cover (compiled)
-    p = nprev[n]
-    q = nnext[n]
+@kernel("void(i8[:], i8[:], i8)")
+def _lru_unlink(node, st, n):  # pragma: no cover (compiled)
+    p = node[4 * n + 1]
+    q = node[4 * n + 2]
     if p >= 0:
-        nnext[p] = q
+        node[4 * p + 2] = q
     else:
         st[0] = q
     if q >= 0:
-        nprev[q] = p
+        node[4 * q + 1] = p
     else:
         st[1] = p
 
 
-@kernel("void(i8[:], i8[:], i8[:], i8)")
-def _lru_append(nprev, nnext, st, n):  # pragma: no cover (compiled)
+@kernel("void(i8[:], i8[:], i8)")
+def _lru_append(node, st, n):  # pragma: no cover (compiled)
     t = st[1]
-    nprev[n] = t
-    nnext[n] = -1
+    node[4 * n + 1] = t
+    node[4 * n + 2] = -1
     if t >= 0:
-        nnext[t] = n
+        node[4 * t + 2] = n
     else:
         st[0] = n
     st[1] = n
 
 
-@kernel("void(i8[:], i8[:], i8[:], i8)")
-def _lru_move_to_end(nprev, nnext, st, n):  # pragma: no cover (compiled)
-    """Make node ``n`` the most recently used."""
-    _lru_unlink(nprev, nnext, st, n)
-    _lru_append(nprev, nnext, st, n)
-
-
-@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:], i8[:], i8, i8[:], i8[:])")
-def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, keys, out):  # pragma: no cover
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:], i8, i8[:], i8[:])")
+def _lru_insert_many(tab, mask, shift, node, nfree, st, cap, keys, out):  # pragma: no cover
     """:meth:`LRUStore.insert_many` on the arrays (the node arrays have room for every key):
     the evicted pages into ``out``; returns how many."""
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _probe(hk, mask, shift, key)
-        if hk[s] == key:  # held: refresh
-            _lru_move_to_end(nprev, nnext, st, hv[s])
+        s = _lru_probe(tab, mask, shift, key)
+        if tab[2 * s] == key:  # held: refresh
+            n = tab[2 * s + 1]
+            _lru_unlink(node, st, n)
+            _lru_append(node, st, n)
             continue
         st[3] -= 1  # a free node, into the empty slot the probe ended at
         n = nfree[st[3]]
-        nkey[n] = key
-        _lru_append(nprev, nnext, st, n)
-        hk[s] = key
-        hv[s] = n
+        node[4 * n] = key
+        _lru_append(node, st, n)
+        tab[2 * s] = key
+        tab[2 * s + 1] = n
         st[2] += 1
     m = 0
     while st[2] > cap:
         n = st[0]
-        _lru_unlink(nprev, nnext, st, n)
-        key = nkey[n]
-        _table_delete(hk, hv, mask, shift, _slot_of(hk, mask, shift, key))
+        _lru_unlink(node, st, n)
+        key = node[4 * n]
+        _lru_table_delete(tab, mask, shift, _lru_probe(tab, mask, shift, key))
         nfree[st[3]] = n
         st[3] += 1
         st[2] -= 1
@@ -290,32 +296,34 @@ def _lru_insert_many(hk, hv, mask, shift, nkey, nprev, nnext, nfree, st, cap, ke
     return m
 
 
-@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
-def _lru_touch_many(hk, hv, mask, shift, nprev, nnext, st, keys):  # pragma: no cover (compiled)
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:])")
+def _lru_touch_many(tab, mask, shift, node, st, keys):  # pragma: no cover (compiled)
     """Move each held key to the most recent end, in order; the index of the first key not
     held (the touching stops there), or -1."""
     for i in range(keys.shape[0]):
-        s = _slot_of(hk, mask, shift, keys[i])
-        if s < 0:
+        s = _lru_probe(tab, mask, shift, keys[i])
+        if tab[2 * s] != keys[i]:
             return i
-        _lru_move_to_end(nprev, nnext, st, hv[s])
+        n = tab[2 * s + 1]
+        _lru_unlink(node, st, n)
+        _lru_append(node, st, n)
     return -1
 
 
 @kernel("void(i8[:], i8, i8, i8[:], b1[:])")
-def _lru_contains(hk, mask, shift, keys, out):  # pragma: no cover (compiled)
+def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
     for i in range(keys.shape[0]):
-        out[i] = _slot_of(hk, mask, shift, keys[i]) >= 0
+        out[i] = tab[2 * _lru_probe(tab, mask, shift, keys[i])] == keys[i]
 
 
-@kernel("void(i8[:], i8[:], i8[:], i8[:])")
-def _lru_order(nkey, nnext, st, out):  # pragma: no cover (compiled)
+@kernel("void(i8[:], i8[:], i8[:])")
+def _lru_order(node, st, out):  # pragma: no cover (compiled)
     n = st[0]
     i = 0
     while n >= 0:
-        out[i] = nkey[n]
+        out[i] = node[4 * n]
         i += 1
-        n = nnext[n]
+        n = node[4 * n + 2]
 
 
 class ARCStore:
