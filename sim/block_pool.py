@@ -323,12 +323,13 @@ class BlockPool:
         # key -> block; live only while block_hash[block] == key (see the module docstring)
         self.index = self._index_cls(INDEX_SLOTS_PER_BLOCK * n)
         self.evicted_cached_blocks = 0
-        # when lists, allocate() appends evicted keys and cache_blocks() newly registered keys
-        # (the tier manager's write policies read them)
-        self.evict_log: list[int] | None = None
-        self.cached_log: list[int] | None = None
-        # when a list: every key registered, evicted or uncached (any change of the index)
-        self.change_log: list[int] | None = None
+        # when lists, allocate() appends the keys it evicts and cache_blocks() those it newly
+        # registers, as int64 arrays, none empty (the tier manager's write policies read them)
+        self.evict_log: list[np.ndarray] | None = None
+        self.cached_log: list[np.ndarray] | None = None
+        # when a list: every key registered, evicted or uncached (any change of the index), as
+        # int64 arrays, none empty
+        self.change_log: list[np.ndarray] | None = None
 
     # ------------------------------------------------------------------ counts
     @property
@@ -394,11 +395,11 @@ class BlockPool:
             nb, nk = blocks[new], keys[new]
         self.block_hash[nb] = nk
         if self.cached_log is not None or self.change_log is not None:
-            nkl = nk.tolist()
+            nk = nk.copy() if nk is keys else nk  # the caller's array may be a view it reuses
             if self.cached_log is not None:
-                self.cached_log.extend(nkl)
+                self.cached_log.append(nk)
             if self.change_log is not None:
-                self.change_log.extend(nkl)
+                self.change_log.append(nk)
 
     def _rebuild_index(self, extra: int = 0) -> None:
         """Drop stale index entries: rebuild the table from ``block_hash`` (O(num_blocks), run
@@ -417,7 +418,9 @@ class BlockPool:
             return
         if self.change_log is not None:
             h = self.block_hash[blocks]
-            self.change_log.extend(h[h != NO_HASH].tolist())
+            h = h[h != NO_HASH]
+            if len(h):
+                self.change_log.append(h)
         self.block_hash[blocks] = NO_HASH  # their index entries are now stale
 
     # ------------------------------------------------------------------ queue ops
@@ -461,12 +464,10 @@ class BlockPool:
     def _note_evicted(self, keys: np.ndarray) -> None:
         """Bookkeeping of cached hashes evicted by an allocation (``keys``: int64 array, in
         allocation order): the tier and memo logs, the cached-free and eviction counts."""
-        if self.evict_log is not None or self.change_log is not None:
-            kl = keys.tolist()
-            if self.evict_log is not None:
-                self.evict_log.extend(kl)
-            if self.change_log is not None:
-                self.change_log.extend(kl)
+        if self.evict_log is not None:
+            self.evict_log.append(keys)
+        if self.change_log is not None:
+            self.change_log.append(keys)
         self.num_cached_free -= len(keys)
         self.evicted_cached_blocks += len(keys)
 

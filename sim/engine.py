@@ -34,7 +34,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from .block_pool import NO_HASH, BlockPool
+from .block_pool import NO_HASH, BlockPool, KeyTable
 from .clock import exact_delays, step_ends
 from .keys import block_keys
 from .metrics import Recorder
@@ -76,6 +76,11 @@ def _block_pairs(first: np.ndarray, last: int, B: int):
     pi = np.repeat(np.arange(len(first)), cnt)
     ps = np.repeat(first, cnt) + B * (np.arange(n) - np.repeat(np.cumsum(cnt) - cnt, cnt))
     return cnt, pi, ps
+
+
+def _flat(log: list) -> list:
+    """The keys of a pool log (a list of int64 arrays) as one list of ints."""
+    return np.concatenate(log).tolist() if log else []
 
 
 def _grown(arrays, n: int) -> tuple:
@@ -217,7 +222,7 @@ class Simulator:
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
         self._hit_memo = None  # (request, gen, max_hit, walk state, result); tiers only
-        self._hit_keys = None  # [request, its keys array, max_hit, {key: block index} or None]
+        self._hit_keys = None  # [request, its keys array, max_hit, KeyTable key -> index or None]
         if self.tiers is not None:
             self.pool.evict_log = []
             self.pool.cached_log = []
@@ -657,16 +662,17 @@ class Simulator:
             if not pool_log and not tiers.change_log:
                 return memo[4]
             pos_of = kp[3]
-            if pos_of is None:
-                keys = req.keys[:max_hit].tolist()
-                pos_of = kp[3] = dict(zip(keys, range(len(keys))))
-            changed = set(filter(pos_of.__contains__, pool_log))
-            changed.update(filter(pos_of.__contains__, tiers.change_log))
+            if pos_of is None:  # key -> block index (chained keys: distinct)
+                keys = req.keys[:max_hit]
+                pos_of = kp[3] = KeyTable(2 * len(keys) + 2)
+                pos_of.put_absent(keys, np.arange(len(keys), dtype=np.int64), keys)
+            idx = pos_of.get_many(np.concatenate(pool_log + tiers.change_log))
             pool_log.clear()
             tiers.change_log.clear()
-            if not changed:
+            idx = idx[idx >= 0]
+            if not len(idx):
                 return memo[4]
-            state = self._rewalk(req, memo[3], sorted(pos_of[k] for k in changed), max_hit)
+            state = self._rewalk(req, memo[3], np.unique(idx), max_hit)
         else:
             pool_log.clear()
             tiers.change_log.clear()
@@ -715,7 +721,7 @@ class Simulator:
             return blk_parts[0], code_parts[0]
         return np.concatenate(blk_parts), np.concatenate(code_parts)
 
-    def _rewalk(self, req: Request, state, changed: list, max_hit: int):
+    def _rewalk(self, req: Request, state, changed: np.ndarray, max_hit: int):
         """The memoised walk ``state = (blk, code)`` of the head's blocks ``0 .. m - 1`` brought
         up to date after the blocks at indices ``changed`` (sorted) changed membership: they are
         located again; the first one now held nowhere ends the hit; if block ``m`` (the one that
@@ -1059,8 +1065,8 @@ class Simulator:
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
             # already ran): the keys it evicted and registered
-            t_ev = {1: list(self.pool.evict_log)}
-            t_cached = {1: list(self.pool.cached_log)}
+            t_ev = {1: _flat(self.pool.evict_log)}
+            t_cached = {1: _flat(self.pool.cached_log)}
             self.pool.evict_log.clear()
             self.pool.cached_log.clear()
         nb_all = np.zeros(b, dtype=np.int64)
@@ -1073,7 +1079,7 @@ class Simulator:
                 ps_ev = ps[order][evicted]
                 if tiers is not None:
                     # evicted keys in allocation order = (step, request) order
-                    ev_keys = list(self.pool.evict_log)
+                    ev_keys = _flat(self.pool.evict_log)
                     self.pool.evict_log.clear()
                     for st, key in zip(ps_ev.tolist(), ev_keys):
                         t_ev.setdefault(st, []).append(key)
@@ -1155,8 +1161,9 @@ class Simulator:
         if tiers is not None:
             # the last step's offloads are issued here, at the end of the stretch, before the
             # next scheduling (as the per-step loop's _tier_step_end), not by _ff_offloads
-            self.pool.evict_log.extend(t_ev.get(k, ()))
-            self.pool.cached_log.extend(t_cached.get(k, ()))
+            for log, keys in ((self.pool.evict_log, t_ev.get(k)), (self.pool.cached_log, t_cached.get(k))):
+                if keys:
+                    log.append(np.asarray(keys, dtype=np.int64))
             self._tier_step_end()
         if not rec.record_steps:
             # counters only: the peak of used blocks is before the finished requests left
@@ -1763,7 +1770,8 @@ class Simulator:
     def _tier_step_end(self) -> None:
         pool = self.pool
         tiers = self.tiers
-        if self._hit_memo is not None and len(pool.change_log) + len(tiers.change_log) > MEMO_LOG_MAX:
+        if self._hit_memo is not None and \
+                sum(map(len, pool.change_log)) + sum(map(len, tiers.change_log)) > MEMO_LOG_MAX:
             # the head has not been walked for a long time (e.g. max_num_seqs reached): drop the
             # memo rather than let the logs grow
             self._hit_memo = None
@@ -1771,10 +1779,10 @@ class Simulator:
             pool.change_log.clear()
             tiers.change_log.clear()
         if pool.evict_log:
-            tiers.on_gpu_evict(pool.evict_log)
+            tiers.on_gpu_evict(np.concatenate(pool.evict_log))
             pool.evict_log.clear()
         if pool.cached_log:
-            tiers.on_gpu_cached(pool.cached_log)
+            tiers.on_gpu_cached(np.concatenate(pool.cached_log))
             pool.cached_log.clear()
         tiers.flush()
 

@@ -32,7 +32,6 @@ from vendor sheets).
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import filterfalse
 
 import numpy as np
 
@@ -199,6 +198,20 @@ class LRUStore:
         """Insert (or refresh) a page; returns the pages evicted to make room."""
         return self.insert_many([key])
 
+    def not_held(self, keys: np.ndarray) -> np.ndarray:
+        """The keys not held, in order (``keys``: int64 array; int64 array)."""
+        out = np.empty(len(keys), dtype=bool)
+        _lru_contains(self._tab, self._mask, self._shift, keys, out)
+        return keys[~out]
+
+    def insert_array(self, keys: np.ndarray) -> np.ndarray:
+        """:meth:`insert_many` on an int64 array; returns the evicted pages as an int64 array."""
+        if self.capacity <= 0:
+            return keys.copy()
+        if not len(keys):
+            return keys[:0]
+        return self._insert(keys)
+
 
 # The compiled LRU store: table slot s is tab[2s] (key, NO_HASH when empty), tab[2s + 1] (its
 # node); node n is node[4n] (key), node[4n + 1] (prev), node[4n + 2] (next).
@@ -326,6 +339,68 @@ def _lru_order(node, st, out):  # pragma: no cover (compiled)
         n = node[4 * n + 2]
 
 
+class KeySet:
+    """A set of int64 keys (``NO_HASH`` reserved) in an open-addressing table worked by the
+    compiled loops of :class:`LRUStore`'s table (linear probing, backward-shift deletion): a
+    whole array of keys per call. Holds the pages in flight to the host tier."""
+
+    def __init__(self):
+        self.count = 0
+        self._resize(1 << 10)
+
+    def _resize(self, slots: int) -> None:
+        old = self._tab[0::2] if hasattr(self, "_tab") else None
+        bits = int(slots - 1).bit_length()
+        self._tab = np.empty(2 << bits, dtype=np.int64)
+        self._tab[0::2] = NO_HASH
+        self._mask = (1 << bits) - 1
+        self._shift = 64 - bits
+        if old is not None:
+            held = old[old != NO_HASH]
+            _set_add(self._tab, self._mask, self._shift, held)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def contains_many(self, keys: np.ndarray) -> np.ndarray:
+        """Membership of each key (int64 array; bool array)."""
+        out = np.empty(len(keys), dtype=bool)
+        _lru_contains(self._tab, self._mask, self._shift, keys, out)
+        return out
+
+    def add_many(self, keys: np.ndarray) -> None:
+        """Add keys (int64 array; held ones stay)."""
+        if 2 * (self.count + len(keys)) > self._mask + 1:
+            self._resize(4 * (self.count + len(keys)))
+        self.count += _set_add(self._tab, self._mask, self._shift, keys)
+
+    def discard_many(self, keys: np.ndarray) -> None:
+        """Remove keys (int64 array; absent ones are ignored)."""
+        self.count -= _set_discard(self._tab, self._mask, self._shift, keys)
+
+
+@kernel("i8(i8[:], i8, i8, i8[:])")
+def _set_add(tab, mask, shift, keys):  # pragma: no cover (compiled)
+    n = 0
+    for i in range(keys.shape[0]):
+        s = _lru_probe(tab, mask, shift, keys[i])
+        if tab[2 * s] != keys[i]:
+            tab[2 * s] = keys[i]
+            n += 1
+    return n
+
+
+@kernel("i8(i8[:], i8, i8, i8[:])")
+def _set_discard(tab, mask, shift, keys):  # pragma: no cover (compiled)
+    n = 0
+    for i in range(keys.shape[0]):
+        s = _lru_probe(tab, mask, shift, keys[i])
+        if tab[2 * s] == keys[i]:
+            _lru_table_delete(tab, mask, shift, s)
+            n += 1
+    return n
+
+
 class ARCStore:
     """Adaptive Replacement Cache (Megiddo & Modha, FAST 2003): recency list T1, frequency list
     T2, ghost lists B1/B2 steering the target size ``p`` of T1. Capacity in pages."""
@@ -361,6 +436,14 @@ class ARCStore:
         for k in keys:
             out.extend(self.insert(k))
         return out
+
+    def not_held(self, keys: np.ndarray) -> np.ndarray:
+        """The keys in neither T1 nor T2, in order (int64 arrays)."""
+        return np.asarray(self.missing(keys.tolist()), dtype=np.int64)
+
+    def insert_array(self, keys: np.ndarray) -> np.ndarray:
+        """:meth:`insert_many` on an int64 array; returns the evicted pages as an int64 array."""
+        return np.asarray(self.insert_many(keys.tolist()), dtype=np.int64)
 
     def touch(self, key: int) -> None:
         """A hit: move the page to the MRU end of T2."""
@@ -497,6 +580,11 @@ __all__ = [
 GPU, HOST, DISK = 0, 1, 2
 
 
+def _joined(parts: list) -> np.ndarray:
+    """The int64 arrays ``parts`` end to end (the one array itself when there is one)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 class TierManager:
     """Host/disk stores, links, offload (write policy) and onboarding, inside one SimPy env.
 
@@ -545,16 +633,17 @@ class TierManager:
         self.disk_write = Link(env, "disk_write", float(tiers.disk_write_gbps) * 1e9, float(tiers.disk_latency_s))
         self.hbm = float(hbm_Bps)
         self.cal = calibration
-        self.inflight: set[int] = set()
-        self.pending: list[int] = []
-        self.pending_demote: list[int] = []
+        self.inflight = KeySet()  # pages queued or being copied to the host
+        self.pending: list[np.ndarray] = []  # pages to offload, in order (int64 arrays)
+        self.pending_demote: list[np.ndarray] = []  # host evictions to write to disk
         self.hit_count: dict[int, int] = {}
         self.records = TransferLog(self.codec)
         self.bytes_offloaded = {"host": 0, "disk": 0}
         self.bytes_onboarded = {"host": 0, "disk": 0}
         # keys whose host/disk membership changed (inserted or evicted) since the engine last
-        # cleared the list: it revalidates its memo of the waiting head's hit walk with it
-        self.change_log: list[int] = []
+        # cleared the list (int64 arrays, none empty): it revalidates its memo of the waiting
+        # head's hit walk with it
+        self.change_log: list[np.ndarray] = []
 
     # ------------------------------------------------------------------ timing
     def _copy_time(self, pages: int, link: "Link", fused_op: str, plain_op: str) -> float:
@@ -635,20 +724,31 @@ class TierManager:
             self._queue(ready[::-1])
 
     def _queue(self, keys) -> None:
-        # pages neither on the host nor already being copied, each once, in order
-        new = list(dict.fromkeys(filterfalse(self.inflight.__contains__, self.host.missing(keys))))
-        self.inflight.update(new)
-        self.pending.extend(new)
+        """Queue the pages among ``keys`` (int64 array or list) that are neither on the host
+        nor already queued or being copied, each once, in order."""
+        q = np.asarray(keys, dtype=np.int64)
+        if not len(q):
+            return
+        new = self.host.not_held(q)
+        if len(new) and len(self.inflight):
+            new = new[~self.inflight.contains_many(new)]
+        if len(new) > 1:
+            _, first = np.unique(new, return_index=True)
+            if len(first) < len(new):
+                new = new[np.sort(first)]
+        if len(new):
+            self.inflight.add_many(new)
+            self.pending.append(new)
 
     def flush(self) -> None:
         """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
-        p = self.pending
-        if p:
+        if self.pending:
+            p = _joined(self.pending)
             self.pending = []
             for lo in range(0, len(p), self.batch):
                 self._offload(p[lo:lo + self.batch])
-        d = self.pending_demote
-        if d:
+        if self.pending_demote:
+            d = _joined(self.pending_demote)
             self.pending_demote = []
             for lo in range(0, len(d), self.batch):
                 self._demote(d[lo:lo + self.batch])
@@ -677,16 +777,24 @@ class TierManager:
     def _offloaded(self, keys, start, dur, queued) -> None:
         self._record(start, "d2h", "host", len(keys), dur, queued)
         self.bytes_offloaded["host"] += len(keys) * self.cold
-        self.inflight.difference_update(keys)
+        self.inflight.discard_many(keys)
         self._insert_host(keys)
         self.flush()
 
     def _insert_host(self, keys) -> None:
-        ev = self.host.insert_many(keys)
-        self.change_log.extend(keys)
-        self.change_log.extend(ev)
-        if ev and self.disk is not None:
-            self.pending_demote.extend(self.disk.missing(ev))
+        """Insert pages (int64 array or list) into the host store; its evictions not on disk
+        are queued for writing there."""
+        keys = np.asarray(keys, dtype=np.int64)
+        if not len(keys):
+            return
+        ev = self.host.insert_array(keys)
+        self.change_log.append(keys)
+        if len(ev):
+            self.change_log.append(ev)
+            if self.disk is not None:
+                d = self.disk.not_held(ev)
+                if len(d):
+                    self.pending_demote.append(d)
 
     def _demote(self, keys) -> None:
         """Issue one host-to-disk batch now (arithmetic queue, as :meth:`_offload`)."""
@@ -698,8 +806,10 @@ class TierManager:
     def _demoted(self, keys, start, dur, queued) -> None:
         self._record(start, "host_to_disk", "disk", len(keys), dur, queued)
         self.bytes_offloaded["disk"] += len(keys) * self.cold
-        self.change_log.extend(keys)
-        self.change_log.extend(self.disk.insert_many(keys))
+        self.change_log.append(keys)
+        ev = self.disk.insert_array(keys)
+        if len(ev):
+            self.change_log.append(ev)
 
     # ------------------------------------------------------------------ onboarding
     def _copy_batches(self, keys: list[int], link: Link, duration, direction: str, tier: str,

@@ -303,3 +303,24 @@ def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, extra):
         digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
                        for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
     assert digests["true"] == digests["false"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(-40, 40), max_size=30)), max_size=40))
+def test_key_set_matches_a_python_set(ops):
+    """KeySet (the pages in flight to the host): adds and discards of int64 arrays, with
+    repeated and absent keys and growth past its first table, match a Python set."""
+    from sim.tiers import KeySet
+
+    s, ref = KeySet(), set()
+    for add, keys in ops:
+        q = np.asarray([k * 1000 + 7 for k in keys] * (30 if add else 1), dtype=np.int64)
+        if add:
+            s.add_many(q)
+            ref.update(q.tolist())
+        else:
+            s.discard_many(q)
+            ref.difference_update(q.tolist())
+        assert len(s) == len(ref)
+        probe = np.arange(-40_000, 41_000, 1000, dtype=np.int64) + 7
+        assert s.contains_many(probe).tolist() == [k in ref for k in probe.tolist()]
