@@ -357,7 +357,7 @@ class KeySet:
         self._shift = 64 - bits
         if old is not None:
             held = old[old != NO_HASH]
-            _set_add(self._tab, self._mask, self._shift, held)
+            _set_add(self._tab, self._mask, self._shift, held, np.empty(len(held), dtype=bool))
 
     def __len__(self) -> int:
         return self.count
@@ -368,23 +368,27 @@ class KeySet:
         _lru_contains(self._tab, self._mask, self._shift, keys, out)
         return out
 
-    def add_many(self, keys: np.ndarray) -> None:
-        """Add keys (int64 array; held ones stay)."""
+    def add_many(self, keys: np.ndarray) -> np.ndarray:
+        """Add keys (int64 array; held ones stay). Returns the bool mask of the keys added:
+        each one not held before, at its first occurrence."""
         if 2 * (self.count + len(keys)) > self._mask + 1:
             self._resize(4 * (self.count + len(keys)))
-        self.count += _set_add(self._tab, self._mask, self._shift, keys)
+        new = np.empty(len(keys), dtype=bool)
+        self.count += _set_add(self._tab, self._mask, self._shift, keys, new)
+        return new
 
     def discard_many(self, keys: np.ndarray) -> None:
         """Remove keys (int64 array; absent ones are ignored)."""
         self.count -= _set_discard(self._tab, self._mask, self._shift, keys)
 
 
-@kernel("i8(i8[:], i8, i8, i8[:])")
-def _set_add(tab, mask, shift, keys):  # pragma: no cover (compiled)
+@kernel("i8(i8[:], i8, i8, i8[:], b1[:])")
+def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
     n = 0
     for i in range(keys.shape[0]):
         s = _lru_probe(tab, mask, shift, keys[i])
-        if tab[2 * s] != keys[i]:
+        new[i] = tab[2 * s] != keys[i]
+        if new[i]:
             tab[2 * s] = keys[i]
             n += 1
     return n
@@ -730,15 +734,10 @@ class TierManager:
         if not len(q):
             return
         new = self.host.not_held(q)
-        if len(new) and len(self.inflight):
-            new = new[~self.inflight.contains_many(new)]
-        if len(new) > 1:
-            _, first = np.unique(new, return_index=True)
-            if len(first) < len(new):
-                new = new[np.sort(first)]
         if len(new):
-            self.inflight.add_many(new)
-            self.pending.append(new)
+            new = new[self.inflight.add_many(new)]  # those not in flight yet, each once
+            if len(new):
+                self.pending.append(new)
 
     def flush(self) -> None:
         """Issue queued offloads as batched D2H transfers (called at the end of each step)."""

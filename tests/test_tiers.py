@@ -309,14 +309,20 @@ def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, extra):
 @given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(-40, 40), max_size=30)), max_size=40))
 def test_key_set_matches_a_python_set(ops):
     """KeySet (the pages in flight to the host): adds and discards of int64 arrays, with
-    repeated and absent keys and growth past its first table, match a Python set."""
+    repeated and absent keys and growth past its first table, match a Python set; an add marks
+    the first occurrence of each key not held before."""
     from sim.tiers import KeySet
 
     s, ref = KeySet(), set()
     for add, keys in ops:
         q = np.asarray([k * 1000 + 7 for k in keys] * (30 if add else 1), dtype=np.int64)
         if add:
-            s.add_many(q)
+            new = s.add_many(q)
+            want, seen = [], set(ref)
+            for k in q.tolist():
+                want.append(k not in seen)
+                seen.add(k)
+            assert new.tolist() == want  # first occurrences of keys not held
             ref.update(q.tolist())
         else:
             s.discard_many(q)
