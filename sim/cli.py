@@ -21,6 +21,20 @@ from .config import register_configs
 
 log = logging.getLogger("kvsim")
 
+
+def _run_record() -> logging.Logger:
+    """A logger that writes only to the job's log files (Hydra's ``cli.log`` in the run
+    folder), not to the console: the run's record, beside what ``kvsim`` prints."""
+    rec = logging.getLogger("kvsim.record")
+    rec.propagate = False
+    rec.setLevel(logging.INFO)
+    for h in list(rec.handlers):
+        rec.removeHandler(h)
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            rec.addHandler(h)
+    return rec
+
 register_configs()
 
 
@@ -28,9 +42,12 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     """A rich table of the headline numbers of a summary dict."""
     from rich.table import Table
 
-    def ms(d, k):
-        v = d.get(k)
-        return "-" if v is None else f"{v * 1e3:,.1f}"
+    def times(d):
+        """p50 / p90 / p99 in ms, or in s when one of them reaches 10 s (an overloaded run's
+        queueing), with the unit."""
+        vals = [d.get(k) for k in ("p50", "p90", "p99")]
+        scale, unit = (1.0, "s") if max((v for v in vals if v is not None), default=0) >= 10 else (1e3, "ms")
+        return unit, " / ".join("-" if v is None else f"{v * scale:,.1f}" for v in vals)
 
     src = s.get("trace_source") or ""
     trace = s.get("trace")
@@ -51,9 +68,8 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     if s.get("rejected_by_reason"):
         t.add_row("rejected by reason", ", ".join(f"{k}: {v:,}" for k, v in s["rejected_by_reason"].items()))
     for name in ("ttft_s", "tpot_s", "e2e_s"):
-        d = s[name]
-        t.add_row(f"{name[:-2].upper()} ms  p50 / p90 / p99",
-                  f"{ms(d, 'p50')} / {ms(d, 'p90')} / {ms(d, 'p99')}")
+        unit, vals = times(s[name])
+        t.add_row(f"{name[:-2].upper()} {unit}  p50 / p90 / p99", vals)
     thr = s.get("throughput_tokens_per_s")
     othr = s.get("output_throughput_tokens_per_s")
     t.add_row("throughput tok/s (total / output)",
@@ -111,25 +127,30 @@ def app(cfg: DictConfig) -> None:
 
     from .hardware import ConfigError
 
+    record = _run_record()
+    record.info("kvsim %s -> %s", " ".join(overrides) or "(defaults)", out_dir)
+
+    def say(msg: str) -> None:  # a note, warning or error: to stderr and to the record
+        print(msg, file=sys.stderr)
+        record.info(msg)
+
     try:
         summary = run_simulation(cfg, out_dir, overrides=overrides)
     except (ConfigError, TraceError) as e:
-        print(f"kvsim: error: {e}", file=sys.stderr)
+        say(f"kvsim: error: {e}")
         if is_complete(out_dir):
-            print(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run",
-                  file=sys.stderr)
+            say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
         elif not out_dir.exists() or out_dir.is_dir():
             # mark the directory failed (kvsim-collect lists it with this reason)
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "INCOMPLETE").write_text(f"this run failed: {e}\n")
-            print(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
-                  f"with this error)", file=sys.stderr)
+            say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
+                f"with this error)")
         if multirun:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)",
-              file=sys.stderr)
+        say(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)")
         sys.exit(130)
     cm = summary.get("cost_model") or {}
     if cm.get("kind") == "calibrated" and cm.get("analytic_fallback"):
@@ -137,22 +158,29 @@ def app(cfg: DictConfig) -> None:
         for term in cm["analytic_fallback"]:
             if term in ALWAYS_ANALYTIC:
                 continue
-            print(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
-                  + (f" ({why[term]})" if why.get(term) else ""), file=sys.stderr)
+            say(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
+                + (f" ({why[term]})" if why.get(term) else ""))
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
-        print(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
-              f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing",
-              file=sys.stderr)
+        say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
+            f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
     for w in summary.get("trace_warnings") or []:
         if not w.endswith("(on_error=skip)"):  # the skipped rows get their own line below
-            print(f"kvsim: warning: trace {summary['trace']}: {w}", file=sys.stderr)
+            say(f"kvsim: warning: trace {summary['trace']}: {w}")
     skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
     if skipped:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
-        print(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad rows (first: {ex}); "
-              f"see summary.json trace_skipped_rows", file=sys.stderr)
+        say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad rows (first: {ex}); "
+            f"see summary.json trace_skipped_rows")
+    table = format_summary(summary)
+    if record.handlers:
+        import io
+
+        buf = io.StringIO()
+        Console(file=buf, width=110, color_system=None).print(table)
+        record.info("summary\n%s", buf.getvalue().rstrip())
+    record.info("results: %s", out_dir)
     if cfg.output.print_summary:
-        Console(stderr=False).print(format_summary(summary))
+        Console(stderr=False).print(table)
         print(f"results: {out_dir}")
 
 

@@ -138,11 +138,15 @@ def test_rejected_rerun_keeps_an_earlier_complete_run(tmp_path):
     out = tmp_path / "r"
     r = _kvsim(out, "trace.max_requests=30")
     assert r.returncode == 0, r.stderr[-2000:]
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "cli.log"}
     r = _kvsim(out, "trace.max_requests=30", "cache.block_size=7")
     assert r.returncode == 2
     assert "keeps an earlier complete run" in r.stderr, r.stderr
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert {p.name: p.read_bytes() for p in out.iterdir()
+            if p.is_file() and p.name != "cli.log"} == before
+    # the run's record (cli.log) has both attempts: the results, then the refused re-run
+    log = (out / "cli.log").read_text()
+    assert log.index("results: ") < log.index("keeps an earlier complete run"), log
 
 
 def test_validate_config_accepts_every_preset():
@@ -401,3 +405,25 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
     assert "kvsim: warning: trace synthetic_multiturn: 64 sessions ended early" in r.stderr
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])
+
+
+def test_summary_table_gives_long_latencies_in_seconds():
+    """The printed summary gives a latency row in ms, or in s once one of its percentiles
+    reaches 10 s (an overloaded run's TTFT read as 409,794.9 ms before)."""
+    import io
+
+    from rich.console import Console
+
+    from sim.cli import format_summary
+
+    s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
+         "ttft_s": {"p50": 2.5, "p90": 9.0, "p99": 409.7949}, "tpot_s": {"p50": 0.0123,
+         "p90": 0.02, "p99": 0.031}, "e2e_s": {"p50": None, "p90": None, "p99": None},
+         "peak_gpu_blocks_used": 1, "gpu_blocks_total": 2, "preemptions": 0, "engine_steps": 5,
+         "sim_duration_s": 1.0, "wall": {"wall_s": 0.1}}
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    text = buf.getvalue()
+    assert "TTFT s  p50 / p90 / p99" in text and "2.5 / 9.0 / 409.8" in text
+    assert "TPOT ms  p50 / p90 / p99" in text and "12.3 / 20.0 / 31.0" in text
+    assert "E2E ms  p50 / p90 / p99" in text and "- / - / -" in text
