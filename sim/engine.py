@@ -36,6 +36,7 @@ import simpy
 
 from .block_pool import NO_HASH, BlockPool, KeyTable
 from .clock import exact_delays, step_ends
+from .jit import kernel
 from .keys import block_keys
 from .metrics import Recorder
 from .tiers import DISK, GPU, HOST
@@ -70,12 +71,35 @@ def _waiting_per_step(waiting0: int, log: list, ends: np.ndarray) -> np.ndarray:
 def _block_pairs(first: np.ndarray, last: int, B: int):
     """The (request, step) pairs of a decode stretch's new blocks: request ``i`` takes one at
     steps ``first[i], first[i] + B, ...`` up to step ``last``. Returns ``(count per request,
-    request index per pair, step per pair)``, pairs in request-major order (int64 arrays)."""
-    cnt = np.where(first <= last, (last - first) // B + 1, 0)
-    n = int(cnt.sum())
-    pi = np.repeat(np.arange(len(first)), cnt)
-    ps = np.repeat(first, cnt) + B * (np.arange(n) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    request index per pair, step per pair)``, pairs in request-major order (int64 arrays; two
+    compiled passes)."""
+    first = np.ascontiguousarray(first, dtype=np.int64)
+    cnt = np.empty(len(first), dtype=np.int64)
+    n = _pair_counts(first, last, B, cnt)
+    pi = np.empty(n, dtype=np.int64)
+    ps = np.empty(n, dtype=np.int64)
+    _pair_fill(first, B, cnt, pi, ps)
     return cnt, pi, ps
+
+
+@kernel("i8(i8[:], i8, i8, i8[:])")
+def _pair_counts(first, last, B, cnt):  # pragma: no cover (compiled)
+    n = 0
+    for i in range(first.shape[0]):
+        c = (last - first[i]) // B + 1 if first[i] <= last else 0
+        cnt[i] = c
+        n += c
+    return n
+
+
+@kernel("void(i8[:], i8, i8[:], i8[:], i8[:])")
+def _pair_fill(first, B, cnt, pi, ps):  # pragma: no cover (compiled)
+    k = 0
+    for i in range(first.shape[0]):
+        for j in range(cnt[i]):
+            pi[k] = i
+            ps[k] = first[i] + B * j
+            k += 1
 
 
 def _flat(log: list) -> list:

@@ -198,3 +198,20 @@ def test_arrival_created_inside_a_step_at_its_exact_end_waits_for_the_scheduling
         a, b = (run(rows, ff, tmp_path / f"{ff}{j}") for ff in ("true", "false"))
         for name in ("requests", "steps"):
             pd.testing.assert_frame_equal(a[name], b[name], check_exact=True, obj=f"{name} {j}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-5, 300), max_size=40), st.integers(0, 300), st.integers(1, 64))
+def test_block_pairs_equal_the_numpy_expansion(first, last, B):
+    """The compiled (request, step) pairs of a stretch's new blocks equal their numpy
+    expansion: counts, request-major order, steps (requests past the stretch get none)."""
+    from sim.engine import _block_pairs
+
+    f = np.asarray(first + [np.iinfo(np.int64).max // 2], dtype=np.int64)
+    cnt, pi, ps = _block_pairs(f, last, B)
+    want_cnt = np.where(f <= last, (last - f) // B + 1, 0)
+    n = int(want_cnt.sum())
+    want_pi = np.repeat(np.arange(len(f)), want_cnt)
+    want_ps = np.repeat(f, want_cnt) + B * (np.arange(n) - np.repeat(np.cumsum(want_cnt) - want_cnt, want_cnt))
+    assert cnt.tolist() == want_cnt.tolist()
+    assert pi.tolist() == want_pi.tolist() and ps.tolist() == want_ps.tolist()
