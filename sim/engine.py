@@ -1811,30 +1811,29 @@ class Simulator:
         tiers.flush()
 
     def _retire_finished(self) -> None:
-        keep = []
+        """Free the finished requests' blocks, record them and release their closed-loop
+        children, in running order; the others stay running, in order."""
         rec = self.rec
-        for req in self.running:
-            if req.status == FINISHED:
-                if req.layout is not None:
-                    # = live tokens after Compression.sync: each pending token takes a slot in
-                    # every group
-                    req.end_live = int(round(float((req.layout.live_tokens() + req.pending).mean())))
-                    req.end_blocks = req.n_blocks
-                    self.comp.finish(req)
-                    req.layout = None
-                    req.pstate = None
-                else:
-                    req.end_live = req.n_computed
-                    req.end_blocks = req.n_blocks
-                self._free_blocks(req)
-                req.keys = None
-                req.blocks = None
-                self.done += 1
-                rec.request_done(req)
-                self._release_children(req.idx)
+        done = [req for req in self.running if req.status == FINISHED]
+        for req in done:
+            if req.layout is not None:
+                # = live tokens after Compression.sync: each pending token takes a slot in
+                # every group
+                req.end_live = int(round(float((req.layout.live_tokens() + req.pending).mean())))
+                req.end_blocks = req.n_blocks
+                self.comp.finish(req)
+                req.layout = None
+                req.pstate = None
             else:
-                keep.append(req)
-        self.running = keep
+                req.end_live = req.n_computed
+                req.end_blocks = req.n_blocks
+            self._free_blocks(req)
+            req.keys = None
+            req.blocks = None
+            self.done += 1
+            rec.request_done(req)
+            self._release_children(req.idx)
+        self.running = [req for req in self.running if req.status != FINISHED]
         if self.progress is not None:
             self.progress(self.done)
 
