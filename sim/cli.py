@@ -82,6 +82,10 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         h = s["hit_ratio"]
         t.add_row("hit ratio by tier (GPU / host / disk)",
                   " / ".join("-" if h[k] is None else f"{h[k]:.1%}" for k in ("gpu", "host", "disk")))
+    if s.get("policy", "full") != "full" and s.get("rounds") is not None:
+        t.add_row("compression rounds / tokens evicted / blocks freed",
+                  f"{s['rounds']:,} / {s.get('tokens_evicted_total', 0):,} / "
+                  f"{s.get('blocks_freed_total', 0):,}")
     t.add_row("peak GPU blocks used / total",
               f"{s['peak_gpu_blocks_used']:,} / {s['gpu_blocks_total']:,}")
     t.add_row("preemptions", f"{s['preemptions']:,}")

@@ -202,14 +202,18 @@ class KvsimConfig:
 def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
-    An ``output.dir`` naming an existing file also gives ``default``, so Hydra can create its
-    run directory and the job reports the bad ``output.dir`` itself (one clear line, exit 2)."""
+    An ``output.dir`` naming an existing file gives a folder under the system's temporary
+    directory instead, so Hydra can create its run directory (and log file) without leaving a
+    folder where the user ran ``kvsim``; the job then reports the bad ``output.dir`` itself (one
+    clear line, exit 2)."""
     if output_dir is None or str(output_dir) == "":
         return default
+    import os
+    import tempfile
     from pathlib import Path
 
     if Path(str(output_dir)).exists() and not Path(str(output_dir)).is_dir():
-        return default
+        return str(Path(tempfile.gettempdir()) / f"kvsim-rejected-run-{os.getpid()}")
     return str(output_dir)
 
 

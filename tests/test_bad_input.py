@@ -307,13 +307,18 @@ def test_cli_output_dir_is_the_hydra_run_dir(tmp_path):
 
 
 def test_cli_output_dir_that_is_a_file(tmp_path):
+    """An output.dir naming a file: one clear error (exit 2), the file untouched, and no run
+    folder left where kvsim ran (a newcomer found an outputs/<date>/<time>/ folder)."""
     f = tmp_path / "results.txt"
     f.write_text("not a folder")
-    r = _kvsim(f, "trace.max_requests=5")
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(REPO))
+    r = subprocess.run([*KVSIM, f"output.dir={f}", "sim.progress=false", "trace.max_requests=5"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert f"output.dir={f}: exists and is not a folder" in r.stderr
     assert f.read_text() == "not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
 
 
 # ------------------------------------------------------------------------------ invariants
@@ -409,7 +414,8 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
 
 def test_summary_table_gives_long_latencies_in_seconds():
     """The printed summary gives a latency row in ms, or in s once one of its percentiles
-    reaches 10 s (an overloaded run's TTFT read as 409,794.9 ms before)."""
+    reaches 10 s (an overloaded run's TTFT read as 409,794.9 ms before); a compression run gets
+    a row of its rounds, evicted tokens and freed blocks."""
     import io
 
     from rich.console import Console
@@ -427,3 +433,9 @@ def test_summary_table_gives_long_latencies_in_seconds():
     assert "TTFT s  p50 / p90 / p99" in text and "2.5 / 9.0 / 409.8" in text
     assert "TPOT ms  p50 / p90 / p99" in text and "12.3 / 20.0 / 31.0" in text
     assert "E2E ms  p50 / p90 / p99" in text and "- / - / -" in text
+    assert "compression rounds" not in text  # no policy: no row
+    s.update(policy="triattention", rounds=53564, tokens_evicted_total=6856192,
+             blocks_freed_total=428512)
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    assert "53,564 / 6,856,192 / 428,512" in buf.getvalue()

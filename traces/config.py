@@ -251,6 +251,6 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
             expected=f"a preset in {[*BUNDLED_FILES, *PRESET_PATHS]} or a format name",
             hint=hint)
     if not p.exists():
-        raise TraceError("trace file not found", path=str(p), found="no such file or folder",
+        raise TraceError("trace file not found", path=str(p),
                          expected=f"the {c.format} trace for '{c.name}'", hint=hint)
     return p
