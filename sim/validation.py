@@ -281,8 +281,10 @@ def validate_config(cfg) -> None:
 
 
 def validate_workload(cfg, workload) -> None:
-    """Checks that need the workload: no request repeats a prefix id (TraceError naming the
-    file, the request and the id: trace ids are prefix-chained, see :mod:`sim.keys`); a policy
+    """Checks that need the workload: prefix ids lie in ``[0, (2**63 - 1 - G) // (G + 1)]``
+    (``G``: the trace's prefix granularity; a block key ``id x (G + 1) + offset`` must not wrap)
+    and no request repeats one (TraceError naming the file, the request and the id: trace ids
+    are prefix-chained, see :mod:`sim.keys`); a policy
     that protects the prompt with a total budget (h2o, tova with ``policy.protect_prompt=true``)
     cannot serve a prompt longer than ``policy.budget`` (requests the engine rejects at arrival
     anyway, ``input + output > model.max_model_len``, are not counted; ConfigError naming the
@@ -295,6 +297,22 @@ def validate_workload(cfg, workload) -> None:
 
     from .keys import first_repeated_id
 
+    G = int(workload.prefix_block_tokens)
+    vals = np.asarray(workload.prefix_values())
+    if G > 0 and len(vals):
+        # a block's key is id x (G + 1) + offset (sim.keys): it must fit int64 without wrapping
+        limit = (2 ** 63 - 1 - G) // (G + 1)
+        bad = np.flatnonzero((vals < 0) | (vals > limit))
+        if len(bad):
+            off = np.asarray(workload.prefix_offsets())
+            row = int(np.searchsorted(off, bad[0], side="right")) - 1
+            raise TraceError(
+                "prefix id out of range", path=workload.source,
+                where=f"request {int(workload.request_id[row])} (session "
+                      f"{int(workload.session_id[row])}, turn {int(workload.turn[row])})",
+                field="prefix ids", found=f"id {int(vals[bad[0]])}",
+                expected=f"ids in [0, {limit}] (block keys are id x {G + 1} + offset, exact "
+                         f"64-bit integers; sim/keys.py)")
     row, rid = first_repeated_id(workload.prefix_offsets(), workload.prefix_values())
     if row >= 0:
         raise TraceError(

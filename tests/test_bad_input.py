@@ -439,3 +439,22 @@ def test_summary_table_gives_long_latencies_in_seconds():
     buf = io.StringIO()
     Console(file=buf, width=120, color_system=None).print(format_summary(s))
     assert "53,564 / 6,856,192 / 428,512" in buf.getvalue()
+
+
+@pytest.mark.parametrize("bad", [8935703513288155120, 2 ** 63 - 1, (2 ** 63 - 1 - 512) // 513 + 1])
+def test_prefix_id_too_large_for_exact_block_keys_is_rejected(tmp_path, bad):
+    """A prefix id whose block key (id x (G + 1) + offset) would wrap int64 is a TraceError
+    naming the file, the request and the id; before, 8935703513288155120 (break-it pass) made
+    the first block's key the empty-slot marker and an empty cache reported a prefix hit. The
+    largest allowed id passes."""
+    p = tmp_path / "big.jsonl"
+    rows = [dict(timestamp=0, input_length=600, output_length=20, hash_ids=[3, 4]),
+            dict(timestamp=100, input_length=600, output_length=20, hash_ids=[bad, 7])]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg("trace.format=mooncake", f"trace.path={p}")
+    wl = load_workload(cfg.trace, seed=0)
+    with pytest.raises(TraceError, match=rf"big.jsonl request 1 .*prefix id out of range, found id {bad}"):
+        validate_workload(cfg, wl)
+    rows[1]["hash_ids"][0] = (2 ** 63 - 1 - 512) // 513
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    validate_workload(cfg, load_workload(cfg.trace, seed=0))
