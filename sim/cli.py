@@ -188,8 +188,51 @@ def app(cfg: DictConfig) -> None:
         print(f"results: {out_dir}")
 
 
+def unknown_override_key(args: list[str]) -> str | None:
+    """The error for the first command-line override ``a.b=value`` whose dotted key is not a
+    field of the typed config (:class:`sim.config.KvsimConfig`), with the closest field name
+    as a hint; None when every key is known. Hydra's own forms (``+``/``~``/``++`` prefixes,
+    ``hydra.*``, options with ``-``) and free-form nodes are left to Hydra. Hydra's message for
+    such a key suggests appending it with ``+``, which a typo does not want."""
+    import dataclasses
+    import difflib
+    import typing
+
+    from .config import KvsimConfig
+
+    def node_type(t):
+        if typing.get_origin(t) is typing.Union:  # Optional[X]
+            t = next((a for a in typing.get_args(t) if a is not type(None)), t)
+        return t if dataclasses.is_dataclass(t) else None
+
+    for a in args:
+        if a.startswith("-") or "=" not in a:
+            continue
+        key = a.split("=", 1)[0]
+        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or "/" in key:
+            continue
+        cls = KvsimConfig
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            hints = typing.get_type_hints(cls)
+            if part not in hints:
+                where = ".".join(parts[:i])
+                close = difflib.get_close_matches(part, list(hints), n=1)
+                hint = f"; did you mean {'.'.join(parts[:i] + close)}?" if close else ""
+                return (f"unknown config key '{key}': {where or 'the config'} has no field "
+                        f"'{part}'{hint} (kvsim --cfg job prints every key)")
+            cls = node_type(hints[part])
+            if cls is None:  # a leaf or a free-form node: Hydra checks the rest
+                break
+    return None
+
+
 def main() -> None:
     """Console-script entry point (config and trace errors exit with status 2, one clear line)."""
+    err = unknown_override_key(sys.argv[1:])
+    if err is not None:
+        print(f"kvsim: error: {err}", file=sys.stderr)
+        sys.exit(2)
     app()
 
 

@@ -458,3 +458,33 @@ def test_prefix_id_too_large_for_exact_block_keys_is_rejected(tmp_path, bad):
     rows[1]["hash_ids"][0] = (2 ** 63 - 1 - 512) // 513
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     validate_workload(cfg, load_workload(cfg.trace, seed=0))
+
+
+def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
+    """A misspelt key is kvsim's error (exit 2) naming the closest field, not Hydra's hint to
+    append it with '+' (newcomer pass); every key of the composed config, with each policy's
+    and the tiers' presets, passes the check."""
+    from omegaconf import OmegaConf
+
+    from sim.cli import unknown_override_key
+
+    err = unknown_override_key(["trace.max_request=200"])
+    assert "unknown config key 'trace.max_request'" in err and "did you mean trace.max_requests?" in err
+    assert "did you mean" not in unknown_override_key(["sim.zzz=1"])
+    assert unknown_override_key(["+trace.max_request=1", "hydra/launcher=joblib", "-m",
+                                 "trace=weka_agentic", "trace.max_requests=1,2"]) is None
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    for extra in ([], ["policy=triattention", "tiers=gpu_host_disk", "codec=nvfp4"]):
+        cfg = OmegaConf.to_container(_cfg(*extra), resolve=False)
+        keys = list(leaves(cfg))
+        assert len(keys) > 100
+        assert unknown_override_key([f"{k}=1" for k in keys]) is None
+    r = _kvsim(Path(tempfile.mkdtemp()) / "r", "trace.max_request=200")
+    assert r.returncode == 2 and "did you mean trace.max_requests?" in r.stderr, r.stderr
