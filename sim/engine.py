@@ -873,7 +873,12 @@ class Simulator:
                 dt += extra_dt
             if self.fast_forward:
                 stretch = None
-                if self._pure_decode(sched_req):
+                if self.tiers is not None and self.comp is None and self._pure_decode(sched_req):
+                    # steps one timeout at a time (events inside pass in SimPy's own order)
+                    if (yield from self._tier_stretch(sched_req, ctx_arr, dt)):
+                        self._check_sim_time()
+                        continue
+                elif self._pure_decode(sched_req):
                     stretch = self._fast_forward(sched_req, ctx_arr, extra_dt)
                 elif self._ff_rounds and self._decode_and_admitted(sched_req, sched_n):
                     # the admission step becomes the stretch's first step
@@ -1213,6 +1218,151 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _tier_stretch(self, reqs, ctx0, dt: float):
+        """Pure-decode steps of a dense batch with host/disk tiers, the first of them scheduled
+        by :meth:`_schedule` (duration ``dt``), without the per-request work of the per-step loop.
+
+        Offloads land during almost every step and the waiting head's hit may change with them,
+        so the stretch keeps one SimPy timeout per step, created where the per-step loop creates
+        its own (after the step-end offloads were issued): every other event (offload and
+        demotion landings, arrivals, onboarding transfers) runs in the same order as there. At
+        each step's end it does what the per-step loop does for such a step: the write-policy
+        offloads (:meth:`_tier_step_end`), the step's row, and the next step's scheduling made
+        for the few requests it concerns: one new block for each request whose token starts a
+        block (in running order, from the free queue) and the registration of each block a
+        token fills. The per-request counters (computed and generated tokens) are committed at
+        the end. It ends, leaving the next scheduling to :meth:`_schedule`, before a step where
+        the per-step loop would decide anything else:
+
+        * the running list changed (an onboarding request joined it) or the waiting head is not
+          the one it started with (an arrival into an empty queue);
+        * the head's admission could change: its memoised hit walk (:meth:`_prefix_hit`) is
+          stale, or a key of its hit changed membership in the GPU index, host or disk (the change
+          logs) or is evicted by the next step's allocation; else the head, with the same hit and
+          no more free blocks than when it last failed, fails again, and the logs are cleared as
+          the memo's revalidation clears them;
+        * the next step's new blocks exceed the free blocks (the scheduler preempts);
+        * requests finish at the step's end (they are committed and retired there, as the
+          per-step loop does, and the stretch returns).
+
+        Returns the number of steps taken (0: not taken, the engine runs the step).
+        """
+        env = self.env
+        pool = self.pool
+        B = self.B
+        b = len(reqs)
+        k = min([r.output - r.n_generated for r in reqs])  # the first finish: at step k's end
+        if k < 2 or (self.tiers.layerwise and any(r.load_event is not None for r in reqs)):
+            return 0  # (layer-by-layer loads: the per-step loop waits for them, then clears)
+        nc0 = [r.n_computed for r in reqs]  # before step 1
+        durs = self.cost.decode_step_times(ctx0, k)
+        durs[0] = dt
+        head0 = self.waiting[0] if self.waiting else None
+        live0 = sum(nc0)
+        caching = self.caching
+        rec = self.rec
+        s = 1
+        while True:
+            start = env.now
+            yield env.timeout(float(durs[s - 1]))
+            done = s == k
+            if done:
+                now = env.now
+                self._ff_counts(reqs, nc0, s)
+                for req in reqs:
+                    if req.n_generated >= req.output:
+                        req.status = FINISHED
+                        req.finish = now
+                self._retire_finished()
+            self._tier_step_end()
+            if done:
+                live = self._live_tokens()
+            else:  # the batch's counters are committed at the end; a request that joined the
+                # running list during the step (its onboarding ended) counts its own
+                live = live0 + s * b + sum(r.n_computed for r in self.running[b:])
+            rec.step(start, float(durs[s - 1]), len(self.running), len(self.waiting), 0, b,
+                     pool.num_used, pool.num_cached_free, live)
+            if not done:
+                self._check_sim_time()
+            if done or not self._tier_next_step(reqs, nc0, s + 1, head0, B, caching):
+                break
+            s += 1
+        if not done:
+            self._ff_counts(reqs, nc0, s)
+        if self.check:
+            self.check_invariants()
+        return s
+
+    def _ff_counts(self, reqs, nc0, steps: int) -> None:
+        """Commit ``steps`` decode steps to the counters of ``reqs`` (``nc0``: computed tokens
+        before the first; every request sampled a token in each)."""
+        for req, c in zip(reqs, nc0):
+            req.n_computed = c + steps
+            req.n_generated += steps
+
+    def _tier_next_step(self, reqs, nc0, s: int, head0, B: int, caching: bool) -> bool:
+        """For :meth:`_tier_stretch`: schedule its step ``s`` (token index ``nc0[i] + s - 1`` of
+        request ``i``) as :meth:`_schedule` would for the unchanged decode batch, or return False
+        (nothing done) where the per-step loop's scheduling could decide differently."""
+        pool = self.pool
+        if len(self.running) != len(reqs):
+            return False
+        head = self.waiting[0] if self.waiting else None
+        if head is not head0:
+            return False
+        # requests whose step-s token starts a block (upto = nc0 + s > n_blocks x B), and those
+        # whose token fills one (registered at this scheduling)
+        grow = [req for req, c in zip(reqs, nc0) if c + s > req.n_blocks * B]
+        if len(grow) > pool.num_free:
+            return False
+        admit = head is not None and self.max_tokens > len(reqs) \
+            and len(self.running) + self.onboarding < self.max_seqs
+        if admit:
+            kt = self._head_key_table(head)
+            if kt is None:
+                return False
+            logs = pool.change_log + self.tiers.change_log
+            if grow:
+                ev = pool.block_hash[pool.peek_free(len(grow))]
+                logs.append(ev[ev != NO_HASH])
+            if logs and (kt.get_many(np.concatenate(logs)) >= 0).any():
+                return False
+        if grow:
+            new = pool.allocate(len(grow)).tolist()
+            for req, blk in zip(grow, new):
+                req.blocks[req.n_blocks] = blk
+                req.n_blocks += 1
+                if req.n_blocks > req.peak_blocks:
+                    req.peak_blocks = req.n_blocks
+        if caching:
+            full = [(req, (c + s) // B) for req, c in zip(reqs, nc0) if (c + s) // B > req.n_cached]
+            if full:
+                reg = ([], [])
+                for req, f in full:
+                    _queue_registration(req, f, reg)
+                self._flush_grow([], reg)
+        if admit:  # the head's memo revalidated: nothing of its hit changed
+            pool.change_log.clear()
+            self.tiers.change_log.clear()
+        return True
+
+    def _head_key_table(self, head):
+        """The waiting head's key -> block index table of its memoised hit walk (built when
+        needed, as :meth:`_prefix_hit` builds it), or None when the memo is not the head's
+        current walk."""
+        memo = self._hit_memo
+        max_hit = (head.num_tokens - 1) // self.B if self.caching else 0
+        if memo is None or memo[0] is not head or memo[1] != head.gen or memo[2] != max_hit:
+            return None
+        kp = self._hit_keys
+        if kp is None or kp[0] is not head or kp[1] is not head.keys or kp[2] != max_hit:
+            kp = self._hit_keys = [head, head.keys, max_hit, None]
+        if kp[3] is None:
+            keys = head.keys[:max_hit]
+            kp[3] = KeyTable(2 * len(keys) + 2)
+            kp[3].put_absent(keys, np.arange(len(keys), dtype=np.int64), keys)
+        return kp[3]
 
     def _fast_forward_rounds(self, reqs, ctx0, extra_first: float = 0.0, admitted=None):
         """:meth:`_fast_forward` for compression runs, running the rounds that fall inside the

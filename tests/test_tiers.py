@@ -289,12 +289,25 @@ def test_lru_store_long_random_run_matches_an_ordered_dict():
     ["tiers=gpu_host_disk", "codec=nvfp4", "tiers.host_gib=2", "tiers.disk_gib=8"],
     ["tiers=gpu_host", "tiers.write_policy=write_through_selective", "tiers.host_gib=4"],
 ], ids=["write_back-host-disk", "write_through_selective"])
-def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, extra):
+def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, monkeypatch, extra):
     """The bundled Mooncake slice on a small pool with a long waiting queue: the fast-forward
     gives byte-identical tables to the per-step loop. (It did not when offloads landing or GPU
     evictions inside a stretch changed what the waiting head could be admitted with, or when a
-    stretch's last offloads were issued after the next scheduling.)"""
+    stretch's last offloads were issued after the next scheduling.) The tier stretches run
+    through landings with the head waiting: most decode steps are taken by them."""
     import hashlib
+
+    from sim.engine import Simulator
+
+    taken = []
+    orig = Simulator._tier_stretch
+
+    def spy(self, reqs, ctx0, dt):
+        k = yield from orig(self, reqs, ctx0, dt)
+        taken.append(k)
+        return k
+
+    monkeypatch.setattr(Simulator, "_tier_stretch", spy)
     digests = {}
     for ff in ("true", "false"):
         out = tmp_path / ff
@@ -302,6 +315,9 @@ def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, extra):
                                        "sim.progress=false", f"sim.fast_forward={ff}", *extra]), out)
         digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
                        for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
+        if ff == "true":
+            steps = len(pd.read_parquet(out / "steps.parquet"))
+            assert max(taken) >= 20 and sum(taken) > steps / 2, (max(taken), sum(taken), steps)
     assert digests["true"] == digests["false"]
 
 
