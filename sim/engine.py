@@ -583,19 +583,13 @@ class Simulator:
         tiers = self.tiers
         while self.waiting and budget > 0 and len(self.running) + self.onboarding < self.max_seqs:
             req = self.waiting[0]
-            self._ensure_keys(req)
+            plan = self._admission_plan(req, budget)
+            if plan is None:
+                break
+            hit, tier_pos, tier_keys, tier_codes, n, blocking, gpu_blocks = plan
             num_tokens = req.num_tokens
-            hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
             n_tier = 0 if tier_pos is None else len(tier_pos)
             hit_tokens = len(hit) * B
-            n = self._chunk(num_tokens - hit_tokens, budget)
-            if n < 0:
-                break
-            blocking = n_tier > 0 and not tiers.layerwise
-            gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
-            need = n_tier if blocking else -(-(hit_tokens + n) // B) - len(hit) + n_tier
-            if need + pool.blocks_needed_for_touch(gpu_blocks) > pool.num_free:
-                break
             pool.touch(gpu_blocks)
             if n_tier:
                 hit = hit.copy()
@@ -638,6 +632,27 @@ class Simulator:
                 samples += 1
             budget -= n
         return budget, samples
+
+    def _admission_plan(self, req: Request, budget: int):
+        """The admission's checks for the waiting head ``req`` with ``budget`` tokens left:
+        its prefix hit (:meth:`_prefix_hit`), its first chunk, and its new blocks (a blocking
+        onboard needs only its host/disk pages' blocks first) with the free hit blocks it would
+        take against the free blocks. Returns None when it cannot be admitted now, else
+        ``(hit table, tier positions, tier keys, tier codes, chunk tokens, blocking, GPU hit
+        blocks)``."""
+        self._ensure_keys(req)
+        hit, tier_pos, tier_keys, tier_codes = self._prefix_hit(req)
+        n_tier = 0 if tier_pos is None else len(tier_pos)
+        hit_tokens = len(hit) * self.B
+        n = self._chunk(req.num_tokens - hit_tokens, budget)
+        if n < 0:
+            return None
+        blocking = n_tier > 0 and not self.tiers.layerwise
+        gpu_blocks = hit if n_tier == 0 else hit[hit >= 0]
+        need = n_tier if blocking else -(-(hit_tokens + n) // self.B) - len(hit) + n_tier
+        if need + self.pool.blocks_needed_for_touch(gpu_blocks) > self.pool.num_free:
+            return None
+        return hit, tier_pos, tier_keys, tier_codes, n, blocking, gpu_blocks
 
     def _chunk(self, rest: int, budget: int) -> int:
         """Tokens an admission schedules of the ``rest`` a request still needs with ``budget``
@@ -1231,18 +1246,16 @@ class Simulator:
         offloads (:meth:`_tier_step_end`), the step's row, and the next step's scheduling made
         for the few requests it concerns: one new block for each request whose token starts a
         block (in running order, from the free queue) and the registration of each block a
-        token fills. The per-request counters (computed and generated tokens) are committed at
-        the end. It ends, leaving the next scheduling to :meth:`_schedule`, before a step where
-        the per-step loop would decide anything else:
+        token fills, then the waiting head's admission check (:meth:`_tier_next_step`). The
+        per-request counters (computed and generated tokens) are committed at the end. It ends,
+        leaving the rest of the next scheduling to :meth:`_schedule`, where the per-step loop
+        would decide anything else:
 
-        * the running list changed (an onboarding request joined it) or the waiting head is not
-          the one it started with (an arrival into an empty queue);
-        * the head's admission could change: its memoised hit walk (:meth:`_prefix_hit`) is
-          stale, or a key of its hit changed membership in the GPU index, host or disk (the change
-          logs) or is evicted by the next step's allocation; else the head, with the same hit and
-          no more free blocks than when it last failed, fails again, and the logs are cleared as
-          the memo's revalidation clears them;
-        * the next step's new blocks exceed the free blocks (the scheduler preempts);
+        * the running list changed (an onboarding request joined it) or the waiting head may be
+          admitted (the batch's part of that scheduling is then done; the scheduler does the
+          rest);
+        * the next step's new blocks exceed the free blocks (the scheduler preempts; nothing of
+          that step is done);
         * requests finish at the step's end (they are committed and retired there, as the
           per-step loop does, and the stretch returns).
 
@@ -1258,7 +1271,6 @@ class Simulator:
         nc0 = [r.n_computed for r in reqs]  # before step 1
         durs = self.cost.decode_step_times(ctx0, k)
         durs[0] = dt
-        head0 = self.waiting[0] if self.waiting else None
         live0 = sum(nc0)
         caching = self.caching
         rec = self.rec
@@ -1285,8 +1297,8 @@ class Simulator:
                      pool.num_used, pool.num_cached_free, live)
             if not done:
                 self._check_sim_time()
-            if done or not self._tier_next_step(reqs, nc0, s + 1, head0, B, caching):
-                break
+            if done or self._tier_next_step(reqs, nc0, s + 1, B, caching) != 1:
+                break  # (step s + 1 unscheduled, or its batch part scheduled: _schedule goes on)
             s += 1
         if not done:
             self._ff_counts(reqs, nc0, s)
@@ -1301,33 +1313,24 @@ class Simulator:
             req.n_computed = c + steps
             req.n_generated += steps
 
-    def _tier_next_step(self, reqs, nc0, s: int, head0, B: int, caching: bool) -> bool:
+    def _tier_next_step(self, reqs, nc0, s: int, B: int, caching: bool) -> int:
         """For :meth:`_tier_stretch`: schedule its step ``s`` (token index ``nc0[i] + s - 1`` of
-        request ``i``) as :meth:`_schedule` would for the unchanged decode batch, or return False
-        (nothing done) where the per-step loop's scheduling could decide differently."""
+        request ``i``) as :meth:`_schedule` would for the unchanged decode batch. Returns 1 when
+        that is the whole scheduling; 0 (nothing done) when the new blocks exceed the free ones
+        (the scheduler preempts); 2 when the batch's part is done (its new blocks allocated and
+        full blocks registered, in the scheduler's order) but the rest may decide something:
+        the running list grew (an onboarding request joined it, after the batch in running
+        order), or the waiting head may be admitted. :meth:`_schedule` then does the rest: it
+        finds the batch's blocks in place and goes on to the others and the admission. The
+        head is checked as the scheduler checks it: while the memo of its last failed check
+        holds (no key of its hit in the change logs, these evictions included) it fails again
+        (no more blocks are free than then); else :meth:`_admission_plan` decides."""
         pool = self.pool
-        if len(self.running) != len(reqs):
-            return False
-        head = self.waiting[0] if self.waiting else None
-        if head is not head0:
-            return False
         # requests whose step-s token starts a block (upto = nc0 + s > n_blocks x B), and those
         # whose token fills one (registered at this scheduling)
         grow = [req for req, c in zip(reqs, nc0) if c + s > req.n_blocks * B]
         if len(grow) > pool.num_free:
-            return False
-        admit = head is not None and self.max_tokens > len(reqs) \
-            and len(self.running) + self.onboarding < self.max_seqs
-        if admit:
-            kt = self._head_key_table(head)
-            if kt is None:
-                return False
-            logs = pool.change_log + self.tiers.change_log
-            if grow:
-                ev = pool.block_hash[pool.peek_free(len(grow))]
-                logs.append(ev[ev != NO_HASH])
-            if logs and (kt.get_many(np.concatenate(logs)) >= 0).any():
-                return False
+            return 0  # the scheduler preempts
         if grow:
             new = pool.allocate(len(grow)).tolist()
             for req, blk in zip(grow, new):
@@ -1342,10 +1345,24 @@ class Simulator:
                 for req, f in full:
                     _queue_registration(req, f, reg)
                 self._flush_grow([], reg)
-        if admit:  # the head's memo revalidated: nothing of its hit changed
-            pool.change_log.clear()
-            self.tiers.change_log.clear()
-        return True
+        # the batch's part of the scheduling is done; the rest is the admission's
+        if len(self.running) != len(reqs):
+            return 2
+        head = self.waiting[0] if self.waiting else None
+        if head is not None and self.max_tokens > len(reqs) \
+                and len(self.running) + self.onboarding < self.max_seqs:
+            kt = self._head_key_table(head)
+            logs = pool.change_log + self.tiers.change_log
+            if kt is not None and not (logs and (kt.get_many(np.concatenate(logs)) >= 0).any()):
+                # the memo of the head's last (failed) check holds, with no more free blocks
+                # now: it fails again; the logs are cleared as the memo's revalidation clears them
+                pool.change_log.clear()
+                self.tiers.change_log.clear()
+            elif self._admission_plan(head, self.max_tokens - len(reqs)) is not None:
+                return 2  # it may be admitted: the scheduler does it
+            # (else the admission's own checks, as the scheduler makes them, failed: its hit
+            # walk is up to date and the logs cleared, as there)
+        return 1
 
     def _head_key_table(self, head):
         """The waiting head's key -> block index table of its memoised hit walk (built when
