@@ -111,7 +111,7 @@ class LRUStore:
     Layout: a table slot is the pair (key, node) in adjacent int64s, and a node the record
     (key, prev, next, unused) in four: a disk tier holds millions of pages, far beyond the CPU
     caches, and a page's insert or eviction touches a few random slots and nodes, each one
-    cache line instead of one per field (~290 -> ~190 ns a page measured with 1.66 M pages held;
+    cache line instead of one per field (~290 -> ~220 ns a page measured with 1.66 M pages held;
     BENCHMARKS.md)."""
 
     def __init__(self, capacity_pages: int):
@@ -703,13 +703,15 @@ class TierManager:
             self.disk.touch_many(disk_keys[::-1])
 
     # ------------------------------------------------------------------ offload
-    def on_gpu_evict(self, keys: list[int]) -> None:
-        """write_back: cached GPU blocks being reallocated are copied down first."""
+    def on_gpu_evict(self, keys) -> None:
+        """write_back: cached GPU blocks being reallocated are copied down first (``keys``:
+        their hashes, an int64 array or a list, in eviction order)."""
         if self.write_policy == "write_back":
             self._queue(keys)
 
-    def on_gpu_cached(self, keys: list[int]) -> None:
-        """write_through: blocks are copied down as soon as they are full (registered)."""
+    def on_gpu_cached(self, keys) -> None:
+        """write_through: blocks are copied down as soon as they are full (registered;
+        ``keys``: an int64 array or a list, in registration order)."""
         if self.write_policy == "write_through":
             self._queue(keys[::-1])
 
