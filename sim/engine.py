@@ -694,18 +694,11 @@ class Simulator:
             return self.pool.lookup_prefix(req.keys, max_hit), None, None, None
         memo = self._hit_memo
         pool_log = self.pool.change_log
-        kp = self._hit_keys  # the head's key -> block index, kept across its re-walks
-        if kp is None or kp[0] is not req or kp[1] is not req.keys or kp[2] != max_hit:
-            kp = self._hit_keys = [req, req.keys, max_hit, None]  # the index: built when needed
         if memo is not None and memo[0] is req and memo[1] == req.gen and memo[2] == max_hit:
             if not pool_log and not tiers.change_log:
                 return memo[4]
-            pos_of = kp[3]
-            if pos_of is None:  # key -> block index (chained keys: distinct)
-                keys = req.keys[:max_hit]
-                pos_of = kp[3] = KeyTable(2 * len(keys) + 2)
-                pos_of.put_absent(keys, np.arange(len(keys), dtype=np.int64), keys)
-            idx = pos_of.get_many(np.concatenate(pool_log + tiers.change_log))
+            changed = np.concatenate(pool_log + tiers.change_log)
+            idx = self._hit_index(req, max_hit).get_many(changed)
             pool_log.clear()
             tiers.change_log.clear()
             idx = idx[idx >= 0]
@@ -1365,18 +1358,23 @@ class Simulator:
         return 1
 
     def _head_key_table(self, head):
-        """The waiting head's key -> block index table of its memoised hit walk (built when
-        needed, as :meth:`_prefix_hit` builds it), or None when the memo is not the head's
+        """:meth:`_hit_index` of the waiting head, or None when the memo is not the head's
         current walk."""
         memo = self._hit_memo
         max_hit = (head.num_tokens - 1) // self.B if self.caching else 0
         if memo is None or memo[0] is not head or memo[1] != head.gen or memo[2] != max_hit:
             return None
+        return self._hit_index(head, max_hit)
+
+    def _hit_index(self, req: Request, max_hit: int) -> KeyTable:
+        """The key -> block index table of ``req``'s first ``max_hit`` blocks (chained keys:
+        distinct), kept across the re-walks of its memoised hit (:meth:`_prefix_hit`) and built
+        when first needed."""
         kp = self._hit_keys
-        if kp is None or kp[0] is not head or kp[1] is not head.keys or kp[2] != max_hit:
-            kp = self._hit_keys = [head, head.keys, max_hit, None]
+        if kp is None or kp[0] is not req or kp[1] is not req.keys or kp[2] != max_hit:
+            kp = self._hit_keys = [req, req.keys, max_hit, None]
         if kp[3] is None:
-            keys = head.keys[:max_hit]
+            keys = req.keys[:max_hit]
             kp[3] = KeyTable(2 * len(keys) + 2)
             kp[3].put_absent(keys, np.arange(len(keys), dtype=np.int64), keys)
         return kp[3]

@@ -178,21 +178,14 @@ class LRUStore:
 
     def missing(self, keys: list[int]) -> list[int]:
         """The keys not held, in order."""
-        q = np.asarray(keys, dtype=np.int64)
-        out = np.empty(len(q), dtype=bool)
-        _lru_contains(self._tab, self._mask, self._shift, q, out)
-        return q[~out].tolist()
+        return self.not_held(np.asarray(keys, dtype=np.int64)).tolist()
 
     def insert_many(self, keys: list[int]) -> list[int]:
         """Insert pages in order (a held page is refreshed: it moves to the most recent end),
         then evict the least recently used pages beyond the capacity; returns those evicted, in
         eviction order. Same result as one :meth:`insert` per key: a batch's own pages are
         newer than everything already held, so older pages go first."""
-        if self.capacity <= 0:
-            return list(keys)
-        if not len(keys):
-            return []
-        return self._insert(np.asarray(keys, dtype=np.int64)).tolist()
+        return self.insert_array(np.asarray(keys, dtype=np.int64)).tolist()
 
     def insert(self, key: int) -> list[int]:
         """Insert (or refresh) a page; returns the pages evicted to make room."""
