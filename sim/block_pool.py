@@ -165,6 +165,23 @@ def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
         out[i] = vals[s] if keys[s] == q[i] else -1
 
 
+@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8, i8[:])")
+def _table_prefix(keys, vals, shift, mask, live_hash, q, limit, out):  # pragma: no cover
+    """The run of ``q[0], q[1], ...`` (at most ``limit``) held by live entries of the table
+    ``keys``/``vals`` (value ``b`` with ``live_hash[b] == key``): their values into ``out``;
+    returns its length (the index of the first key not held)."""
+    for i in range(limit):
+        key = q[i]
+        s = _probe(keys, mask, shift, key)
+        if keys[s] != key:
+            return i
+        b = vals[s]
+        if live_hash[b] != key:
+            return i
+        out[i] = b
+    return limit
+
+
 @kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], b1[:])")
 def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma: no cover
     """:meth:`KeyTable.put_absent` on the arrays; returns the number of slots newly taken."""
@@ -358,11 +375,17 @@ class BlockPool:
         limit = min(int(max_blocks), len(keys))
         if limit <= 0:
             return np.empty(0, dtype=np.int64)
+        idx = self.index
+        if isinstance(idx, KeyTable):  # one compiled walk to the first miss
+            out = np.empty(limit, dtype=np.int64)
+            m = _table_prefix(idx.keys, idx.vals, idx._shift, idx.mask, self.block_hash,
+                              np.ascontiguousarray(keys, dtype=np.int64), limit, out)
+            return out[:m]
         k0 = int(keys[0])
-        b0 = self.index.get1(k0)
+        b0 = idx.get1(k0)
         if b0 < 0 or int(self.block_hash[b0]) != k0:  # no hit (a scalar probe, not a chunk)
             return np.empty(0, dtype=np.int64)
-        out: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
         start = 0
         chunk = 256
         while start < limit:
@@ -370,14 +393,14 @@ class BlockPool:
             vals = self.cached_blocks(keys[start:stop])
             miss = vals < 0
             if miss.any():
-                out.append(vals[:int(np.argmax(miss))])
+                parts.append(vals[:int(np.argmax(miss))])
                 break
-            out.append(vals)
+            parts.append(vals)
             start = stop
             chunk = min(chunk * 4, 1 << 16)
-        if not out:
+        if not parts:
             return np.empty(0, dtype=np.int64)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray) -> None:
         """Register full ``blocks`` under ``keys`` (same length, keys distinct) in the prefix

@@ -708,50 +708,18 @@ class Simulator:
         else:
             pool_log.clear()
             tiers.change_log.clear()
-            hit = self.pool.lookup_prefix(req.keys, max_hit)
-            g = len(hit)
-            blk, code = self._walk(req, g, max_hit)
-            state = (np.concatenate([hit, blk]), np.concatenate([np.full(g, GPU, np.int8), code]))
+            state = self._walk(req, 0, max_hit)
         res = self._hit_result(req, *state)
         self._hit_memo = (req, req.gen, max_hit, state, res)
         return res
 
     # ------------------------------------------------------------------ tiers
-    def _locate(self, keys: np.ndarray):
-        """Where each of ``keys`` is served from: ``(GPU block id or -1, code)`` arrays, code
-        GPU, HOST, DISK (the fastest tier holding it) or -1 (held nowhere). The disk is asked
-        only about keys neither the GPU nor the host holds (compiled membership lookups)."""
-        tiers = self.tiers
-        gpu_b = self.pool.cached_blocks(keys)
-        in_host = tiers.host.contains_many(keys)
-        code = np.where(gpu_b >= 0, GPU, np.where(in_host, HOST, -1)).astype(np.int8)
-        rest = np.flatnonzero(code < 0)
-        if tiers.disk is not None and len(rest):
-            on_disk = tiers.disk.contains_many(keys[rest])
-            code[rest[on_disk]] = DISK
-        return gpu_b, code
-
     def _walk(self, req: Request, lo: int, max_hit: int):
-        """Locate ``req``'s blocks from ``lo`` up to the first held nowhere (or ``max_hit``), in
-        growing chunks: ``(GPU block id or -1, code)`` arrays of those blocks (:meth:`_locate`)."""
-        blk_parts, code_parts = [], []
-        chunk = 256
-        while lo < max_hit:
-            hi = min(lo + chunk, max_hit)
-            gpu_b, code = self._locate(req.keys[lo:hi])
-            miss = code < 0
-            m = int(np.argmax(miss)) if miss.any() else len(code)
-            blk_parts.append(gpu_b[:m])
-            code_parts.append(code[:m])
-            if m < len(code):
-                break
-            lo = hi
-            chunk *= 4
-        if not blk_parts:
+        """Locate ``req``'s blocks from ``lo`` up to the first held nowhere (or ``max_hit``):
+        ``(GPU block id or -1, code)`` arrays of those blocks (:meth:`TierManager.locate`)."""
+        if lo >= max_hit:
             return np.empty(0, np.int64), np.empty(0, np.int8)
-        if len(blk_parts) == 1:
-            return blk_parts[0], code_parts[0]
-        return np.concatenate(blk_parts), np.concatenate(code_parts)
+        return self.tiers.locate(self.pool, req.keys[lo:max_hit], stop=True)
 
     def _rewalk(self, req: Request, state, changed: np.ndarray, max_hit: int):
         """The memoised walk ``state = (blk, code)`` of the head's blocks ``0 .. m - 1`` brought
@@ -765,7 +733,7 @@ class Simulator:
         idx = np.asarray(changed, dtype=np.int64)
         inside = idx[idx < m]
         if len(inside):
-            gpu_b, c = self._locate(req.keys[inside])
+            gpu_b, c = self.tiers.locate(self.pool, req.keys[inside])
             blk = blk.copy()
             code = code.copy()
             blk[inside] = gpu_b

@@ -35,7 +35,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .block_pool import NO_HASH, _home
+from .block_pool import NO_HASH, KeyTable, _home, _probe
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .jit import kernel
@@ -330,6 +330,33 @@ def _lru_order(node, st, out):  # pragma: no cover (compiled)
         out[i] = node[4 * n]
         i += 1
         n = node[4 * n + 2]
+
+
+@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8, i8, i8[:], i8, i8, b1, i8[:], b1, i8[:], i1[:])")
+def _locate_pages(gkeys, gvals, gshift, gmask, block_hash, htab, hmask, hshift, dtab, dmask, dshift,
+                  has_disk, q, stop, blk, code):  # pragma: no cover (compiled)
+    """:meth:`TierManager.locate` on the arrays: for each key of ``q`` its GPU block (a live
+    prefix-index entry) or -1 into ``blk`` and the fastest tier holding it (0 GPU, 1 host,
+    2 disk, -1 none) into ``code``. With ``stop`` it ends at the first key held nowhere and
+    returns its index, else it returns ``len(q)``."""
+    for i in range(q.shape[0]):
+        key = q[i]
+        b = -1
+        s = _probe(gkeys, gmask, gshift, key)
+        if gkeys[s] == key and block_hash[gvals[s]] == key:
+            b = gvals[s]
+        blk[i] = b
+        if b >= 0:
+            code[i] = 0
+        elif htab[2 * _lru_probe(htab, hmask, hshift, key)] == key:
+            code[i] = 1
+        elif has_disk and dtab[2 * _lru_probe(dtab, dmask, dshift, key)] == key:
+            code[i] = 2
+        else:
+            code[i] = -1
+            if stop:
+                return i
+    return q.shape[0]
 
 
 class KeySet:
@@ -694,6 +721,39 @@ class TierManager:
             self.host.touch_many(host_keys[::-1])
         if disk_keys:
             self.disk.touch_many(disk_keys[::-1])
+
+    def locate(self, pool, keys: np.ndarray, stop: bool = False):
+        """Where each of ``keys`` (int64 array of block hashes) is served from: ``(blk, code)``,
+        ``blk`` the GPU block of ``pool`` (:class:`sim.block_pool.BlockPool`) caching it or -1
+        (int64), ``code`` GPU, HOST, DISK (the fastest tier holding it) or -1 where none does
+        (int8). With ``stop`` the arrays end before the first key held nowhere (the walk of a
+        prefix hit). One compiled pass when the prefix index is a :class:`KeyTable` and the
+        stores are :class:`LRUStore` (the defaults), else numpy lookups giving the same arrays.
+        """
+        q = np.ascontiguousarray(keys, dtype=np.int64)
+        disk = self.disk
+        idx = pool.index
+        if isinstance(idx, KeyTable) and isinstance(self.host, LRUStore) and \
+                (disk is None or isinstance(disk, LRUStore)):
+            blk = np.empty(len(q), dtype=np.int64)
+            code = np.empty(len(q), dtype=np.int8)
+            d = disk if disk is not None else self.host
+            m = _locate_pages(idx.keys, idx.vals, idx._shift, idx.mask, pool.block_hash,
+                              self.host._tab, self.host._mask, self.host._shift,
+                              d._tab, d._mask, d._shift, disk is not None, q, stop, blk, code)
+            return blk[:m], code[:m]
+        blk = pool.cached_blocks(q)
+        in_host = self.host.contains_many(q)
+        code = np.where(blk >= 0, GPU, np.where(in_host, HOST, -1)).astype(np.int8)
+        rest = np.flatnonzero(code < 0)
+        if disk is not None and len(rest):
+            code[rest[disk.contains_many(q[rest])]] = DISK
+        if stop:
+            miss = code < 0
+            if miss.any():
+                m = int(np.argmax(miss))
+                return blk[:m], code[:m]
+        return blk, code
 
     # ------------------------------------------------------------------ offload
     def on_gpu_evict(self, keys) -> None:

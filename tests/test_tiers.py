@@ -346,3 +346,48 @@ def test_key_set_matches_a_python_set(ops):
         assert len(s) == len(ref)
         probe = np.arange(-40_000, 41_000, 1000, dtype=np.int64) + 7
         assert s.contains_many(probe).tolist() == [k in ref for k in probe.tolist()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=24),
+       st.lists(st.integers(0, 40), max_size=30), st.lists(st.integers(0, 40), max_size=30),
+       st.integers(0, 12), st.lists(st.integers(0, 45), max_size=40), st.booleans(),
+       st.sampled_from([0, 8]))
+def test_tier_locate_compiled_equals_numpy_lookups(cached, host, disk, evict, query, stop, disk_cap):
+    """TierManager.locate: the one-pass compiled walk (table index, LRU stores) gives the same
+    (block, tier) arrays as the numpy lookups (dict index), stale GPU entries and a missing disk
+    tier included."""
+    import types
+
+    import simpy
+
+    from sim.block_pool import BlockPool
+    from sim.config import CodecConfig, TiersConfig
+    from sim.tiers import TierManager
+
+    gpu = types.SimpleNamespace(pcie_bandwidth_gbps=50.0, pcie_overhead_s=1e-5)
+    scale = 1 << 40  # spread keys over the int64 range, colliding in the low bits
+    out = []
+    for index in ("table", "dict"):
+        tm = TierManager(simpy.Environment(), TiersConfig(host_gib=1.0, disk_gib=1.0), CodecConfig(),
+                         1 << 20, 1 << 20, gpu, 1e12)
+        tm.host = LRUStore(6)
+        tm.disk = LRUStore(disk_cap) if disk_cap else None
+        pool = BlockPool(16, index=index)
+        keys = np.array(sorted(set(cached))[:16], dtype=np.int64) * scale + 3
+        b = pool.allocate(len(keys))
+        pool.cache_blocks(b, keys)
+        pool.free(b[::-1])
+        pool.allocate(min(evict, pool.num_free))  # reallocates cached blocks: stale entries
+        tm.host.insert_array(np.array(host, dtype=np.int64) * scale + 3)
+        if tm.disk is not None:
+            tm.disk.insert_array(np.array(disk, dtype=np.int64) * scale + 3)
+        blk, code = tm.locate(pool, np.array(query, dtype=np.int64) * scale + 3, stop=stop)
+        out.append((blk.tolist(), code.tolist()))
+    assert out[0] == out[1]
+    blk, code = out[0]
+    assert all((c == 0) == (bb >= 0) for bb, c in zip(blk, code))
+    if stop:
+        assert -1 not in code and len(code) <= len(query)
+    else:
+        assert len(code) == len(query)
