@@ -103,44 +103,58 @@ def cold_page_bytes(model, cache, codec) -> int:
 class LRUStore:
     """Pages held by one tier, least recently used first. Capacity in pages (>= 0).
 
-    A doubly linked list of nodes (LRU at the head) and an open-addressing key -> node table
-    (linear probing, backward-shift deletion), in numpy arrays worked by compiled loops
-    (:func:`_lru_insert_many` and friends, numba); the arrays grow with the pages held, not with
-    the capacity. Keys are int64 page hashes (``sim.block_pool.NO_HASH`` is reserved).
+    A ring of keys in use order (oldest at the head) and an open-addressing key -> ring
+    position table (linear probing, backward-shift deletion), in numpy arrays worked by compiled
+    loops (:func:`_lru_insert_many` and friends, numba); the arrays grow with the pages held, not
+    with the capacity. Keys are int64 page hashes (``sim.block_pool.NO_HASH`` is reserved).
 
-    Layout: a table slot is the pair (key, node) in adjacent int64s, and a node the record
-    (key, prev, next, unused) in four: a disk tier holds millions of pages, far beyond the CPU
-    caches, and a page's insert or eviction touches a few random slots and nodes, each one
-    cache line instead of one per field (~290 -> ~220 ns a page measured with 1.66 M pages held;
-    BENCHMARKS.md)."""
+    Using a page appends it at the ring's tail and blanks its older entry (``NO_HASH``), so each
+    held page has exactly one entry, at the position its table slot records; eviction pops the
+    head, skipping blanks. When the ring fills it is rewritten with the held pages only (grown
+    when they fill over half of it), so the rewrite costs O(1) amortised per use. A table slot is
+    the pair (key, position) in adjacent int64s.
+
+    Why a ring: a disk tier holds millions of pages, far beyond the CPU caches. An insert that
+    evicts touches two random table slots (the new page's and the evicted page's) and otherwise
+    memory read in order; the linked list it replaced also touched the evicted node and its
+    neighbours at random (``python -m experiments.bench_pagestore``; BENCHMARKS.md)."""
 
     def __init__(self, capacity_pages: int):
         self.capacity = int(capacity_pages)
         self.peak = 0
-        # st: head node, tail node (most recent), pages held, free-node stack top
-        self._st = np.array([-1, -1, 0, 0], dtype=np.int64)
+        # st: ring position of the head (oldest entry), of the tail (next entry), pages held,
+        # pages the table is sized for
+        self._st = np.zeros(4, dtype=np.int64)
         self._alloc(256, np.empty(0, dtype=np.int64))
 
-    def _alloc(self, nodes: int, order: np.ndarray) -> None:
-        """(Re)size the node arrays to ``nodes`` and the table to >= 2 x nodes slots, holding
-        the pages ``order`` (least recently used first)."""
-        bits = max(10, int(2 * nodes - 1).bit_length())
+    def _alloc(self, room: int, order: np.ndarray) -> None:
+        """(Re)build for ``room`` pages: a table of >= 2 x ``room`` slots and a ring of as many
+        entries, holding the pages ``order`` (least recently used first)."""
+        bits = max(10, int(2 * room - 1).bit_length())
         self._tab = np.empty(2 << bits, dtype=np.int64)
         self._tab[0::2] = NO_HASH
         self._mask = (1 << bits) - 1
         self._shift = 64 - bits
-        self._node = np.empty(4 * nodes, dtype=np.int64)
-        self._nfree = np.arange(nodes - 1, -1, -1, dtype=np.int64)  # a stack: node 0 on top
-        self._st[:] = (-1, -1, 0, nodes)
+        self._ring = np.empty(1 << bits, dtype=np.int64)
+        self._st[:] = (0, 0, 0, room)
         if len(order):
             self._insert(order)
 
+    def _room(self, n: int) -> None:
+        """Make room for ``n`` more pages held and ``n`` more ring entries: grow (held pages
+        beyond the sized room) or rewrite the ring with the held pages only (ring full)."""
+        held = int(self._st[2])
+        room = int(self._st[3])
+        if held + n > room:
+            self._alloc(max(2 * room, held + n), self.lru_order())
+        elif self._st[1] - self._st[0] + n > len(self._ring):
+            self._alloc(room, self.lru_order())  # held + n <= room <= half the ring
+
     def _insert(self, keys: np.ndarray) -> np.ndarray:
-        if self._st[2] + len(keys) > len(self._nfree):
-            self._alloc(max(2 * len(self._nfree), int(self._st[2]) + len(keys)), self.lru_order())
+        self._room(len(keys))
         out = np.empty(len(keys), dtype=np.int64)  # at most the batch is evicted (held <= cap)
-        m = _lru_insert_many(self._tab, self._mask, self._shift, self._node, self._nfree,
-                             self._st, self.capacity, keys, out)
+        m = _lru_insert_many(self._tab, self._mask, self._shift, self._ring, self._st,
+                             self.capacity, keys, out)
         if self._st[2] > self.peak:
             self.peak = int(self._st[2])
         return out[:m]
@@ -154,7 +168,7 @@ class LRUStore:
     def lru_order(self) -> np.ndarray:
         """The pages held, least recently used first (int64)."""
         out = np.empty(int(self._st[2]), dtype=np.int64)
-        _lru_order(self._node, self._st, out)
+        _lru_order(self._ring, self._st, out)
         return out
 
     def touch(self, key: int) -> None:
@@ -165,7 +179,9 @@ class LRUStore:
         """Mark held pages most recently used, in order (the last ends most recent). KeyError
         for a page not held (the pages before it were touched)."""
         q = np.asarray(keys, dtype=np.int64)
-        bad = _lru_touch_many(self._tab, self._mask, self._shift, self._node, self._st, q)
+        if self._st[1] - self._st[0] + len(q) > len(self._ring):
+            self._alloc(max(int(self._st[3]), len(q)), self.lru_order())
+        bad = _lru_touch_many(self._tab, self._mask, self._shift, self._ring, self._st, q)
         if bad >= 0:
             raise KeyError(int(q[bad]))
 
@@ -206,8 +222,8 @@ class LRUStore:
         return self._insert(keys)
 
 
-# The compiled LRU store: table slot s is tab[2s] (key, NO_HASH when empty), tab[2s + 1] (its
-# node); node n is node[4n] (key), node[4n + 1] (prev), node[4n + 2] (next).
+# The compiled LRU store: table slot s is tab[2s] (key, NO_HASH when empty), tab[2s + 1] (the
+# ring position of its entry); ring position p is ring[p & (len(ring) - 1)], NO_HASH when blank.
 
 @kernel("i8(i8[:], i8, i8, i8)")
 def _lru_probe(tab, mask, shift, key):  # pragma: no cover (compiled)
@@ -243,59 +259,38 @@ def _lru_table_delete(tab, mask, shift, s):  # pragma: no cover (compiled)
     tab[2 * s] = NO_HASH
 
 
-@kernel("void(i8[:], i8[:], i8)")
-def _lru_unlink(node, st, n):  # pragma: no cover (compiled)
-    p = node[4 * n + 1]
-    q = node[4 * n + 2]
-    if p >= 0:
-        node[4 * p + 2] = q
-    else:
-        st[0] = q
-    if q >= 0:
-        node[4 * q + 1] = p
-    else:
-        st[1] = p
-
-
-@kernel("void(i8[:], i8[:], i8)")
-def _lru_append(node, st, n):  # pragma: no cover (compiled)
+@kernel("void(i8[:], i8[:], i8[:], i8, i8)")
+def _lru_use(tab, ring, st, s, key):  # pragma: no cover (compiled)
+    """Make ``key`` (at table slot ``s``, held or not) the most recent: blank its older ring
+    entry if held, append it at the tail."""
+    rmask = ring.shape[0] - 1
     t = st[1]
-    node[4 * n + 1] = t
-    node[4 * n + 2] = -1
-    if t >= 0:
-        node[4 * t + 2] = n
+    if tab[2 * s] == key:
+        ring[tab[2 * s + 1] & rmask] = NO_HASH
     else:
-        st[0] = n
-    st[1] = n
+        tab[2 * s] = key
+        st[2] += 1
+    ring[t & rmask] = key
+    tab[2 * s + 1] = t
+    st[1] = t + 1
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:], i8, i8[:], i8[:])")
-def _lru_insert_many(tab, mask, shift, node, nfree, st, cap, keys, out):  # pragma: no cover
-    """:meth:`LRUStore.insert_many` on the arrays (the node arrays have room for every key):
-    the evicted pages into ``out``; returns how many."""
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8, i8[:], i8[:])")
+def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no cover
+    """:meth:`LRUStore.insert_many` on the arrays (the table and ring have room for every
+    key): the evicted pages into ``out``; returns how many."""
     for i in range(keys.shape[0]):
         key = keys[i]
-        s = _lru_probe(tab, mask, shift, key)
-        if tab[2 * s] == key:  # held: refresh
-            n = tab[2 * s + 1]
-            _lru_unlink(node, st, n)
-            _lru_append(node, st, n)
-            continue
-        st[3] -= 1  # a free node, into the empty slot the probe ended at
-        n = nfree[st[3]]
-        node[4 * n] = key
-        _lru_append(node, st, n)
-        tab[2 * s] = key
-        tab[2 * s + 1] = n
-        st[2] += 1
+        _lru_use(tab, ring, st, _lru_probe(tab, mask, shift, key), key)
+    rmask = ring.shape[0] - 1
     m = 0
     while st[2] > cap:
-        n = st[0]
-        _lru_unlink(node, st, n)
-        key = node[4 * n]
+        h = st[0]
+        st[0] = h + 1
+        key = ring[h & rmask]
+        if key == NO_HASH:
+            continue
         _lru_table_delete(tab, mask, shift, _lru_probe(tab, mask, shift, key))
-        nfree[st[3]] = n
-        st[3] += 1
         st[2] -= 1
         out[m] = key
         m += 1
@@ -303,16 +298,14 @@ def _lru_insert_many(tab, mask, shift, node, nfree, st, cap, keys, out):  # prag
 
 
 @kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:])")
-def _lru_touch_many(tab, mask, shift, node, st, keys):  # pragma: no cover (compiled)
+def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (compiled)
     """Move each held key to the most recent end, in order; the index of the first key not
-    held (the touching stops there), or -1."""
+    held (the touching stops there), or -1. The ring has room for every key."""
     for i in range(keys.shape[0]):
         s = _lru_probe(tab, mask, shift, keys[i])
         if tab[2 * s] != keys[i]:
             return i
-        n = tab[2 * s + 1]
-        _lru_unlink(node, st, n)
-        _lru_append(node, st, n)
+        _lru_use(tab, ring, st, s, keys[i])
     return -1
 
 
@@ -323,13 +316,14 @@ def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
 
 
 @kernel("void(i8[:], i8[:], i8[:])")
-def _lru_order(node, st, out):  # pragma: no cover (compiled)
-    n = st[0]
+def _lru_order(ring, st, out):  # pragma: no cover (compiled)
+    rmask = ring.shape[0] - 1
     i = 0
-    while n >= 0:
-        out[i] = node[4 * n]
-        i += 1
-        n = node[4 * n + 2]
+    for p in range(st[0], st[1]):
+        k = ring[p & rmask]
+        if k != NO_HASH:
+            out[i] = k
+            i += 1
 
 
 @kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8, i8, i8[:], i8, i8, b1, i8[:], b1, i8[:], i1[:])")

@@ -235,7 +235,7 @@ def test_lru_insert_many_equals_one_insert_per_key(batches, cap):
                                                   max_size=400)), max_size=12),
        st.integers(1, 900))
 def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
-    """The compiled LRU store (node arrays and table grow past their first 256 nodes; evictions
+    """The compiled LRU store (table and ring grow past their first 256 pages; evictions
     delete from the table with backward shifts) against an OrderedDict: inserts (held keys
     refreshed) and touches of held keys give the same evictions, order and membership."""
     from collections import OrderedDict
@@ -262,7 +262,8 @@ def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
 
 def test_lru_store_long_random_run_matches_an_ordered_dict():
     """20,000 batched inserts and touches on a store at its capacity (every insert evicts, so the
-    table deletes and shifts entries back all the time) against an OrderedDict."""
+    table deletes and shifts entries back all the time, and the ring fills with blanked entries
+    and is rewritten dozens of times) against an OrderedDict."""
     from collections import OrderedDict
 
     rng = np.random.default_rng(7)
