@@ -537,18 +537,16 @@ def make_store(replacement: str, capacity_pages: int):
 class Link:
     """A transfer link: FIFO, one batch at a time, ``overhead_s + bytes / bandwidth`` per batch.
 
-    Onboarding queues on the SimPy resource ``res`` (a request's load is a process it waits on);
-    offloads, which nothing waits on, queue arithmetically (:meth:`reserve`). A link is used one
-    way or the other, never both (D2H and disk writes: arithmetic; H2D and disk reads: SimPy).
+    Batches queue arithmetically (:meth:`reserve`: the times of a capacity-1 FIFO resource,
+    without its events): an offload or demotion lands through one timeout at its end, and an
+    onboarding process waits for each of its batches with one timeout.
 
     Args:
-        env: the SimPy environment; name: for records; bandwidth_Bps: bytes/s (> 0);
-        overhead_s: fixed cost per batch (per issued copy or I/O).
+        name: for records; bandwidth_Bps: bytes/s (> 0); overhead_s: fixed cost per batch
+            (per issued copy or I/O).
     """
 
-    def __init__(self, env, name: str, bandwidth_Bps: float, overhead_s: float):
-        import simpy
-
+    def __init__(self, name: str, bandwidth_Bps: float, overhead_s: float):
         if bandwidth_Bps <= 0:
             raise ConfigError(f"link {name}: bandwidth {bandwidth_Bps} B/s; expected > 0")
         if overhead_s < 0:
@@ -556,8 +554,7 @@ class Link:
         self.name = name
         self.bw = float(bandwidth_Bps)
         self.overhead = float(overhead_s)
-        self.res = simpy.Resource(env, capacity=1)
-        self.free_at = float("-inf")  # when the last reserved batch ends (reserve only)
+        self.free_at = float("-inf")  # when the last reserved batch ends
 
     def reserve(self, now: float, dur: float) -> tuple[float, float]:
         """Queue one batch of ``dur`` seconds issued at ``now`` behind the batches already
@@ -645,10 +642,10 @@ class TierManager:
         self.disk = make_store(tiers.replacement, self.disk_pages) if self.disk_pages > 0 else None
         pcie = float(tiers.pcie_gbps if tiers.pcie_gbps is not None else gpu.pcie_bandwidth_gbps) * 1e9
         pcie_o = float(tiers.pcie_overhead_s if tiers.pcie_overhead_s is not None else gpu.pcie_overhead_s)
-        self.h2d = Link(env, "h2d", pcie, pcie_o)
-        self.d2h = Link(env, "d2h", pcie, pcie_o)
-        self.disk_read = Link(env, "disk_read", float(tiers.disk_read_gbps) * 1e9, float(tiers.disk_latency_s))
-        self.disk_write = Link(env, "disk_write", float(tiers.disk_write_gbps) * 1e9, float(tiers.disk_latency_s))
+        self.h2d = Link("h2d", pcie, pcie_o)
+        self.d2h = Link("d2h", pcie, pcie_o)
+        self.disk_read = Link("disk_read", float(tiers.disk_read_gbps) * 1e9, float(tiers.disk_latency_s))
+        self.disk_write = Link("disk_write", float(tiers.disk_write_gbps) * 1e9, float(tiers.disk_latency_s))
         self.hbm = float(hbm_Bps)
         self.cal = calibration
         self.inflight = KeySet()  # pages queued or being copied to the host
@@ -863,18 +860,17 @@ class TierManager:
     def _copy_batches(self, keys: list[int], link: Link, duration, direction: str, tier: str,
                       after=None):
         """SimPy process: move ``keys`` over ``link`` in batches of ``transfer_batch_pages``,
-        each batch queued on the link for ``duration(pages)`` seconds, recorded, then passed to
-        ``after(batch_keys)`` if given."""
+        each batch queued on the link (:meth:`Link.reserve`) for ``duration(pages)`` seconds, then
+        recorded and passed to ``after(batch_keys)`` if given."""
         env = self.env
         for lo in range(0, len(keys), self.batch):
             chunk = keys[lo:lo + self.batch]
             n = len(chunk)
             q = env.now
-            with link.res.request() as rq:
-                yield rq
-                start = env.now
-                dur = duration(n)
-                yield env.timeout(dur)
+            dur = duration(n)
+            start, end = link.reserve(q, dur)
+            for d in exact_delays(q, end):
+                yield env.timeout(d)
             self._record(start, direction, tier, n, dur, q)
             if after is not None:
                 after(chunk)
