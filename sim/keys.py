@@ -50,16 +50,29 @@ def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: i
     """
     if n_blocks > MAX_BLOCKS_PER_REQUEST:
         raise ValueError(f"request {request_id} needs {n_blocks} blocks; at most {MAX_BLOCKS_PER_REQUEST}")
-    k = np.arange(n_blocks, dtype=np.int64)
-    keys = -(np.int64(request_id) * MAX_BLOCKS_PER_REQUEST + k) - 1
-    if G > 0 and len(ids):
-        covered = min(len(ids) * G, int(input_tokens))
+    v = np.ascontiguousarray(ids, dtype=np.int64).view()
+    v.flags.writeable = False  # one compiled signature (Arrow's arrays are read-only)
+    return _block_keys(v, int(G), int(input_tokens), int(B), int(request_id), int(n_blocks))
+
+
+_RO_I8 = numba.types.Array(numba.types.int64, 1, "C", readonly=True)
+
+
+@kernel(numba.types.int64[:](_RO_I8, numba.types.int64, numba.types.int64, numba.types.int64,
+                             numba.types.int64, numba.types.int64))
+def _block_keys(ids, G, input_tokens, B, request_id, n_blocks):  # pragma: no cover (compiled)
+    """:func:`block_keys` in one pass (the module docstring's two rules)."""
+    keys = np.empty(n_blocks, dtype=np.int64)
+    n_id = 0
+    if G > 0 and ids.shape[0] > 0:
+        covered = min(ids.shape[0] * G, input_tokens)
         n_id = min(covered // B, n_blocks)
-        if n_id > 0:
-            e = (k[:n_id] + 1) * B
-            j = (e - 1) // G
-            off = e - j * G
-            keys[:n_id] = np.asarray(ids, dtype=np.int64)[j] * (G + 1) + off
+    for k in range(n_id):
+        e = (k + 1) * B
+        j = (e - 1) // G
+        keys[k] = ids[j] * (G + 1) + (e - j * G)
+    for k in range(max(n_id, 0), n_blocks):
+        keys[k] = -(request_id * MAX_BLOCKS_PER_REQUEST + k) - 1
     return keys
 
 
@@ -78,9 +91,6 @@ def first_repeated_id(offsets: np.ndarray, values: np.ndarray) -> tuple[int, int
     bits = max(4, (2 * longest - 1).bit_length())
     row, x = _first_repeat(off, val, bits)
     return int(row), int(x)
-
-
-_RO_I8 = numba.types.Array(numba.types.int64, 1, "C", readonly=True)
 
 
 @kernel(numba.types.UniTuple(numba.types.int64, 2)(_RO_I8, _RO_I8, numba.types.int64))

@@ -254,3 +254,24 @@ def test_kernel_compiles_without_the_cache_when_no_location_is_writable(monkeypa
                         lambda sig, cache=False, nogil=False: njit(sig, cache, nogil, _msg="other"))
     with pytest.raises(RuntimeError, match="other"):
         sim.jit.kernel("i8(i8)")(lambda x: x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**12), max_size=12), st.sampled_from([0, 16, 64, 100, 512]),
+       st.integers(0, 7000), st.sampled_from([1, 8, 16, 48]), st.integers(0, 10**6),
+       st.integers(0, 500))
+def test_block_keys_follow_the_two_rules(ids, G, input_tokens, B, rid, n_blocks):
+    """block_keys against the module docstring's rules applied block by block: a block ending
+    inside the span the trace identifies gets ``ids[j] (G + 1) + offset``, any other one the
+    request's own negative key."""
+    covered = min(len(ids) * G, input_tokens) if G > 0 else 0
+    want = []
+    for k in range(n_blocks):
+        e = (k + 1) * B
+        if e <= covered:
+            j = (e - 1) // G
+            want.append(ids[j] * (G + 1) + e - j * G)
+        else:
+            want.append(-(rid * 2**24 + k) - 1)
+    got = block_keys(np.array(ids, dtype=np.int64), G, input_tokens, B, rid, n_blocks)
+    assert got.dtype == np.int64 and got.tolist() == want
