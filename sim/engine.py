@@ -614,7 +614,7 @@ class Simulator:
                     req.hit_host = n_tier * B - req.hit_disk
             if tiers is not None and len(gpu_blocks):
                 keys = req.keys[:len(hit)]
-                tiers.on_gpu_hit(keys[hit >= 0].tolist() if n_tier else keys.tolist())
+                tiers.on_gpu_hit(keys[hit >= 0] if n_tier else keys)
             req.computed_prompt_tokens += num_tokens - hit_tokens
             self._step_admitted += 1
             if n_tier:
@@ -788,8 +788,8 @@ class Simulator:
 
     def _start_onboard(self, req: Request, pos, keys, codes, blocking: bool) -> None:
         tiers = self.tiers
-        host_keys = keys[codes == HOST].tolist()
-        disk_keys = keys[codes == DISK].tolist()
+        host_keys = keys[codes == HOST]
+        disk_keys = keys[codes == DISK]
         tiers.touch(host_keys, disk_keys)
         if blocking:
             req.status = ONBOARDING

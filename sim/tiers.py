@@ -175,9 +175,10 @@ class LRUStore:
         """Mark a held page most recently used (KeyError if not held)."""
         self.touch_many([key])
 
-    def touch_many(self, keys: list[int]) -> None:
-        """Mark held pages most recently used, in order (the last ends most recent). KeyError
-        for a page not held (the pages before it were touched)."""
+    def touch_many(self, keys) -> None:
+        """Mark held pages (``keys``: int64 array or list) most recently used, in order (the
+        last ends most recent). KeyError for a page not held (the pages before it were
+        touched)."""
         q = np.asarray(keys, dtype=np.int64)
         if self._st[1] - self._st[0] + len(q) > len(self._ring):
             self._alloc(max(int(self._st[3]), len(q)), self.lru_order())
@@ -471,9 +472,9 @@ class ARCStore:
         elif key in self.t2:
             self.t2.move_to_end(key)
 
-    def touch_many(self, keys: list[int]) -> None:
-        """:meth:`touch` each of ``keys`` in order."""
-        for k in keys:
+    def touch_many(self, keys) -> None:
+        """:meth:`touch` each of ``keys`` (int64 array or list) in order."""
+        for k in np.asarray(keys, dtype=np.int64).tolist():
             self.touch(k)
 
     def _replace(self, key_in_b2: bool) -> int:
@@ -704,13 +705,14 @@ class TierManager:
             return DISK
         return -1
 
-    def touch(self, host_keys: list[int], disk_keys: list[int]) -> None:
+    def touch(self, host_keys: np.ndarray, disk_keys: np.ndarray) -> None:
         """Refresh hit pages in their stores, deepest first (shallow blocks end most recent).
 
-        ``host_keys`` / ``disk_keys``: the hit's pages held by each tier, in block order."""
-        if host_keys:
+        ``host_keys`` / ``disk_keys``: the hit's pages held by each tier, in block order (int64
+        arrays)."""
+        if len(host_keys):
             self.host.touch_many(host_keys[::-1])
-        if disk_keys:
+        if len(disk_keys):
             self.disk.touch_many(disk_keys[::-1])
 
     def locate(self, pool, keys: np.ndarray, stop: bool = False):
@@ -759,13 +761,14 @@ class TierManager:
         if self.write_policy == "write_through":
             self._queue(keys[::-1])
 
-    def on_gpu_hit(self, keys: list[int]) -> None:
-        """write_through_selective: a block is copied down once it has been hit N times."""
+    def on_gpu_hit(self, keys) -> None:
+        """write_through_selective: a block is copied down once it has been hit N times
+        (``keys``: the hit's GPU blocks' hashes, an int64 array or a list)."""
         if self.write_policy != "write_through_selective":
             return
         hc = self.hit_count
         ready = []
-        for k in keys:
+        for k in np.asarray(keys, dtype=np.int64).tolist():
             c = hc.get(k, 0) + 1
             hc[k] = c
             if c == self.selective_min_hits:
@@ -857,7 +860,7 @@ class TierManager:
             self.change_log.append(ev)
 
     # ------------------------------------------------------------------ onboarding
-    def _copy_batches(self, keys: list[int], link: Link, duration, direction: str, tier: str,
+    def _copy_batches(self, keys: np.ndarray, link: Link, duration, direction: str, tier: str,
                       after=None):
         """SimPy process: move ``keys`` over ``link`` in batches of ``transfer_batch_pages``,
         each batch queued on the link (:meth:`Link.reserve`) for ``duration(pages)`` seconds, then
@@ -875,7 +878,7 @@ class TierManager:
             if after is not None:
                 after(chunk)
 
-    def onboard(self, host_keys: list[int], disk_keys: list[int], out: dict):
+    def onboard(self, host_keys: np.ndarray, disk_keys: np.ndarray, out: dict):
         """SimPy process: read ``disk_keys`` from disk (promoting them into the host store), then
         copy all pages to the GPU in batches. Fills ``out`` with onboard_host_s and
         onboard_disk_s (time spent per tier, queueing included)."""
@@ -888,7 +891,7 @@ class TierManager:
         yield from self._copy_batches(disk_keys, self.disk_read, self.disk_read_time,
                                       "disk_to_host", "disk", after=promote)
         t1 = env.now
-        yield from self._copy_batches(host_keys + disk_keys, self.h2d, self.h2d_time, "h2d", "host")
+        yield from self._copy_batches(np.concatenate([host_keys, disk_keys]), self.h2d, self.h2d_time, "h2d", "host")
         self.bytes_onboarded["host"] += len(host_keys) * self.cold
         self.flush()
         out["onboard_disk_s"] = t1 - t0
