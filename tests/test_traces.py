@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from traces import (TRACE_FORMATS, WORKLOAD_SCHEMA, TraceConfig, TraceError, Workload,
                     load_workload, traces_dir)
@@ -318,3 +319,32 @@ def test_presets_and_omegaconf():
     assert len(w) == 2000
     w2 = load_workload(OmegaConf.merge(schema, {"max_requests": 5}), 0)
     assert len(w2) == 5
+
+
+_NUM_TOKENS = st.one_of(
+    st.integers(-10**20, 10**20).map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["5.", ".5", "+5", "007", "1e400", "-0", "-0.0", "2E-3", "1.5e+2"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_NUM_TOKENS, _NUM_TOKENS), max_size=8), st.sampled_from([", ", ",", " , "]),
+       st.booleans())
+def test_servegen_flat_pmf_literal_reads_as_python_does(pairs, sep, trailing):
+    """The fast path for a flat ``{number: number}`` literal (read as JSON) gives what
+    ``ast.literal_eval`` gives: the same keys, values and their int / float types, or its
+    error."""
+    import ast
+
+    from traces.servegen import _literal_dict
+
+    text = "{" + sep.join(f"{k}: {v}" for k, v in pairs) + ("," if trailing and pairs else "") + "}"
+    try:
+        want = ast.literal_eval(text)
+    except (ValueError, SyntaxError) as e:  # e.g. 007: the fast path raises the same error
+        with pytest.raises(type(e)):
+            _literal_dict(text)
+        return
+    got = _literal_dict(text)
+    assert list(got.items()) == list(want.items())
+    assert [(type(k), type(v)) for k, v in got.items()] == [(type(k), type(v)) for k, v in want.items()]

@@ -41,22 +41,23 @@ from .errors import ErrorSink, TraceError
 WINDOW_S = 600.0
 PMF_FIELDS = ("input_tokens", "output_tokens", "reason_ratio")
 _CHUNK_RE = re.compile(r"chunk-(\d+)-trace\.csv$")
-# a plain {number: number, ...} literal (what ServeGen files hold) is parsed without ast; anything
-# else goes through ast.literal_eval (same result, and its errors)
+# a plain {number: number, ...} literal (what ServeGen files hold) is parsed as JSON; anything else
+# goes through ast.literal_eval (same result, and its errors)
 _NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
 _PMF_RE = re.compile(rf"\s*\{{\s*(?:{_NUM}\s*:\s*{_NUM}\s*(?:,\s*{_NUM}\s*:\s*{_NUM}\s*)*,?\s*)?\}}\s*\Z")
-_PAIR_RE = re.compile(rf"({_NUM})\s*:\s*({_NUM})")
-_INT_RE = re.compile(r"[-+]?\d+\Z")
-
-
-def _num(tok: str):
-    return int(tok) if _INT_RE.match(tok) else float(tok)
 
 
 def _literal_dict(text: str):
-    """``ast.literal_eval(text)``, with a fast path for a flat ``{number: number}`` literal."""
+    """``ast.literal_eval(text)``, with a fast path for a flat ``{number: number}`` literal: read
+    as the JSON array of its numbers, where JSON and Python agree on every int and float token
+    JSON accepts. Any other text (a token JSON lacks, such as ``5.``, ``+5`` or ``007``) goes
+    to ``ast.literal_eval``: the same result, and its errors."""
     if _PMF_RE.match(text):
-        return {_num(k): _num(v) for k, v in _PAIR_RE.findall(text)}
+        try:
+            flat = json.loads(text.replace("{", "[", 1).replace("}", "]").replace(":", ","))
+        except ValueError:
+            return ast.literal_eval(text)
+        return dict(zip(flat[0::2], flat[1::2]))
     return ast.literal_eval(text)
 
 
