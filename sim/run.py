@@ -200,7 +200,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     progress = None
     if show:
         from tqdm.auto import tqdm
-        bar = tqdm(total=n, unit="req", desc="kvsim", mininterval=0.5, leave=False)
+        bar = tqdm(total=n, unit="req", desc="kvsim", mininterval=0.5)  # left on screen, ends its line
 
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
