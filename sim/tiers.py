@@ -21,8 +21,9 @@ shallow blocks of a prefix chain are the most recent and a chain is evicted leaf
 unreachable descendants are kept while their parent is gone (for pages inserted together).
 
 Links are FIFO queues with capacity 1 (one per direction: PCIe host-to-device, device-to-host,
-disk read, disk write), so transfers queue and contend: SimPy resources for onboarding, which a
-request waits on, and arithmetic queues for offloads (:meth:`Link.reserve`, same times). A batch
+disk read, disk write), so transfers queue and contend, through arithmetic reservations
+(:meth:`Link.reserve`: a capacity-1 FIFO resource's times, without its events); an onboarding
+request's process waits on its batches' timeouts, an offload lands at its batch's end. A batch
 of ``n`` pages of ``b`` bytes takes ``overhead + n x b / bandwidth`` (PCIe: 14 us per issued
 copy, 55 GB/s each way, measured on this workplace's H200, design.md; disk: latency per I/O +
 bytes / bandwidth, defaults for one NVMe Gen4 drive: 7 GB/s read, 5 GB/s write, 80 us per I/O
