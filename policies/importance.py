@@ -658,22 +658,26 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
     """
     H, S = layout.slot_pos.shape
     out = np.full((H, S), -np.inf, dtype=np.float32)
-    live = layout.slot_pos >= max(int(from_pos), 0)
     seq = layout.next_position if seq_len is None else seq_len
     if H == 1:
         # score the group's slots directly: a score is a function of its position alone (given
         # step and seq_len), so this equals scoring the sorted distinct positions and mapping back
-        m = live[0]
-        pos = layout.slot_pos[0, m].astype(np.int64)
-        if not pos.size:
+        row = layout.slot_pos[0]
+        lo = max(int(from_pos), 0)
+        pos = np.empty(S, dtype=np.int64)
+        n = _live_positions(row, lo, pos)  # the live slots' positions, in slot order
+        if not n:
             return out
+        pos = pos[:n]
         hi = int(pos.max()) + 1
         seq = max(seq, hi)  # the largest live position is always scored
         if isinstance(source, ImportanceModel):
-            out[0, m] = source._scores(layout.request_key, pos, 1, step, seq, hi, int(from_pos))[0]
+            sc = source._scores(layout.request_key, pos, 1, step, seq, hi, int(from_pos))[0]
         else:
-            out[0, m] = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
+            sc = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
+        _scatter_live(row, lo, np.ascontiguousarray(sc, dtype=np.float32), out[0])
         return out
+    live = layout.slot_pos >= max(int(from_pos), 0)
     if not live.any():
         return out
     pos_all = np.unique(layout.slot_pos[live])
@@ -683,3 +687,26 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
         if m.any():
             out[g, m] = sc[g, np.searchsorted(pos_all, layout.slot_pos[g, m])]
     return out
+
+
+@kernel("i8(i4[:], i8, i8[:])")
+def _live_positions(row, lo, pos):  # pragma: no cover (compiled)
+    """:func:`score_slots`' live slots of one group: the positions ``>= lo`` held in ``row``
+    (slot -> position, -1 when empty), in slot order, into ``pos``; returns how many."""
+    n = 0
+    for i in range(row.shape[0]):
+        if row[i] >= lo:
+            pos[n] = row[i]
+            n += 1
+    return n
+
+
+@kernel("void(i4[:], i8, f4[:], f4[:])")
+def _scatter_live(row, lo, vals, out):  # pragma: no cover (compiled)
+    """``out[slot] = vals[j]`` for the ``j``-th slot of ``row`` holding a position ``>= lo``
+    (the inverse of :func:`_live_positions`)."""
+    j = 0
+    for i in range(row.shape[0]):
+        if row[i] >= lo:
+            out[i] = vals[j]
+            j += 1

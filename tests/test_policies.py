@@ -484,6 +484,22 @@ def test_score_slots_from_pos_leaves_unread_slots_unscored():
     assert not make_policy(PolicyConfig(name="streaming_llm")).uses_scores
 
 
+def test_score_slots_one_group_scores_each_live_slot_by_its_position():
+    """One group: every slot holding a position >= from_pos gets the model's score of that
+    position (holes and slots below from_pos stay -inf), in slot order after a compaction
+    reordered and emptied slots."""
+    lay = filled(600, prompt=100)
+    lay.slot_pos[0, ::7] = -1  # holes
+    lay.slot_pos[0, 300:400] = lay.slot_pos[0, 300:400][::-1].copy()  # out of position order
+    got = score_slots(ImportanceModel(seed=2), lay, step=40, from_pos=150)
+    pos = lay.slot_pos[0]
+    live = pos >= 150
+    want = ImportanceModel(seed=2).scores(lay.request_key, pos[live], 1, step=40,
+                                          seq_len=max(lay.next_position, int(pos.max()) + 1))[0]
+    assert got.shape == lay.slot_pos.shape and got.dtype == np.float32
+    assert np.array_equal(got[0, live], want) and np.isneginf(got[0, ~live]).all()
+
+
 # ------------------------------------------------------------------------- recorded importance
 def _write(path, **cols):
     import pyarrow as pa
