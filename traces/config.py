@@ -231,8 +231,11 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
     """
     if c.format in SYNTHETIC_FORMATS:
         return None
-    hint = ("Point trace.path at the file (e.g. `trace.path=/data/traces/x.jsonl` on the Hydra "
-            "command line) or set KVSIM_TRACES_DIR to the folder holding the traces")
+    hint = ("Point trace.path at the folder of chunk-N-trace.csv / chunk-N-dataset.json files "
+            "(e.g. `trace.path=/data/traces/servegen_deepseek_r1` on the Hydra command line)"
+            if c.format == "servegen" else
+            "Point trace.path at the file (e.g. `trace.path=/data/traces/x.jsonl` on the Hydra "
+            "command line)") + " or set KVSIM_TRACES_DIR to the folder holding the traces"
     if c.path is not None:
         p = Path(os.path.expanduser(str(c.path)))
         if not p.is_absolute() and not p.exists():
@@ -251,6 +254,7 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
             expected=f"a preset in {[*BUNDLED_FILES, *PRESET_PATHS]} or a format name",
             hint=hint)
     if not p.exists():
-        raise TraceError("trace file not found", path=str(p),
+        what = "trace folder" if c.format == "servegen" else "trace file"
+        raise TraceError(f"{what} not found", path=str(p),
                          expected=f"the {c.format} trace for '{c.name}'", hint=hint)
     return p
