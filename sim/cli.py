@@ -60,7 +60,11 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         title += f" | {s['policy']}" + (f" + {comp}" if comp != "none" else "")
     if s.get("tiers", "gpu_only") != "gpu_only":
         title += f" | tiers {s['tiers']}, codec {s.get('codec', 'identity')}"
-    t = Table(title=title, show_header=True)
+    # what the command line changed (the run's outputs and progress bar aside)
+    shown = [o for o in s.get("overrides") or []
+             if not o.lstrip("+~").startswith(("output.", "hydra.", "sim.progress"))]
+    t = Table(title=title, caption=f"overrides: {' '.join(shown)}" if shown else None,
+              show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests (finished / rejected / total)",
