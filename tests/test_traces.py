@@ -250,6 +250,22 @@ def test_pmf_parsing():
         parse_pmf("__import__('os')", path="f", window="0", field="x", integer=True)
 
 
+@pytest.mark.parametrize("text, integer, found", [
+    ("{100000000000000000000: 1.0}", True, "key 100000000000000000000"),  # beyond int64
+    ("{9223372036854775807: 1.0}", True, "key 9223372036854775807"),  # beyond any context
+    ("{0: 1.0}", True, "key 0"),
+    ("{1e400: 1.0}", False, "key inf"),  # reason_ratio: a ratio
+    ("{5.0: 1.0}", False, "key 5.0"),
+    ("{10: " + "9" * 400 + "}", True, "probability 999"),  # an int beyond any float
+])
+def test_pmf_keys_and_probabilities_out_of_range_name_the_field(text, integer, found):
+    """Token counts outside [1, 2**31 - 1], ratios outside [0, 1] and probabilities no float
+    holds are TraceErrors naming the file, window, field and value (not an OverflowError from
+    numpy, nor a run of requests with 9.2e18 tokens)."""
+    with pytest.raises(TraceError, match=r"f window '0', field 'x': found " + found):
+        parse_pmf(text, path="f", window="0", field="x", integer=integer)
+
+
 def test_servegen_bad_pmf_and_sampler():
     with pytest.raises(TraceError) as e:
         load_workload(cfg(name="s", format="servegen", path=str(DATA / "servegen_bad")), 0)

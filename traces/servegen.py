@@ -43,8 +43,14 @@ PMF_FIELDS = ("input_tokens", "output_tokens", "reason_ratio")
 _CHUNK_RE = re.compile(r"chunk-(\d+)-trace\.csv$")
 # a plain {number: number, ...} literal (what ServeGen files hold) is parsed as JSON; anything else
 # goes through ast.literal_eval (same result, and its errors)
-_NUM = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
-_PMF_RE = re.compile(rf"\s*\{{\s*(?:{_NUM}\s*:\s*{_NUM}\s*(?:,\s*{_NUM}\s*:\s*{_NUM}\s*)*,?\s*)?\}}\s*\Z")
+# (atomic groups and possessive quantifiers: a failed match takes linear time, not quadratic in a
+# run of digits or spaces)
+_NUM = r"(?>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?))"
+_PMF_RE = re.compile(
+    rf"\s*+\{{\s*+(?:{_NUM}\s*+:\s*+{_NUM}\s*+(?:,\s*+{_NUM}\s*+:\s*+{_NUM}\s*+)*+,?+\s*+)?+\}}\s*+\Z")
+# the largest token count a PMF may hold: far above any model's context, and a trace's token
+# sums stay well inside int64
+MAX_PMF_TOKENS = 2**31 - 1
 
 
 def _literal_dict(text: str):
@@ -61,8 +67,16 @@ def _literal_dict(text: str):
     return ast.literal_eval(text)
 
 
+def _short(x) -> str:
+    """``repr(x)``, cut to 40 characters (a key of thousands of digits)."""
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
     """Parse one PMF dict literal -> (values, probabilities) numpy arrays, or None if empty.
+    ``integer``: keys are token counts (int64 values in [1, ``MAX_PMF_TOKENS``]), else ratios
+    in [0, 1] (float64; ServeGen's ``reason_ratio``: the reasoning share of the output).
 
     Raises:
         TraceError: not a dict literal, bad key/probability, or probabilities not summing to 1
@@ -89,17 +103,25 @@ def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
     keys, probs = [], []
     for k, v in d.items():
         if integer:
-            ok = isinstance(k, int) and not isinstance(k, bool) and k >= 1
+            ok = isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_PMF_TOKENS
         else:
-            ok = isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 0
+            ok = isinstance(k, (int, float)) and not isinstance(k, bool) and 0 <= k <= 1
         if not ok:
-            raise TraceError(path=path, where=where, field=field, found=f"key {k!r}",
-                             expected="positive integer token counts" if integer else "numbers >= 0")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0) or math.isinf(v):
-            raise TraceError(path=path, where=where, field=field, found=f"probability {v!r} for {k!r}",
+            raise TraceError(path=path, where=where, field=field, found=f"key {_short(k)}",
+                             expected=f"integer token counts in [1, {MAX_PMF_TOKENS}]" if integer
+                             else "ratios in [0, 1]")
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if ok:
+            try:
+                v = float(v)
+            except OverflowError:  # an int beyond any float
+                ok = False
+        if not ok or not (v >= 0) or math.isinf(v):
+            raise TraceError(path=path, where=where, field=field,
+                             found=f"probability {_short(v)} for {_short(k)}",
                              expected="a finite probability >= 0")
         keys.append(k)
-        probs.append(float(v))
+        probs.append(v)
     total = math.fsum(probs)
     if abs(total - 1.0) > 1e-6:
         raise TraceError("PMF does not sum to 1", path=path, where=where, field=field,
