@@ -392,3 +392,16 @@ def test_tier_locate_compiled_equals_numpy_lookups(cached, host, disk, evict, qu
         assert -1 not in code and len(code) <= len(query)
     else:
         assert len(code) == len(query)
+
+
+def test_bench_pagestore_runs_small_and_rejects_bad_sizes(capsys):
+    """The page-store micro-benchmark (BENCHMARKS.md) runs on a small store and prints its
+    per-page times; a zero size is a usage error, not a division by zero."""
+    from experiments import bench_pagestore
+
+    assert bench_pagestore.main(["--pages", "500", "--inserts", "2000", "--batch", "7", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ns/page; median" in out and len(out.split("ns/page")[0].split()) == 2
+    with pytest.raises(SystemExit) as e:
+        bench_pagestore.main(["--inserts", "0"])
+    assert e.value.code == 2
