@@ -201,6 +201,33 @@ def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma:
     return taken
 
 
+@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
+def _table_register(keys, vals, shift, mask, block_hash, q, v, sel):  # pragma: no cover
+    """:meth:`BlockPool.cache_blocks` on the arrays: :func:`_table_put_absent` of ``q -> v``
+    (liveness judged on ``block_hash`` as it was before the batch), then ``block_hash[v[i]] =
+    q[i]`` for each key set; their indices into ``sel``. Returns (slots newly taken, keys
+    set)."""
+    taken = 0
+    n = 0
+    for i in range(q.shape[0]):
+        key = q[i]
+        s = _probe(keys, mask, shift, key)
+        if keys[s] == key:
+            if block_hash[vals[s]] != key:  # stale entry: replace
+                vals[s] = v[i]
+                sel[n] = i
+                n += 1
+        else:
+            keys[s] = key
+            vals[s] = v[i]
+            sel[n] = i
+            n += 1
+            taken += 1
+    for j in range(n):
+        block_hash[v[sel[j]]] = q[sel[j]]
+    return taken, n
+
+
 @kernel("i8(i4[:], i8[:])")
 def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
     """Number of ``blocks`` with ref count 0."""
@@ -403,13 +430,28 @@ class BlockPool:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def cache_blocks(self, blocks: np.ndarray, keys: np.ndarray) -> None:
-        """Register full ``blocks`` under ``keys`` (same length, keys distinct) in the prefix
-        index. A key already held by a block keeps its first block (see module docstring)."""
+        """Register full ``blocks`` under ``keys`` (int64 arrays of one length, keys distinct) in
+        the prefix index. A key already held by a block keeps its first block (see module
+        docstring). The keys newly registered go to the cached and change logs when kept."""
         if not self.enable_caching or len(blocks) == 0:
             return
         if self.index.count + len(keys) > self.index.size // INDEX_LOAD_DIV:
             self._rebuild_index(len(keys))
-        new = self.index.put_absent(keys, blocks, self.block_hash)
+        idx = self.index
+        if isinstance(idx, KeyTable):  # one compiled pass (the same as the lines below)
+            keys = np.asarray(keys, dtype=np.int64)
+            sel = np.empty(len(keys), dtype=np.int64)
+            taken, m = _table_register(idx.keys, idx.vals, idx._shift, idx.mask, self.block_hash,
+                                       keys, np.asarray(blocks, dtype=np.int64), sel)
+            idx.count += taken
+            if m and (self.cached_log is not None or self.change_log is not None):
+                nk = keys[sel[:m]]
+                if self.cached_log is not None:
+                    self.cached_log.append(nk)
+                if self.change_log is not None:
+                    self.change_log.append(nk)
+            return
+        new = idx.put_absent(keys, blocks, self.block_hash)
         if not new.any():
             return
         if new.all():

@@ -275,3 +275,33 @@ def test_block_keys_follow_the_two_rules(ids, G, input_tokens, B, rid, n_blocks)
             want.append(-(rid * 2**24 + k) - 1)
     got = block_keys(np.array(ids, dtype=np.int64), G, input_tokens, B, rid, n_blocks)
     assert got.dtype == np.int64 and got.tolist() == want
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["reg", "free", "alloc"]), st.integers(1, 5),
+                          st.lists(st.integers(0, 25), min_size=1, max_size=5, unique=True)),
+                max_size=40))
+def test_cache_blocks_table_and_dict_register_alike(ops):
+    """cache_blocks' compiled pass (table index) against the dict index: the same block hashes,
+    the same keys logged as newly registered (a key held live keeps its first block; a stale
+    entry, its block reallocated, is replaced), and the same prefix hits."""
+    pools = [BlockPool(12, index=i) for i in ("table", "dict")]
+    for p in pools:
+        p.cached_log, p.change_log = [], []
+    held = [[], []]
+    for op, k, keys in ops:
+        for p, h in zip(pools, held):
+            if op == "alloc" and k <= p.num_free:
+                h.append(p.allocate(k))
+            elif op == "free" and h:
+                p.free(h.pop(k % len(h))[::-1])
+            elif op == "reg" and h:
+                b = h[k % len(h)]
+                n = min(len(b), len(keys))
+                p.cache_blocks(b[:n], np.array(keys[:n], dtype=np.int64) * (1 << 40) + 1)
+        a, d = pools
+        assert np.array_equal(a.block_hash, d.block_hash)
+        assert [x.tolist() for x in a.cached_log] == [x.tolist() for x in d.cached_log]
+        assert [x.tolist() for x in a.change_log] == [x.tolist() for x in d.change_log]
+        q = np.arange(26, dtype=np.int64) * (1 << 40) + 1
+        assert a.cached_blocks(q).tolist() == d.cached_blocks(q).tolist()
