@@ -133,8 +133,11 @@ class KeyTable:
             return new
         if self.count + n > self.size - 1:
             raise RuntimeError("KeyTable full")
-        self.count += _table_put_absent(self.keys, self.vals, self._shift, self.mask, q, v,
-                                        live_hash, new)
+        sel = np.empty(n, dtype=np.int64)
+        taken, m = _table_put_absent(self.keys, self.vals, self._shift, self.mask, q, v,
+                                     live_hash, sel)
+        self.count += taken
+        new[sel[:m]] = True
         return new
 
 
@@ -182,38 +185,17 @@ def _table_prefix(keys, vals, shift, mask, live_hash, q, limit, out):  # pragma:
     return limit
 
 
-@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], b1[:])")
-def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, new):  # pragma: no cover
-    """:meth:`KeyTable.put_absent` on the arrays; returns the number of slots newly taken."""
-    taken = 0
-    for i in range(q.shape[0]):
-        key = q[i]
-        s = _probe(keys, mask, shift, key)
-        if keys[s] == key:
-            if live_hash[vals[s]] != key:  # stale entry: replace
-                vals[s] = v[i]
-                new[i] = True
-        else:
-            keys[s] = key
-            vals[s] = v[i]
-            new[i] = True
-            taken += 1
-    return taken
-
-
 @kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
-def _table_register(keys, vals, shift, mask, block_hash, q, v, sel):  # pragma: no cover
-    """:meth:`BlockPool.cache_blocks` on the arrays: :func:`_table_put_absent` of ``q -> v``
-    (liveness judged on ``block_hash`` as it was before the batch), then ``block_hash[v[i]] =
-    q[i]`` for each key set; their indices into ``sel``. Returns (slots newly taken, keys
-    set)."""
+def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, sel):  # pragma: no cover
+    """:meth:`KeyTable.put_absent` on the arrays: the indices of the keys set into ``sel``;
+    returns (slots newly taken, keys set)."""
     taken = 0
     n = 0
     for i in range(q.shape[0]):
         key = q[i]
         s = _probe(keys, mask, shift, key)
         if keys[s] == key:
-            if block_hash[vals[s]] != key:  # stale entry: replace
+            if live_hash[vals[s]] != key:  # stale entry: replace
                 vals[s] = v[i]
                 sel[n] = i
                 n += 1
@@ -223,6 +205,15 @@ def _table_register(keys, vals, shift, mask, block_hash, q, v, sel):  # pragma: 
             sel[n] = i
             n += 1
             taken += 1
+    return taken, n
+
+
+@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
+def _table_register(keys, vals, shift, mask, block_hash, q, v, sel):  # pragma: no cover
+    """:meth:`BlockPool.cache_blocks` on the arrays: :func:`_table_put_absent` of ``q -> v``
+    (liveness judged on ``block_hash`` as it was before the batch), then ``block_hash[v[i]] =
+    q[i]`` for each key set. Returns what it returns."""
+    taken, n = _table_put_absent(keys, vals, shift, mask, q, v, block_hash, sel)
     for j in range(n):
         block_hash[v[sel[j]]] = q[sel[j]]
     return taken, n

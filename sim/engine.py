@@ -1292,20 +1292,12 @@ class Simulator:
         grow = [req for req, c in zip(reqs, nc0) if c + s > req.n_blocks * B]
         if len(grow) > pool.num_free:
             return 0  # the scheduler preempts
-        if grow:
-            new = pool.allocate(len(grow)).tolist()
-            for req, blk in zip(grow, new):
-                req.blocks[req.n_blocks] = blk
-                req.n_blocks += 1
-                if req.n_blocks > req.peak_blocks:
-                    req.peak_blocks = req.n_blocks
+        reg = ([], [])
         if caching:
-            full = [(req, (c + s) // B) for req, c in zip(reqs, nc0) if (c + s) // B > req.n_cached]
-            if full:
-                reg = ([], [])
-                for req, f in full:
-                    _queue_registration(req, f, reg)
-                self._flush_grow([], reg)
+            for req, c in zip(reqs, nc0):
+                if (c + s) // B > req.n_cached:
+                    _queue_registration(req, (c + s) // B, reg)
+        self._flush_grow(grow, reg)  # the new blocks, then the registrations, as the scheduler
         # the batch's part of the scheduling is done; the rest is the admission's
         if len(self.running) != len(reqs):
             return 2

@@ -141,15 +141,16 @@ class LRUStore:
         if len(order):
             self._insert(order)
 
-    def _room(self, n: int) -> None:
-        """Make room for ``n`` more pages held and ``n`` more ring entries: grow (held pages
-        beyond the sized room) or rewrite the ring with the held pages only (ring full)."""
+    def _room(self, n: int, held_too: bool = True) -> None:
+        """Make room for ``n`` more ring entries and, with ``held_too``, ``n`` more pages held:
+        grow (held pages beyond the sized room) or rewrite the ring with the held pages only
+        (ring full; the ring then has at least twice ``max(room, n)`` entries)."""
         held = int(self._st[2])
         room = int(self._st[3])
-        if held + n > room:
+        if held_too and held + n > room:
             self._alloc(max(2 * room, held + n), self.lru_order())
         elif self._st[1] - self._st[0] + n > len(self._ring):
-            self._alloc(room, self.lru_order())  # held + n <= room <= half the ring
+            self._alloc(max(room, n), self.lru_order())
 
     def _insert(self, keys: np.ndarray) -> np.ndarray:
         self._room(len(keys))
@@ -181,8 +182,7 @@ class LRUStore:
         last ends most recent). KeyError for a page not held (the pages before it were
         touched)."""
         q = np.asarray(keys, dtype=np.int64)
-        if self._st[1] - self._st[0] + len(q) > len(self._ring):
-            self._alloc(max(int(self._st[3]), len(q)), self.lru_order())
+        self._room(len(q), held_too=False)
         bad = _lru_touch_many(self._tab, self._mask, self._shift, self._ring, self._st, q)
         if bad >= 0:
             raise KeyError(int(q[bad]))
