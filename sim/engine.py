@@ -759,14 +759,16 @@ class Simulator:
         would take longer than recomputing the tokens from there on.
         """
         tiers = self.tiers
-        not_gpu = code != GPU
-        g = int(np.argmax(not_gpu)) if not_gpu.any() else len(code)
+        pos = np.flatnonzero(code != GPU)
+        if not len(pos):
+            return blk, None, None, None
+        if not tiers.load_or_recompute:
+            return blk, pos, req.keys[pos], code[pos]
+        g = int(pos[0])
         gpu_hit = blk[:g]
-        if g == len(code):
-            return gpu_hit, None, None, None
         ext = blk[g:]
         codes_a = code[g:]
-        if tiers.load_or_recompute and (codes_a == DISK).any():
+        if (codes_a == DISK).any():
             first = int(np.argmax(codes_a == DISK))
             n_disk = int(np.count_nonzero(codes_a[first:] == DISK))
             n_host = int(np.count_nonzero(codes_a[first:] == HOST))
@@ -1235,6 +1237,14 @@ class Simulator:
         live0 = sum(nc0)
         caching = self.caching
         rec = self.rec
+        # the steps at which each request next starts a block (grow) and fills one (its
+        # registration), as buckets step -> request indices: a step touches only its own
+        grow_at: dict = {}
+        reg_at: dict = {}
+        for i, (req, c) in enumerate(zip(reqs, nc0)):
+            grow_at.setdefault(max(req.n_blocks * B - c + 1, 2), []).append(i)
+            if caching:
+                reg_at.setdefault(max((req.n_cached + 1) * B - c, 2), []).append(i)
         s = 1
         while True:
             start = env.now
@@ -1258,7 +1268,7 @@ class Simulator:
                      pool.num_used, pool.num_cached_free, live)
             if not done:
                 self._check_sim_time()
-            if done or self._tier_next_step(reqs, nc0, s + 1, B, caching) != 1:
+            if done or self._tier_next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:
                 break  # (step s + 1 unscheduled, or its batch part scheduled: _schedule goes on)
             s += 1
         if not done:
@@ -1274,9 +1284,12 @@ class Simulator:
             req.n_computed = c + steps
             req.n_generated += steps
 
-    def _tier_next_step(self, reqs, nc0, s: int, B: int, caching: bool) -> int:
+    def _tier_next_step(self, reqs, nc0, s: int, B: int, grow_at: dict, reg_at: dict) -> int:
         """For :meth:`_tier_stretch`: schedule its step ``s`` (token index ``nc0[i] + s - 1`` of
-        request ``i``) as :meth:`_schedule` would for the unchanged decode batch. Returns 1 when
+        request ``i``) as :meth:`_schedule` would for the unchanged decode batch. ``grow_at`` and
+        ``reg_at`` map a step to the indices of the requests whose token starts a block there
+        (``nc0 + s > n_blocks x B``) and of those whose token fills one (``(nc0 + s) // B >
+        n_cached``, with prefix caching), the stretch's buckets, moved on here. Returns 1 when
         that is the whole scheduling; 0 (nothing done) when the new blocks exceed the free ones
         (the scheduler preempts); 2 when the batch's part is done (its new blocks allocated and
         full blocks registered, in the scheduler's order) but the rest may decide something:
@@ -1287,17 +1300,30 @@ class Simulator:
         holds (no key of its hit in the change logs, these evictions included) it fails again
         (no more blocks are free than then); else :meth:`_admission_plan` decides."""
         pool = self.pool
-        # requests whose step-s token starts a block (upto = nc0 + s > n_blocks x B), and those
-        # whose token fills one (registered at this scheduling)
-        grow = [req for req, c in zip(reqs, nc0) if c + s > req.n_blocks * B]
-        if len(grow) > pool.num_free:
-            return 0  # the scheduler preempts
+        # requests whose step-s token starts a block, and those whose token fills one
+        # (registered at this scheduling), in running order
+        gi = grow_at.get(s)
+        if gi is not None:
+            gi.sort()
+            if len(gi) > pool.num_free:
+                return 0  # the scheduler preempts
+            grow = [reqs[i] for i in gi]
+        else:
+            grow = []
         reg = ([], [])
-        if caching:
-            for req, c in zip(reqs, nc0):
-                if (c + s) // B > req.n_cached:
-                    _queue_registration(req, (c + s) // B, reg)
+        ri = reg_at.pop(s, None)
+        if ri is not None:
+            ri.sort()
+            for i in ri:
+                req = reqs[i]
+                full = (nc0[i] + s) // B
+                _queue_registration(req, full, reg)
+                reg_at.setdefault((full + 1) * B - nc0[i], []).append(i)
         self._flush_grow(grow, reg)  # the new blocks, then the registrations, as the scheduler
+        if gi is not None:
+            del grow_at[s]
+            for i in gi:  # (one block more: the next starts B tokens on)
+                grow_at.setdefault(reqs[i].n_blocks * B - nc0[i] + 1, []).append(i)
         # the batch's part of the scheduling is done; the rest is the admission's
         if len(self.running) != len(reqs):
             return 2

@@ -384,11 +384,15 @@ class KeySet:
         _lru_contains(self._tab, self._mask, self._shift, keys, out)
         return out
 
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more keys (the table stays at most half full)."""
+        if 2 * (self.count + n) > self._mask + 1:
+            self._resize(4 * (self.count + n))
+
     def add_many(self, keys: np.ndarray) -> np.ndarray:
         """Add keys (int64 array; held ones stay). Returns the bool mask of the keys added:
         each one not held before, at its first occurrence."""
-        if 2 * (self.count + len(keys)) > self._mask + 1:
-            self._resize(4 * (self.count + len(keys)))
+        self.reserve(len(keys))
         new = np.empty(len(keys), dtype=bool)
         self.count += _set_add(self._tab, self._mask, self._shift, keys, new)
         return new
@@ -408,6 +412,23 @@ def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
             tab[2 * s] = keys[i]
             n += 1
     return n
+
+
+@kernel("i8(i8[:], i8, i8, i8[:], i8, i8, i8[:], i8[:])")
+def _queue_absent(htab, hmask, hshift, stab, smask, sshift, keys, out):  # pragma: no cover
+    """The keys neither in the LRU table ``htab`` nor in the set table ``stab``, each added to
+    the set, in order, into ``out`` (each once); returns how many (the set has room)."""
+    m = 0
+    for i in range(keys.shape[0]):
+        key = keys[i]
+        if htab[2 * _lru_probe(htab, hmask, hshift, key)] == key:
+            continue
+        s = _lru_probe(stab, smask, sshift, key)
+        if stab[2 * s] != key:
+            stab[2 * s] = key
+            out[m] = key
+            m += 1
+    return m
 
 
 @kernel("i8(i8[:], i8, i8, i8[:])")
@@ -783,9 +804,19 @@ class TierManager:
         q = np.asarray(keys, dtype=np.int64)
         if not len(q):
             return
-        new = self.host.not_held(q)
+        host, inflight = self.host, self.inflight
+        if isinstance(host, LRUStore):  # one compiled pass
+            inflight.reserve(len(q))
+            out = np.empty(len(q), dtype=np.int64)
+            m = _queue_absent(host._tab, host._mask, host._shift, inflight._tab, inflight._mask,
+                              inflight._shift, q, out)
+            inflight.count += m
+            if m:
+                self.pending.append(out[:m])
+            return
+        new = host.not_held(q)
         if len(new):
-            new = new[self.inflight.add_many(new)]  # those not in flight yet, each once
+            new = new[inflight.add_many(new)]  # those not in flight yet, each once
             if len(new):
                 self.pending.append(new)
 
