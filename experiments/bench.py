@@ -52,6 +52,10 @@ TARGETS = {"azure_conv": (5.0, 1024.0), "mooncake_tiers": (10.0, None), "weka": 
 QUICK = {"quick_default": ["trace.max_requests=300"]}
 
 
+class CaseFailed(RuntimeError):
+    """A benchmark case's kvsim run exited with an error (its stderr tail in the message)."""
+
+
 def run_case(overrides: list[str]) -> dict:
     """Run kvsim once in a fresh process; return its summary's speed numbers."""
     with tempfile.TemporaryDirectory() as d:
@@ -62,7 +66,8 @@ def run_case(overrides: list[str]) -> dict:
         p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         outer = time.perf_counter() - t0
         if p.returncode != 0:
-            raise RuntimeError(f"kvsim failed ({p.returncode}): {' '.join(overrides)}\n{p.stderr[-2000:]}")
+            raise CaseFailed(f"kvsim failed (exit {p.returncode}): {' '.join(overrides)}\n"
+                             f"{p.stderr[-2000:]}")
         s = json.loads((Path(d) / "summary.json").read_text())
     tokens = s["prompt_tokens_total"] + s["output_tokens_total"]
     return {"wall_s": s["wall"]["wall_s"], "process_s": outer, "peak_rss_mb": s["wall"]["peak_rss_mb"],
@@ -71,20 +76,46 @@ def run_case(overrides: list[str]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--json", default=None, help="write results as JSON to this path")
-    ap.add_argument("--quick", action="store_true", help="one tiny case (smoke test)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per case (>= 1); the median is reported")
+    ap.add_argument("--cases", default=None,
+                    help=f"comma-separated cases to run (default: all of {', '.join(CASES)})")
+    ap.add_argument("--json", default=None,
+                    help="write results as JSON to this path (rewritten after every case)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"only the tiny smoke case ({', '.join(QUICK)}); not with --cases")
     a = ap.parse_args(argv)
-    cases = QUICK if a.quick else {k: CASES[k] for k in a.cases.split(",")}
+    if a.repeats < 1:
+        ap.error(f"--repeats {a.repeats}: expected >= 1")
+    if a.quick and a.cases is not None:
+        ap.error("--quick runs only its smoke case; leave out --cases")
+    names = list(CASES) if a.cases is None else [c.strip() for c in a.cases.split(",") if c.strip()]
+    bad = [c for c in names if c not in CASES]
+    if bad or not names:
+        ap.error(f"--cases {a.cases!r}: unknown case(s) {bad}; expected a comma-separated subset "
+                 f"of {', '.join(CASES)}")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        ap.error(f"--json {a.json}: its folder does not exist")
+    cases = QUICK if a.quick else {k: CASES[k] for k in names}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     results = {}
+
+    def save(complete: bool) -> None:
+        if a.json:
+            Path(a.json).write_text(json.dumps({"commit": commit, "repeats": a.repeats,
+                                                "complete": complete, "cases": results}, indent=2))
     print(f"kvsim bench, commit {commit}, {a.repeats} repeat(s), median reported", flush=True)
     hdr = f"{'case':16} {'wall s':>8} {'rss MB':>8} {'steps':>9} {'steps/s':>9} {'Mtok/s':>7} {'target':>14}"
     print(hdr)
     for name, ov in cases.items():
-        runs = [run_case(ov) for _ in range(a.repeats)]
+        try:
+            runs = [run_case(ov) for _ in range(a.repeats)]
+        except CaseFailed as e:
+            save(False)
+            print(f"bench: case {name}: {e}", file=sys.stderr)
+            if a.json:
+                print(f"bench: the cases before it are in {a.json} (marked incomplete)", file=sys.stderr)
+            return 1
         med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "peak_rss_mb", "process_s")}
         steps = runs[0]["steps"]
         tok = runs[0]["sim_tokens"]
@@ -97,6 +128,7 @@ def main(argv=None) -> int:
         results[name] = row
         print(f"{name:16} {med['wall_s']:8.2f} {med['peak_rss_mb']:8.0f} {steps:9,d} "
               f"{row['steps_per_s']:9,.0f} {row['sim_tokens_per_s'] / 1e6:7.2f} {tgt:>14}", flush=True)
+        save(False)
     lin = [results.get(f"linear_{k}x") for k in (1, 2, 4)]
     if all(lin):
         base = lin[0]["median_wall_s"] / lin[0]["requests"]
@@ -105,9 +137,7 @@ def main(argv=None) -> int:
     if results.get("pool_10x") and results.get("linear_1x"):
         print(f"pool 10x: {results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']:.2f} "
               f"x the 1x wall")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"commit": commit, "repeats": a.repeats, "cases": results},
-                                           indent=2))
+    save(True)
     return 0
 
 

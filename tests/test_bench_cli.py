@@ -1,0 +1,48 @@
+"""The benchmark command's argument checks (issue "Simulation speed"): bad arguments stop it
+before any case runs, with argparse's exit status 2 and a message naming the argument."""
+
+import pytest
+
+from experiments import bench
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--cases", "nope"], ["--cases 'nope'", "unknown case(s) ['nope']", "azure_conv"]),
+    (["--cases", "azure_conv,,weka,nope2"], ["['nope2']"]),
+    (["--quick", "--repeats", "0"], ["--repeats 0: expected >= 1"]),
+    (["--repeats", "-2"], ["--repeats -2"]),
+    (["--quick", "--json", "/nonexistent-kvsim-dir/out.json"], ["its folder does not exist"]),
+    (["--quick", "--cases", "weka"], ["leave out --cases"]),
+])
+def test_bad_arguments_stop_before_running(argv, words, capsys, monkeypatch):
+    def no_run(_overrides):
+        raise AssertionError("a case ran despite bad arguments")
+
+    monkeypatch.setattr(bench, "run_case", no_run)
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err
+
+
+def test_failed_case_keeps_earlier_results(tmp_path, monkeypatch, capsys):
+    """A case whose kvsim run fails ends the command with status 1; the cases before it stay in
+    the JSON file, marked incomplete."""
+    import json
+
+    def fake_run(overrides):
+        if "trace=weka_agentic" in overrides:
+            raise bench.CaseFailed("kvsim failed (exit 2): trace=weka_agentic\nno trace")
+        return {"wall_s": 1.0, "process_s": 1.5, "peak_rss_mb": 100.0, "steps": 10,
+                "requests": 5, "sim_tokens": 1000}
+
+    monkeypatch.setattr(bench, "run_case", fake_run)
+    out = tmp_path / "b.json"
+    assert bench.main(["--cases", "azure_conv,weka", "--repeats", "1", "--json", str(out)]) == 1
+    d = json.loads(out.read_text())
+    assert d["complete"] is False and list(d["cases"]) == ["azure_conv"]
+    assert "case weka: kvsim failed" in capsys.readouterr().err
+    assert bench.main(["--cases", "azure_conv", "--repeats", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["complete"] is True
