@@ -35,8 +35,33 @@ OP_NAMES = (
 )
 
 
+SCHEMA_VERSION = 1
+
+
 class CalibrationError(ValueError):
-    """A calibration file is missing, unreadable, or lacks a key / has a wrong type."""
+    """A calibration file is missing, unreadable, lacks a key, has a wrong type or an impossible
+    value (a negative or non-finite time or coefficient, a grid that does not increase, an
+    unfinished run)."""
+
+
+def _finite(vals, where: str, path: str, positive: bool) -> None:
+    """CalibrationError unless every value is finite and > 0 (``positive``) or >= 0."""
+    a = np.asarray(vals, dtype=float)
+    bad = ~np.isfinite(a) | ((a <= 0) if positive else (a < 0))
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), a.shape)
+        raise CalibrationError(f"{path}: {where}{''.join(f'[{int(j)}]' for j in i)} = "
+                               f"{float(a[i])!r}; expected a finite value "
+                               f"{'> 0' if positive else '>= 0'}")
+
+
+def _grid(vals, where: str, path: str) -> None:
+    """CalibrationError unless the grid is finite, > 0 and strictly increasing."""
+    _finite(vals, where, path, positive=True)
+    for i in range(1, len(vals)):
+        if not vals[i] > vals[i - 1]:
+            raise CalibrationError(f"{path}: {where} must increase strictly; {where}[{i - 1}] = "
+                                   f"{vals[i - 1]!r}, {where}[{i}] = {vals[i]!r}")
 
 
 def _need(d, key, typ, where, path):
@@ -49,6 +74,13 @@ def _need(d, key, typ, where, path):
         tn = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
         raise CalibrationError(f"{path}: key '{where}{key}' must be {tn}, got {type(v).__name__}")
     return v
+
+
+def _layers(d, where: str, path: str) -> int:
+    n = int(_need(d, "layers", int, where, path))
+    if n < 1:
+        raise CalibrationError(f"{path}: {where}layers = {n}; expected >= 1")
+    return n
 
 
 @dataclass(frozen=True)
@@ -70,6 +102,12 @@ class Calibration:
     def __init__(self, data: dict, path: str = "<dict>"):
         self.path = str(path)
         p = self.path
+        if isinstance(data, dict) and "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
+            raise CalibrationError(f"{p}: schema_version {data['schema_version']!r}; this kvsim "
+                                   f"reads version {SCHEMA_VERSION} (rerun gpu_validation.calibrate)")
+        if isinstance(data, dict) and data.get("complete", True) is not True:
+            raise CalibrationError(f"{p}: complete = {data['complete']!r}: the calibration run did "
+                                   f"not finish; rerun python -m gpu_validation.calibrate")
         self.device = _need(data, "device", dict, "", p)
         _need(self.device, "name", str, "device.", p)
         self.software = _need(data, "software", dict, "", p)
@@ -83,8 +121,11 @@ class Calibration:
                 per_item_s=_need(o, "per_item_s", float, w, p),
                 bandwidth_Bps=_need(o, "bandwidth_Bps", float, w, p),
                 nbytes_means=o.get("nbytes_means", "") if isinstance(o, dict) else "")
-            if self.ops[name].bandwidth_Bps < 0 or self.ops[name].overhead_s < 0:
-                raise CalibrationError(f"{p}: ops.{name} has a negative coefficient")
+            for f in ("overhead_s", "per_item_s", "bandwidth_Bps"):
+                v = getattr(self.ops[name], f)
+                if not (0 <= v < float("inf")):
+                    raise CalibrationError(f"{p}: ops.{name}.{f} = {v!r}; expected a finite "
+                                           f"coefficient >= 0")
         self._attn = None
         if "decode_attention" in data:
             a = data["decode_attention"]
@@ -94,7 +135,10 @@ class Calibration:
             if t.shape != (len(b), len(k)):
                 raise CalibrationError(f"{p}: decode_attention.seconds_per_layer must be [len(batch)][len(kv_tokens)], "
                                        f"got shape {t.shape}")
-            self._attn = (b, k, t, int(_need(a, "layers", int, "decode_attention.", p)))
+            _grid(b, "decode_attention.batch", p)
+            _grid(k, "decode_attention.kv_tokens", p)
+            _finite(t, "decode_attention.seconds_per_layer", p, positive=True)
+            self._attn = (b, k, t, _layers(a, "decode_attention.", p))
         self._gemm = None
         if "gemm" in data:
             g = data["gemm"]
@@ -102,7 +146,9 @@ class Calibration:
             sec = [float(x) for x in _need(g, "seconds_per_layer", list, "gemm.", p)]
             if len(tok) != len(sec) or not tok:
                 raise CalibrationError(f"{p}: gemm.tokens and gemm.seconds_per_layer must have the same nonzero length")
-            self._gemm = (tok, sec, int(_need(g, "layers", int, "gemm.", p)))
+            _grid(tok, "gemm.tokens", p)
+            _finite(sec, "gemm.seconds_per_layer", p, positive=True)
+            self._gemm = (tok, sec, _layers(g, "gemm.", p))
         self.raw = data
 
     # ---------------------------------------------------------------- ops

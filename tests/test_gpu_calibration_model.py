@@ -72,3 +72,31 @@ def test_no_torch_at_import():
     mods = set(sys.modules)
     importlib.reload(importlib.import_module("gpu_validation.calibration_model"))
     assert "torch" in mods or "torch" not in sys.modules  # reloading pulled in no torch
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["gemm"].update(seconds_per_layer=[-1e-5, 1e-4]),
+     r"cal\.json: gemm\.seconds_per_layer\[0\] = -1e-05; expected a finite value > 0"),
+    (lambda d: d["gemm"].update(seconds_per_layer=[float("nan"), 1e-4]), r"gemm\.seconds_per_layer\[0\] = nan"),
+    (lambda d: d["gemm"].update(seconds_per_layer=[0.0, 0.0]), r"gemm\.seconds_per_layer\[0\] = 0\.0"),
+    (lambda d: d["gemm"].update(tokens=[100, 1]), r"gemm\.tokens must increase strictly"),
+    (lambda d: d["gemm"].update(layers=0), r"gemm\.layers = 0; expected >= 1"),
+    (lambda d: d["decode_attention"].update(seconds_per_layer=[[1e-5, 2e-5], [-4e-5, 8e-5]]),
+     r"decode_attention\.seconds_per_layer\[1\]\[0\] = -4e-05"),
+    (lambda d: d["decode_attention"].update(kv_tokens=[2000, 1000]), r"decode_attention\.kv_tokens must increase"),
+    (lambda d: d["decode_attention"].update(batch=[0, 4]), r"decode_attention\.batch\[0\] = 0\.0"),
+    (lambda d: d["ops"]["d2h"].update(per_item_s=-2e-6), r"ops\.d2h\.per_item_s = -2e-06"),
+    (lambda d: d["ops"]["d2h"].update(overhead_s=float("inf")), r"ops\.d2h\.overhead_s = inf"),
+    (lambda d: d.update(complete=False), r"complete = False: the calibration run did not finish"),
+    (lambda d: d.update(schema_version=99), r"schema_version 99; this kvsim reads version 1"),
+])
+def test_impossible_values_are_errors(tmp_path, edit, match):
+    """Negative, zero or non-finite times, grids that do not increase, an unfinished run or
+    another schema version: a CalibrationError naming the file, the key and the value."""
+    import importlib
+
+    cm = importlib.import_module("gpu_validation.calibration_model")  # (another test reloads it)
+    d = _doc()
+    edit(d)
+    with pytest.raises(cm.CalibrationError, match=match):
+        cm.load_calibration(_write(tmp_path, d))
