@@ -86,6 +86,11 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         h = s["hit_ratio"]
         t.add_row("hit ratio by tier (GPU / host / disk)",
                   " / ".join("-" if h[k] is None else f"{h[k]:.1%}" for k in ("gpu", "host", "disk")))
+    pl = s.get("preempted_lookups") or {}
+    if pl.get("requests"):
+        ht = pl["hit_tokens"]
+        t.add_row("preempted lookups / hit tokens GPU / host / disk",
+                  f"{pl['requests']:,} / {ht['gpu']:,} / {ht['host']:,} / {ht['disk']:,}")
     if s.get("policy", "full") != "full" and s.get("rounds") is not None:
         t.add_row("compression rounds / tokens evicted / blocks freed",
                   f"{s['rounds']:,} / {s.get('tokens_evicted_total', 0):,} / "
@@ -96,6 +101,9 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     t.add_row("engine steps", f"{s['engine_steps']:,}")
     t.add_row("simulated time s / wall s",
               f"{s['sim_duration_s']:,.1f} / {s['wall']['wall_s']:,.1f}")
+    tc = s.get("tier_copies_end_s")
+    if tc is not None and tc > s["sim_duration_s"]:
+        t.add_row("last tier copy landed s (after the last request)", f"{tc:,.1f}")
     return t
 
 

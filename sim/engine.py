@@ -259,6 +259,10 @@ class Simulator:
         self.n = len(workload)
         self.reqs: list[Request | None] = [None] * self.n
         self.done = 0
+        # prefix lookups of preempted requests re-admitted (the requests' own hit columns count
+        # their first admission only): lookups, tokens looked up, hit tokens by serving tier
+        self.preempted_lookups = {"requests": 0, "query_tokens": 0,
+                                  "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
         self._wake = None
         # workload columns as numpy
         self.w_rid = workload.request_id
@@ -606,12 +610,19 @@ class Simulator:
                     self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
             self.waiting.popleft()
             self._hit_memo = None
+            n_disk = int(np.count_nonzero(tier_codes == DISK)) * B if n_tier else 0
             if req.preemptions == 0:
                 req.hit_tokens = hit_tokens
                 req.first_scheduled = self.env.now
-                if n_tier:
-                    req.hit_disk = int(np.count_nonzero(tier_codes == DISK)) * B
-                    req.hit_host = n_tier * B - req.hit_disk
+                req.hit_disk = n_disk
+                req.hit_host = n_tier * B - n_disk
+            else:  # a preempted request's lookup, counted apart (as vLLM's PrefixCacheStats)
+                pl = self.preempted_lookups
+                pl["requests"] += 1
+                pl["query_tokens"] += num_tokens
+                pl["hit_tokens"]["gpu"] += hit_tokens - n_tier * B
+                pl["hit_tokens"]["host"] += n_tier * B - n_disk
+                pl["hit_tokens"]["disk"] += n_disk
             if tiers is not None and len(gpu_blocks):
                 keys = req.keys[:len(hit)]
                 tiers.on_gpu_hit(keys[hit >= 0] if n_tier else keys)

@@ -239,7 +239,8 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     ``prefix_hit_ratio_mean_per_request`` = mean of per-request ratios (they differ when long
     prompts hit more or less than short ones). ``throughput_tokens_per_s`` = (prompt + output tokens
     of finished requests) / simulated duration; ``output_throughput_tokens_per_s`` counts output
-    tokens only.
+    tokens only. ``sim_duration_s``: from 0 to the last request's finish or rejection (the
+    caller's ``sim_duration_s``; tier copies landing later do not count).
     """
     fin = req[req["status"] == "finished"]
     prompt = float(fin["input_tokens"].sum())

@@ -278,7 +278,12 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra["bytes_moved_total"] = float(rounds["bytes_moved"].sum())
     extra["mean_fragmentation"] = float(rounds["fragmentation_after"].mean()) if len(rounds) else None
     extra["round_time_total_s"] = float(rounds["duration_s"].sum())
-    summary = summarize(req, rec, sim.env.now, plan.num_gpu_blocks, extra,
+    extra["preempted_lookups"] = sim.preempted_lookups
+    # the serving span ends with the last request; copies still landing after it (offloads,
+    # demotions) do not stretch the throughput's denominator
+    serve_end = float(req["finish_s"].max()) if len(req) else float(sim.env.now)
+    extra["tier_copies_end_s"] = float(sim.env.now) if tm is not None else None
+    summary = summarize(req, rec, serve_end, plan.num_gpu_blocks, extra,
                         block_size=int(cfg.cache.block_size))
     from traces.loader import peak_rss_mb as _peak
 
