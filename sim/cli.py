@@ -95,6 +95,9 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         t.add_row("compression rounds / tokens evicted / blocks freed",
                   f"{s['rounds']:,} / {s.get('tokens_evicted_total', 0):,} / "
                   f"{s.get('blocks_freed_total', 0):,}")
+    if s.get("write_back_stalls"):
+        t.add_row("steps held for write-back copies / time s",
+                  f"{s['write_back_stalls']:,} / {s['write_back_stall_s']:,.2f}")
     t.add_row("peak GPU blocks used / total",
               f"{s['peak_gpu_blocks_used']:,} / {s['gpu_blocks_total']:,}")
     t.add_row("preemptions", f"{s['preemptions']:,}")

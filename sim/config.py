@@ -122,8 +122,10 @@ class TiersConfig:
     """Host and disk tiers below the GPU (see :mod:`sim.tiers`).
 
     ``host_gib`` / ``disk_gib`` = 0 disables a tier. ``replacement``: lru | arc.
-    ``write_policy``: write_back (copy a cached block down when the GPU evicts it) |
-    write_through (copy when it becomes full) | write_through_selective (after
+    ``write_policy``: write_back (copy a cached block down when the GPU evicts it; the step
+    that reuses the block, and any onboarding into it, wait until the copy has landed, as
+    SGLang HiCache's write_back eviction waits for its writes) | write_through (copy when it
+    becomes full, asynchronously: the block stays on the GPU) | write_through_selective (after
     ``selective_min_hits`` hits). ``onboard``: blocking (load, then prefill) | layerwise (load
     overlapped with the prefill layer by layer). ``load_or_recompute``: recompute a disk hit
     when loading it would take longer. PCIe defaults come from the GPU card.

@@ -264,6 +264,12 @@ class Simulator:
         self.preempted_lookups = {"requests": 0, "query_tokens": 0,
                                   "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
         self._wake = None
+        # write_back: the step holds until the evicted cached blocks' copies land
+        # (TierManager.write_back); _wb_until: when the last one issued lands (s)
+        self._write_back = self.tiers is not None and self.tiers.write_policy == "write_back"
+        self._wb_until = 0.0
+        self.write_back_stall_s = 0.0  # total time steps waited for those copies
+        self.write_back_stalls = 0  # steps that waited
         # workload columns as numpy
         self.w_rid = workload.request_id
         self.w_arrival = workload.arrival_s
@@ -814,6 +820,8 @@ class Simulator:
         env = self.env
         t0 = env.now
         out = {}
+        if self._wb_until > env.now:  # (write_back) the reused blocks' old pages leave first
+            yield from _advance_to(env, self._wb_until)
         yield env.process(self.tiers.onboard(host_keys, disk_keys, out))
         if req.gen != gen:  # preempted while loading (layerwise): its blocks are gone
             return
@@ -839,6 +847,14 @@ class Simulator:
                 self._wake = None
                 continue
             sched_req, sched_n, sched_ctx, samples = self._schedule()
+            hold = None
+            if self._write_back and self.pool.evict_log:
+                # the scheduling evicted cached blocks: their pages are copied down before the
+                # blocks are overwritten (the step and onboarding copies into them wait)
+                end = self.tiers.write_back(np.concatenate(self.pool.evict_log))
+                self.pool.evict_log.clear()
+                if end > env.now:
+                    self._wb_until = hold = end
             if not sched_req and self.onboarding:
                 # nothing runnable until an onboarding request's pages arrive (or an arrival)
                 self._wake = env.event()
@@ -860,7 +876,7 @@ class Simulator:
                     extra_dt += sum(self.comp.step_extra_time(r) for r, n in zip(sched_req, sched_n)
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
-            if self.fast_forward:
+            if self.fast_forward and hold is None:
                 stretch = None
                 if self.tiers is not None and self.comp is None and self._pure_decode(sched_req):
                     # steps one timeout at a time (events inside pass in SimPy's own order)
@@ -878,6 +894,10 @@ class Simulator:
                     self._check_sim_time()
                     continue
             start = env.now
+            if hold is not None:
+                self.write_back_stall_s += hold - start
+                self.write_back_stalls += 1
+                yield from _advance_to(env, hold)
             yield env.timeout(dt)
             if self.tiers is not None and self.tiers.layerwise:
                 loads = [r.load_event for r in sched_req
@@ -895,6 +915,8 @@ class Simulator:
                 for r in sched_req:
                     if r.load_event is not None and r.load_event.processed:
                         r.load_event = None
+            if hold is not None:
+                dt = env.now - start  # (the step's row: the wait included)
             now = env.now
             finished = False
             decode_tokens = 0
@@ -1069,16 +1091,23 @@ class Simulator:
             # would see the change) and at most one step after the first step whose end issues
             # an offload (a copy lands no earlier than during the next step).
             cap = self._tier_ff_cap(reqs, k, ps if n_pairs else None, B)
-            if cap < k:
-                k = cap
-                if k < 2:
-                    return 0
-                if n_pairs:
-                    keep = ps <= k
-                    ps = ps[keep]
-                    pi = pi[keep]
-                    n_pairs = len(ps)
-                alloc_per_step = alloc_per_step[:k + 1]
+        elif self._write_back:
+            # a step that evicts a cached block is held for its write-back copy by the
+            # per-step loop (TierManager.write_back): the stretch ends before it
+            first = self._first_evicting_step(ps if n_pairs else None)
+            cap = k if first is None else first - 1
+        else:
+            cap = k
+        if cap < k:
+            k = cap
+            if k < 2:
+                return 0
+            if n_pairs:
+                keep = ps <= k
+                ps = ps[keep]
+                pi = pi[keep]
+                n_pairs = len(ps)
+            alloc_per_step = alloc_per_step[:k + 1]
         evicted_per_step = np.zeros(k + 1, dtype=np.int64)
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
@@ -1220,7 +1249,9 @@ class Simulator:
         offloads (:meth:`_tier_step_end`), the step's row, and the next step's scheduling made
         for the few requests it concerns: one new block for each request whose token starts a
         block (in running order, from the free queue) and the registration of each block a
-        token fills, then the waiting head's admission check (:meth:`_tier_next_step`). The
+        token fills, then the waiting head's admission check (:meth:`_tier_next_step`), and with
+        write_back the copies of the cached blocks those new blocks evicted, the next step
+        waiting for them as the engine's steps do (:meth:`sim.tiers.TierManager.write_back`). The
         per-request counters (computed and generated tokens) are committed at the end. It ends,
         leaving the rest of the next scheduling to :meth:`_schedule`, where the per-step loop
         would decide anything else:
@@ -1257,9 +1288,16 @@ class Simulator:
             if caching:
                 reg_at.setdefault(max((req.n_cached + 1) * B - c, 2), []).append(i)
         s = 1
+        hold = None  # (write_back) when the copies the step's new blocks wait for land
         while True:
             start = env.now
+            if hold is not None:
+                self.write_back_stall_s += hold - start
+                self.write_back_stalls += 1
+                yield from _advance_to(env, hold)
             yield env.timeout(float(durs[s - 1]))
+            step_dur = float(durs[s - 1]) if hold is None else env.now - start
+            hold = None
             done = s == k
             if done:
                 now = env.now
@@ -1275,12 +1313,19 @@ class Simulator:
             else:  # the batch's counters are committed at the end; a request that joined the
                 # running list during the step (its onboarding ended) counts its own
                 live = live0 + s * b + sum(r.n_computed for r in self.running[b:])
-            rec.step(start, float(durs[s - 1]), len(self.running), len(self.waiting), 0, b,
+            rec.step(start, step_dur, len(self.running), len(self.waiting), 0, b,
                      pool.num_used, pool.num_cached_free, live)
             if not done:
                 self._check_sim_time()
             if done or self._tier_next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:
                 break  # (step s + 1 unscheduled, or its batch part scheduled: _schedule goes on)
+            if self._write_back and pool.evict_log:
+                # its new blocks evicted cached ones: their copies are issued now and the step
+                # waits for them, as the engine does after a scheduling
+                end = self.tiers.write_back(np.concatenate(pool.evict_log))
+                pool.evict_log.clear()
+                if end > env.now:
+                    self._wb_until = hold = end
             s += 1
         if not done:
             self._ff_counts(reqs, nc0, s)
@@ -1915,6 +1960,16 @@ class Simulator:
                 else:
                     _queue_registration(req, full, reg)
 
+    def _first_evicting_step(self, ps):
+        """The first fast-forward step whose new blocks evict a cached block from the free
+        queue, or None. ``ps``: the step of each new block, in request-major order (None or
+        empty: no new blocks); blocks are taken step by step from the free queue's head."""
+        if ps is None or not len(ps):
+            return None
+        steps = np.sort(ps, kind="stable")  # allocation order: by step
+        ev = self.pool.block_hash[self.pool.peek_free(len(steps))] != NO_HASH
+        return int(steps[int(np.argmax(ev))]) if ev.any() else None
+
     def _tier_ff_cap(self, reqs, k: int, ps, B: int) -> int:
         """Last fast-forward step that keeps the waiting head's per-step retries exact with
         tiers (see :meth:`_fast_forward`). ``ps``: the step of each new block, in request-major
@@ -1923,13 +1978,13 @@ class Simulator:
         wp = self.tiers.write_policy
         cap = k
         # step 1's scheduling already evicted/registered: its offloads are issued at its end
-        if (wp == "write_back" and pool.evict_log) or (wp == "write_through" and pool.cached_log):
+        # (write_back's evictions were issued at the scheduling, which then holds the step and
+        # is not fast-forwarded)
+        if wp == "write_through" and pool.cached_log:
             cap = min(cap, 2)
-        if ps is not None and len(ps):
-            steps = np.sort(ps, kind="stable")  # allocation order: by step
-            ev = pool.block_hash[pool.peek_free(len(steps))] != NO_HASH
-            if ev.any():
-                cap = min(cap, int(steps[int(np.argmax(ev))]) - 1)
+        first = self._first_evicting_step(ps)
+        if first is not None:
+            cap = min(cap, first - 1)
         if wp == "write_through" and self.caching:
             # decode-filled blocks are registered (and copied down at that step's end) at step
             # (n_cached + 1) x B - n_computed
@@ -1964,7 +2019,7 @@ class Simulator:
         if self._hit_memo is None:  # nothing to revalidate: keep the change logs short
             pool.change_log.clear()
             tiers.change_log.clear()
-        if pool.evict_log:
+        if pool.evict_log and not self._write_back:  # (write_back: the next scheduling's)
             tiers.on_gpu_evict(np.concatenate(pool.evict_log))
             pool.evict_log.clear()
         if pool.cached_log:

@@ -279,6 +279,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra["mean_fragmentation"] = float(rounds["fragmentation_after"].mean()) if len(rounds) else None
     extra["round_time_total_s"] = float(rounds["duration_s"].sum())
     extra["preempted_lookups"] = sim.preempted_lookups
+    extra["write_back_stall_s"] = float(sim.write_back_stall_s)
+    extra["write_back_stalls"] = int(sim.write_back_stalls)
     # the serving span ends with the last request; copies still landing after it (offloads,
     # demotions) do not stretch the throughput's denominator
     serve_end = float(req["finish_s"].max()) if len(req) else float(sim.env.now)

@@ -20,6 +20,13 @@ CPU offload manager offers). Pages of one request are inserted deepest block fir
 shallow blocks of a prefix chain are the most recent and a chain is evicted leaf first: no
 unreachable descendants are kept while their parent is gone (for pages inserted together).
 
+Write policies: ``write_back`` copies a cached GPU block's page down when the allocator evicts
+it, and the block is not overwritten before that copy lands: the engine holds the step that
+reuses it (and onboarding copies into it) until then (:meth:`TierManager.write_back`; SGLang
+HiCache, ``HiRadixCache.evict`` with ``write_policy="write_back"``, waits for its writes before
+freeing device memory); ``write_through`` and ``write_through_selective`` copy blocks that stay
+on the GPU, asynchronously.
+
 Links are FIFO queues with capacity 1 (one per direction: PCIe host-to-device, device-to-host,
 disk read, disk write), so transfers queue and contend, through arithmetic reservations
 (:meth:`Link.reserve`: a capacity-1 FIFO resource's times, without its events); an onboarding
@@ -773,9 +780,28 @@ class TierManager:
     # ------------------------------------------------------------------ offload
     def on_gpu_evict(self, keys) -> None:
         """write_back: cached GPU blocks being reallocated are copied down first (``keys``:
-        their hashes, an int64 array or a list, in eviction order)."""
+        their hashes, an int64 array or a list, in eviction order). Queued for the next
+        :meth:`flush`; the engine itself uses :meth:`write_back`, which issues them at once."""
         if self.write_policy == "write_back":
             self._queue(keys)
+
+    def write_back(self, keys) -> float:
+        """write_back: issue the D2H copies of the evicted cached blocks' pages (``keys``: int64
+        array, in eviction order) now, those neither on the host nor in flight, in batches;
+        returns the time (s) the last of them lands (the clock when none was needed). Their GPU
+        blocks must not be overwritten before then: SGLang HiCache's write_back eviction
+        (``HiRadixCache.evict``, ``write_policy == "write_back"``) blocks until these writes
+        complete before it frees the device memory, so the engine holds the step (and any
+        onboarding into the reused blocks) until this time."""
+        self._queue(keys)
+        now = self.env.now
+        if not self.pending:
+            return now
+        p = _joined(self.pending)
+        self.pending = []
+        for lo in range(0, len(p), self.batch):
+            self._offload(p[lo:lo + self.batch])
+        return self.d2h.free_at
 
     def on_gpu_cached(self, keys) -> None:
         """write_through: blocks are copied down as soon as they are full (registered;
