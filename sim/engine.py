@@ -876,13 +876,15 @@ class Simulator:
                     extra_dt += sum(self.comp.step_extra_time(r) for r, n in zip(sched_req, sched_n)
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
-            if self.fast_forward and hold is None:
+            if self.fast_forward:
                 stretch = None
                 if self.tiers is not None and self.comp is None and self._pure_decode(sched_req):
                     # steps one timeout at a time (events inside pass in SimPy's own order)
-                    if (yield from self._tier_stretch(sched_req, ctx_arr, dt)):
+                    if (yield from self._tier_stretch(sched_req, ctx_arr, dt, hold)):
                         self._check_sim_time()
                         continue
+                elif hold is not None:
+                    pass  # (a held step runs through the per-step loop)
                 elif self._pure_decode(sched_req):
                     stretch = self._fast_forward(sched_req, ctx_arr, extra_dt)
                 elif self._ff_rounds and self._decode_and_admitted(sched_req, sched_n):
@@ -1237,9 +1239,10 @@ class Simulator:
             self.check_invariants()
         return k
 
-    def _tier_stretch(self, reqs, ctx0, dt: float):
+    def _tier_stretch(self, reqs, ctx0, dt: float, hold: float | None = None):
         """Pure-decode steps of a dense batch with host/disk tiers, the first of them scheduled
-        by :meth:`_schedule` (duration ``dt``), without the per-request work of the per-step loop.
+        by :meth:`_schedule` (duration ``dt``; held until ``hold`` (s) for write-back copies when
+        not None), without the per-request work of the per-step loop.
 
         Offloads land during almost every step and the waiting head's hit may change with them,
         so the stretch keeps one SimPy timeout per step, created where the per-step loop creates
@@ -1287,8 +1290,7 @@ class Simulator:
             grow_at.setdefault(max(req.n_blocks * B - c + 1, 2), []).append(i)
             if caching:
                 reg_at.setdefault(max((req.n_cached + 1) * B - c, 2), []).append(i)
-        s = 1
-        hold = None  # (write_back) when the copies the step's new blocks wait for land
+        s = 1  # (hold: when the write-back copies the step's new blocks wait for land)
         while True:
             start = env.now
             if hold is not None:

@@ -303,8 +303,8 @@ def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, monkeypa
     taken = []
     orig = Simulator._tier_stretch
 
-    def spy(self, reqs, ctx0, dt):
-        k = yield from orig(self, reqs, ctx0, dt)
+    def spy(self, reqs, ctx0, dt, hold=None):
+        k = yield from orig(self, reqs, ctx0, dt, hold)
         taken.append(k)
         return k
 
