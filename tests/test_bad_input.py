@@ -488,3 +488,41 @@ def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
         assert unknown_override_key([f"{k}=1" for k in keys]) is None
     r = _kvsim(Path(tempfile.mkdtemp()) / "r", "trace.max_request=200")
     assert r.returncode == 2 and "did you mean trace.max_requests?" in r.stderr, r.stderr
+
+
+def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
+    """Newcomer pass: a blank line between rows was skipped and its request silently lost, and
+    an Azure row with an extra field was accepted. A blank line before a row is now a bad row
+    (an error, or one skipped and counted with on_error=skip); blank lines at the end of the
+    file are not rows; an Azure row must have exactly the header's fields."""
+    rows = [json.dumps({"timestamp": i * 10, "input_length": 600, "output_length": 4,
+                        "hash_ids": [i, 100 + i]}) for i in range(4)]
+    mid = tmp_path / "mid.jsonl"
+    mid.write_text("\n".join(rows[:2]) + "\n\n" + "\n".join(rows[2:]) + "\n")
+    with pytest.raises(TraceError, match=r"mid\.jsonl line 3: invalid JSON"):
+        load_workload(TraceConfig(name="x", path=str(mid)), 0)
+    w = load_workload(TraceConfig(name="x", path=str(mid), on_error="skip"), 0)
+    assert len(w) == 4 and w.skipped["count"] == 1 and "line 3" in w.skipped["examples"][0]
+    trail = tmp_path / "trail.jsonl"
+    trail.write_text("\n".join(rows) + "\n\n  \n")
+    assert len(load_workload(TraceConfig(name="x", path=str(trail)), 0)) == 4
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    row = "2023-11-16 18:15:46.6805900,374,44\n"
+    for text, pattern in [(head + row + "\n" + row, r"line 3: found 0 fields \(a blank line\), expected 3"),
+                          (head + row + row.strip() + ",7\n", r"line 3: found 4 fields, expected 3")]:
+        az = tmp_path / "az.csv"
+        az.write_text(text)
+        with pytest.raises(TraceError, match=pattern):
+            load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_weka_unknown_request_type_is_a_warning(tmp_path):
+    """A Weka request type other than the trace's ('n', 's', 'subagent') is loaded as a
+    main-chain request with a warning naming it, its count and its first line."""
+    reqs = [{"t": float(i), "type": typ, "in": 200, "out": 5, "hash_ids": [1, 2, 3][: 200 // 64]}
+            for i, typ in enumerate(["n", "zzz", "s", "zzz"])]
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"id": "s1", "requests": reqs}) + "\n")
+    w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert len(w) == 4
+    assert any("2 requests have type 'zzz'" in x and "line 1" in x for x in w.warnings), w.warnings

@@ -14,8 +14,11 @@ _GZ_MAGIC = b"\x1f\x8b"
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line_number, raw_line_bytes)`` (1-based, newline stripped, blank lines skipped)
-    from a plain, .xz or .gz file, reading one line at a time.
+    """Yield ``(line_number, raw_line_bytes)`` (1-based, newline stripped) from a plain, .xz or
+    .gz file, reading one line at a time. Blank lines at the end of the file are dropped; a
+    blank line before a row (leading or between rows) is yielded as ``b""``, so the loader
+    reports it (or counts it as skipped with ``on_error=skip``) like any other malformed row:
+    it is not a record.
 
     Raises:
         TraceError: empty file; corrupt or truncated compressed stream (names the last good line).
@@ -36,13 +39,19 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         opener, kind = open, None
     lineno = 0
     nonblank = 0
+    blank: list[int] = []  # blank lines since the last row (yielded if a row follows)
     try:
         with opener(path, "rb") as fh:
             for raw in fh:
                 lineno += 1
                 raw = raw.rstrip(b"\r\n")
                 if not raw.strip():
+                    blank.append(lineno)
                     continue
+                if blank:
+                    for b in blank:
+                        yield b, b""
+                blank.clear()
                 nonblank += 1
                 yield lineno, raw
     except (lzma.LZMAError, EOFError, OSError, zlib.error) as e:

@@ -79,9 +79,10 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
         rows += 1
         where = f"line {lineno}"
         try:
-            rec = next(csv.reader(io.StringIO(raw.decode("utf-8", "replace"))))
-            if len(rec) < len(header):
-                raise TraceError(path=p, where=where, found=f"{len(rec)} fields",
+            rec = next(csv.reader(io.StringIO(raw.decode("utf-8", "replace"))), [])
+            if len(rec) != len(header):
+                raise TraceError(path=p, where=where,
+                                 found=f"{len(rec)} fields" + ("" if rec else " (a blank line)"),
                                  expected=f"{len(header)} fields ({', '.join(header)})")
             try:
                 tk = _parse_ts(rec[idx["TIMESTAMP"]], cache)

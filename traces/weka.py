@@ -54,6 +54,9 @@ from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
 BLOCK_TOKENS = 64
+# request types of the main chain in the published trace (counted there: 'n' 40,192, 's' 8,466,
+# beside 63 'subagent' markers); another type is loaded as main-chain with a warning
+MAIN_TYPES = ("n", "s")
 _MAX_LOCAL_ID = 1 << 31
 
 
@@ -183,6 +186,11 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         if not isinstance(typ, str):
             raise TraceError(path=p, where=where, field="type", found=repr(typ),
                              expected="a string")
+        if typ not in MAIN_TYPES:
+            other = counters["other_types"]
+            if typ not in other:
+                other[typ] = [0, f"{p} {where}"]
+            other[typ][0] += 1
         n_in, n_out, h = _check_request(r, p, where, cfg.zero_output, zero)
         if prev_main is None:
             parent, think = -1, 0.0
@@ -228,7 +236,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     seen: dict = {}
     shared: dict = {}
     next_gid = 0
-    counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0}
+    counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0,
+                "other_types": {}}
     sessions = 0
     lines_read = 0
     poisson_t = 0.0
@@ -319,6 +328,10 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                          expected="at least one valid session")
     vals.resize(nvals, refcheck=False)
     warnings = []
+    for typ, (n, first) in sorted(counters["other_types"].items()):
+        warnings.append(f"{n} requests have type {typ!r} (the trace's main-chain types are "
+                        f"{', '.join(repr(t) for t in MAIN_TYPES)}); loaded as main-chain "
+                        f"requests (first: {first})")
     if counters["zero"][0]:
         warnings.append(f"{counters['zero'][0]} requests had out = 0; loaded as 1 "
                         "(zero_output=as_one)")
