@@ -110,6 +110,44 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     return t
 
 
+# trace options that only one kind of trace reads (traces.TraceConfig's groups): set on another
+# kind they change nothing, which the command line says
+TRACE_FORMAT_FIELDS = {
+    "mooncake": ("timestamp_spread",),
+    "weka": ("session_arrival", "session_rate_per_s", "session_interval_s", "share_system_prefix",
+             "max_sessions"),
+    "servegen": ("num_requests", "clients", "servegen_iat"),
+    "synthetic": ("num_sessions", "turns_min", "turns_max", "arrival_rate_per_s",
+                  "think_time_mean_s", "shared_prefix_tokens", "input_mean", "input_sigma",
+                  "turn_input_mean", "turn_input_sigma", "output_mean", "output_sigma",
+                  "block_tokens", "max_context_tokens"),
+}
+# tier options that only matter with a host or disk tier
+TIER_ONLY_FIELDS = ("replacement", "write_policy", "selective_min_hits", "transfer_batch_pages",
+                    "onboard", "load_or_recompute", "pcie_gbps", "pcie_overhead_s",
+                    "disk_read_gbps", "disk_write_gbps", "disk_latency_s")
+
+
+def inert_override_notes(overrides: list[str], trace_format: str, tiers: str) -> list[str]:
+    """Notes for command-line overrides that change nothing in this run: a trace option of
+    another kind of trace (``trace_format``: the run's ``trace.format``), or a tier option with
+    no host or disk tier (``tiers``: the summary's ``tiers``, e.g. ``gpu_only``)."""
+    kind = "synthetic" if trace_format.startswith("synthetic") else trace_format
+    notes = []
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        group, _, field = key.partition(".")
+        if group == "trace":
+            for k, names in TRACE_FORMAT_FIELDS.items():
+                if field in names and k != kind:
+                    notes.append(f"{key} is read by {k} traces only; this run's trace is "
+                                 f"{trace_format}: it changes nothing")
+        elif group == "tiers" and field in TIER_ONLY_FIELDS and tiers == "gpu_only":
+            notes.append(f"{key} applies to host and disk tiers; with none (tiers.host_gib = "
+                         f"tiers.disk_gib = 0) it changes nothing")
+    return notes
+
+
 # cost terms the calibration never covers (see sim.cost.CalibratedCostModel): not worth a note
 ALWAYS_ANALYTIC = ("lm_head", "prefill_attention", "step_overhead", "disk_read_write")
 
@@ -182,6 +220,11 @@ def app(cfg: DictConfig) -> None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
+    for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only")):
+        say(f"kvsim: note: {n}")
+    if summary["requests_finished"] == 0:
+        say(f"kvsim: warning: no request finished: all {summary['requests_rejected']:,} were "
+            f"rejected ({', '.join(f'{k}: {v:,}' for k, v in summary['rejected_by_reason'].items())})")
     for w in summary.get("trace_warnings") or []:
         if not w.endswith("(on_error=skip)"):  # the skipped rows get their own line below
             say(f"kvsim: warning: trace {summary['trace']}: {w}")
@@ -244,6 +287,10 @@ def unknown_override_key(args: list[str]) -> str | None:
 
 def main() -> None:
     """Console-script entry point (config and trace errors exit with status 2, one clear line)."""
+    import signal
+
+    if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     err = unknown_override_key(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)

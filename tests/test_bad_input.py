@@ -526,3 +526,31 @@ def test_weka_unknown_request_type_is_a_warning(tmp_path):
     w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
     assert len(w) == 4
     assert any("2 requests have type 'zzz'" in x and "line 1" in x for x in w.warnings), w.warnings
+
+
+def test_inert_overrides_get_a_note():
+    """Break-it pass: options another kind of trace reads, and tier options without a tier,
+    were accepted without a word."""
+    from sim.cli import inert_override_notes
+
+    notes = inert_override_notes(["trace.num_requests=10", "trace.max_sessions=3",
+                                  "trace.max_requests=5", "tiers.write_policy=write_through",
+                                  "+tiers.onboard=layerwise", "seed=1"], "mooncake", "gpu_only")
+    assert notes == [
+        "trace.num_requests is read by servegen traces only; this run's trace is mooncake: it changes nothing",
+        "trace.max_sessions is read by weka traces only; this run's trace is mooncake: it changes nothing",
+        "tiers.write_policy applies to host and disk tiers; with none (tiers.host_gib = "
+        "tiers.disk_gib = 0) it changes nothing",
+        "tiers.onboard applies to host and disk tiers; with none (tiers.host_gib = "
+        "tiers.disk_gib = 0) it changes nothing"]
+    assert inert_override_notes(["trace.num_sessions=3", "tiers.onboard=layerwise"],
+                                "synthetic_multiturn", "gpu_host") == []
+    assert inert_override_notes(["trace.timestamp_spread=keep"], "weka", "gpu_only")[0].startswith(
+        "trace.timestamp_spread is read by mooncake traces only")
+
+
+def test_cli_warns_when_no_request_finished(tmp_path):
+    r = _kvsim(tmp_path / "r", "trace.max_requests=20", "cache.num_gpu_blocks=1",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert "kvsim: warning: no request finished: all 20 were rejected (kv_capacity: 20)" in r.stderr
