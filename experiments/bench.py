@@ -88,11 +88,18 @@ def main(argv=None) -> int:
         ap.error(f"--repeats {a.repeats}: expected >= 1")
     if a.quick and a.cases is not None:
         ap.error("--quick runs only its smoke case; leave out --cases")
-    names = list(CASES) if a.cases is None else [c.strip() for c in a.cases.split(",") if c.strip()]
+    names = list(CASES) if a.cases is None else [c.strip() for c in a.cases.split(",")]
+    valid = f"a comma-separated subset of {', '.join(CASES)}"
+    if not any(names):
+        ap.error(f"--cases {a.cases!r}: no case given; expected {valid}")
     bad = [c for c in names if c not in CASES]
-    if bad or not names:
-        ap.error(f"--cases {a.cases!r}: unknown case(s) {bad}; expected a comma-separated subset "
-                 f"of {', '.join(CASES)}")
+    if bad:
+        ap.error(f"--cases {a.cases!r}: unknown case(s) {bad}; expected {valid}")
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        ap.error(f"--cases {a.cases!r}: {', '.join(twice)} listed twice")
+    if a.json and Path(a.json).is_dir():
+        ap.error(f"--json {a.json}: is a folder; expected a file path")
     if a.json and not Path(a.json).resolve().parent.is_dir():
         ap.error(f"--json {a.json}: its folder does not exist")
     cases = QUICK if a.quick else {k: CASES[k] for k in names}

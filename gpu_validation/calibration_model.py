@@ -55,6 +55,17 @@ def _finite(vals, where: str, path: str, positive: bool) -> None:
                                f"{'> 0' if positive else '>= 0'}")
 
 
+def _numbers(vals, where: str, path: str) -> list:
+    """``vals`` (a list of JSON numbers) as floats; CalibrationError naming the first entry that
+    is not a number (booleans and strings included)."""
+    out = []
+    for i, v in enumerate(vals):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise CalibrationError(f"{path}: {where}[{i}] = {v!r}; expected a number")
+        out.append(float(v))
+    return out
+
+
 def _grid(vals, where: str, path: str) -> None:
     """CalibrationError unless the grid is finite, > 0 and strictly increasing."""
     _finite(vals, where, path, positive=True)
@@ -129,9 +140,17 @@ class Calibration:
         self._attn = None
         if "decode_attention" in data:
             a = data["decode_attention"]
-            b = [float(x) for x in _need(a, "batch", list, "decode_attention.", p)]
-            k = [float(x) for x in _need(a, "kv_tokens", list, "decode_attention.", p)]
-            t = np.asarray(_need(a, "seconds_per_layer", list, "decode_attention.", p), dtype=float)
+            b = _numbers(_need(a, "batch", list, "decode_attention.", p), "decode_attention.batch", p)
+            k = _numbers(_need(a, "kv_tokens", list, "decode_attention.", p),
+                         "decode_attention.kv_tokens", p)
+            rows = _need(a, "seconds_per_layer", list, "decode_attention.", p)
+            for i, r in enumerate(rows):
+                if not isinstance(r, list) or len(r) != len(k):
+                    raise CalibrationError(
+                        f"{p}: decode_attention.seconds_per_layer[{i}] must be a list of "
+                        f"len(kv_tokens) = {len(k)} numbers, got {str(r)[:40]}")
+            t = np.asarray([_numbers(r, f"decode_attention.seconds_per_layer[{i}]", p)
+                            for i, r in enumerate(rows)], dtype=float).reshape(len(rows), len(k))
             if t.shape != (len(b), len(k)):
                 raise CalibrationError(f"{p}: decode_attention.seconds_per_layer must be [len(batch)][len(kv_tokens)], "
                                        f"got shape {t.shape}")
@@ -142,8 +161,8 @@ class Calibration:
         self._gemm = None
         if "gemm" in data:
             g = data["gemm"]
-            tok = [float(x) for x in _need(g, "tokens", list, "gemm.", p)]
-            sec = [float(x) for x in _need(g, "seconds_per_layer", list, "gemm.", p)]
+            tok = _numbers(_need(g, "tokens", list, "gemm.", p), "gemm.tokens", p)
+            sec = _numbers(_need(g, "seconds_per_layer", list, "gemm.", p), "gemm.seconds_per_layer", p)
             if len(tok) != len(sec) or not tok:
                 raise CalibrationError(f"{p}: gemm.tokens and gemm.seconds_per_layer must have the same nonzero length")
             _grid(tok, "gemm.tokens", p)
@@ -212,7 +231,7 @@ def load_calibration(path) -> Calibration:
         raise CalibrationError(f"calibration file not found: {p}")
     try:
         data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CalibrationError(f"{p}: not readable as JSON ({e})") from e
     if not isinstance(data, dict):
         raise CalibrationError(f"{p}: top level must be an object")

@@ -509,6 +509,7 @@ def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
     head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
     row = "2023-11-16 18:15:46.6805900,374,44\n"
     for text, pattern in [(head + row + "\n" + row, r"line 3: found 0 fields \(a blank line\), expected 3"),
+                          ("\n" + head + row, r"line 1: blank line, found a blank line, expected the header"),
                           (head + row + row.strip() + ",7\n", r"line 3: found 4 fields, expected 3")]:
         az = tmp_path / "az.csv"
         az.write_text(text)
@@ -526,6 +527,13 @@ def test_weka_unknown_request_type_is_a_warning(tmp_path):
     w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
     assert len(w) == 4
     assert any("2 requests have type 'zzz'" in x and "line 1" in x for x in w.warnings), w.warnings
+    # inside a sub-agent too
+    sub = {"t": 5.0, "type": "subagent", "requests": [
+        {"t": 0.0, "type": "weird", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}]}
+    p.write_text(json.dumps({"id": "s1", "requests": reqs[:1] + [sub]}) + "\n")
+    w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert any("1 requests have type 'weird'" in x and "sub-agent request 0" in x
+               for x in w.warnings), w.warnings
 
 
 def test_inert_overrides_get_a_note():

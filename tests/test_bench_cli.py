@@ -8,7 +8,11 @@ from experiments import bench
 
 @pytest.mark.parametrize("argv, words", [
     (["--cases", "nope"], ["--cases 'nope'", "unknown case(s) ['nope']", "azure_conv"]),
-    (["--cases", "azure_conv,,weka,nope2"], ["['nope2']"]),
+    (["--cases", "azure_conv,weka,nope2"], ["['nope2']"]),
+    (["--cases", "azure_conv,,weka"], ["unknown case(s) ['']"]),
+    (["--cases", ","], ["no case given"]),
+    (["--cases", "weka,weka"], ["weka listed twice"]),
+    (["--quick", "--json", "/"], ["is a folder; expected a file path"]),
     (["--quick", "--repeats", "0"], ["--repeats 0: expected >= 1"]),
     (["--repeats", "-2"], ["--repeats -2"]),
     (["--quick", "--json", "/nonexistent-kvsim-dir/out.json"], ["its folder does not exist"]),

@@ -89,6 +89,14 @@ def test_no_torch_at_import():
     (lambda d: d["ops"]["d2h"].update(overhead_s=float("inf")), r"ops\.d2h\.overhead_s = inf"),
     (lambda d: d.update(complete=False), r"complete = False: the calibration run did not finish"),
     (lambda d: d.update(schema_version=99), r"schema_version 99; this kvsim reads version 1"),
+    (lambda d: d["decode_attention"].update(batch=[1, "x"]), r"decode_attention\.batch\[1\] = 'x'; expected a number"),
+    (lambda d: d["decode_attention"].update(kv_tokens=[1000, None]), r"decode_attention\.kv_tokens\[1\] = None"),
+    (lambda d: d["decode_attention"].update(batch=[True, 4]), r"decode_attention\.batch\[0\] = True"),
+    (lambda d: d["decode_attention"].update(seconds_per_layer=[[1e-5, 2e-5], [4e-5]]),
+     r"decode_attention\.seconds_per_layer\[1\] must be a list of len\(kv_tokens\) = 2 numbers"),
+    (lambda d: d["decode_attention"].update(seconds_per_layer=[[1e-5, "abc"], [4e-5, 8e-5]]),
+     r"decode_attention\.seconds_per_layer\[0\]\[1\] = 'abc'"),
+    (lambda d: d["gemm"].update(tokens=[[1], 100]), r"gemm\.tokens\[0\] = \[1\]; expected a number"),
 ])
 def test_impossible_values_are_errors(tmp_path, edit, match):
     """Negative, zero or non-finite times, grids that do not increase, an unfinished run or
@@ -100,3 +108,14 @@ def test_impossible_values_are_errors(tmp_path, edit, match):
     edit(d)
     with pytest.raises(cm.CalibrationError, match=match):
         cm.load_calibration(_write(tmp_path, d))
+
+
+def test_non_utf8_file_is_a_calibration_error(tmp_path):
+    import importlib
+
+    cm = importlib.import_module("gpu_validation.calibration_model")
+    p = tmp_path / "cal.json"
+    p.write_bytes(json.dumps(_doc()).replace("Test GPU", "Test GPU \u00e9").encode("latin-1")
+                  .replace(b"\\u00e9", b"\xe9"))
+    with pytest.raises(cm.CalibrationError, match=r"cal\.json: not readable as JSON"):
+        cm.load_calibration(p)

@@ -59,7 +59,10 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
     """
     p = str(path)
     lines = iter_lines(path)
-    _, header_raw = next(lines)
+    hline, header_raw = next(lines)
+    if not header_raw.strip():
+        raise TraceError("blank line", path=p, where=f"line {hline}", found="a blank line",
+                         expected=f"the header ({', '.join(COLUMNS)}) on the first line")
     header = next(csv.reader([header_raw.decode("utf-8", "replace")]))
     header = [h.strip() for h in header]
     idx = {}

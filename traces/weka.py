@@ -57,6 +57,17 @@ BLOCK_TOKENS = 64
 # request types of the main chain in the published trace (counted there: 'n' 40,192, 's' 8,466,
 # beside 63 'subagent' markers); another type is loaded as main-chain with a warning
 MAIN_TYPES = ("n", "s")
+
+
+def _note_type(typ, counters: dict, where: str) -> None:
+    """Count a request type other than MAIN_TYPES (with the first place it appears) for the
+    loader's warning; such a request is loaded as an ordinary one."""
+    if typ not in MAIN_TYPES:
+        other = counters["other_types"]
+        key = repr(typ)
+        if key not in other:
+            other[key] = [0, where]
+        other[key][0] += 1
 _MAX_LOCAL_ID = 1 << 31
 
 
@@ -156,6 +167,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                 if q.get("type") == "subagent":
                     raise TraceError(path=p, where=w2, field="type", found="'subagent'",
                                      expected="no nested sub-agents")
+                _note_type(q.get("type"), counters, f"{p} {w2}")
                 n_in, n_out, h = _check_request(q, p, w2, cfg.zero_output, zero)
                 t_rel = start + float(q["t"])
                 if prev_sub is None:
@@ -186,11 +198,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         if not isinstance(typ, str):
             raise TraceError(path=p, where=where, field="type", found=repr(typ),
                              expected="a string")
-        if typ not in MAIN_TYPES:
-            other = counters["other_types"]
-            if typ not in other:
-                other[typ] = [0, f"{p} {where}"]
-            other[typ][0] += 1
+        _note_type(typ, counters, f"{p} {where}")
         n_in, n_out, h = _check_request(r, p, where, cfg.zero_output, zero)
         if prev_main is None:
             parent, think = -1, 0.0
@@ -329,9 +337,9 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     vals.resize(nvals, refcheck=False)
     warnings = []
     for typ, (n, first) in sorted(counters["other_types"].items()):
-        warnings.append(f"{n} requests have type {typ!r} (the trace's main-chain types are "
-                        f"{', '.join(repr(t) for t in MAIN_TYPES)}); loaded as main-chain "
-                        f"requests (first: {first})")
+        warnings.append(f"{n} requests have type {typ} (the trace's request types are "
+                        f"{', '.join(repr(t) for t in MAIN_TYPES)}, and 'subagent' markers); "
+                        f"loaded as ordinary requests (first: {first})")
     if counters["zero"][0]:
         warnings.append(f"{counters['zero'][0]} requests had out = 0; loaded as 1 "
                         "(zero_output=as_one)")
