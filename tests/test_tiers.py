@@ -286,6 +286,33 @@ def test_lru_store_long_random_run_matches_an_ordered_dict():
     assert s.lru_order().tolist() == list(ref)
 
 
+def _ff_on_off(tmp_path, monkeypatch, method: str, overrides: list):
+    """Run ``overrides`` on the bundled slice with fast-forward on, then off (into
+    ``tmp_path/true`` and ``tmp_path/false``), counting the steps each call of the stretch
+    ``Simulator.<method>`` took. Returns (those counts, the sha256 of the requests, steps and
+    transfers tables per setting)."""
+    import hashlib
+
+    from sim.engine import Simulator
+
+    taken = []
+    orig = getattr(Simulator, method)
+
+    def spy(self, *args):
+        k = yield from orig(self, *args)
+        taken.append(k)
+        return k
+
+    monkeypatch.setattr(Simulator, method, spy)
+    digests = {}
+    for ff in ("true", "false"):
+        out = tmp_path / ff
+        run_simulation(compose_config([*overrides, "sim.progress=false", f"sim.fast_forward={ff}"]), out)
+        digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
+                       for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
+    return taken, digests
+
+
 @pytest.mark.parametrize("extra", [
     ["tiers=gpu_host_disk", "codec=nvfp4", "tiers.host_gib=2", "tiers.disk_gib=8"],
     ["tiers=gpu_host", "tiers.write_policy=write_through_selective", "tiers.host_gib=4"],
@@ -296,29 +323,10 @@ def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, monkeypa
     evictions inside a stretch changed what the waiting head could be admitted with, or when a
     stretch's last offloads were issued after the next scheduling.) The tier stretches run
     through landings with the head waiting: most decode steps are taken by them."""
-    import hashlib
-
-    from sim.engine import Simulator
-
-    taken = []
-    orig = Simulator._tier_stretch
-
-    def spy(self, reqs, ctx0, dt, hold=None):
-        k = yield from orig(self, reqs, ctx0, dt, hold)
-        taken.append(k)
-        return k
-
-    monkeypatch.setattr(Simulator, "_tier_stretch", spy)
-    digests = {}
-    for ff in ("true", "false"):
-        out = tmp_path / ff
-        run_simulation(compose_config(["trace.max_requests=1200", "cache.num_gpu_blocks=4000",
-                                       "sim.progress=false", f"sim.fast_forward={ff}", *extra]), out)
-        digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
-                       for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
-        if ff == "true":
-            steps = len(pd.read_parquet(out / "steps.parquet"))
-            assert max(taken) >= 20 and sum(taken) > steps / 2, (max(taken), sum(taken), steps)
+    taken, digests = _ff_on_off(tmp_path, monkeypatch, "_tier_stretch", [
+        "trace.max_requests=1200", "cache.num_gpu_blocks=4000", *extra])
+    steps = len(pd.read_parquet(tmp_path / "true" / "steps.parquet"))
+    assert max(taken) >= 20 and sum(taken) > steps / 2, (max(taken), sum(taken), steps)
     assert digests["true"] == digests["false"]
 
 
@@ -469,27 +477,8 @@ def test_fast_forward_byte_identical_with_write_back_and_compression(tmp_path, m
     write_back a step that evicts a cached block is held for its copy, so the stretch ends
     before it, with or without requests waiting (it did not: the held step's wait was missing
     and the tables differed from the per-step loop's late in the run)."""
-    import hashlib
-
-    from sim.engine import Simulator
-
-    taken = []
-    orig = Simulator._fast_forward
-
-    def spy(self, reqs, ctx0, extra_first=0.0):
-        k = yield from orig(self, reqs, ctx0, extra_first)
-        taken.append(k)
-        return k
-
-    monkeypatch.setattr(Simulator, "_fast_forward", spy)
-    digests = {}
-    for ff in ("true", "false"):
-        out = tmp_path / ff
-        run_simulation(compose_config([
-            "trace.max_requests=600", "cache.num_gpu_blocks=3000", "tiers=gpu_host_disk",
-            "policy=triattention", "compaction=forward_pack", "sim.progress=false",
-            f"sim.fast_forward={ff}"]), out)
-        digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
-                       for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
+    taken, digests = _ff_on_off(tmp_path, monkeypatch, "_fast_forward", [
+        "trace.max_requests=600", "cache.num_gpu_blocks=3000", "tiers=gpu_host_disk",
+        "policy=triattention", "compaction=forward_pack"])
     assert sum(taken) > 1000, sum(taken)
     assert digests["true"] == digests["false"]
