@@ -249,7 +249,8 @@ def app(cfg: DictConfig) -> None:
 def unknown_override_key(args: list[str]) -> str | None:
     """The error for the first command-line override ``a.b=value`` whose dotted key is not a
     field of the typed config (:class:`sim.config.KvsimConfig`), with the closest field name
-    as a hint; None when every key is known. Hydra's own forms (``+``/``~``/``++`` prefixes,
+    as a hint, or whose plain value cannot be that field's int, float or bool
+    (:func:`_scalar_error`); None when every override passes. Hydra's own forms (``+``/``~``/``++`` prefixes,
     ``hydra.*``, options with ``-``) and free-form nodes are left to Hydra. Hydra's message for
     such a key suggests appending it with ``+``, which a typo does not want."""
     import dataclasses
@@ -281,8 +282,41 @@ def unknown_override_key(args: list[str]) -> str | None:
                         f"'{part}'{hint} (kvsim --cfg job prints every key)")
             cls = node_type(hints[part])
             if cls is None:  # a leaf or a free-form node: Hydra checks the rest
+                if i == len(parts) - 1:
+                    err = _scalar_error(key, a.split("=", 1)[1], hints[part])
+                    if err:
+                        return err
                 break
     return None
+
+
+def _scalar_error(key: str, value: str, t) -> str | None:
+    """The error for a plain value that cannot become the int / float / bool field ``key`` of
+    type ``t`` (Optional allowed), or None. Sweeps, interpolations, Hydra functions, lists and
+    ``null`` are left to Hydra."""
+    import re
+    import typing
+
+    if typing.get_origin(t) is typing.Union:
+        t = next((a for a in typing.get_args(t) if a is not type(None)), t)
+    v = value.strip()
+    if t not in (int, float, bool) or not v or v.lower() == "null" or \
+            any(c in v for c in ",${}[]()'\"") or v.startswith(("choice", "range", "interval")):
+        return None
+    if t is bool:
+        ok = v.lower() in ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
+        want = "true or false"  # (OmegaConf also takes yes/no, on/off, 1/0)
+    elif t is int:
+        ok = re.fullmatch(r"[+-]?[0-9][0-9_]*", v) is not None
+        want = "an integer"
+    else:
+        try:
+            float(v.replace("_", ""))
+            ok = True
+        except ValueError:
+            ok = False
+        want = "a number"
+    return None if ok else f"{key}={value}: expected {want}"
 
 
 def main() -> None:

@@ -562,3 +562,21 @@ def test_cli_warns_when_no_request_finished(tmp_path):
                "output.print_summary=false")
     assert r.returncode == 0, r.stderr
     assert "kvsim: warning: no request finished: all 20 were rejected (kv_capacity: 20)" in r.stderr
+
+
+@pytest.mark.parametrize("arg, err", [
+    ("seed=abc", "seed=abc: expected an integer"),
+    ("tiers.host_gib=lots", "tiers.host_gib=lots: expected a number"),
+    ("sim.fast_forward=maybe", "sim.fast_forward=maybe: expected true or false"),
+    ("trace.max_requests=1.5", "trace.max_requests=1.5: expected an integer"),
+    ("trace.max_requests=1_000", None), ("trace.max_requests=null", None),
+    ("tiers.host_gib=1e2", None), ("sim.fast_forward=off", None), ("seed=1,2,3", None),
+    ("seed=${oc.env:X}", None), ("trace.name=abc", None),
+])
+def test_mistyped_values_get_kvsim_errors(arg, err):
+    """Break-it pass: a value that cannot be the field's type got Hydra's raw conversion
+    error (exit 1); kvsim names the override and what it expected (exit 2, checked before
+    Hydra). Sweeps, interpolations, null and OmegaConf's other bool spellings pass through."""
+    from sim.cli import unknown_override_key
+
+    assert unknown_override_key([arg]) == err
