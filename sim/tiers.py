@@ -794,14 +794,17 @@ class TierManager:
         complete before it frees the device memory, so the engine holds the step (and any
         onboarding into the reused blocks) until this time."""
         self._queue(keys)
-        now = self.env.now
         if not self.pending:
-            return now
+            return self.env.now
+        self._issue_offloads()
+        return self.d2h.free_at
+
+    def _issue_offloads(self) -> None:
+        """Issue the queued offloads now, in batches of ``transfer_batch_pages``."""
         p = _joined(self.pending)
         self.pending = []
         for lo in range(0, len(p), self.batch):
             self._offload(p[lo:lo + self.batch])
-        return self.d2h.free_at
 
     def on_gpu_cached(self, keys) -> None:
         """write_through: blocks are copied down as soon as they are full (registered;
@@ -849,10 +852,7 @@ class TierManager:
     def flush(self) -> None:
         """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
         if self.pending:
-            p = _joined(self.pending)
-            self.pending = []
-            for lo in range(0, len(p), self.batch):
-                self._offload(p[lo:lo + self.batch])
+            self._issue_offloads()
         if self.pending_demote:
             d = _joined(self.pending_demote)
             self.pending_demote = []
