@@ -250,8 +250,9 @@ def unknown_override_key(args: list[str]) -> str | None:
     """The error for the first command-line override ``a.b=value`` whose dotted key is not a
     field of the typed config (:class:`sim.config.KvsimConfig`), with the closest field name
     as a hint, or whose plain value cannot be that field's int, float or bool
-    (:func:`_scalar_error`); None when every override passes. Hydra's own forms (``+``/``~``/``++`` prefixes,
-    ``hydra.*``, options with ``-``) and free-form nodes are left to Hydra. Hydra's message for
+    (:func:`_scalar_error`); None when every override passes. Hydra's own forms
+    (``+``/``~``/``++`` prefixes, ``hydra.*``, options with ``-``) and free-form nodes are left
+    to Hydra. Hydra's message for
     such a key suggests appending it with ``+``, which a typo does not want."""
     import dataclasses
     import difflib
