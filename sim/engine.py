@@ -847,14 +847,7 @@ class Simulator:
                 self._wake = None
                 continue
             sched_req, sched_n, sched_ctx, samples = self._schedule()
-            hold = None
-            if self._write_back and self.pool.evict_log:
-                # the scheduling evicted cached blocks: their pages are copied down before the
-                # blocks are overwritten (the step and onboarding copies into them wait)
-                end = self.tiers.write_back(np.concatenate(self.pool.evict_log))
-                self.pool.evict_log.clear()
-                if end > env.now:
-                    self._wb_until = hold = end
+            hold = self._write_back_hold()
             if not sched_req and self.onboarding:
                 # nothing runnable until an onboarding request's pages arrive (or an arrival)
                 self._wake = env.event()
@@ -897,9 +890,7 @@ class Simulator:
                     continue
             start = env.now
             if hold is not None:
-                self.write_back_stall_s += hold - start
-                self.write_back_stalls += 1
-                yield from _advance_to(env, hold)
+                yield from self._wait_write_back(hold)
             yield env.timeout(dt)
             if self.tiers is not None and self.tiers.layerwise:
                 loads = [r.load_event for r in sched_req
@@ -954,6 +945,26 @@ class Simulator:
             if self.check:
                 self.check_invariants()
             self._check_sim_time()
+
+    def _write_back_hold(self) -> float | None:
+        """write_back, after a scheduling: issue the copies of the cached blocks it evicted
+        (:meth:`sim.tiers.TierManager.write_back`) and return when they land (s), the time the
+        step and onboarding into those blocks wait for; None when nothing is to wait for."""
+        if not (self._write_back and self.pool.evict_log):
+            return None
+        end = self.tiers.write_back(np.concatenate(self.pool.evict_log))
+        self.pool.evict_log.clear()
+        if end > self.env.now:
+            self._wb_until = end
+            return end
+        return None
+
+    def _wait_write_back(self, hold: float):
+        """SimPy process fragment: a held step waits until ``hold`` (s), counted in
+        ``write_back_stalls`` / ``write_back_stall_s``."""
+        self.write_back_stall_s += hold - self.env.now
+        self.write_back_stalls += 1
+        yield from _advance_to(self.env, hold)
 
     def _check_sim_time(self) -> None:
         """ConfigError once the clock has passed ``sim.max_sim_time_s`` (checked after every
@@ -1294,12 +1305,9 @@ class Simulator:
         while True:
             start = env.now
             if hold is not None:
-                self.write_back_stall_s += hold - start
-                self.write_back_stalls += 1
-                yield from _advance_to(env, hold)
+                yield from self._wait_write_back(hold)
             yield env.timeout(float(durs[s - 1]))
             step_dur = float(durs[s - 1]) if hold is None else env.now - start
-            hold = None
             done = s == k
             if done:
                 now = env.now
@@ -1321,13 +1329,7 @@ class Simulator:
                 self._check_sim_time()
             if done or self._tier_next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:
                 break  # (step s + 1 unscheduled, or its batch part scheduled: _schedule goes on)
-            if self._write_back and pool.evict_log:
-                # its new blocks evicted cached ones: their copies are issued now and the step
-                # waits for them, as the engine does after a scheduling
-                end = self.tiers.write_back(np.concatenate(pool.evict_log))
-                pool.evict_log.clear()
-                if end > env.now:
-                    self._wb_until = hold = end
+            hold = self._write_back_hold()  # (as the engine after a scheduling)
             s += 1
         if not done:
             self._ff_counts(reqs, nc0, s)
