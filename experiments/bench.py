@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,17 +59,18 @@ class CaseFailed(RuntimeError):
 
 def run_case(overrides: list[str]) -> dict:
     """Run kvsim once in a fresh process; return its summary's speed numbers."""
-    with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "sim.cli", *overrides, "sim.progress=false",
-               "output.write_steps=false", "output.print_summary=false", f"output.dir={d}",
-               f"hydra.run.dir={d}/hydra"]
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        outer = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise CaseFailed(f"kvsim failed (exit {p.returncode}): {' '.join(overrides)}\n"
-                             f"{p.stderr[-2000:]}")
-        s = json.loads((Path(d) / "summary.json").read_text())
+    d = tempfile.mkdtemp(prefix="kvsim-bench-")
+    cmd = [sys.executable, "-m", "sim.cli", *overrides, "sim.progress=false",
+           "output.write_steps=false", "output.print_summary=false", f"output.dir={d}",
+           f"hydra.run.dir={d}/hydra"]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    outer = time.perf_counter() - t0
+    if p.returncode != 0:  # the run's folder is kept for its logs (the message names it)
+        raise CaseFailed(f"kvsim failed (exit {p.returncode}; its output folder {d} is kept): "
+                         f"{' '.join(overrides)}\n{p.stderr[-2000:]}")
+    s = json.loads((Path(d) / "summary.json").read_text())
+    shutil.rmtree(d)
     tokens = s["prompt_tokens_total"] + s["output_tokens_total"]
     return {"wall_s": s["wall"]["wall_s"], "process_s": outer, "peak_rss_mb": s["wall"]["peak_rss_mb"],
             "steps": s["engine_steps"], "requests": s["requests_total"], "sim_tokens": tokens}
@@ -139,8 +141,10 @@ def main(argv=None) -> int:
     lin = [results.get(f"linear_{k}x") for k in (1, 2, 4)]
     if all(lin):
         base = lin[0]["median_wall_s"] / lin[0]["requests"]
+        base_step = lin[0]["median_wall_s"] / lin[0]["steps"]
         for k, r in zip((1, 2, 4), lin):
-            print(f"linearity {k}x: {r['median_wall_s'] / r['requests'] / base:.2f} x the 1x wall per request")
+            print(f"linearity {k}x: {r['median_wall_s'] / r['requests'] / base:.2f} x the 1x wall per "
+                  f"request, {r['median_wall_s'] / r['steps'] / base_step:.2f} x per engine step")
     if results.get("pool_10x") and results.get("linear_1x"):
         print(f"pool 10x: {results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']:.2f} "
               f"x the 1x wall")

@@ -50,3 +50,20 @@ def test_failed_case_keeps_earlier_results(tmp_path, monkeypatch, capsys):
     assert "case weka: kvsim failed" in capsys.readouterr().err
     assert bench.main(["--cases", "azure_conv", "--repeats", "1", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["complete"] is True
+
+
+def test_failed_run_keeps_its_folder_and_names_it(tmp_path, monkeypatch):
+    """A case whose kvsim run fails raises CaseFailed naming the run's output folder, which is
+    kept (its logs are there); a run that succeeds leaves no folder behind."""
+    import re
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(bench.CaseFailed) as e:
+        bench.run_case(["trace.max_requests=-1"])
+    kept = re.search(r"its output folder (\S+) is kept", str(e.value)).group(1)
+    assert (tmp_path / kept.rsplit("/", 1)[-1]).is_dir()
+    assert "trace.max_requests" in str(e.value)
+    r = bench.run_case(["trace.max_requests=3"])
+    assert r["requests"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == [kept.rsplit("/", 1)[-1]]
