@@ -580,3 +580,23 @@ def test_mistyped_values_get_kvsim_errors(arg, err):
     from sim.cli import unknown_override_key
 
     assert unknown_override_key([arg]) == err
+
+
+def test_line_endings(tmp_path):
+    """CRLF rows load as LF rows; a file with CR-only line endings (one long line) is an error
+    naming the line and the CR byte, in every format, instead of a bare JSON or field-count
+    message."""
+    rows = [json.dumps({"timestamp": i * 10, "input_length": 600, "output_length": 4,
+                        "hash_ids": [i, 100 + i]}) for i in range(3)]
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(("\r\n".join(rows) + "\r\n").encode())
+    assert len(load_workload(TraceConfig(name="x", path=str(crlf)), 0)) == 3
+    cr = tmp_path / "cr.jsonl"
+    cr.write_bytes(("\r".join(rows) + "\r").encode())
+    for fmt in ("mooncake", "weka"):
+        with pytest.raises(TraceError, match=r"cr\.jsonl line 1: carriage return inside a line"):
+            load_workload(TraceConfig(name="x", format=fmt, path=str(cr)), 0)
+    az = tmp_path / "az.csv"
+    az.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r2023-11-16 18:15:46.6805900,374,44\r")
+    with pytest.raises(TraceError, match=r"az\.csv line 1: carriage return inside a line"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)

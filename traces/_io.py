@@ -21,7 +21,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     it is not a record.
 
     Raises:
-        TraceError: empty file; corrupt or truncated compressed stream (names the last good line).
+        TraceError: empty file; corrupt or truncated compressed stream (names the last good line);
+            a CR byte inside a line (a file with CR-only line endings reads as one line).
     """
     path = Path(path)
     if path.is_dir():
@@ -45,6 +46,11 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
             for raw in fh:
                 lineno += 1
                 raw = raw.rstrip(b"\r\n")
+                if b"\r" in raw:
+                    raise TraceError("carriage return inside a line", path=str(path),
+                                     where=f"line {lineno}",
+                                     found="a CR byte before the line's end (CR-only line endings?)",
+                                     expected="rows separated by LF or CRLF newlines")
                 if not raw.strip():
                     blank.append(lineno)
                     continue
