@@ -291,6 +291,24 @@ def unknown_override_key(args: list[str]) -> str | None:
     return None
 
 
+def duplicate_override_key(args: list[str]) -> str | None:
+    """The error for the first override key given twice on the command line (``seed=1
+    seed=2``, ``tiers=gpu_host tiers=gpu_only``): Hydra silently keeps the last value, which
+    hides a typo or a sweep written as two overrides. None when every key appears once.
+    ``+``/``++`` prefixes count as the same key; ``~`` deletions and options are ignored."""
+    seen: dict[str, str] = {}
+    for a in args:
+        if a.startswith(("-", "~")) or "=" not in a:
+            continue
+        key = a.split("=", 1)[0].lstrip("+")
+        if key in seen:
+            v1, v2 = seen[key].split("=", 1)[1], a.split("=", 1)[1]
+            return (f"override key '{key}' given twice ({seen[key]}, {a}); expected one value "
+                    f"per key (for a sweep over both: kvsim -m {key}={v1},{v2})")
+        seen[key] = a
+    return None
+
+
 def _scalar_error(key: str, value: str, t) -> str | None:
     """The error for a plain value that cannot become the int / float / bool field ``key`` of
     type ``t`` (Optional allowed), or None. Sweeps, interpolations, Hydra functions, lists and
@@ -326,7 +344,7 @@ def main() -> None:
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    err = unknown_override_key(sys.argv[1:])
+    err = duplicate_override_key(sys.argv[1:]) or unknown_override_key(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

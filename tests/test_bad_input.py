@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -599,4 +600,48 @@ def test_line_endings(tmp_path):
     az = tmp_path / "az.csv"
     az.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r2023-11-16 18:15:46.6805900,374,44\r")
     with pytest.raises(TraceError, match=r"az\.csv line 1: carriage return inside a line"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_override_key_given_twice_is_an_error(tmp_path):
+    """Break-it pass: ``tiers=gpu_host tiers=gpu_only`` ran gpu_only without a word (Hydra keeps
+    the last value). A key given twice, ``+`` prefixes included, is now exit 2 with a message
+    naming both and the sweep spelling; distinct keys and ``~`` deletions pass."""
+    from sim.cli import duplicate_override_key
+
+    err = duplicate_override_key(["trace.max_requests=5", "seed=1", "+seed=2"])
+    assert err.startswith("override key 'seed' given twice (seed=1, +seed=2)") and "-m seed=1,2" in err
+    assert duplicate_override_key(["seed=1", "~seed", "tiers=gpu_host", "tiers.host_gib=2", "-m"]) is None
+    r = _kvsim(tmp_path / "r", "tiers=gpu_host", "tiers=gpu_only")
+    assert r.returncode == 2 and "override key 'tiers' given twice" in r.stderr, r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_relative_trace_path_is_recorded_absolute(tmp_path, monkeypatch):
+    """Break-it pass: a relative trace.path went into summary.json's trace_source as typed, which
+    says nothing once the run folder is read elsewhere; it is recorded as the absolute path it
+    pointed at (from the working folder)."""
+    row = json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]})
+    (tmp_path / "small.jsonl").write_text(row + "\n")
+    monkeypatch.chdir(tmp_path)
+    w = load_workload(TraceConfig(name="x", path="small.jsonl"), 0)
+    assert w.source == str(tmp_path / "small.jsonl")
+
+
+def test_integers_past_64_bits_are_named(tmp_path):
+    """Break-it pass: a hash id or token count of 2**63 or more ended in an OverflowError
+    traceback (or a float-looking message for 2**70); it is a TraceError naming the field and
+    the value as written."""
+    big = 2**63 + 5
+    cases = [({"input_length": 600, "hash_ids": [1, big]}, f"'hash_ids': found element {big}"),
+             ({"input_length": 600, "hash_ids": [1, 2**70]}, f"'hash_ids': found element {2**70}"),
+             ({"input_length": big, "hash_ids": [1]}, f"'input_length': found {big}, expected an integer that fits 64 bits")]
+    for fields, msg in cases:
+        p = tmp_path / "b.jsonl"
+        p.write_text(json.dumps({"timestamp": 0, "output_length": 4, **fields}) + "\n")
+        with pytest.raises(TraceError, match=re.escape(msg)):
+            load_workload(TraceConfig(name="x", path=str(p)), 0)
+    az = tmp_path / "az.csv"
+    az.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{big},44\n")
+    with pytest.raises(TraceError, match=re.escape(f"line 2, field 'ContextTokens': found {big}")):
         load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)

@@ -44,6 +44,9 @@ class Parsed:
     extra: dict = field(default_factory=dict)
 
 
+INT64_LIMIT = 1 << 63  # token counts and ids are held as int64
+
+
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -66,6 +69,9 @@ def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[in
                          expected="an integer")
     if minimum is not None and v < minimum:
         raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")
+    if not -INT64_LIMIT <= v < INT64_LIMIT:
+        raise TraceError(path=path, where=where, field=key, found=v,
+                         expected="an integer that fits 64 bits (below 2**63)")
     return v
 
 

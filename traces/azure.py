@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import Parsed, output_len
+from ._common import INT64_LIMIT, Parsed, output_len
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -47,6 +47,9 @@ def _int(v: str, *, p: str, where: str, field: str, minimum: int) -> int:
         raise TraceError(path=p, where=where, field=field, found=repr(v), expected="an integer") from None
     if x < minimum:
         raise TraceError(path=p, where=where, field=field, found=x, expected=f">= {minimum}")
+    if x >= INT64_LIMIT:
+        raise TraceError(path=p, where=where, field=field, found=x,
+                         expected="an integer that fits 64 bits (below 2**63)")
     return x
 
 

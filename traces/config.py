@@ -224,7 +224,8 @@ def traces_dir() -> Path:
 
 
 def resolve_path(c: TraceConfig) -> Optional[Path]:
-    """The file/folder to read for ``c`` (None for synthetic formats).
+    """The file/folder to read for ``c`` (None for synthetic formats), as an absolute path (a
+    relative ``trace.path`` is taken from the working folder, else from the traces folder).
 
     Raises:
         TraceError: no default known for ``c.name``, or the path does not exist.
@@ -257,4 +258,4 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
         what = "trace folder" if c.format == "servegen" else "trace file"
         raise TraceError(f"{what} not found", path=str(p),
                          expected=f"the {c.format} trace for '{c.name}'", hint=hint)
-    return p
+    return p.absolute()  # (a relative trace.path is recorded where it pointed: provenance)

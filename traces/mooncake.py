@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
+from ._common import INT64_LIMIT, JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -87,9 +87,11 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
                 raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
                                  expected=f"ceil({n_in}/{BLOCK_TOKENS})={want}")
             for x in h:
-                if not is_int(x) or x < 0:
+                if not is_int(x) or not 0 <= x < INT64_LIMIT:
+                    big = isinstance(x, float) and x.is_integer()  # (a JSON integer past 64 bits)
                     raise TraceError(path=p, where=where, field="hash_ids",
-                                     found=f"element {x!r}", expected="non-negative integers")
+                                     found=f"element {x:.0f}" if big else f"element {x!r}",
+                                     expected="non-negative integers below 2**63 (64-bit ids)")
             if t < last_ts:
                 raise TraceError("timestamps must be non-decreasing", path=p, where=where,
                                  field="timestamp", found=f"{t:g}",
