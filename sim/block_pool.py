@@ -87,6 +87,16 @@ class DictIndex:
         return new
 
 
+def pool_host_bytes(num_blocks: int) -> int:
+    """Host memory (bytes) a :class:`BlockPool` of ``num_blocks`` blocks allocates when built:
+    ref counts (4 B a block), block hashes and free-queue positions (8 B each), the free queue
+    (block and sequence arrays of ``max(2 n, 1024)`` int64 entries) and the prefix index table
+    (``INDEX_SLOTS_PER_BLOCK x n`` slots of 16 B, rounded up to a power of two)."""
+    n = int(num_blocks)
+    slots = 1 << max(10, int(INDEX_SLOTS_PER_BLOCK * n - 1).bit_length())
+    return n * (4 + 8 + 8) + 2 * max(2 * n, 1024) * 8 + 16 * slots
+
+
 class KeyTable:
     """Hash table int64 key -> int64 value in numpy arrays (open addressing, linear probing,
     Fibonacci hashing: the top bits of key x 2^64/phi), probed by compiled loops

@@ -203,6 +203,15 @@ def app(cfg: DictConfig) -> None:
             (out_dir / "INCOMPLETE").write_text(f"this run failed: {e}\n")
             say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
                 f"with this error)")
+        rejected = Path(hc.runtime.output_dir)
+        if not multirun and out_dir.exists() and not out_dir.is_dir() \
+                and rejected.name.startswith("kvsim-rejected-run-"):
+            # (sim.config._run_dir: Hydra's log went to a temporary folder, not left behind)
+            import logging
+            import shutil
+
+            logging.shutdown()
+            shutil.rmtree(rejected, ignore_errors=True)
         if multirun:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)
@@ -217,6 +226,13 @@ def app(cfg: DictConfig) -> None:
                 continue
             say(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
                 + (f" ({why[term]})" if why.get(term) else ""))
+    if summary.get("tiers_preset") not in (None, summary.get("tiers")):
+        say(f"kvsim: note: tiers={summary['tiers_preset']} with tiers.host_gib={cfg.tiers.host_gib}"
+            f" and tiers.disk_gib={cfg.tiers.disk_gib} runs as {summary['tiers']}")
+    if summary.get("tiers") == "gpu_disk":
+        say("kvsim: note: with no host tier, offloaded pages are staged through host memory on "
+            "their way to disk (bytes_offloaded.host counts those GPU-to-host copies) and disk "
+            "hits are read through it")
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")

@@ -229,6 +229,10 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
         )
     gpu_bytes = float(gpu.memory_gib) * GIB * tp
     budget = gpu_bytes * float(cache.gpu_memory_utilization)
+    if not math.isfinite(budget):
+        raise ConfigError(f"gpu.memory_gib={gpu.memory_gib} x cost.tensor_parallel_size={tp} x "
+                          f"cache.gpu_memory_utilization={cache.gpu_memory_utilization}: the "
+                          f"budget overflows float64 bytes; expected a GPU memory size in GiB")
     w = weight_bytes(model)
     act = activation_reserve_bytes(model, cache, scheduler) * tp
     win = window_kv_bytes_per_seq(model, cache) * scheduler.max_num_seqs * rep
@@ -246,6 +250,7 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
         n = int(cache.num_gpu_blocks)
         if n <= 0:
             raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
+        _check_pool_host_memory(n, f"cache.num_gpu_blocks={n}")
         return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes * rep,
                           block_bytes, n, rep)
     pool = budget - w - act - win
@@ -258,4 +263,25 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
             f"(scheduler.max_num_seqs={scheduler.max_num_seqs}) = {pool / GIB:.2f} GiB < one "
             f"block of {block_bytes} B x {rep} cop{'y' if rep == 1 else 'ies'} across the TP group"
         )
+    _check_pool_host_memory(n, f"the {n} KV blocks of gpu.memory_gib={gpu.memory_gib}")
     return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n, rep)
+
+
+def _check_pool_host_memory(n: int, what: str) -> None:
+    """ConfigError when the simulator's bookkeeping for ``n`` GPU blocks
+    (:func:`sim.block_pool.pool_host_bytes`) exceeds this machine's physical memory: the run
+    would die in an allocation (or swap) instead of simulating."""
+    import os
+
+    from .block_pool import pool_host_bytes
+
+    need = pool_host_bytes(n)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # (no sysconf: no check)
+        return
+    if need > have:
+        raise ConfigError(f"{what}: the block pool's bookkeeping alone needs {need / GIB:,.1f} GiB "
+                          f"of host memory ({need // n} B a block) and this machine has "
+                          f"{have / GIB:,.1f} GiB; expected fewer blocks (a larger block_size, or "
+                          f"a smaller pool)")

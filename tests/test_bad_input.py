@@ -251,9 +251,10 @@ def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
      r"kvsim: error: sim\.max_sim_time_s=1\.0: the simulated clock passed it at t=[0-9.]+ s with \d+ of 50 "
      r"requests done"),
     # break-it pass: a request repeating a prefix id gave two of its blocks one key (both the
-    # pool's counts and the results were wrong, silently)
-    (["trace.path={repeat}"], r"kvsim: error: .*mooncake_repeated_id\.jsonl request 1 \(session 1, "
-                              r"turn 0\), field 'prefix ids': prefix ids repeat within a request, found id 0 twice"),
+    # pool's counts and the results were wrong, silently); the Mooncake loader's chain check
+    # names the line
+    (["trace.path={repeat}"], r"kvsim: error: .*mooncake_repeated_id\.jsonl line 2, field 'hash_ids': ids not "
+                              r"prefix-chained, found id 0 follows id 1 \(position 2\); at line 1 it starts"),
 ], ids=["bad-trace", "bad-block-size", "unknown-trace", "sim-time-limit", "repeated-prefix-id"])
 def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     o = [x.format(bad=BAD / "mooncake_many_bad.jsonl", repeat=BAD / "mooncake_repeated_id.jsonl")
@@ -309,10 +310,13 @@ def test_cli_output_dir_is_the_hydra_run_dir(tmp_path):
 
 def test_cli_output_dir_that_is_a_file(tmp_path):
     """An output.dir naming a file: one clear error (exit 2), the file untouched, and no run
-    folder left where kvsim ran (a newcomer found an outputs/<date>/<time>/ folder)."""
+    folder left where kvsim ran (a newcomer found an outputs/<date>/<time>/ folder) nor in the
+    temporary folder Hydra's log went to (a break-it pass found one per call there)."""
     f = tmp_path / "results.txt"
     f.write_text("not a folder")
-    env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(REPO))
+    tmp = tmp_path.parent / (tmp_path.name + "-tmp")
+    tmp.mkdir()
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONPATH=str(REPO), TMPDIR=str(tmp))
     r = subprocess.run([*KVSIM, f"output.dir={f}", "sim.progress=false", "trace.max_requests=5"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -320,6 +324,7 @@ def test_cli_output_dir_that_is_a_file(tmp_path):
     assert f"output.dir={f}: exists and is not a folder" in r.stderr
     assert f.read_text() == "not a folder"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
+    assert list(tmp.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------ invariants
@@ -645,3 +650,75 @@ def test_integers_past_64_bits_are_named(tmp_path):
     az.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{big},44\n")
     with pytest.raises(TraceError, match=re.escape(f"line 2, field 'ContextTokens': found {big}")):
         load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_ids_not_prefix_chained_are_an_error(tmp_path):
+    """Break-it pass: a Mooncake trace whose id 2 sat at block 2 of one request and started the
+    next got prefix hits no server could have (block keys trust the ids to be prefix-chained).
+    An id that follows a different id than at its first occurrence is now an error naming both
+    lines; a shared prefix and a repeated prompt still load."""
+    def write(rows):
+        p = tmp_path / "c.jsonl"
+        p.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(h), "output_length": 5,
+                                         "hash_ids": h}) + "\n" for i, h in enumerate(rows)))
+        return TraceConfig(name="x", path=str(p))
+    assert len(load_workload(write([[0, 1, 2], [0, 1, 3], [0, 1, 2], [4]]), 0)) == 4
+    for rows, msg in [([[0, 1, 2], [2, 3]], "line 2, field 'hash_ids': ids not prefix-chained, found id 2 "
+                                              "starts the prompt (position 0); at line 1 it follows id 1"),
+                      ([[0, 1], [5, 6], [5, 1]], "line 3, field 'hash_ids': ids not prefix-chained, found id 1 "
+                                                 "follows id 5 (position 1); at line 1 it follows id 0")]:
+        with pytest.raises(TraceError, match=re.escape(msg)):
+            load_workload(write(rows), 0)
+        with pytest.raises(TraceError, match="not prefix-chained"):
+            load_workload(TraceConfig(name="x", path=str(tmp_path / "c.jsonl"), on_error="skip"), 0)
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["trace.time_scale=inf"], "trace.time_scale=inf; expected a finite number"),
+    (["trace.start_s=nan"], "trace.start_s=nan; expected a finite number"),
+    (["trace.time_scale=1e300"], "field 'time_scale': arrival past the simulated clock's range"),
+    (["cache.num_gpu_blocks=1000000000000"], "cache.num_gpu_blocks=1000000000000: the block pool's "
+                                             "bookkeeping alone needs"),
+    (["gpu.memory_gib=1e300"], "the budget overflows float64 bytes"),
+    (["gpu.memory_gib=1e9"], "KV blocks of gpu.memory_gib=1000000000.0: the block pool's bookkeeping"),
+])
+def test_values_too_large_for_the_machine_are_config_errors(tmp_path, extra, msg):
+    """Break-it pass: an infinite time_scale ran and then crashed writing summary.json (leaving
+    tables beside the INCOMPLETE marker); 10**12 GPU blocks or 1e300 GiB of GPU memory ended in
+    a MemoryError or NaN traceback. Each is now exit 2 with one line naming the value."""
+    r = _kvsim(tmp_path / "r", "trace.max_requests=20", *extra)
+    assert r.returncode == 2, r.stderr[-1500:]
+    assert msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_timestamps_past_the_clock_range_name_the_line(tmp_path):
+    """Break-it pass: a Mooncake row with timestamp 1e308 (ms) loaded; the float clock lost its
+    digits (TTFTs of 0.0). A timestamp past 2**32 s is an error naming its line."""
+    rows = [{"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
+            for t in (0, 10, 1e308)]
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=r"t\.jsonl line 3, field 'timestamp': found 1e\+308 ms"):
+        load_workload(TraceConfig(name="x", path=str(p)), 0)
+
+
+def test_bom_strict_azure_integers_and_null(tmp_path):
+    """Break-it pass: a UTF-8 byte-order mark (spreadsheet export) made the Azure header's first
+    column '\\ufeffTIMESTAMP'; Azure token counts took '1_000' and Arabic-Indic digits (Python's
+    int()); a JSON null was reported as 'NoneType'. A leading BOM is skipped; counts must be
+    ASCII digits; null is named as null."""
+    az = tmp_path / "az.csv"
+    az.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert len(load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)) == 1
+    for bad in ("1_000", "\u0665\u0660\u0660"):
+        az.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{bad},44\n")
+        with pytest.raises(TraceError, match=r"line 2, field 'ContextTokens': found .*expected an integer"):
+            load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4,
+                                                 "hash_ids": [1, 2]}).encode() + b"\n")
+    assert len(load_workload(TraceConfig(name="x", path=str(p)), 0)) == 1
+    p.write_text(json.dumps({"timestamp": 0, "input_length": None, "output_length": 4, "hash_ids": [1]}) + "\n")
+    with pytest.raises(TraceError, match=r"field 'input_length': found null, expected an integer"):
+        load_workload(TraceConfig(name="x", path=str(p)), 0)

@@ -90,7 +90,7 @@ def test_mooncake_mixed_fail_and_skip():
     w = load_workload(cfg(name="x", path=p, on_error="skip"), 0)
     assert len(w) == 2 and w.skipped["count"] == 4
     ex = w.skipped["examples"]
-    assert "line 3, field 'input_length'" in ex[1] and "'100' (str)" in ex[1]
+    assert "line 3, field 'input_length'" in ex[1] and "'100' (string)" in ex[1]
     assert "line 4, field 'input_length'" in ex[2] and ">= 1" in ex[2]
     assert "line 5" in ex[3] and "invalid JSON" in ex[3]
     assert any("skipped" in x for x in w.warnings)

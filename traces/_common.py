@@ -45,6 +45,9 @@ class Parsed:
 
 
 INT64_LIMIT = 1 << 63  # token counts and ids are held as int64
+# Latest arrival (s) a workload may have: the clock is float64 seconds, whose spacing at 2**32 s
+# is 2**-20 s (~1 us); past it step durations (~ms) and TTFTs lose their digits.
+MAX_ARRIVAL_S = float(2 ** 32)
 
 
 def is_int(v: Any) -> bool:
@@ -53,6 +56,14 @@ def is_int(v: Any) -> bool:
 
 def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
+
+
+def _shown(v: Any) -> str:
+    """A JSON value as found, with its JSON type (``null`` for None)."""
+    if v is None:
+        return "null"
+    kind = {bool: "boolean", str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+    return f"{v!r} ({kind})"
 
 
 def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[int] = None,
@@ -65,7 +76,7 @@ def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[in
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not is_int(v):
-        raise TraceError(path=path, where=where, field=key, found=f"{v!r} ({type(v).__name__})",
+        raise TraceError(path=path, where=where, field=key, found=_shown(v),
                          expected="an integer")
     if minimum is not None and v < minimum:
         raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")
@@ -82,7 +93,7 @@ def need_num(obj: dict, key: str, *, path: str, where: str, minimum: Optional[fl
                          found="nothing", expected="a number")
     v = obj[key]
     if not is_num(v) or v in (float("inf"), float("-inf")):
-        raise TraceError(path=path, where=where, field=key, found=f"{v!r} ({type(v).__name__})",
+        raise TraceError(path=path, where=where, field=key, found=_shown(v),
                          expected="a finite number")
     if minimum is not None and v < minimum:
         raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")

@@ -46,6 +46,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
             for raw in fh:
                 lineno += 1
                 raw = raw.rstrip(b"\r\n")
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark (spreadsheet exports) is not data
                 if b"\r" in raw:
                     raise TraceError("carriage return inside a line", path=str(path),
                                      where=f"line {lineno}",

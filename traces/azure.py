@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -40,11 +41,13 @@ def _parse_ts(s: str, cache: dict) -> int:
     return base
 
 
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
 def _int(v: str, *, p: str, where: str, field: str, minimum: int) -> int:
-    try:
-        x = int(v.strip())
-    except ValueError:
-        raise TraceError(path=p, where=where, field=field, found=repr(v), expected="an integer") from None
+    if not _INT_RE.fullmatch(v.strip()):  # (int() also takes '1_000' and non-ASCII digits)
+        raise TraceError(path=p, where=where, field=field, found=repr(v), expected="an integer")
+    x = int(v.strip())
     if x < minimum:
         raise TraceError(path=p, where=where, field=field, found=x, expected=f">= {minimum}")
     if x >= INT64_LIMIT:

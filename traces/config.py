@@ -1,6 +1,7 @@
 """Trace configuration (Hydra structured-config schema of group ``trace``) and path resolution."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -189,6 +190,10 @@ def _choice(c: TraceConfig, field: str, options: tuple[str, ...]) -> None:
 
 
 def _validate(c: TraceConfig) -> None:
+    for f in fields(c):  # NaN and infinities pass the range checks below
+        v = getattr(c, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TraceError(field=f.name, found=v, expected="a finite number")
     _choice(c, "format", TRACE_FORMATS)
     _choice(c, "timestamp_spread", ("keep", "even", "jitter"))
     _choice(c, "on_error", ("fail", "skip"))

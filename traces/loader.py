@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._common import Parsed
+from ._common import MAX_ARRIVAL_S, Parsed
 from .config import TraceConfig, coerce_config, resolve_path
 from .errors import ErrorSink, TraceError
 from .workload import Workload, build_table
@@ -84,6 +84,18 @@ def _finalize(pr: Parsed, cfg: TraceConfig) -> tuple[pa.Table, dict, np.ndarray]
     if np.any((par >= 0) & (new_par < 0)):  # cannot happen: parents precede children
         raise TraceError("internal: slicing dropped a parent", path=pr.source)
     arrival = (arr[idx] - cfg.start_s) * cfg.time_scale
+    late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
+    if late.size:
+        k = int(late[0])
+        scaled = arr[idx[k]] - cfg.start_s <= MAX_ARRIVAL_S  # (then time_scale took it there)
+        raise TraceError("arrival past the simulated clock's range", path=pr.source,
+                         where=f"row {int(idx[k]) + 1} of the parsed trace (in file order)",
+                         field="time_scale" if scaled else "timestamp",
+                         found=f"an arrival at {arrival[k]:.6g} s (start_s={cfg.start_s:g}, "
+                               f"time_scale={cfg.time_scale:g})",
+                         expected="arrivals <= 2**32 s (~136 years), where float64 seconds still "
+                                  "resolve a microsecond" + ("" if scaled else
+                                                            "; a timestamp unit mix-up (ns for ms)?"))
     offs = pr.prefix_offsets
     if contiguous:
         a, b = int(idx[0]), int(idx[-1]) + 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
+from ._common import INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -62,6 +62,7 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     zero = [0]
     last_ts = -math.inf
     rows = 0
+    lines: list[int] = []  # file line of each row kept
     for lineno, raw in iter_lines(path):
         rows += 1
         where = f"line {lineno}"
@@ -102,6 +103,7 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             sink.bad(e)
             continue
         last_ts = t
+        lines.append(lineno)
         ts.append(t)
         inp.append(n_in)
         out.append(n_out)
@@ -110,7 +112,15 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     if not ts:
         raise TraceError("no valid rows", path=p, found=f"{rows} rows, {sink.count} skipped",
                          expected="at least one valid row")
+    _check_chained(np.asarray(vals, dtype=np.int64), np.asarray(offs, dtype=np.int64), lines, p)
     t_s = np.asarray(ts, dtype=np.float64) / 1000.0
+    late = np.flatnonzero(t_s > MAX_ARRIVAL_S)
+    if late.size:  # (before the spread moves other rows next to it)
+        raise TraceError(path=p, where=f"line {lines[int(late[0])]}", field="timestamp",
+                         found=f"{ts[int(late[0])]:g} ms",
+                         expected=f"<= {MAX_ARRIVAL_S * 1000:.0f} ms (2**32 s, ~136 years: "
+                                  f"where float64 seconds still resolve a microsecond); a unit "
+                                  f"mix-up (ns for ms)?")
     arrival = spread_timestamps(t_s, cfg.timestamp_spread, rng)
     n = len(ts)
     warnings = []
@@ -132,3 +142,37 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
         notes={"rows_read": rows, "zero_output_rows": zero[0],
                "distinct_timestamps": int(np.unique(t_s).size)},
     )
+
+
+def _check_chained(vals: np.ndarray, offs: np.ndarray, lines: list[int], p: str) -> None:
+    """Raise a TraceError unless the ids are prefix-chained across rows: every occurrence of an
+    id follows the same id (or starts its prompt), as the first occurrence does. The block keys
+    rely on it (``sim.keys``: an id stands for the whole prefix up to its block), so a trace
+    that breaks it would get prefix hits no server could have. ``vals``: the kept rows' ids end
+    to end, ``offs``: row ``i``'s ids are ``vals[offs[i]:offs[i + 1]]`` (every row has >= 1),
+    ``lines``: each row's file line. Whole-file consistency, so an error even with
+    ``on_error=skip``. O(ids log ids): 0.3 M ids in the Mooncake conversation trace."""
+    if not len(vals):
+        return
+    parent = np.empty_like(vals)
+    parent[1:] = vals[:-1]
+    parent[offs[:-1]] = -1  # (ids are >= 0)
+    order = np.argsort(vals, kind="stable")  # each id's occurrences in file order
+    sv = vals[order]
+    first = np.ones(len(sv), dtype=bool)
+    first[1:] = sv[1:] != sv[:-1]
+    first_parent = parent[order][np.maximum.accumulate(np.where(first, np.arange(len(sv)), 0))]
+    bad = np.flatnonzero(parent[order] != first_parent)
+    if not len(bad):
+        return
+    at = int(order[bad].min())  # the first breaking occurrence in file order
+    x = int(vals[at])
+    f = int(order[np.searchsorted(sv, x)])  # the id's first occurrence
+    row_of = lambda i: int(np.searchsorted(offs, i, side="right")) - 1  # noqa: E731
+    desc = lambda i: "starts the prompt" if parent[i] < 0 else f"follows id {int(parent[i])}"  # noqa: E731
+    raise TraceError("ids not prefix-chained", path=p, where=f"line {lines[row_of(at)]}",
+                     field="hash_ids",
+                     found=f"id {x} {desc(at)} (position {at - offs[row_of(at)]}); at line "
+                           f"{lines[row_of(f)]} it {desc(f)} (position {f - offs[row_of(f)]})",
+                     expected="prefix-chained ids: an id always follows the same id (or always "
+                              "starts the prompt)")
