@@ -16,7 +16,8 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
     ``tiers.host_gib``, ``trace.max_requests``, ...); list values are JSON strings;
   - every leaf of ``summary.json`` as a dotted column (``ttft_s.p50``, ``hit_ratio.host``,
     ``wall.wall_s``, ...). A summary key whose name is already taken by a config or group column
-    (``model``, ``gpu``, ``trace``, ``seed``) is stored as ``summary.<key>``.
+    (``model``, ``gpu``, ``trace``, ``seed``; a group of any run of the sweep) is stored as
+    ``summary.<key>``.
 
 * ``<table>/``: one partitioned Parquet dataset per per-run table the runs wrote
   (``requests.parquet`` → ``requests/``, likewise ``steps``, ``transfers``, ``rounds``, ...),
@@ -27,12 +28,32 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
 
 * ``failed_runs.csv`` and ``failed_runs.json``: every run directory that is not a completed run
   (``INCOMPLETE`` marker present, no ``summary.json``, unreadable summary, ``complete`` not
-  true), with the reason. These runs are in no other output. Both files are always written (empty
-  when every run completed).
+  true) or whose per-run table cannot be read (a truncated or corrupt ``requests.parquet``, ...;
+  only the tables being collected are read), with the reason (for a table: the file and the
+  Parquet error). These runs are in no other output; the other runs are collected. Both files are
+  always written (empty when every run completed).
 
 * ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
   ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
-  the same directory (a larger grid's extra jobs; see ``sim.callbacks``).
+  the same directory (a larger grid's extra jobs; see ``sim.callbacks``), and
+  ``runs_without_config``: collected runs that had no config file (see below).
+
+Runs with missing or inconsistent files:
+
+* A completed run without its ``.hydra/`` folder (e.g. copied without dotfiles) is collected with
+  what it has: its ``summary.json`` (which also records the run's overrides), its tables, and its
+  own ``config.yaml`` when there is one. Without a config file its config columns come from its
+  overrides only (values typed as Hydra would: ``20`` -> int, ``0.5`` -> float, ``true`` ->
+  bool), other config columns are null. Its group columns (``model``, ``codec``, ...) hold the
+  options its overrides choose (``codec=nvfp4``), null for groups its overrides do not name.
+  Runs with no config file at all are listed on stderr and in the manifest's
+  ``runs_without_config``; they are not failures (``--strict`` does not count them).
+* A column whose types differ between runs and cannot be unified (e.g. ``ttft_s`` stored as
+  strings in one run, as doubles in the others) stops the collection with a CollectError
+  (``kvsim-collect`` exit status 2) naming the table, the column, each type with the runs that have
+  it, and the file of the odd run; nothing is written. The collector does not guess which run is
+  wrong: fix or remove the odd file, or leave the table out with ``--tables``. Columns that
+  unify (int and double, a column that is all null in one run) are promoted as usual.
 
 Reading::
 
@@ -95,6 +116,8 @@ class RunInfo:
     summary: dict[str, Any] | None = None
     failure: str | None = None
     tables: dict[str, Path] = field(default_factory=dict)
+    has_hydra: bool = False  # .hydra/hydra.yaml was read (group choices and job number)
+    config_path: Path | None = None  # the config file read, None when the run has none
 
     @property
     def complete(self) -> bool:
@@ -152,8 +175,9 @@ def _load_yaml(path: Path):
         raise CollectError(f"{path}: cannot read YAML: {e}") from e
 
 
-def _load_config(run_dir: Path) -> dict:
-    """The run's config as a plain dict, interpolations resolved where they resolve on their own."""
+def _load_config(run_dir: Path) -> tuple[dict, Path | None]:
+    """The run's config as a plain dict, interpolations resolved where they resolve on their own,
+    and the file it came from (``({}, None)`` when the run has no config file)."""
     from omegaconf import OmegaConf
 
     for p in (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml"):
@@ -163,10 +187,10 @@ def _load_config(run_dir: Path) -> dict:
             except Exception as e:  # noqa: BLE001 - report any parse error with the file name
                 raise CollectError(f"{p}: cannot read config: {e}") from e
             try:
-                return OmegaConf.to_container(conf, resolve=True)
+                return OmegaConf.to_container(conf, resolve=True), p
             except Exception:  # noqa: BLE001 - e.g. ${hydra:...} resolvers outside a Hydra app
-                return OmegaConf.to_container(conf, resolve=False)
-    return {}
+                return OmegaConf.to_container(conf, resolve=False), p
+    return {}, None
 
 
 def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
@@ -191,13 +215,14 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
         num = (hy.get("job") or {}).get("num")
         if isinstance(num, int):
             info.job = num
+        info.has_hydra = True
     if info.job is None:
         info.job = int(rel) if rel.isdigit() else index
-    info.config = _load_config(run_dir)
+    info.config, info.config_path = _load_config(run_dir)
     for p in sorted(run_dir.glob("*.parquet")):
         name = p.name[: -len(".parquet")]
         if name not in SKIP_TABLES:
-            info.tables[name] = p
+            info.tables[name] = info.run_dir / p.name
 
     summary_path = run_dir / "summary.json"
     if (run_dir / MARKER).exists():
@@ -262,6 +287,24 @@ def _override_key(ov: str) -> tuple[str, str] | None:
     return key, val
 
 
+def parse_override_value(text: str) -> Any:
+    """The typed value of an override's right-hand side, as Hydra reads a plain value:
+    ``"20"`` -> 20, ``"0.5"`` -> 0.5, ``"true"`` -> True, ``"null"`` -> None, ``"'x'"`` -> ``"x"``;
+    anything else (``"nvfp4"``, ``"[1,2]"``) stays the string it is."""
+    s = text.strip()
+    low = s.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "null":
+        return None
+    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
+        return s[1:-1]
+    try:
+        return int(s.replace("_", "")) if s.lstrip("+-").replace("_", "").isdigit() else float(s)
+    except ValueError:
+        return s
+
+
 def override_keys(runs: list[RunInfo]) -> list[str]:
     """The override keys of a sweep, in first-seen order, without bookkeeping keys.
 
@@ -283,12 +326,13 @@ def override_keys(runs: list[RunInfo]) -> list[str]:
 
 def _override_values(run: RunInfo, keys: list[str], flat_cfg: dict[str, Any]) -> dict[str, Any]:
     """The run's value for each override key: the group choice for a group, else the resolved
-    config value (typed), else the literal override string."""
+    config value (typed), else the override's value typed by :func:`parse_override_value` (a run
+    without a config file)."""
     literal = {}
     for ov in run.overrides:
         kv = _override_key(ov)
         if kv is not None:
-            literal[kv[0]] = kv[1]
+            literal[kv[0]] = parse_override_value(kv[1])
     out = {}
     for k in keys:
         if k in run.choices:
@@ -323,10 +367,17 @@ def _table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table({c: _column_array([r.get(c) for r in rows]) for c in cols})
 
 
-def run_row(run: RunInfo) -> dict[str, Any]:
-    """The ``runs.parquet`` row of a completed run (see the module docstring for the columns)."""
+def run_row(run: RunInfo, groups: set[str] | None = None) -> dict[str, Any]:
+    """The ``runs.parquet`` row of a completed run (see the module docstring for the columns).
+
+    ``groups``: the config group names of the whole sweep (default: the run's own choices); a
+    summary key named like one of them is stored as ``summary.<key>`` even in a run that lacks
+    that group's choice (no ``.hydra/`` record), so one column never mixes the two meanings.
+    A run without a config file gets its config columns from its overrides (typed values).
+    """
     if run.summary is None:
         raise ValueError(f"{run.run_dir}: run is not complete ({run.failure})")
+    groups = set(run.choices) if groups is None else set(groups) | set(run.choices)
     row: dict[str, Any] = {
         "run_id": run.run_id,
         "job": run.job,
@@ -338,10 +389,16 @@ def run_row(run: RunInfo) -> dict[str, Any]:
     for k, v in flatten(run.config).items():
         if k not in row:
             row[k] = v
+    if run.config_path is None:  # no config file: what the overrides say is all there is
+        for ov in run.overrides:
+            kv = _override_key(ov)
+            if kv is None or kv[0].startswith(("hydra.", "hydra/")) or kv[0] in row:
+                continue
+            row[kv[0]] = kv[1] if kv[0] in groups else parse_override_value(kv[1])
     taken = set(row)
     for k, v in flatten(run.summary).items():
         top = k.split(".", 1)[0]
-        row[f"summary.{k}" if (k in taken or top in run.choices or top in ("run_id", "job")) else k] = v
+        row[f"summary.{k}" if (k in taken or top in groups or top in ("run_id", "job")) else k] = v
     return row
 
 
@@ -349,10 +406,82 @@ def run_row(run: RunInfo) -> dict[str, Any]:
 # Writing
 
 
+# Errors a Parquet reader raises on a truncated or corrupt file (footer, thrift page headers,
+# decompression): OSError for I/O and thrift, ArrowInvalid/ArrowException for the rest.
+_PARQUET_ERRORS = (OSError, ValueError, pa.ArrowException)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (Parquet errors span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+class _UnreadableTable(Exception):
+    """Internal: one run's table file cannot be read; the run is listed as failed."""
+
+    def __init__(self, run: RunInfo, reason: str):
+        super().__init__(reason)
+        self.run = run
+        self.reason = reason
+
+
+def _runs_text(runs: list[RunInfo], limit: int = 4) -> str:
+    """``"run 3"`` / ``"runs 0, 1, 2, 4 and 7 more"`` for an error message."""
+    ids = [r.run_id for r in runs]
+    head = ", ".join(ids[:limit]) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+    return f"{'run' if len(ids) == 1 else 'runs'} {head}"
+
+
+def _type_conflict(name: str, have: list[RunInfo], schemas: list[pa.Schema]) -> str:
+    """The one-line description of the first column of table ``name`` whose types do not unify."""
+    cols: dict[str, dict[str, tuple[pa.DataType, list[RunInfo]]]] = {}
+    for r, s in zip(have, schemas):
+        for f in s:
+            by_type = cols.setdefault(f.name, {})
+            by_type.setdefault(str(f.type), (f.type, []))[1].append(r)
+    for col, by_type in cols.items():
+        if len(by_type) < 2:
+            continue
+        try:
+            pa.unify_schemas([pa.schema([pa.field(col, t)]) for t, _ in by_type.values()],
+                             promote_options="permissive")
+            continue
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            pass
+        groups = sorted(by_type.items(), key=lambda kv: -len(kv[1][1]))  # most common type first
+        parts = [f"{t} in {_runs_text(rs)}" for t, (_, rs) in groups]
+        odd = groups[-1][1][1][0]  # a run of the least common type
+        parts[-1] += f" ({odd.tables[name]})"
+        return (f"table {name!r} ({name}.parquet): column {col!r} has incompatible types across "
+                f"runs: {'; '.join(parts)}; fix or remove the odd file, or leave the table out "
+                f"with --tables")
+    return f"table {name!r} ({name}.parquet): the runs' schemas cannot be unified"
+
+
+def _check_table_files(runs: list[RunInfo], names: list[str]) -> None:
+    """Open the footer of every table in ``names`` of every run; a run with an unreadable one
+    gets ``failure`` set to the file and the Parquet error (its other tables are not read)."""
+    for r in runs:
+        for n in names:
+            p = r.tables.get(n)
+            if p is None:
+                continue
+            try:
+                pq.read_schema(p)
+            except _PARQUET_ERRORS as e:
+                r.failure = f"{p}: cannot read Parquet file: {_one_line(e)}"
+                break
+
+
 def _write_table_dataset(name: str, runs: list[RunInfo], extra_cols: dict[str, dict[str, Any]],
                          out_dir: Path) -> int:
     """Write table ``name`` of every run into ``out_dir/name/job=<n>/part-0.parquet`` with a unified
-    schema plus ``run_id`` and the override columns. Returns the number of rows written."""
+    schema plus ``run_id`` and the override columns. Returns the number of rows written.
+
+    Raises CollectError (naming the table, the column, the types and the runs that have each) when
+    a column's types differ between runs and cannot be unified, and ``_UnreadableTable`` when one
+    run's file cannot be read (the caller lists that run as failed and writes again without it).
+    """
     have = [r for r in runs if name in r.tables]
     if not have:
         return 0
@@ -360,34 +489,45 @@ def _write_table_dataset(name: str, runs: list[RunInfo], extra_cols: dict[str, d
     schemas = []
     for r in have:
         try:
-            schemas.append(pq.read_schema(r.tables[name]))
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CollectError(f"{r.tables[name]}: cannot read Parquet schema: {e}") from e
+            schemas.append(pq.read_schema(r.tables[name]).remove_metadata())
+        except _PARQUET_ERRORS as e:
+            raise _UnreadableTable(
+                r, f"{r.tables[name]}: cannot read Parquet file: {_one_line(e)}") from e
     extra_names = list(next(iter(extra_cols.values())).keys()) if extra_cols else []
-    extra_types: dict[str, pa.DataType] = {}
-    for c in extra_names:
-        extra_types[c] = _column_array([extra_cols[r.run_id][c] for r in have]).type
-    base = pa.unify_schemas([s.remove_metadata() for s in schemas], promote_options="permissive")
+    # one typed array per override column over the runs (mixed types fall back to strings for
+    # every run alike, so each run's value always fits the column's type)
+    extra_arrays = {c: _column_array([extra_cols[r.run_id][c] for r in have]) for c in extra_names}
+    try:
+        base = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise CollectError(_type_conflict(name, have, schemas)) from e
     fields = [pa.field("run_id", pa.string())]
-    fields += [pa.field(c, extra_types[c]) for c in extra_names if c not in base.names]
+    fields += [pa.field(c, extra_arrays[c].type) for c in extra_names if c not in base.names]
     fields += [f for f in base if f.name not in ("run_id", "job")]
     schema = pa.schema(fields)
     total = 0
-    for r in have:
+    for i, r in enumerate(have):
         try:
             t = pq.read_table(r.tables[name])
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CollectError(f"{r.tables[name]}: cannot read Parquet table: {e}") from e
+        except _PARQUET_ERRORS as e:
+            raise _UnreadableTable(
+                r, f"{r.tables[name]}: cannot read Parquet file: {_one_line(e)}") from e
         n = t.num_rows
         cols = []
         for f in schema:
             if f.name == "run_id":
                 cols.append(pa.array([r.run_id] * n, type=pa.string()))
             elif f.name in t.column_names:
-                cols.append(t.column(f.name).cast(f.type))
-            elif f.name in extra_cols.get(r.run_id, {}):
-                v = extra_cols[r.run_id][f.name]
-                cols.append(pa.array([v] * n, type=f.type) if v is not None else pa.nulls(n, f.type))
+                col = t.column(f.name)
+                try:
+                    cols.append(col.cast(f.type))
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+                    raise CollectError(
+                        f"table {name!r} ({name}.parquet): column {f.name!r} of run {r.run_id} "
+                        f"({r.tables[name]}) is {col.type}, which does not convert to the "
+                        f"{f.type} of the other runs: {_one_line(e)}") from e
+            elif f.name in extra_arrays:
+                cols.append(extra_arrays[f.name].take(pa.array([i] * n, type=pa.int64())))
             else:
                 cols.append(pa.nulls(n, f.type))
         part = out_dir / name / f"job={r.job}"
@@ -424,10 +564,12 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     """Collect ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/collected``); see the module doc.
 
     ``tables``: per-run table names to collect (default: every ``*.parquet`` the runs wrote).
-    Incomplete runs are listed on stderr (unless ``quiet``) and in ``failed_runs.csv/json``.
-    Raises CollectError naming the path when the sweep dir is missing, holds no run directory, or
-    a run's config / Hydra files / tables cannot be read. The output directory is replaced
-    atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed).
+    Incomplete runs, and runs with an unreadable table among those collected, are listed on
+    stderr (unless ``quiet``) and in ``failed_runs.csv/json``; runs without a ``.hydra/`` record
+    are collected (those without any config file are listed on stderr). Raises CollectError naming the path when the sweep dir is
+    missing or holds no run directory, or a run's config / Hydra files cannot be read; naming the
+    table, column, types and runs when a column's types differ between runs. The output
+    directory is replaced atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed).
     """
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep / "collected"
@@ -445,23 +587,42 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     if len(set(jobs)) != len(jobs):  # e.g. nested sweeps: number runs by sorted position
         for i, r in enumerate(runs):
             r.job = i
-    done = [r for r in runs if r.complete]
-    failed = [r for r in runs if not r.complete]
+    # runs without .hydra/hydra.yaml (copied without dotfiles, output.dir runs): their group
+    # choices are the groups their overrides name
+    groups = {g for r in runs for g in r.choices}
+    no_hydra = [r for r in runs if not r.has_hydra]
+    for r in no_hydra:
+        for ov in r.overrides:
+            kv = _override_key(ov)
+            if kv is not None and kv[0] in groups:
+                r.choices.setdefault(kv[0], kv[1])
     keys = override_keys(runs)
+    wanted = sorted({n for r in runs for n in r.tables})
+    if tables is not None:
+        wanted = [n for n in wanted if n in tables]
+    _check_table_files([r for r in runs if r.complete], wanted)
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        rows = [run_row(r) for r in done]
+        while True:  # a table that fails past its footer drops its run; write again without it
+            done = [r for r in runs if r.complete]
+            extra = {r.run_id: _override_values(r, keys, flatten(r.config)) for r in done}
+            names = [n for n in wanted if any(n in r.tables for r in done)]
+            try:
+                written = {n: _write_table_dataset(n, done, extra, tmp) for n in names}
+            except _UnreadableTable as e:
+                e.run.failure = e.reason
+                for n in names:
+                    shutil.rmtree(tmp / n, ignore_errors=True)
+                continue
+            break
+        failed = [r for r in runs if not r.complete]
+        rows = [run_row(r, groups) for r in done]
         runs_table = _table_from_rows(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
         pq.write_table(runs_table, tmp / "runs.parquet")
-        extra = {r.run_id: _override_values(r, keys, flatten(r.config)) for r in done}
-        names = sorted({n for r in done for n in r.tables})
-        if tables is not None:
-            names = [n for n in names if n in tables]
-        written = {n: _write_table_dataset(n, done, extra, tmp) for n in names}
         _write_failed(failed, tmp)
         manifest = {
             "sweep_dir": str(sweep.resolve()),
@@ -470,6 +631,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             "runs_complete": len(done),
             "runs_failed": len(failed),
             "stale_run_dirs": sorted(d.relative_to(sweep).as_posix() for d in stale),
+            "runs_without_config": [r.run_id for r in done if r.config_path is None],
             "override_keys": keys,
             "tables": written,
         }
@@ -488,9 +650,16 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
         print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
               f"the same directory (another sweep id): "
               f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
+    partial = [r for r in runs if r.complete and r.config_path is None]
+    if partial and not quiet:
+        print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
+              f"config.yaml; collected from summary.json and their overrides (config and group "
+              f"columns their overrides do not name are null): "
+              f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
     if failed and not quiet:
-        print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete and were left out "
-              f"(listed in {out / 'failed_runs.csv'}):", file=sys.stderr)
+        print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete or have an "
+              f"unreadable table and were left out (listed in {out / 'failed_runs.csv'}):",
+              file=sys.stderr)
         for r in failed:
             print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
     return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
@@ -526,9 +695,10 @@ def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = Tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs are listed,
-    not fatal), 1 with ``--strict`` when some run did not complete (the collection is still
-    written), 2 bad sweep directory (message names the path)."""
+    """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs and runs
+    with an unreadable table are listed, not fatal), 1 with ``--strict`` when some run failed
+    (the collection is still written), 2 bad sweep directory (message names the path) or a column
+    whose types differ between runs (message names the table, column, types and runs)."""
     ap = argparse.ArgumentParser(
         prog="kvsim-collect",
         description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "

@@ -555,10 +555,37 @@ def plot_pool_fragmentation(steps: pd.DataFrame, by="cache.block_size", block_si
     return fig
 
 
+def image_formats() -> list[str]:
+    """The file extensions (without the dot) matplotlib can write a figure as: ``png``, ``pdf``,
+    ``svg``, ..."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def _out_problem(path) -> str | None:
+    """Why ``path`` cannot be written as an image (no or unknown extension), or None if it can."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    formats = image_formats()
+    shown = ", ".join(f".{f}" for f in formats)
+    if not ext:
+        return f"{str(path)!r} has no file extension; expected one of {shown}"
+    if ext not in formats:
+        return f"{str(path)!r}: unsupported extension '.{ext}'; expected one of {shown}"
+    return None
+
+
 def save(fig, path) -> Path:
-    """Save ``fig`` as PNG (150 dpi) at ``path`` (parent directories created); close it."""
+    """Save ``fig`` at ``path`` (150 dpi), in the format its extension names (``.png``, ``.pdf``,
+    ``.svg``, ...: :func:`image_formats`); parent directories are created; close the figure.
+    Raises PlotError naming the path and the supported extensions when the extension is missing or
+    unknown (nothing is written)."""
     import matplotlib.pyplot as plt
 
+    problem = _out_problem(path)
+    if problem is not None:
+        plt.close(fig)
+        raise PlotError(f"cannot save figure: {problem}")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, dpi=150, bbox_inches="tight")
@@ -634,17 +661,20 @@ FIGURES = {
 
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-plot FIGURE COLLECTED_DIR --out FILE.png [options]``; exit 2 on bad input with one
-    line naming the file or column."""
+    line naming the file or column (an ``--out`` without a supported image extension is an
+    argparse usage error: SystemExit(2) before anything is read)."""
     import matplotlib
 
     matplotlib.use("Agg")
     ap = argparse.ArgumentParser(prog="kvsim-plot",
                                  description="Draw a figure of a collected kvsim sweep (see kvsim-collect).")
     sub = ap.add_subparsers(dest="figure", required=True, metavar="FIGURE")
+    parsers = {}
     for name, (src, x, hue, by) in FIGURES.items():
-        p = sub.add_parser(name, help=f"from {src}")
+        p = parsers[name] = sub.add_parser(name, help=f"from {src}")
         p.add_argument("collected", help="directory written by kvsim-collect")
-        p.add_argument("--out", required=True, help="output image (PNG, SVG, PDF by extension)")
+        p.add_argument("--out", required=True,
+                       help="output image; the extension picks the format (.png, .svg, .pdf, ...)")
         p.add_argument("--where", action="append", metavar="COL=VALUE",
                        help="keep runs with runs.parquet COL == VALUE (repeatable)")
         if src == "runs":
@@ -660,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--request-id", type=int, default=None,
                            help="request to follow (default: the one with most rounds)")
     args = ap.parse_args(argv)
+    problem = _out_problem(args.out)
+    if problem is not None:  # before any work; argparse prints usage + one line and exits 2
+        parsers[args.figure].error(f"argument --out: {problem}")
     try:
         fig = _draw(args, load_collected(args.collected))
         out = save(fig, args.out)

@@ -1,0 +1,230 @@
+"""``kvsim-collect`` and ``kvsim-plot`` on damaged or inconsistent sweeps: a job directory without
+its ``.hydra/`` folder, a column whose type differs between runs, a truncated or corrupt per-run
+table, and an ``--out`` whose extension matplotlib cannot write.
+
+One tiny 2-job sweep (10 requests per run) is run once per module and copied into each test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from experiments import collect as C
+from experiments import plots as P
+
+REPO = Path(__file__).resolve().parent.parent
+QUIET = ["sim.progress=false", "output.print_summary=false"]
+
+
+@pytest.fixture(scope="module")
+def base_sweep(tmp_path_factory) -> Path:
+    """Jobs 0 and 1 (seed 0 and 1) of ``trace.max_requests=10 codec=identity``."""
+    d = tmp_path_factory.mktemp("robust") / "sw"
+    env = dict(os.environ)
+    env.setdefault("KVSIM_TRACES_DIR", str(REPO.parent / "shared" / "traces"))
+    r = subprocess.run([sys.executable, "-m", "sim.cli", "-m", "hydra/launcher=local",
+                        "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={d}", "trace.max_requests=10",
+                        "codec=identity", "seed=0,1", *QUIET],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (d / "0" / "summary.json").is_file() and (d / "1" / "summary.json").is_file()
+    return d
+
+
+@pytest.fixture
+def sweep(base_sweep, tmp_path) -> Path:
+    """A private copy of the 2-job sweep (dotfiles included)."""
+    sw = tmp_path / "sw"
+    shutil.copytree(base_sweep, sw, ignore=shutil.ignore_patterns("collected"))
+    return sw
+
+
+def _collect_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "experiments.collect", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+# --- 1. a job directory without .hydra/ ----------------------------------------------------------
+
+
+def test_run_without_hydra_dir_is_collected_from_its_summary_and_overrides(sweep, tmp_path):
+    shutil.rmtree(sweep / "0" / ".hydra")
+    out = tmp_path / "c"
+    r = _collect_cli(sweep, "--out", out, "--strict")
+    assert r.returncode == 0, r.stderr  # collected, not a failure (even with --strict)
+    assert "Traceback" not in r.stderr
+    assert str((sweep / "0").resolve()) in r.stderr and "config.yaml" in r.stderr
+
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert sorted(runs.index) == ["0", "1"]
+    # config columns of the run without a config come from its overrides, typed like run 1's
+    assert runs.loc["0", "trace.max_requests"] == 10 and runs.loc["0", "seed"] == 0
+    assert runs["trace.max_requests"].dtype.kind == "i"
+    assert runs.loc["0", "codec"] == runs.loc["1", "codec"] == "identity"  # group from overrides
+    # the summary's "model" (Qwen3-8B) never lands in the group column "model" (qwen3_8b)
+    assert runs.loc["1", "model"] == "qwen3_8b" and pd.isna(runs.loc["0", "model"])
+    assert set(runs["summary.model"]) == {"Qwen3-8B"}
+    assert pd.isna(runs.loc["0", "cache.block_size"])  # not in its overrides: null, not guessed
+    assert runs.loc["0", "requests_total"] == 10
+
+    req = pd.read_parquet(out / "requests")
+    assert len(req) == 20
+    assert req["seed"].dtype.kind == "i" and req["trace.max_requests"].dtype.kind == "i"
+    assert dict(req.groupby("run_id")["seed"].first()) == {"0": 0, "1": 1}
+    assert set(req["codec"]) == {"identity"}
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["runs_complete"] == 2 and man["runs_failed"] == 0
+    assert man["runs_without_config"] == ["0"]
+    assert pd.read_csv(out / "failed_runs.csv").empty
+
+
+def test_run_without_hydra_dir_uses_its_own_config_yaml(sweep, tmp_path):
+    shutil.copy(sweep / "0" / ".hydra" / "config.yaml", sweep / "0" / "config.yaml")
+    shutil.rmtree(sweep / "0" / ".hydra")
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    runs = res.runs.set_index("run_id")
+    assert runs.loc["0", "cache.block_size"] == 16 and runs.loc["0", "seed"] == 0
+    assert runs.loc["0", "codec"] == "identity" and not res.failed
+    # summary keys named like a group of the sweep go to summary.<key> in this run too
+    assert runs.loc["0", "summary.model"] == "Qwen3-8B" and pd.isna(runs.loc["0", "model"])
+    man = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert man["runs_without_config"] == []
+
+
+@pytest.mark.parametrize("text, value", [("20", 20), ("-3", -3), ("0.5", 0.5), ("1e3", 1000.0),
+                                         ("true", True), ("False", False), ("null", None),
+                                         ("'16'", "16"), ("nvfp4", "nvfp4"), ("[1,2]", "[1,2]")])
+def test_parse_override_value(text, value):
+    got = C.parse_override_value(text)
+    assert got == value and type(got) is type(value)
+
+
+# --- 2. incompatible column types between runs ---------------------------------------------------
+
+
+def test_incompatible_column_types_exit_2_naming_table_column_types_and_runs(sweep, tmp_path):
+    p = sweep / "1" / "requests.parquet"
+    t = pq.read_table(p)
+    i = t.schema.get_field_index("ttft_s")
+    pq.write_table(t.set_column(i, "ttft_s", pc.cast(t["ttft_s"], pa.string())), p)
+    out = tmp_path / "c"
+    r = _collect_cli(sweep, "--out", out)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = _error_lines(r.stderr)
+    assert line.startswith("kvsim-collect: error: ")
+    for part in ("'requests'", "'ttft_s'", "double in run 0", "string in run 1", str(p.resolve())):
+        assert part in line, (part, line)
+    assert not out.exists() and not list(tmp_path.glob(".c.*"))  # nothing half-written
+    with pytest.raises(C.CollectError, match="column 'ttft_s' has incompatible types"):
+        C.collect(sweep, out, quiet=True)
+    # the hint works: leaving the table out collects the rest
+    r = _collect_cli(sweep, "--out", out, "--tables", "steps")
+    assert r.returncode == 0, r.stderr
+    assert len(pd.read_parquet(out / "runs.parquet")) == 2 and not (out / "requests").exists()
+
+
+# --- 3. a truncated or corrupt per-run table -----------------------------------------------------
+
+
+def _check_run_1_failed(out: Path, bad: Path, stderr: str) -> str:
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert list(runs["run_id"]) == ["0"]
+    for table in ("requests", "steps"):
+        assert set(pd.read_parquet(out / table)["run_id"]) == {"0"}, table
+        assert not (out / table / "job=1").exists(), table
+    failed = json.loads((out / "failed_runs.json").read_text())
+    assert [f["run_id"] for f in failed] == ["1"]
+    reason = failed[0]["reason"]
+    assert str(bad.resolve()) in reason and "cannot read Parquet file" in reason
+    assert "\n" not in reason
+    csv = pd.read_csv(out / "failed_runs.csv")
+    assert list(csv["run_id"].astype(str)) == ["1"] and csv["reason"][0] == reason
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["runs_complete"] == 1 and man["runs_failed"] == 1
+    assert "Traceback" not in stderr and str(bad.resolve()) in stderr
+    return reason
+
+
+def test_truncated_table_lists_the_run_as_failed_and_collects_the_others(sweep, tmp_path):
+    bad = sweep / "1" / "requests.parquet"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    r = _collect_cli(sweep, "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    reason = _check_run_1_failed(tmp_path / "c", bad, r.stderr)
+    assert "magic bytes" in reason  # the Parquet error itself
+    r = _collect_cli(sweep, "--out", tmp_path / "c2", "--strict")
+    assert r.returncode == 1, r.stderr
+    _check_run_1_failed(tmp_path / "c2", bad, r.stderr)
+
+
+def test_table_corrupt_past_its_footer_drops_the_run_from_every_table(sweep, tmp_path):
+    """The footer reads, the pages do not: found while writing (after run 1's requests and
+    rounds were written), so the run is taken out of every table and the rest written again."""
+    bad = sweep / "1" / "steps.parquet"
+    data = bytearray(bad.read_bytes())
+    for i in range(8, min(3000, len(data) - 2000)):
+        data[i] = (data[i] * 7 + 13) % 256
+    bad.write_bytes(bytes(data))
+    pq.read_schema(bad)  # the footer is intact
+    with pytest.raises(OSError):
+        pq.read_table(bad)
+    r = _collect_cli(sweep, "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    _check_run_1_failed(tmp_path / "c", bad, r.stderr)
+    # only the tables being collected are read: without steps, run 1 is fine
+    res = C.collect(sweep, tmp_path / "c3", tables=["requests"], quiet=True)
+    assert sorted(res.runs["run_id"]) == ["0", "1"] and not res.failed
+
+
+# --- 4. kvsim-plot --out with an extension matplotlib cannot write -------------------------------
+
+
+def test_plot_out_with_unsupported_extension_is_a_usage_error(base_sweep, tmp_path, capsys):
+    col = C.collect(base_sweep, tmp_path / "c", quiet=True).out_dir
+    for out, what in [(tmp_path / "x.txt", "'.txt'"), (tmp_path / "x", "no file extension")]:
+        with pytest.raises(SystemExit) as ei:
+            P.main(["ttft-cdf", str(col), "--by", "cache.block_size", "--out", str(out)])
+        assert ei.value.code == 2
+        err = capsys.readouterr().err
+        (line,) = [ln for ln in err.splitlines() if "error:" in ln]
+        assert line.startswith("kvsim-plot ttft-cdf: error: argument --out: ")
+        for part in (str(out), what, ".png", ".pdf", ".svg"):
+            assert part in line, (part, line)
+        assert "Traceback" not in err and not out.exists()
+    # the console script: exit status 2, same message
+    r = subprocess.run([sys.executable, "-m", "experiments.plots", "ttft-cdf", str(col),
+                        "--out", str(tmp_path / "x.txt")], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "argument --out" in r.stderr and "Traceback" not in r.stderr
+    # an upper-case supported extension still works
+    assert P.main(["ttft-cdf", str(col), "--by", "cache.block_size",
+                   "--out", str(tmp_path / "ok.SVG")]) == 0
+    assert (tmp_path / "ok.SVG").stat().st_size > 1000
+
+
+def test_plots_save_rejects_unknown_extension(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = P.plot_ttft_cdf(pd.DataFrame({"ttft_s": [0.1, 0.2], "codec": ["a", "b"]}))
+    with pytest.raises(P.PlotError, match=r"x\.txt.*unsupported extension '\.txt'.*\.png"):
+        P.save(fig, tmp_path / "x.txt")
+    assert not (tmp_path / "x.txt").exists()
+    assert "png" in P.image_formats() and "pdf" in P.image_formats()
