@@ -16,7 +16,19 @@ Sampling (seeded, one independent ``numpy.random.Generator`` per client from
   keeps the fitted family and shape but rescales theta so the mean inter-arrival equals 1/rate
   (some fits are off by up to 4000x, which would flood a window); ``fit`` uses theta as given.
   Each window restarts the process at its start; arrivals past the window end are dropped. Idle
-  windows (empty pattern or rate 0) produce nothing.
+  windows (empty pattern or rate 0) produce nothing. Of a client's arrivals in a window only the
+  first ``num_requests`` minus those of the windows already ended are kept (the later ones cannot
+  be among the first ``num_requests``); its draws stop at the window's end, or once they number
+  ``MAX_WINDOW_ARRIVALS`` (more than a valid row expects) and hold those, or with a TraceError at
+  ``MAX_WINDOW_DRAWS``. (Token lengths are drawn for all of the window's arrivals before the
+  cut, so the generator's stream, and the sample, are those of an uncut window.)
+* Limits (an active row outside them is a TraceError naming the file, line and field): a renewal
+  process restarted at the window start has about ``T/mean + (cv**2 - 1)/2`` arrivals in a window
+  of length T (cv: the inter-arrival time's std / mean), so both terms are bounded:
+  ``rate x 600 s`` and ``600 s / mean`` of the fitted shape and scale (checked whichever
+  ``servegen_iat``: the fit is data) at most ``MAX_WINDOW_ARRIVALS`` (1,000,000), and the cv
+  implied by the pattern and shape at most ``MAX_IAT_CV`` (1000: Gamma shape >= 1e-6, Weibull
+  shape >= 0.0888), so ``(cv**2 - 1)/2`` stays below ``MAX_WINDOW_ARRIVALS`` too.
 * Input and output lengths are drawn independently from the PMFs of the 6 h dataset window
   containing the arrival (the file gives marginals only). A window whose PMF is empty uses the
   nearest window with data (ties: the earlier). ``reason_ratio`` is drawn likewise and returned in
@@ -51,6 +63,20 @@ _PMF_RE = re.compile(
 # the largest token count a PMF may hold: far above any model's context, and a trace's token
 # sums stay well inside int64
 MAX_PMF_TOKENS = 2**31 - 1
+# Expected arrivals one window row may ask for (module docstring). The loader draws one client's
+# window at a time, in buffers of 1.5x the expected count, and holds its arrivals with three token
+# draws each: about 100 MB per million arrivals, beside the requests kept (of each client's
+# window at most the requests still wanted). The published folder's largest are 11,267 (rate
+# 18.8 req/s) and, from its fits' means, 65,275.
+MAX_WINDOW_ARRIVALS = 1_000_000
+# Largest inter-arrival cv (std / mean): (cv**2 - 1)/2 is the renewal process's extra arrivals at a
+# window start (bursts of near-zero gaps: a Gamma of shape k draws about 1/k of them), kept below
+# MAX_WINDOW_ARRIVALS. The published folder's largest is 9.1 (Gamma shape 0.012).
+MAX_IAT_CV = math.sqrt(MAX_WINDOW_ARRIVALS)
+# Arrivals a window may draw without reaching its end before sampling stops with an error (10x the
+# most a valid row expects: a guard, so that no row can make the draw loop run on, e.g. when
+# start_s falls inside a window whose draws pile up before it).
+MAX_WINDOW_DRAWS = 10 * MAX_WINDOW_ARRIVALS
 
 
 def _literal_dict(text: str):
@@ -129,7 +155,75 @@ def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
     return np.asarray(keys, dtype=np.int64 if integer else np.float64), np.asarray(probs)
 
 
-def _read_windows(path: Path, sink: ErrorSink) -> list[tuple[float, float, float, str, float, float]]:
+def _iat_cv(pat: str, k: float) -> float:
+    """Coefficient of variation (std / mean) of the inter-arrival time of family ``pat`` with shape
+    ``k`` > 0 (the scale cancels): Gamma ``1/sqrt(k)``, Weibull ``sqrt(G(1+2/k)/G(1+1/k)**2 - 1)``
+    (G: the gamma function); inf where that overflows."""
+    if pat == "Gamma":
+        return 1.0 / math.sqrt(k)
+    try:
+        cv = math.sqrt(math.expm1(math.lgamma(1.0 + 2.0 / k) - 2.0 * math.lgamma(1.0 + 1.0 / k)))
+    except (OverflowError, ValueError):
+        return math.inf
+    return cv if cv == cv else math.inf  # nan: inf - inf for a subnormal shape
+
+
+def _fit_mean(pat: str, k: float, theta: float) -> float:
+    """Mean inter-arrival time (s) of the fitted Gamma(k, theta) (``k x theta``) or
+    ``theta x Weibull(k)`` (``theta x G(1 + 1/k)``); inf where it overflows."""
+    if pat == "Gamma":
+        return k * theta
+    try:
+        return theta * math.exp(math.lgamma(1.0 + 1.0 / k))
+    except OverflowError:
+        return math.inf
+
+
+def _min_shape(pat: str) -> float:
+    """The least shape whose inter-arrival cv is at most ``MAX_IAT_CV`` (the cv falls as the shape
+    grows): ``1 / MAX_IAT_CV**2`` for Gamma, by bisection for Weibull."""
+    if pat == "Gamma":
+        return 1.0 / MAX_IAT_CV**2
+    lo, hi = 1e-12, 1.0
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if _iat_cv(pat, mid) <= MAX_IAT_CV:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+_MIN_SHAPE = {pat: _min_shape(pat) for pat in ("Gamma", "Weibull")}
+
+
+def _check_window(p: str, where: str, rate: float, pat: str, k: float, theta: float) -> None:
+    """Raise a TraceError naming the field if an active window (pattern set, rate > 0, shape and
+    scale > 0) is outside the limits of the module docstring."""
+    if rate * WINDOW_S > MAX_WINDOW_ARRIVALS:
+        raise TraceError(path=p, where=where, field="rate", found=repr(rate),
+                         expected=f"at most {MAX_WINDOW_ARRIVALS:,} expected arrivals per "
+                                  f"{WINDOW_S:g} s window (rate <= "
+                                  f"{MAX_WINDOW_ARRIVALS / WINDOW_S:.6g} req/s)")
+    if not k >= _MIN_SHAPE[pat]:
+        raise TraceError(path=p, where=where, field="shape",
+                         found=f"{k!r} (inter-arrival cv {_iat_cv(pat, k):.3g})",
+                         expected=f"an inter-arrival cv (std/mean) <= {MAX_IAT_CV:g}: {pat} "
+                                  f"shape >= {_MIN_SHAPE[pat]:.4g}")
+    mean = _fit_mean(pat, k, theta)
+    lo = WINDOW_S / MAX_WINDOW_ARRIVALS
+    if not (lo <= mean < math.inf):
+        form = "shape x scale" if pat == "Gamma" else "scale x G(1 + 1/shape)"
+        raise TraceError(path=p, where=where, field="scale",
+                         found=f"{theta!r} (mean inter-arrival {form} = {mean:.3g} s)",
+                         expected=f"a finite mean inter-arrival >= {lo:g} s (at most "
+                                  f"{MAX_WINDOW_ARRIVALS:,} arrivals per {WINDOW_S:g} s window)")
+
+
+def _read_windows(path: Path,
+                  sink: ErrorSink) -> list[tuple[float, float, float, str, float, float, int]]:
+    """Rows of one chunk-N-trace.csv, sorted by window start: ``(window_start_s, rate, cv,
+    pattern, shape, scale, line)``; a bad row goes to ``sink`` (TraceError naming the line)."""
     p = str(path)
     out = []
     seen = {}
@@ -168,6 +262,8 @@ def _read_windows(path: Path, sink: ErrorSink) -> list[tuple[float, float, float
             if pat == "" and rate > 0:
                 raise TraceError(path=p, where=where, field="pattern", found="empty (idle)",
                                  expected=f"a distribution for rate {rate} > 0")
+            if pat and rate > 0:
+                _check_window(p, where, rate, pat, k, theta)
             if w0 in seen:
                 raise TraceError("duplicate window", path=p, where=where, field="window_start_s",
                                  found=w0, expected=f"unique window starts (first at line {seen[w0]})")
@@ -175,7 +271,7 @@ def _read_windows(path: Path, sink: ErrorSink) -> list[tuple[float, float, float
             sink.bad(e)
             continue
         seen[w0] = i
-        out.append((w0, rate, cv, pat, k, theta))
+        out.append((w0, rate, cv, pat, k, theta, i))
     out.sort()
     return out
 
@@ -243,9 +339,15 @@ def _iat(rng, pat: str, k: float, theta: float, rate: float, mode: str, size: in
 def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0) -> Parsed:
     """Sample ``cfg.num_requests`` requests from a ServeGen client folder (module docstring).
 
+    Memory: one client's window is drawn at a time (a valid row expects at most about 1.5 x
+    ``MAX_WINDOW_ARRIVALS`` arrivals: module docstring), and of each client's window at most the
+    requests still wanted are kept.
+
     Raises:
-        TraceError: no chunk files / requested client missing, malformed trace.csv row,
-            unparsable or non-normalised PMF, no data, too few arrivals in the day.
+        TraceError: no chunk files / requested client missing, malformed trace.csv row (rate,
+            shape or scale outside the limits of the module docstring included, naming the file,
+            line and field), unparsable or non-normalised PMF, no data, a window whose draws pass
+            ``MAX_WINDOW_DRAWS`` arrivals without reaching its end, no arrivals after start_s.
     """
     folder = Path(path)
     if folder.is_file():
@@ -273,44 +375,73 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
     t_all, c_all, in_all, out_all, rr_all = [], [], [], [], []
     gens = {c: np.random.default_rng(np.random.SeedSequence([seed, 0x5E2, c])) for c in clients}
     all_starts = sorted({w[0] for _, wins, _, _ in per_client for w in wins})
-    count = 0
+    count = 0  # arrivals kept so far (at or after start_s)
+    sampled = 0  # arrivals drawn at or after start_s (notes['sampled_before_cut'])
+    done: list[tuple[float, int]] = []  # (window end, arrivals kept) of each window processed
     by_client_window = {c: {w[0]: w for w in wins} for c, wins, _, _ in per_client}
     for w0 in all_starts:
         if w0 + WINDOW_S <= cfg.start_s:
             continue
+        # the arrivals of windows ended by w0 precede all of this window's, and a client's own
+        # arrivals here come in time order: its arrivals here past the first `wanted` cannot be
+        # among the first num_requests
+        wanted = cfg.num_requests - sum(n for w_end, n in done if w_end <= w0)
+        end = w0 + WINDOW_S
+        in_window = 0
         for c, wins, dsw, dsp in per_client:
             w = by_client_window[c].get(w0)
             if w is None:
                 continue
-            _, rate, cv, pat, k, theta = w
+            _, rate, cv, pat, k, theta, line = w
             if rate <= 0 or not pat:
                 continue
             g = gens[c]
             ts = []
             t = w0
+            kept = drawn = 0
+            size = max(16, int(rate * WINDOW_S * 1.5))  # <= 1.5 x MAX_WINDOW_ARRIVALS
+            # Ends when the window is full; or once it has drawn MAX_WINDOW_ARRIVALS (more than
+            # a valid row expects, so valid windows keep their seeded draws and what follows
+            # them) and holds `wanted` arrivals; or with an error at MAX_WINDOW_DRAWS.
             while True:
-                draws = _iat(g, pat, k, theta, rate, cfg.servegen_iat,
-                             max(16, int(rate * WINDOW_S * 1.5)))
-                cs = t + np.cumsum(draws)
-                inside = cs[cs < w0 + WINDOW_S]
+                cs = t + np.cumsum(_iat(g, pat, k, theta, rate, cfg.servegen_iat, size))
+                inside = cs[cs < end]
+                full = inside.size < cs.size  # a draw passed the window's end
+                drawn += inside.size
+                if w0 < cfg.start_s:
+                    inside = inside[inside >= cfg.start_s]
                 ts.append(inside)
-                if inside.size < cs.size:
+                kept += inside.size
+                if full or (kept >= wanted and drawn >= MAX_WINDOW_ARRIVALS):
                     break
+                if drawn >= MAX_WINDOW_DRAWS:
+                    raise TraceError(
+                        "inter-arrival draws do not reach the window's end", path=str(found[c]),
+                        where=f"line {line}", field="shape/scale",
+                        found=f"{drawn:,} arrivals in [{w0:g}, {cs[-1]:.9g}] s of the "
+                              f"{WINDOW_S:g} s window ({pat} shape {k!r}, scale {theta!r})",
+                        expected=f"at most {MAX_WINDOW_DRAWS:,} arrivals per window")
                 t = cs[-1]
             ts = np.concatenate(ts)
-            ts = ts[ts >= cfg.start_s]
             if not ts.size:
                 continue
             pin = _pmf_for(dsw, w0, "input_tokens", dsp)
             pout = _pmf_for(dsw, w0, "output_tokens", dsp)
             prr = _pmf_for(dsw, w0, "reason_ratio", dsp)
             n = ts.size
-            t_all.append(ts)
+            tin = g.choice(pin[0], size=n, p=pin[1] / pin[1].sum())
+            tout = g.choice(pout[0], size=n, p=pout[1] / pout[1].sum())
+            rr = g.choice(prr[0], size=n, p=prr[1] / prr[1].sum())
+            sampled += n
+            n = min(n, wanted)  # (after the draws: the generator's stream is as if all kept)
+            t_all.append(ts[:n])
             c_all.append(np.full(n, c, dtype=np.int64))
-            in_all.append(g.choice(pin[0], size=n, p=pin[1] / pin[1].sum()))
-            out_all.append(g.choice(pout[0], size=n, p=pout[1] / pout[1].sum()))
-            rr_all.append(g.choice(prr[0], size=n, p=prr[1] / prr[1].sum()))
+            in_all.append(tin[:n])
+            out_all.append(tout[:n])
+            rr_all.append(rr[:n])
             count += n
+            in_window += n
+        done.append((end, in_window))
         if count >= cfg.num_requests:
             break
     if count == 0:
@@ -337,6 +468,6 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
         block_tokens=0,
         source=str(folder),
         warnings=warnings,
-        notes={"clients": len(clients), "sampled_before_cut": int(count)},
+        notes={"clients": len(clients), "sampled_before_cut": int(sampled)},
         extra={"reason_ratio": np.concatenate(rr_all)[order], "client": client},
     )

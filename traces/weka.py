@@ -30,12 +30,17 @@ Mapping (closed loop):
   line order) starts at k * ``session_interval_s``.
 * Children's arrival_s = session start + recorded t (informational; the simulator releases them
   by parent finish + think_s).
-* Prefix ids: session-local ids are remapped to dense global ids (session by session, so
-  (session, local id) -> global id is injective). With ``share_system_prefix`` the first
-  floor((system_tokens + tool_tokens)/64) ids of the session's first main request (and, per
-  sub-agent, of its first request with the marker's system/tool tokens) map to one global id per
-  position shared by all sessions: an ASSUMPTION that all sessions use the same system prompt and
-  tool definitions (an optimistic bound on cross-session prefix reuse).
+* Prefix ids: every ``hash_ids`` element must be a non-negative integer below 2**63 (JSON
+  ``true``/``false`` or a number with a fraction or exponent, such as 3.0, is an error: not read
+  as 1 or truncated), and no id may appear twice in one request (the ids are prefix-chained: one
+  id names one prefix). Session-local ids are remapped to dense global ids (session by session,
+  so (session, local id) -> global id is injective), in increasing local-id order within a
+  session; the memory this takes is proportional to the session's id count, not to its largest
+  id. With ``share_system_prefix`` the first floor((system_tokens + tool_tokens)/64) ids of the
+  session's first main request (and, per sub-agent, of its first request with the marker's
+  system/tool tokens) map to one global id per position shared by all sessions: an ASSUMPTION
+  that all sessions use the same system prompt and tool definitions (an optimistic bound on
+  cross-session prefix reuse).
 * Rows are session-major (file order), chains interleaved in listed order; ``max_requests``
   therefore keeps whole sessions first.
 * ``on_error=skip`` skips a whole session (line) with any bad request: chains cannot be cut.
@@ -44,12 +49,14 @@ from __future__ import annotations
 
 import gc
 import itertools
+import struct
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ._common import JSONDecodeError, Parsed, is_int, is_num, loads, need_int, need_num, output_len
+from ._common import (INT64_LIMIT, JSONDecodeError, Parsed, is_int, is_num, loads, need_int,
+                      need_num, output_len)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -68,7 +75,77 @@ def _note_type(typ, counters: dict, where: str) -> None:
         if key not in other:
             other[key] = [0, where]
         other[key][0] += 1
-_MAX_LOCAL_ID = 1 << 31
+
+
+# A session's local ids are ranked through a table indexed by id when the table has at most
+# _TABLE_PER_ID entries per id of the session (8 bytes each: under the ~40 bytes per id its parsed
+# JSON list takes), else by sorting the distinct ids: memory stays proportional to the session's
+# data whatever the ids' values. (Published trace: largest id / ids per session <= 0.4.)
+_TABLE_PER_ID = 4
+
+
+def _short(x) -> str:
+    """``repr(x)``, cut to 40 characters (an integer of thousands of digits)."""
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _hash_ids(h: list, p: str, where: str) -> np.ndarray:
+    """One request's ``hash_ids`` (a list) as an int64 array.
+
+    Each element must be a non-negative integer below 2**63 (``INT64_LIMIT``; a bool is not an
+    integer here, nor is a float such as 3.0), and no id may appear twice (prefix-chained ids:
+    one id names one prefix).
+
+    Raises:
+        TraceError: naming ``where`` (file line, session, request), the field and the first bad
+            element (its index, value and type) or the first repeated id.
+    """
+    try:  # C speed: packs ints in [-2**63, 2**63) (and bools, as 1 and 0), refuses the rest
+        a = np.frombuffer(struct.pack(f"={len(h)}q", *h), dtype=np.int64)
+    except (struct.error, TypeError, OverflowError):
+        a = None
+    if a is not None and a.size > 1 and (a[1:] > a[:-1]).all():
+        # strictly increasing (every request of the published trace): no id repeats, the least
+        # is the first, and only the first two can be 0 or 1 (where a bool would hide)
+        ok, distinct = a[0] >= 0 and type(h[0]) is not bool and type(h[1]) is not bool, True
+    else:
+        ok = a is not None and (a.size == 0 or (int(a.min()) >= 0 and not any(
+            type(h[j]) is bool for j in np.flatnonzero(a <= 1).tolist())))
+        distinct = not ok or a.size < 2 or not (np.diff(np.sort(a)) == 0).any()
+    if not ok:  # name the first bad element
+        for j, x in enumerate(h):
+            if not (is_int(x) and 0 <= x < INT64_LIMIT):
+                # (orjson reads a JSON integer past 64 bits as a float)
+                big = isinstance(x, float) and x.is_integer() and abs(x) >= INT64_LIMIT
+                found = f"{x:.0f} (an integer past 64 bits)" if big else \
+                    f"{_short(x)} ({type(x).__name__})"
+                raise TraceError(path=p, where=where, field="hash_ids",
+                                 found=f"element {j} = {found}",
+                                 expected="non-negative integers below 2**63")
+    if not distinct:  # name the first repeat
+        seen: set = set()
+        for j, x in enumerate(h):
+            if x in seen:
+                raise TraceError("id repeated within a request", path=p, where=where,
+                                 field="hash_ids", found=f"id {x} again at element {j}",
+                                 expected="distinct ids (prefix-chained: one id names one prefix)")
+            seen.add(x)
+    return a
+
+
+def _rank(local: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(number of distinct ids, rank of each element among them in increasing order)`` of a
+    non-empty int64 array of ids >= 0; memory O(``local.size``) (see ``_TABLE_PER_ID``)."""
+    hi = int(local.max())
+    if hi < _TABLE_PER_ID * local.size:
+        table = np.zeros(hi + 1, dtype=np.int64)
+        table[local] = 1  # present
+        np.cumsum(table, out=table)
+        table -= 1  # rank of each present id
+        return int(table[-1]) + 1, table[local]
+    distinct = np.unique(local)
+    return int(distinct.size), np.searchsorted(distinct, local)
 
 
 def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
@@ -86,7 +163,8 @@ def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
     return float(d)
 
 
-def _check_request(r: dict, p: str, where: str, zero_output: str, zero: list) -> tuple[int, int, list]:
+def _check_request(r: dict, p: str, where: str, zero_output: str,
+                   zero: list) -> tuple[int, int, np.ndarray]:
     need_num(r, "t", path=p, where=where, minimum=0)
     n_in = need_int(r, "in", path=p, where=where, minimum=1)
     n_out = need_int(r, "out", path=p, where=where, minimum=0)
@@ -99,6 +177,7 @@ def _check_request(r: dict, p: str, where: str, zero_output: str, zero: list) ->
     if len(h) != want:
         raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
                          expected=f"floor({n_in}/{BLOCK_TOKENS})={want}")
+    h = _hash_ids(h, p, where)
     api = r.get("api_time")
     if api is not None and (not is_num(api) or api < 0):
         raise TraceError(path=p, where=where, field="api_time", found=repr(api),
@@ -108,9 +187,10 @@ def _check_request(r: dict, p: str, where: str, zero_output: str, zero: list) ->
 
 
 def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
-    """Validate one session; return (sid, rows, id_lists, canon) in listed order.
+    """Validate one session; return (sid, rows, ids, canon) in listed order.
 
-    rows: list of (local_parent, turn, t_rel, think, in, out)."""
+    rows: list of (local_parent, turn, t_rel, think, in, out); ids: one int64 array of local ids
+    per row; canon: (scope_name, row, number of leading ids) per shared system prefix."""
     where0 = f"line {lineno}"
     if not isinstance(s, dict):
         raise TraceError(path=p, where=where0, found=type(s).__name__, expected="a JSON object")
@@ -138,7 +218,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                          found=f"{sys_tok!r}/{tool_tok!r}", expected="non-negative integers")
     rows: list = []
     ids: list = []
-    canon: list = []  # (scope_name, list of leading local ids)
+    canon: list = []  # (scope_name, row, number of leading ids)
     zero, neg = counters["zero"], counters["neg_think"]
     prev_main = None  # (row index, request dict)
     main_turn = 0
@@ -183,7 +263,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                         parent = prev_main[0]
                     if cfg.share_system_prefix:
                         st = (r.get("system_tokens") or 0) + (r.get("tool_tokens") or 0)
-                        canon.append(("subagent", h[: int(st) // BLOCK_TOKENS]))
+                        canon.append(("subagent", len(rows), len(h[: int(st) // BLOCK_TOKENS])))
                 else:
                     parent = len(rows) - 1
                     think = _think(q, prev_sub, p, w2, neg)
@@ -203,7 +283,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         if prev_main is None:
             parent, think = -1, 0.0
             if cfg.share_system_prefix:
-                canon.append(("main", h[: (sys_tok + tool_tok) // BLOCK_TOKENS]))
+                canon.append(("main", len(rows), len(h[: (sys_tok + tool_tok) // BLOCK_TOKENS])))
         else:
             if r["t"] < prev_main[1]["t"]:
                 raise TraceError(path=p, where=where, field="t", found=r["t"],
@@ -221,12 +301,16 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     """Stream a Weka agentic JSONL(.xz) file line by line (see module docstring).
 
     Memory: the flat prefix-id buffer (int64) grows in place with ``ndarray.resize`` (realloc),
-    so the peak is about the final table plus one session's parsed JSON.
+    so the peak is about the final table plus one session's parsed JSON; remapping a session's
+    local ids takes memory proportional to its id count (not to the value of its largest id).
 
     Raises:
         TraceError: bad JSON, missing/mistyped field, in < 1, out < 0, hash_ids count !=
-            floor(in/64), negative local ids, decreasing t within a chain, duplicate session id,
-            block_size != 64, non-local id scope, corrupt/truncated .xz, empty file.
+            floor(in/64), a hash_ids element that is not a non-negative integer below 2**63
+            (bool, float, string, ...), an id repeated within a request, decreasing t within a
+            chain, duplicate session id, block_size != 64, non-local id scope, corrupt/truncated
+            .xz, empty file. Each names the file line (and the session/request when it is one
+            request's fault).
     """
     p = str(path)
     t0 = time.perf_counter()
@@ -274,9 +358,10 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                     raise TraceError("duplicate session id", path=p, where=f"line {lineno}",
                                      field="id", found=repr(sid),
                                      expected=f"unique ids (first at line {seen[sid]})")
-                total = sum(map(len, ids))
-                local = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total) \
-                    if total else np.zeros(0, dtype=np.int64)
+                lens = [len(h) for h in ids]
+                total = sum(lens)
+                local = np.concatenate(ids) if total else np.zeros(0, dtype=np.int64)
+                del s, ids  # the parsed JSON and per-request arrays: only `local` is used below
             except (TraceError, TypeError, ValueError, OverflowError) as e:
                 if not isinstance(e, TraceError):
                     e = TraceError("malformed session", path=p, where=f"line {lineno}",
@@ -285,33 +370,30 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 sink.bad(e)
                 continue
             if total:
-                lo, hi = int(local.min()), int(local.max())
-                if lo < 0 or hi >= _MAX_LOCAL_ID:
-                    sink.bad(TraceError(path=p, where=f"line {lineno}", field="hash_ids",
-                                        found=f"ids in [{lo}, {hi}]",
-                                        expected=f"local ids in [0, {_MAX_LOCAL_ID})"))
-                    continue
-                lut = np.full(hi + 1, -1, dtype=np.int64)
-                for scope, lead in canon:
-                    for j, loc in enumerate(lead):
-                        if lut[loc] >= 0:
-                            continue
-                        g = shared.get((scope, j))
-                        if g is None:
-                            g = shared[(scope, j)] = next_gid
-                            next_gid += 1
-                        lut[loc] = g
-                present = np.zeros(hi + 1, dtype=bool)
-                present[local] = True
-                need = present & (lut < 0)
+                # global id of each distinct local id (indexed by its rank): the shared leading
+                # ids first, then fresh ids in increasing local-id order
+                n_distinct, rank = _rank(local)
+                gid = np.full(n_distinct, -1, dtype=np.int64)
+                if canon:
+                    starts = list(itertools.accumulate(lens, initial=0))
+                    for scope, row, n in canon:
+                        for j, rk in enumerate(rank[starts[row]:starts[row] + n].tolist()):
+                            if gid[rk] >= 0:
+                                continue
+                            g = shared.get((scope, j))
+                            if g is None:
+                                g = shared[(scope, j)] = next_gid
+                                next_gid += 1
+                            gid[rk] = g
+                need = gid < 0
                 m = int(need.sum())
-                lut[need] = np.arange(next_gid, next_gid + m, dtype=np.int64)
+                gid[need] = np.arange(next_gid, next_gid + m, dtype=np.int64)
                 next_gid += m
                 if nvals + total > cap:
                     while nvals + total > cap:
                         cap = int(cap * 1.5)
                     vals.resize(cap, refcheck=False)  # realloc: grows in place / via mremap
-                vals[nvals:nvals + total] = lut[local]
+                vals[nvals:nvals + total] = gid[rank]
             seen[sid] = lineno
             base = len(col_session)
             for parent, turn, t_rel, think, n_in, n_out in rows:
@@ -322,9 +404,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 col_in.append(n_in)
                 col_out.append(n_out)
                 col_session.append(sessions)
-            for h in ids:
-                nvals_row = offs[-1] + len(h)
-                offs.append(nvals_row)
+            for n in lens:
+                offs.append(offs[-1] + n)
             nvals += total
             sessions += 1
     finally:
