@@ -307,3 +307,17 @@ def test_weka_large_ids_take_memory_of_the_data_not_of_the_id(tmp_path):
     assert out["ids"] == [0, 1, 2, 3, 4, 5]
     assert out["grew_mb"] < 64, out
 
+
+
+def test_weka_subagent_marker_tokens_are_checked(tmp_path):
+    """Reviewer: with share_system_prefix a sub-agent marker's system_tokens / tool_tokens were
+    used unchecked (a negative count sliced the leading ids from the end). They must be
+    non-negative integers, as the session's are; the error names the marker's line and field."""
+    sub = {"t": 5.0, "type": "subagent", "system_tokens": -128, "tool_tokens": 0,
+           "requests": [{"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}]}
+    s = {"id": "s1", "requests": [{"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}, sub]}
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps(s) + "\n")
+    assert len(load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)) == 2
+    with pytest.raises(TraceError, match=r"w\.jsonl line 1 .*field 'system_tokens/tool_tokens': found -128/0"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p), share_system_prefix=True), 0)

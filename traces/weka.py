@@ -262,8 +262,12 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                             think = 0.0
                         parent = prev_main[0]
                     if cfg.share_system_prefix:
-                        st = (r.get("system_tokens") or 0) + (r.get("tool_tokens") or 0)
-                        canon.append(("subagent", len(rows), len(h[: int(st) // BLOCK_TOKENS])))
+                        a, b = r.get("system_tokens") or 0, r.get("tool_tokens") or 0
+                        if not (is_int(a) and is_int(b)) or a < 0 or b < 0:
+                            raise TraceError(path=p, where=where, field="system_tokens/tool_tokens",
+                                             found=f"{a!r}/{b!r}",
+                                             expected="non-negative integers (the sub-agent's marker)")
+                        canon.append(("subagent", len(rows), len(h[: (a + b) // BLOCK_TOKENS])))
                 else:
                     parent = len(rows) - 1
                     think = _think(q, prev_sub, p, w2, neg)
