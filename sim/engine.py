@@ -826,10 +826,12 @@ class Simulator:
         if req.gen != gen:  # preempted while loading (layerwise): its blocks are gone
             return
         self.pool.cache_blocks(req.blocks[pos], req.keys[pos])
-        req.onboard_host_s += out["onboard_host_s"]
-        req.onboard_disk_s += out["onboard_disk_s"]
+        if req.n_generated == 0:  # before the first token (the TTFT split: queue + onboard + prefill)
+            req.onboard_host_s += out["onboard_host_s"]
+            req.onboard_disk_s += out["onboard_disk_s"]
         if blocking:
-            req.onboard_s += env.now - t0
+            if req.n_generated == 0:
+                req.onboard_s += env.now - t0
             self.onboarding -= 1
             req.status = RUNNING
             self.running.append(req)
@@ -902,7 +904,7 @@ class Simulator:
                     yield env.timeout(dt / self.num_layers)
                     stall = env.now - t_wait
                     for r in sched_req:
-                        if r.load_event in loads:
+                        if r.load_event in loads and r.n_generated == 0:
                             r.onboard_s += stall
                     dt = env.now - start
                 for r in sched_req:

@@ -482,3 +482,20 @@ def test_fast_forward_byte_identical_with_write_back_and_compression(tmp_path, m
         "policy=triattention", "compaction=forward_pack"])
     assert sum(taken) > 1000, sum(taken)
     assert digests["true"] == digests["false"]
+
+
+@pytest.mark.parametrize("onboard", ["blocking", "layerwise"])
+def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(tmp_path, onboard):
+    """Break-it pass: a request preempted after its first token reloads its pages from the host
+    when re-admitted; that time was added to onboard_s, so prefill_s = ttft - queue - onboard
+    went negative (3 of 20 requests). onboard_s (and its host/disk split) counts the onboarding
+    before the first token only: every term of ttft = queue + onboard + prefill is >= 0."""
+    out = tmp_path / "run"
+    run_simulation(compose_config(["trace=synthetic_reasoning", "trace.num_sessions=20", "tiers=gpu_host",
+                                   "tiers.host_gib=2", "cache.num_gpu_blocks=1500", f"tiers.onboard={onboard}",
+                                   "sim.progress=false"]), out)
+    r = pd.read_parquet(out / "requests.parquet")
+    assert int(r["preemptions"].sum()) > 0
+    for c in ("queue_s", "onboard_s", "onboard_host_s", "onboard_disk_s", "prefill_s"):
+        assert (r[c] >= 0).all(), (c, r[c].min())
+    assert np.allclose(r["queue_s"] + r["onboard_s"] + r["prefill_s"], r["ttft_s"])
