@@ -73,6 +73,29 @@ def test_slurm_launcher_config_composes():
     assert "cpus_per_task: 1" in out
 
 
+def test_ray_launcher_config_extends_the_plugins_without_recursion():
+    """Break-it pass: our launcher file was named ray.yaml with ``defaults: [ray]``, which found
+    itself before the plugin's ``ray`` config (a RecursionError from Hydra even with the plugin
+    installed). As ray_cluster.yaml it extends the plugin's node, here a stand-in registered the
+    way hydra-ray-launcher registers its own, and sets the resources per run."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sim.config import register_configs
+
+    register_configs()
+    ConfigStore.instance().store(group="hydra/launcher", name="ray", provider="test",
+                                 node={"_target_": "stand_in.RayLauncher",
+                                       "ray": {"init": {"address": None}, "remote": {}}})
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "experiments" / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=ray_cluster"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == "stand_in.RayLauncher"
+    assert cfg.hydra.launcher.ray.remote.num_cpus == 1
+
+
 # --- multirun, kill, resume -----------------------------------------------------------------------
 
 
