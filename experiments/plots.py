@@ -108,7 +108,7 @@ def load_collected(path) -> Collected:
 
 def add_run_columns(df: pd.DataFrame, runs: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     """Return ``df`` with ``columns`` of ``runs`` joined on ``run_id`` (those not already in df)."""
-    cols = [c for c in columns if c not in df.columns]
+    cols = [c for c in dict.fromkeys(columns) if c not in df.columns]  # (each once)
     if not cols:
         return df
     _require(runs, cols, "runs")

@@ -228,3 +228,14 @@ def test_plots_save_rejects_unknown_extension(tmp_path):
         P.save(fig, tmp_path / "x.txt")
     assert not (tmp_path / "x.txt").exists()
     assert "png" in P.image_formats() and "pdf" in P.image_formats()
+
+
+def test_pool_fragmentation_with_block_size_as_the_grouping(base_sweep, tmp_path):
+    """Break-it pass: pool-fragmentation asks for ``cache.block_size`` beside the ``--by``
+    columns, so with ``--by cache.block_size`` (its default) the column was joined twice and
+    pandas refused to reindex (a traceback). Each run column is joined once."""
+    col = C.collect(base_sweep, tmp_path / "c", quiet=True).out_dir
+    for extra in ([], ["--by", "cache.block_size"], ["--by", "seed"]):
+        out = tmp_path / f"pf{len(extra)}.png"
+        assert P.main(["pool-fragmentation", str(col), "--out", str(out), *extra]) == 0
+        assert out.stat().st_size > 1000
