@@ -601,10 +601,17 @@ class Link:
 
 
 def tier_capacity_pages(gib: float, page_bytes: int, field: str) -> int:
-    """Pages of ``page_bytes`` that fit in ``gib`` GiB; ConfigError if ``gib`` is negative."""
+    """Pages of ``page_bytes`` that fit in ``gib`` GiB; ConfigError if ``gib`` is negative or
+    so large that the page count does not fit the stores' int64 counters (pages >= 2**62)."""
     if not (0 <= gib < float("inf")):
         raise ConfigError(f"{field}={gib}; expected a finite capacity >= 0 GiB")
-    return int(gib * GIB // page_bytes)
+    pages = int(gib * GIB // page_bytes)
+    if pages >= 1 << 62:
+        most = ((1 << 62) - 1) * page_bytes / GIB
+        raise ConfigError(f"{field}={gib}: {pages:.3g} pages of {page_bytes} B; expected at most "
+                          f"{most:.3g} GiB (2**62 pages; any capacity above the trace's unique "
+                          f"pages already holds them all)")
+    return pages
 
 
 def codec_time(codec_name: str, hot_bytes: float, cold_bytes: float, hbm_Bps: float) -> float:

@@ -681,11 +681,13 @@ def test_ids_not_prefix_chained_are_an_error(tmp_path):
                                              "bookkeeping alone needs"),
     (["gpu.memory_gib=1e300"], "the budget overflows float64 bytes"),
     (["gpu.memory_gib=1e9"], "KV blocks of gpu.memory_gib=1000000000.0: the block pool's bookkeeping"),
+    (["tiers=gpu_host", "tiers.host_gib=1e18"], "tiers.host_gib=1e+18: 4.55e+20 pages of"),
 ])
 def test_values_too_large_for_the_machine_are_config_errors(tmp_path, extra, msg):
     """Break-it pass: an infinite time_scale ran and then crashed writing summary.json (leaving
     tables beside the INCOMPLETE marker); 10**12 GPU blocks or 1e300 GiB of GPU memory ended in
-    a MemoryError or NaN traceback. Each is now exit 2 with one line naming the value."""
+    a MemoryError or NaN traceback, 1e18 GiB of host tier an OverflowError once offloads began.
+    Each is now exit 2 with one line naming the value."""
     r = _kvsim(tmp_path / "r", "trace.max_requests=20", *extra)
     assert r.returncode == 2, r.stderr[-1500:]
     assert msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
