@@ -321,3 +321,18 @@ def test_weka_subagent_marker_tokens_are_checked(tmp_path):
     assert len(load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)) == 2
     with pytest.raises(TraceError, match=r"w\.jsonl line 1 .*field 'system_tokens/tool_tokens': found -128/0"):
         load_workload(TraceConfig(name="x", format="weka", path=str(p), share_system_prefix=True), 0)
+
+
+def test_weka_think_time_past_the_clock_range_is_an_error(tmp_path):
+    """Break-it pass: a closed-loop think_time of 1e300 s passed (recorded t and Mooncake
+    timestamps are checked), giving TTFT, TPOT and E2E of exactly 0 at 1e300 s. A think time
+    past 2**32 s is an error naming the line, session, request and field."""
+    reqs = [{"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]},
+            {"t": 1.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 4], "think_time": 1e300}]
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"id": "s1", "requests": reqs}) + "\n")
+    with pytest.raises(TraceError, match=r"w\.jsonl line 1 \(session 's1', request 1\), field 'think_time': found 1e\+300"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    reqs[1]["think_time"] = 2.0
+    p.write_text(json.dumps({"id": "s1", "requests": reqs}) + "\n")
+    assert len(load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)) == 2

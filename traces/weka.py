@@ -55,8 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, JSONDecodeError, Parsed, is_int, is_num, loads, need_int,
-                      need_num, output_len)
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, is_num, loads,
+                      need_int, need_num, output_len)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -151,9 +151,10 @@ def _rank(local: np.ndarray) -> tuple[int, np.ndarray]:
 def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
     tt = req.get("think_time")
     if tt is not None:
-        if not is_num(tt) or tt < 0:
+        if not is_num(tt) or not 0 <= tt <= MAX_ARRIVAL_S:
             raise TraceError(path=p, where=where, field="think_time", found=repr(tt),
-                             expected="a number >= 0 or absent")
+                             expected="a number in [0, 2**32] s (past 2**32 s float64 seconds stop "
+                                      "resolving a microsecond) or absent")
         return float(tt)
     api = prev.get("api_time")
     d = req["t"] - prev["t"] - (api if is_num(api) else 0.0)
