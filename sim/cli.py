@@ -310,10 +310,16 @@ def unknown_override_key(args: list[str]) -> str | None:
 def duplicate_override_key(args: list[str]) -> str | None:
     """The error for the first override key given twice on the command line (``seed=1
     seed=2``, ``tiers=gpu_host tiers=gpu_only``): Hydra silently keeps the last value, which
-    hides a typo or a sweep written as two overrides. None when every key appears once.
-    ``+``/``++`` prefixes count as the same key; ``~`` deletions and options are ignored."""
+    hides a typo or a sweep written as two overrides; or for a ``~key`` deletion of a kvsim
+    setting (every one is typed and needed: Hydra failed with a traceback or exit 1). None when
+    every key appears once. ``+``/``++`` prefixes count as the same key; options and
+    ``~hydra...`` deletions are left to Hydra."""
     seen: dict[str, str] = {}
     for a in args:
+        if a.startswith("~") and not a.startswith(("~hydra.", "~hydra/")):
+            key = a[1:].split("=", 1)[0]
+            return (f"cannot delete config key '{key}' ({a}): every kvsim setting needs a value; "
+                    f"expected an override that sets it ({key}=...)")
         if a.startswith(("-", "~")) or "=" not in a:
             continue
         key = a.split("=", 1)[0].lstrip("+")

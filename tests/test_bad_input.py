@@ -611,12 +611,17 @@ def test_line_endings(tmp_path):
 def test_override_key_given_twice_is_an_error(tmp_path):
     """Break-it pass: ``tiers=gpu_host tiers=gpu_only`` ran gpu_only without a word (Hydra keeps
     the last value). A key given twice, ``+`` prefixes included, is now exit 2 with a message
-    naming both and the sweep spelling; distinct keys and ``~`` deletions pass."""
+    naming both and the sweep spelling; distinct keys pass. Deleting a kvsim setting (``~seed``)
+    is exit 2 with one line too."""
     from sim.cli import duplicate_override_key
 
     err = duplicate_override_key(["trace.max_requests=5", "seed=1", "+seed=2"])
     assert err.startswith("override key 'seed' given twice (seed=1, +seed=2)") and "-m seed=1,2" in err
-    assert duplicate_override_key(["seed=1", "~seed", "tiers=gpu_host", "tiers.host_gib=2", "-m"]) is None
+    assert duplicate_override_key(["seed=1", "~hydra.job", "tiers=gpu_host", "tiers.host_gib=2", "-m"]) is None
+    # a kvsim setting deleted with ~ (a traceback from Hydra or OmegaConf, exit 1, before)
+    assert duplicate_override_key(["~seed"]).startswith("cannot delete config key 'seed' (~seed)")
+    r = _kvsim(tmp_path / "d", "~model")
+    assert r.returncode == 2 and "cannot delete config key 'model'" in r.stderr and "Traceback" not in r.stderr
     r = _kvsim(tmp_path / "r", "tiers=gpu_host", "tiers=gpu_only")
     assert r.returncode == 2 and "override key 'tiers' given twice" in r.stderr, r.stderr
     assert not (tmp_path / "r").exists()
