@@ -36,7 +36,9 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
 * ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
   ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
   the same directory (a larger grid's extra jobs; see ``sim.callbacks``), and
-  ``runs_without_config``: collected runs that had no config file (see below).
+  ``runs_without_config``: collected runs that had no config file (see below), and
+  ``runs_missing_tables``: for each table some complete runs lack (``steps`` with
+  ``output.write_steps=false``, or a deleted file), those runs (also a note on stderr).
 
 Runs with missing or inconsistent files:
 
@@ -632,6 +634,8 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             "runs_failed": len(failed),
             "stale_run_dirs": sorted(d.relative_to(sweep).as_posix() for d in stale),
             "runs_without_config": [r.run_id for r in done if r.config_path is None],
+            "runs_missing_tables": {n: [r.run_id for r in done if n not in r.tables]
+                                    for n in names if any(n not in r.tables for r in done)},
             "override_keys": keys,
             "tables": written,
         }
@@ -656,6 +660,12 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
               f"config.yaml; collected from summary.json and their overrides (config and group "
               f"columns their overrides do not name are null): "
               f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
+    for n, ids in manifest["runs_missing_tables"].items():
+        if not quiet:
+            print(f"kvsim-collect: note: {len(ids)} complete run(s) wrote no {n}.parquet (other runs "
+                  f"did; e.g. output.write_steps=false, or a deleted file): "
+                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
+                  f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
     if failed and not quiet:
         print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete or have an "
               f"unreadable table and were left out (listed in {out / 'failed_runs.csv'}):",

@@ -239,3 +239,15 @@ def test_pool_fragmentation_with_block_size_as_the_grouping(base_sweep, tmp_path
         out = tmp_path / f"pf{len(extra)}.png"
         assert P.main(["pool-fragmentation", str(col), "--out", str(out), *extra]) == 0
         assert out.stat().st_size > 1000
+
+
+def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
+    """Break-it pass: a run whose steps.parquet was missing (the other run had one) was collected
+    without a word, its steps silently absent. It is still collected (output.write_steps=false
+    writes no steps table), with a note on stderr and the manifest's runs_missing_tables."""
+    (sweep / "0" / "steps.parquet").unlink()
+    res = C.collect(sweep, tmp_path / "c")
+    man = json.loads((res.out_dir / "manifest.json").read_text())
+    assert man["runs_missing_tables"] == {"steps": ["0"]} and man["runs_failed"] == 0
+    assert "1 complete run(s) wrote no steps.parquet" in capsys.readouterr().err
+    assert set(pd.read_parquet(res.out_dir / "steps")["run_id"].astype(str)) == {"1"}
