@@ -307,6 +307,33 @@ def unknown_override_key(args: list[str]) -> str | None:
     return None
 
 
+# kvsim's cluster launcher configs (experiments/conf/hydra/launcher/) -> (Hydra plugin module,
+# the extra that installs it)
+LAUNCHER_PLUGINS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+                    "ray_cluster": ("hydra_plugins.hydra_ray_launcher", "ray")}
+
+
+def missing_launcher_plugin(args: list[str]) -> str | None:
+    """The error for ``hydra/launcher=slurm`` or ``=ray_cluster`` when the Hydra plugin it
+    extends is not installed (Hydra's own message names a config it cannot load, exit 1), with
+    the ``pip install`` that adds it; None otherwise."""
+    import importlib.util
+
+    for a in args:
+        if a.lstrip("+").startswith("hydra/launcher="):
+            name = a.split("=", 1)[1]
+            if name in LAUNCHER_PLUGINS:
+                mod, extra = LAUNCHER_PLUGINS[name]
+                try:
+                    found = importlib.util.find_spec(mod) is not None
+                except ModuleNotFoundError:  # (the hydra_plugins namespace itself is absent)
+                    found = False
+                if not found:
+                    return (f"{a}: its Hydra plugin ({mod}) is not installed; expected "
+                            f"pip install -e '.[{extra}]' in this environment first")
+    return None
+
+
 def duplicate_override_key(args: list[str]) -> str | None:
     """The error for the first override key given twice on the command line (``seed=1
     seed=2``, ``tiers=gpu_host tiers=gpu_only``): Hydra silently keeps the last value, which
@@ -366,7 +393,8 @@ def main() -> None:
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    err = duplicate_override_key(sys.argv[1:]) or unknown_override_key(sys.argv[1:])
+    err = duplicate_override_key(sys.argv[1:]) or unknown_override_key(sys.argv[1:]) or \
+        missing_launcher_plugin(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

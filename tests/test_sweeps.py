@@ -73,6 +73,26 @@ def test_slurm_launcher_config_composes():
     assert "cpus_per_task: 1" in out
 
 
+def test_cluster_launcher_without_its_plugin_names_the_install():
+    """Break-it pass: hydra/launcher=slurm without hydra-submitit-launcher was Hydra's "Could not
+    load" and exit 1; it is exit 2 naming the pip extra (likewise ray_cluster)."""
+    import importlib.util
+
+    from sim.cli import LAUNCHER_PLUGINS, missing_launcher_plugin
+
+    for name, (mod, extra) in LAUNCHER_PLUGINS.items():
+        try:
+            installed = importlib.util.find_spec(mod) is not None
+        except ModuleNotFoundError:
+            installed = False
+        err = missing_launcher_plugin(["-m", f"hydra/launcher={name}", "seed=0,1"])
+        if installed:
+            assert err is None
+        else:
+            assert f"pip install -e '.[{extra}]'" in err, err
+    assert missing_launcher_plugin(["-m", "hydra/launcher=local"]) is None
+
+
 def test_ray_launcher_config_extends_the_plugins_without_recursion():
     """Break-it pass: our launcher file was named ray.yaml with ``defaults: [ray]``, which found
     itself before the plugin's ``ray`` config (a RecursionError from Hydra even with the plugin
