@@ -323,6 +323,9 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
 # registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
 INDEX_SLOTS_PER_BLOCK = 16
 INDEX_LOAD_DIV = 4
+# the table starts sized for at most this many blocks and doubles at its rebuilds up to the pool's
+# size, so building a large pool costs no more than a default one (its registrations grow it)
+INDEX_START_BLOCKS = 1 << 16
 SMALL_BATCH = 8  # DictIndex: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
 
@@ -366,7 +369,7 @@ class BlockPool:
         self.num_free = n
         self.num_cached_free = 0
         # key -> block; live only while block_hash[block] == key (see the module docstring)
-        self.index = self._index_cls(INDEX_SLOTS_PER_BLOCK * n)
+        self.index = self._index_cls(INDEX_SLOTS_PER_BLOCK * min(n, INDEX_START_BLOCKS))
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends the keys it evicts and cache_blocks() those it newly
         # registers, as int64 arrays, none empty (the tier manager's write policies read them)
@@ -469,11 +472,15 @@ class BlockPool:
 
     def _rebuild_index(self, extra: int = 0) -> None:
         """Drop stale index entries: rebuild the table from ``block_hash`` (O(num_blocks), run
-        once ``1 / INDEX_LOAD_DIV`` of the table is taken, at least ``num_blocks`` registrations
-        after the last rebuild, so amortised O(1) per registration). The load stays
-        <= 1 / INDEX_LOAD_DIV, so most keys sit at their home slot."""
+        once ``1 / INDEX_LOAD_DIV`` of the table is taken). The new table is sized for twice the
+        blocks the old one was (at most the pool's, at least the blocks holding a hash and the
+        ``extra`` about to register): a table started below the pool's size
+        (``INDEX_START_BLOCKS``) reaches it in a few doublings, after which a rebuild comes at
+        least ``num_blocks`` registrations after the last, so amortised O(1) per registration.
+        The load stays <= 1 / INDEX_LOAD_DIV, so most keys sit at their home slot."""
         held = np.flatnonzero(self.block_hash != NO_HASH)
-        t = self._index_cls(INDEX_SLOTS_PER_BLOCK * max(self.num_blocks, len(held) + extra))
+        grown = min(self.num_blocks, 2 * (self.index.size // INDEX_SLOTS_PER_BLOCK))
+        t = self._index_cls(INDEX_SLOTS_PER_BLOCK * max(grown, len(held) + extra))
         t.put_absent(self.block_hash[held], held, self.block_hash)  # all new: distinct keys
         self.index = t
 
