@@ -3,7 +3,8 @@
 ``python -m experiments.bench [--repeats 3] [--cases a,b] [--json out.json] [--quick]``
 
 Each case runs ``kvsim`` in a fresh process (so peak RSS is that run's own) with
-``output.write_steps=false``, ``repeats`` times, and reports the median wall time (the
+``output.write_steps=false``, ``repeats`` times (round-robin: the first repeat of every case,
+then the second, ...), and reports the median wall time (the
 simulator's own ``summary.json["wall"]["wall_s"]``: trace loading + simulation + writing), the
 median peak RSS, engine steps, steps per wall second, and simulated tokens (prompt + output tokens
 of finished requests) per wall second. ``--json`` writes the raw and median numbers, with the git
@@ -115,29 +116,40 @@ def main(argv=None) -> int:
                                                 "complete": complete, "cases": results}, indent=2))
     print(f"kvsim bench, commit {commit}, {a.repeats} repeat(s), median reported", flush=True)
     hdr = f"{'case':16} {'wall s':>8} {'rss MB':>8} {'steps':>9} {'steps/s':>9} {'Mtok/s':>7} {'target':>14}"
-    print(hdr)
-    for name, ov in cases.items():
-        try:
-            runs = [run_case(ov) for _ in range(a.repeats)]
-        except CaseFailed as e:
-            save(False)
-            print(f"bench: case {name}: {e}", file=sys.stderr)
-            if a.json:
-                print(f"bench: the cases before it are in {a.json} (marked incomplete)", file=sys.stderr)
-            return 1
+
+    def row_of(ov: list, runs: list) -> dict:
         med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "peak_rss_mb", "process_s")}
-        steps = runs[0]["steps"]
-        tok = runs[0]["sim_tokens"]
-        row = {"overrides": ov, "runs": runs, "median_wall_s": med["wall_s"],
-               "median_peak_rss_mb": med["peak_rss_mb"], "steps": steps,
-               "steps_per_s": steps / med["wall_s"], "sim_tokens": tok,
-               "sim_tokens_per_s": tok / med["wall_s"], "requests": runs[0]["requests"]}
+        steps, tok = runs[0]["steps"], runs[0]["sim_tokens"]
+        return {"overrides": ov, "runs": runs, "median_wall_s": med["wall_s"],
+                "median_peak_rss_mb": med["peak_rss_mb"], "steps": steps,
+                "steps_per_s": steps / med["wall_s"], "sim_tokens": tok,
+                "sim_tokens_per_s": tok / med["wall_s"], "requests": runs[0]["requests"]}
+
+    # round-robin: repeat r of every case before repeat r + 1 of any, so a slow spell of the
+    # machine falls on all the cases (the linearity and pool ratios compare them)
+    runs_of: dict = {name: [] for name in cases}
+    for rep in range(a.repeats):
+        for name, ov in cases.items():
+            try:
+                runs_of[name].append(run_case(ov))
+            except CaseFailed as e:
+                results.update({n: row_of(cases[n], r) for n, r in runs_of.items() if r})
+                save(False)
+                print(f"bench: case {name}: {e}", file=sys.stderr)
+                if a.json:
+                    print(f"bench: the runs before it are in {a.json} (marked incomplete)", file=sys.stderr)
+                return 1
+            results[name] = row_of(ov, runs_of[name])
+            save(False)
+        if a.repeats > 1:
+            print(f"round {rep + 1} of {a.repeats} done", flush=True)
+    print(hdr)
+    for name in cases:
+        row = results[name]
         t = TARGETS.get(name)
         tgt = "" if t is None else f"<={t[0]:g}s" + ("" if t[1] is None else f",<={t[1]:g}MB")
-        results[name] = row
-        print(f"{name:16} {med['wall_s']:8.2f} {med['peak_rss_mb']:8.0f} {steps:9,d} "
+        print(f"{name:16} {row['median_wall_s']:8.2f} {row['median_peak_rss_mb']:8.0f} {row['steps']:9,d} "
               f"{row['steps_per_s']:9,.0f} {row['sim_tokens_per_s'] / 1e6:7.2f} {tgt:>14}", flush=True)
-        save(False)
     lin = [results.get(f"linear_{k}x") for k in (1, 2, 4)]
     if all(lin):
         base = lin[0]["median_wall_s"] / lin[0]["requests"]

@@ -67,3 +67,22 @@ def test_failed_run_keeps_its_folder_and_names_it(tmp_path, monkeypatch):
     r = bench.run_case(["trace.max_requests=3"])
     assert r["requests"] == 3
     assert [p.name for p in tmp_path.iterdir()] == [kept.rsplit("/", 1)[-1]]
+
+
+def test_repeats_run_round_robin(monkeypatch, capsys):
+    """The repeats go round-robin over the cases (a slow spell of the machine falls on all of
+    them, so the linearity and pool ratios compare like with like); medians per case."""
+    order = []
+
+    def fake_run(overrides):
+        order.append(overrides[0])
+        return {"wall_s": float(len(order)), "process_s": 1.0, "peak_rss_mb": 100.0, "steps": 10,
+                "requests": 5, "sim_tokens": 1000}
+
+    monkeypatch.setattr(bench, "run_case", fake_run)
+    assert bench.main(["--cases", "azure_conv,weka", "--repeats", "3"]) == 0
+    a, w = bench.CASES["azure_conv"][0], bench.CASES["weka"][0]
+    assert order == [a, w, a, w, a, w]
+    out = capsys.readouterr().out
+    assert "round 3 of 3 done" in out
+    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith(("azure_conv", "weka"))] == ["3.00", "4.00"]
