@@ -88,10 +88,11 @@ class DictIndex:
 
 
 def pool_host_bytes(num_blocks: int) -> int:
-    """Host memory (bytes) a :class:`BlockPool` of ``num_blocks`` blocks allocates when built:
-    ref counts (4 B a block), block hashes and free-queue positions (8 B each), the free queue
-    (block and sequence arrays of ``max(2 n, 1024)`` int64 entries) and the prefix index table
-    (``INDEX_SLOTS_PER_BLOCK x n`` slots of 16 B, rounded up to a power of two)."""
+    """Host memory (bytes) a :class:`BlockPool` of ``num_blocks`` blocks takes once its prefix
+    index has grown to the pool's size: ref counts (4 B a block), block hashes and free-queue
+    positions (8 B each), the free queue (block and sequence arrays of ``max(2 n, 1024)`` int64
+    entries) and the index table (``INDEX_SLOTS_PER_BLOCK x n`` slots of 16 B, rounded up to a
+    power of two; it starts smaller, ``INDEX_START_BLOCKS``)."""
     n = int(num_blocks)
     slots = 1 << max(10, int(INDEX_SLOTS_PER_BLOCK * n - 1).bit_length())
     return n * (4 + 8 + 8) + 2 * max(2 * n, 1024) * 8 + 16 * slots
