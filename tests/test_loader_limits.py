@@ -336,3 +336,20 @@ def test_weka_think_time_past_the_clock_range_is_an_error(tmp_path):
     reqs[1]["think_time"] = 2.0
     p.write_text(json.dumps({"id": "s1", "requests": reqs}) + "\n")
     assert len(load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)) == 2
+
+
+def test_servegen_files_with_a_bom_load_as_without(tmp_path):
+    """Break-it pass: a ServeGen chunk CSV saved with a UTF-8 byte-order mark failed on its first
+    field ('\\ufeff0'), while the other formats skip the mark. Both chunk files load the same with
+    and without it."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "traces" / "servegen_ok"
+    bom = tmp_path / "bom"
+    shutil.copytree(src, bom)
+    for f in bom.iterdir():
+        f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+    cfg = {"name": "s", "format": "servegen", "num_requests": 50}
+    a = load_workload(TraceConfig(**cfg, path=str(src)), 0).table
+    b = load_workload(TraceConfig(**cfg, path=str(bom)), 0).table
+    assert a.num_rows == 50 and a.equals(b)

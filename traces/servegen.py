@@ -227,7 +227,7 @@ def _read_windows(path: Path,
     p = str(path)
     out = []
     seen = {}
-    with open(path, newline="") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # (a leading BOM is not data)
         rows = list(csv.reader(fh))
     if not rows:
         raise TraceError("empty file", path=p, found="0 rows", expected="one row per 600 s window")
@@ -279,7 +279,7 @@ def _read_windows(path: Path,
 def _read_dataset(path: Path) -> list[tuple[float, dict]]:
     p = str(path)
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8-sig") as fh:
             d = json.load(fh)
     except json.JSONDecodeError as e:
         raise TraceError("invalid JSON", path=p, where=f"line {e.lineno}", found=e.msg,
