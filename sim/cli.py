@@ -9,6 +9,7 @@ Any part is changed with Hydra overrides, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import register_configs
+from .config import REJECTED_RUN_PREFIX, TiersConfig, register_configs
 
 log = logging.getLogger("kvsim")
 
@@ -122,10 +123,9 @@ TRACE_FORMAT_FIELDS = {
                   "turn_input_mean", "turn_input_sigma", "output_mean", "output_sigma",
                   "block_tokens", "max_context_tokens"),
 }
-# tier options that only matter with a host or disk tier
-TIER_ONLY_FIELDS = ("replacement", "write_policy", "selective_min_hits", "transfer_batch_pages",
-                    "onboard", "load_or_recompute", "pcie_gbps", "pcie_overhead_s",
-                    "disk_read_gbps", "disk_write_gbps", "disk_latency_s")
+# tier options that only matter with a host or disk tier: all but the preset name and sizes
+TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
+                         if f.name not in ("name", "host_gib", "disk_gib"))
 
 
 def inert_override_notes(overrides: list[str], trace_format: str, tiers: str) -> list[str]:
@@ -205,9 +205,8 @@ def app(cfg: DictConfig) -> None:
                 f"with this error)")
         rejected = Path(hc.runtime.output_dir)
         if not multirun and out_dir.exists() and not out_dir.is_dir() \
-                and rejected.name.startswith("kvsim-rejected-run-"):
+                and rejected.name.startswith(REJECTED_RUN_PREFIX):
             # (sim.config._run_dir: Hydra's log went to a temporary folder, not left behind)
-            import logging
             import shutil
 
             logging.shutdown()

@@ -201,6 +201,9 @@ class KvsimConfig:
     experiment: Optional[Any] = None
 
 
+REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.dir that is a file
+
+
 def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
@@ -215,7 +218,7 @@ def _run_dir(output_dir, default: str) -> str:
     from pathlib import Path
 
     if Path(str(output_dir)).exists() and not Path(str(output_dir)).is_dir():
-        return str(Path(tempfile.gettempdir()) / f"kvsim-rejected-run-{os.getpid()}")
+        return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
 
 

@@ -39,7 +39,7 @@ from .clock import exact_delays, step_ends
 from .jit import kernel
 from .keys import block_keys
 from .metrics import Recorder
-from .tiers import DISK, GPU, HOST
+from .tiers import DISK, GPU, HOST, _joined
 
 WAITING, RUNNING, FINISHED, REJECTED, ONBOARDING = 0, 1, 2, 3, 4
 MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped
@@ -248,7 +248,6 @@ class Simulator:
         self._hit_memo = None  # (request, gen, max_hit, walk state, result); tiers only
         self._hit_keys = None  # [request, its keys array, max_hit, KeyTable key -> index or None]
         if self.tiers is not None:
-            self.pool.evict_log = []
             self.pool.cached_log = []
             self.pool.change_log = []
             # the decode fast-forward issues each step's offloads at that step's end time and,
@@ -267,6 +266,8 @@ class Simulator:
         # write_back: the step holds until the evicted cached blocks' copies land
         # (TierManager.write_back); _wb_until: when the last one issued lands (s)
         self._write_back = self.tiers is not None and self.tiers.write_policy == "write_back"
+        if self._write_back:  # (only write_back copies evicted cached blocks down)
+            self.pool.evict_log = []
         self._wb_until = 0.0
         self.write_back_stall_s = 0.0  # total time steps waited for those copies
         self.write_back_stalls = 0  # steps that waited
@@ -954,7 +955,7 @@ class Simulator:
         step and onboarding into those blocks wait for; None when nothing is to wait for."""
         if not (self._write_back and self.pool.evict_log):
             return None
-        end = self.tiers.write_back(np.concatenate(self.pool.evict_log))
+        end = self.tiers.write_back(_joined(self.pool.evict_log))
         self.pool.evict_log.clear()
         if end > self.env.now:
             self._wb_until = end
@@ -1127,9 +1128,9 @@ class Simulator:
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
             # already ran): the keys it evicted and registered
-            t_ev = {1: _flat(self.pool.evict_log)}
+            # (write_back's evictions were issued at the scheduling, and the stretch ends before
+            # a step that evicts: only write_through's registrations are copied from here)
             t_cached = {1: _flat(self.pool.cached_log)}
-            self.pool.evict_log.clear()
             self.pool.cached_log.clear()
         nb_all = np.zeros(b, dtype=np.int64)
         if n_pairs:
@@ -1139,12 +1140,6 @@ class Simulator:
             blocks, evicted = self.pool.allocate(n_pairs, return_evicted=True)
             if evicted.any():
                 ps_ev = ps[order][evicted]
-                if tiers is not None:
-                    # evicted keys in allocation order = (step, request) order
-                    ev_keys = _flat(self.pool.evict_log)
-                    self.pool.evict_log.clear()
-                    for st, key in zip(ps_ev.tolist(), ev_keys):
-                        t_ev.setdefault(st, []).append(key)
                 evicted_per_step = np.bincount(ps_ev, minlength=k + 1)
             by_req = np.empty(n_pairs, dtype=np.int64)
             by_req[order] = blocks  # back to request-major order
@@ -1178,7 +1173,7 @@ class Simulator:
                     c = req.n_computed
                     for j in range(req.n_cached, (c + k) // B):
                         t_cached.setdefault((j + 1) * B - c, []).append(int(req.keys[j]))
-            env.process(self._ff_offloads(cum, t_ev, t_cached, k))
+            env.process(self._ff_offloads(cum, t_cached, k))
         yield from _advance_to(env, float(cum[-1]))
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
@@ -1223,9 +1218,8 @@ class Simulator:
         if tiers is not None:
             # the last step's offloads are issued here, at the end of the stretch, before the
             # next scheduling (as the per-step loop's _tier_step_end), not by _ff_offloads
-            for log, keys in ((self.pool.evict_log, t_ev.get(k)), (self.pool.cached_log, t_cached.get(k))):
-                if keys:
-                    log.append(np.asarray(keys, dtype=np.int64))
+            if t_cached.get(k):
+                self.pool.cached_log.append(np.asarray(t_cached[k], dtype=np.int64))
             self._tier_step_end()
         if not rec.record_steps:
             # counters only: the peak of used blocks is before the finished requests left
@@ -2000,18 +1994,17 @@ class Simulator:
                 cap = min(cap, first + 1)
         return cap
 
-    def _ff_offloads(self, ends, evicted: dict, cached: dict, last: int):
+    def _ff_offloads(self, ends, cached: dict, last: int):
         """SimPy process: the write-policy offloads of fast-forwarded steps before step ``last``,
         each issued at its step's end time (``ends[s - 1]``) as the per-step loop would (the
         last step's are issued by the engine itself, before it schedules again)."""
         env = self.env
         tiers = self.tiers
-        for st in sorted(st for st in set(evicted) | set(cached) if st < last):
+        for st in sorted(st for st in cached if st < last):
             t = float(ends[st - 1])
             if t > env.now:
                 yield env.timeout(t - env.now)
-            tiers.on_gpu_evict(evicted.get(st, []))
-            tiers.on_gpu_cached(cached.get(st, []))
+            tiers.on_gpu_cached(cached[st])
             tiers.flush()
 
     def _tier_step_end(self) -> None:
@@ -2025,9 +2018,6 @@ class Simulator:
         if self._hit_memo is None:  # nothing to revalidate: keep the change logs short
             pool.change_log.clear()
             tiers.change_log.clear()
-        if pool.evict_log and not self._write_back:  # (write_back: the next scheduling's)
-            tiers.on_gpu_evict(np.concatenate(pool.evict_log))
-            pool.evict_log.clear()
         if pool.cached_log:
             tiers.on_gpu_cached(np.concatenate(pool.cached_log))
             pool.cached_log.clear()

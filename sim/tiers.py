@@ -785,13 +785,6 @@ class TierManager:
         return blk, code
 
     # ------------------------------------------------------------------ offload
-    def on_gpu_evict(self, keys) -> None:
-        """write_back: cached GPU blocks being reallocated are copied down first (``keys``:
-        their hashes, an int64 array or a list, in eviction order). Queued for the next
-        :meth:`flush`; the engine itself uses :meth:`write_back`, which issues them at once."""
-        if self.write_policy == "write_back":
-            self._queue(keys)
-
     def write_back(self, keys) -> float:
         """write_back: issue the D2H copies of the evicted cached blocks' pages (``keys``: int64
         array, in eviction order) now, those neither on the host nor in flight, in batches;

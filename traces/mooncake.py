@@ -112,7 +112,10 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     if not ts:
         raise TraceError("no valid rows", path=p, found=f"{rows} rows, {sink.count} skipped",
                          expected="at least one valid row")
-    _check_chained(np.asarray(vals, dtype=np.int64), np.asarray(offs, dtype=np.int64), lines, p)
+    vals_a = np.asarray(vals, dtype=np.int64)
+    offs_a = np.asarray(offs, dtype=np.int64)
+    del vals, offs
+    _check_chained(vals_a, offs_a, lines, p)
     t_s = np.asarray(ts, dtype=np.float64) / 1000.0
     late = np.flatnonzero(t_s > MAX_ARRIVAL_S)
     if late.size:  # (before the spread moves other rows next to it)
@@ -134,8 +137,8 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
         parent=np.full(n, -1, dtype=np.int64),
         input_tokens=np.asarray(inp, dtype=np.int64),
         output_tokens=np.asarray(out, dtype=np.int64),
-        prefix_offsets=np.asarray(offs, dtype=np.int64),
-        prefix_values=np.asarray(vals, dtype=np.int64),
+        prefix_offsets=offs_a,
+        prefix_values=vals_a,
         block_tokens=BLOCK_TOKENS,
         source=p,
         warnings=warnings,
