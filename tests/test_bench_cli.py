@@ -40,7 +40,7 @@ def test_failed_case_keeps_earlier_results(tmp_path, monkeypatch, capsys):
         if "trace=weka_agentic" in overrides:
             raise bench.CaseFailed("kvsim failed (exit 2): trace=weka_agentic\nno trace")
         return {"wall_s": 1.0, "process_s": 1.5, "peak_rss_mb": 100.0, "steps": 10,
-                "requests": 5, "sim_tokens": 1000}
+                "load_s": 0.1, "simulate_s": 0.8, "requests": 5, "sim_tokens": 1000}
 
     monkeypatch.setattr(bench, "run_case", fake_run)
     out = tmp_path / "b.json"
@@ -77,7 +77,7 @@ def test_repeats_run_round_robin(monkeypatch, capsys):
     def fake_run(overrides):
         order.append(overrides[0])
         return {"wall_s": float(len(order)), "process_s": 1.0, "peak_rss_mb": 100.0, "steps": 10,
-                "requests": 5, "sim_tokens": 1000}
+                "load_s": 0.1, "simulate_s": 0.5, "requests": 5, "sim_tokens": 1000}
 
     monkeypatch.setattr(bench, "run_case", fake_run)
     assert bench.main(["--cases", "azure_conv,weka", "--repeats", "3"]) == 0
@@ -86,3 +86,22 @@ def test_repeats_run_round_robin(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "round 3 of 3 done" in out
     assert [ln.split()[1] for ln in out.splitlines() if ln.startswith(("azure_conv", "weka"))] == ["3.00", "4.00"]
+
+
+def test_linearity_lines_split_fixed_costs(monkeypatch, capsys):
+    """The linearity lines give the wall per request, per engine step and the simulate time per
+    request against the 1x slice: a fixed cost in the wall (parsing the whole file, writing the
+    results) shows in the first and not in the last."""
+    sizes = {"trace.max_requests=3000": 3000, "trace.max_requests=6000": 6000,
+             "trace.max_requests=12000": 12000}
+
+    def fake_run(overrides):
+        n = sizes[overrides[1]]
+        return {"wall_s": 0.5 + n / 1000, "process_s": 3.0, "peak_rss_mb": 100.0, "steps": n,
+                "load_s": 0.2, "simulate_s": n / 1000, "requests": n, "sim_tokens": 10 * n}
+
+    monkeypatch.setattr(bench, "run_case", fake_run)
+    assert bench.main(["--cases", "linear_1x,linear_2x,linear_4x", "--repeats", "1"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("linearity")]
+    assert lines[2] == ("linearity 4x: 0.89 x the 1x wall per request, 0.89 x per engine step, "
+                        "1.00 x the 1x simulate time per request")
