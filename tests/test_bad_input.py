@@ -710,6 +710,23 @@ def test_timestamps_past_the_clock_range_name_the_line(tmp_path):
         load_workload(TraceConfig(name="x", path=str(p)), 0)
 
 
+def test_azure_rows_past_the_clock_range_name_their_line(tmp_path):
+    """Break-it pass: an Azure row in year 9999 among 2023 rows was rejected by the loader's
+    range check as "row 3 of the parsed trace"; the Azure loader names the file line, also when
+    the rows were sorted by TIMESTAMP first."""
+    az = tmp_path / "az.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,5\n"
+                  "9999-11-16 18:17:04.0,10,5\n2023-11-16 18:17:04.0,10,5\n")
+    with pytest.raises(TraceError, match=r"az\.csv line 3, field 'TIMESTAMP': arrival past the "
+                                         r"simulated clock's range, found 2\.51698e\+11 s after the "
+                                         r"earliest row \(line 2\)"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,5\n"
+                  "2023-11-16 18:17:04.0,10,5\n1850-11-16 18:17:04.0,10,5\n")
+    with pytest.raises(TraceError, match=r"az\.csv line 2, field 'TIMESTAMP'.*after the earliest row \(line 4\)"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
 def test_bom_strict_azure_integers_and_null(tmp_path):
     """Break-it pass: a UTF-8 byte-order mark (spreadsheet export) made the Azure header's first
     column '\\ufeffTIMESTAMP'; Azure token counts took '1_000' and Arabic-Indic digits (Python's

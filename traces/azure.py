@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, Parsed, output_len
+from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, output_len
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -119,11 +119,21 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
     out_a = np.asarray(out, dtype=np.int64)
     warnings = []
     back = np.flatnonzero(np.diff(tk) < 0)
+    lines_a = np.asarray(line_of, dtype=np.int64)
     if back.size:
         order = np.argsort(tk, kind="stable")
-        tk, inp_a, out_a = tk[order], inp_a[order], out_a[order]
+        tk, inp_a, out_a, lines_a = tk[order], inp_a[order], out_a[order], lines_a[order]
         warnings.append(f"{back.size} rows earlier than the row before them (first at line "
                         f"{line_of[back[0] + 1]}); rows stably sorted by TIMESTAMP")
+    late = np.flatnonzero(tk - tk[0] > int(MAX_ARRIVAL_S) * _TICKS)
+    if late.size:  # (named by file line here; the loader's own check knows only parsed rows)
+        k = int(late[0])
+        raise TraceError("arrival past the simulated clock's range", path=p,
+                         where=f"line {lines_a[k]}", field="TIMESTAMP",
+                         found=f"{(tk[k] - tk[0]) / _TICKS:.6g} s after the earliest row "
+                               f"(line {lines_a[0]})",
+                         expected="rows within 2**32 s (~136 years) of each other, where float64 "
+                                  "seconds still resolve a microsecond")
     if zero[0]:
         warnings.append(f"{zero[0]} rows had GeneratedTokens 0; loaded as 1 (zero_output=as_one)")
     n = tk.size
