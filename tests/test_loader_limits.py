@@ -132,6 +132,18 @@ def test_servegen_skip_counts_a_degenerate_row(tmp_path):
     assert r["ok"] and r["n"] == 50 and 1200 <= r["arrival_max"] < 1800, r  # the valid window
 
 
+def test_servegen_window_start_off_the_600_s_grid_is_an_error(tmp_path):
+    """Break-it pass: a window starting at 900 s (off the 600 s grid) loaded, overlapping the
+    window at 600 s by 300 s; its start must be a multiple of 600 s (600.0 is)."""
+    bad = _servegen_dir(tmp_path, "900,1.0,1.0,Gamma,1.0,1.0", name="off")
+    ok = _servegen_dir(tmp_path, "600.0,1.0,1.0,Gamma,1.0,1.0", name="on")
+    r_bad, r_ok = _isolated([_sg_cfg(bad, num_requests=50), _sg_cfg(ok, num_requests=50)])
+    assert not r_bad["ok"] and r_bad["msg"] == (
+        f"{bad / 'chunk-0-trace.csv'} line 2, field 'window_start_s': found 900, expected a "
+        "multiple of 600 s (one row per 600 s window)"), r_bad
+    assert r_ok["ok"] and r_ok["n"] == 50, r_ok
+
+
 # ---------------------------------------------------------------- ServeGen: the draw loop
 def test_servegen_draw_loop_stops_at_num_requests_on_zero_draws(tmp_path):
     """Draws that never advance time (a degenerate family past validation): the loop stops with

@@ -264,6 +264,12 @@ def _read_windows(path: Path,
                                  expected=f"a distribution for rate {rate} > 0")
             if pat and rate > 0:
                 _check_window(p, where, rate, pat, k, theta)
+            if w0 % WINDOW_S:
+                # (windows are WINDOW_S long: a start off the grid overlaps its neighbours, whose
+                # arrivals would be drawn twice over the overlap)
+                raise TraceError(path=p, where=where, field="window_start_s", found=rec[0],
+                                 expected=f"a multiple of {WINDOW_S:g} s (one row per "
+                                          f"{WINDOW_S:g} s window)")
             if w0 in seen:
                 raise TraceError("duplicate window", path=p, where=where, field="window_start_s",
                                  found=w0, expected=f"unique window starts (first at line {seen[w0]})")
