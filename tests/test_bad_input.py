@@ -542,6 +542,42 @@ def test_weka_unknown_request_type_is_a_warning(tmp_path):
                for x in w.warnings), w.warnings
 
 
+def test_weka_ids_not_prefix_chained_are_an_error_naming_both_requests(tmp_path):
+    """Break-it pass: Weka ids were not checked for prefix-chaining (Mooncake's are), so a
+    session whose id 7 followed id 1 in one request and id 2 in another got prefix hits no
+    server could have. Now an error naming the session's line, both requests and positions;
+    with on_error=skip the session is skipped. Requests without ids (in < 64) and sub-agent
+    requests take part."""
+    def write(*sessions):
+        p = tmp_path / "w.jsonl"
+        p.write_text("".join(json.dumps({"id": f"s{k}", "requests": [
+            {"t": float(i), "type": "n", "in": 64 * len(h) + 10, "out": 5, "hash_ids": h}
+            for i, h in enumerate(hs)]}) + "\n" for k, hs in enumerate(sessions)))
+        return TraceConfig(name="x", format="weka", path=str(p))
+    ok = write([[1, 2], [], [1, 2, 3], [1, 2, 4]], [[1, 5], [1, 5, 6]])
+    assert len(load_workload(ok, 0)) == 6
+    bad = write([[1, 2]], [[1, 2, 3], [], [1, 7], [1, 2, 7]])
+    with pytest.raises(TraceError, match=re.escape(
+            "line 2 (session 's1', request 3), field 'hash_ids': ids not prefix-chained, found id 7 "
+            "follows id 2 (position 2); in line 2 (session 's1', request 2) it follows id 1 "
+            "(position 1)")):
+        load_workload(bad, 0)
+    skip = TraceConfig(name="x", format="weka", path=bad.path, on_error="skip")
+    assert len(load_workload(skip, 0)) == 1
+    with pytest.raises(TraceError, match=re.escape("request 1), field 'hash_ids': ids not prefix-chained, "
+                                                   "found id 2 starts the request's ids (position 0); "
+                                                   "in line 1 (session 's0', request 0) it follows id 1")):
+        load_workload(write([[1, 2], [2, 3]]), 0)
+    sub = {"t": 5.0, "type": "subagent", "requests": [
+        {"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [9, 1, 2]}]}
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"id": "s1", "requests": [
+        {"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}, sub]}) + "\n")
+    with pytest.raises(TraceError, match=r"sub-agent request 0\), field 'hash_ids': ids not prefix-chained, "
+                                         r"found id 1 follows id 9 \(position 1\)"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+
+
 def test_inert_overrides_get_a_note():
     """Break-it pass: options another kind of trace reads, and tier options without a tier,
     were accepted without a word."""

@@ -33,7 +33,9 @@ Mapping (closed loop):
 * Prefix ids: every ``hash_ids`` element must be a non-negative integer below 2**63 (JSON
   ``true``/``false`` or a number with a fraction or exponent, such as 3.0, is an error: not read
   as 1 or truncated), and no id may appear twice in one request (the ids are prefix-chained: one
-  id names one prefix). Session-local ids are remapped to dense global ids (session by session,
+  id names one prefix). Within a session every occurrence of an id must follow the same id (or
+  start its request's ids) as its first occurrence does; a session that breaks it is an error
+  naming both requests. Session-local ids are remapped to dense global ids (session by session,
   so (session, local id) -> global id is injective), in increasing local-id order within a
   session; the memory this takes is proportional to the session's id count, not to its largest
   id. With ``share_system_prefix`` the first floor((system_tokens + tool_tokens)/64) ids of the
@@ -148,6 +150,42 @@ def _rank(local: np.ndarray) -> tuple[int, np.ndarray]:
     return int(distinct.size), np.searchsorted(distinct, local)
 
 
+def _check_chained(local: np.ndarray, rank: np.ndarray, n_distinct: int, lens: list[int],
+                   wheres: list[str], p: str) -> None:
+    """Raise a TraceError unless one session's ids are prefix-chained: every occurrence of an id
+    follows the same id (or starts its request's ids), as its first occurrence does (the rule
+    the Mooncake loader checks across its file; ``sim.keys``: an id stands for the whole prefix
+    up to its block). ``local``: the session's ids, its rows' ids end to end (row ``r`` has
+    ``lens[r]``), ``rank``: each id's rank among the ``n_distinct`` distinct ones, ``wheres``:
+    each row's place for the message. O(ids): each id is given one parent (whichever occurrence
+    the assignment keeps); a mismatch anywhere means two parents."""
+    n = len(rank)
+    parent = np.empty(n, dtype=np.int64)
+    parent[1:] = rank[:-1]
+    starts = np.cumsum(lens[:-1]) if len(lens) > 1 else np.zeros(0, dtype=np.int64)
+    parent[0] = -1
+    parent[starts[starts < n]] = -1  # (a row without ids shares its start with the next row)
+    one = np.full(n_distinct, -2, dtype=np.int64)
+    one[rank] = parent
+    if (one[rank] == parent).all():
+        return
+    first: dict = {}  # (the error path) the first occurrence in row order that breaks the rule
+    for i, (r, q) in enumerate(zip(rank.tolist(), parent.tolist())):
+        f = first.setdefault(r, i)
+        if parent[f] != q:
+            break
+    ends = np.cumsum(lens)
+    row_of = lambda j: int(np.searchsorted(ends, j, side="right"))  # noqa: E731
+    pos = lambda j: j - (int(ends[row_of(j) - 1]) if row_of(j) else 0)  # noqa: E731
+    desc = lambda j: ("starts the request's ids" if parent[j] < 0  # noqa: E731
+                      else f"follows id {int(local[j - 1])}")
+    raise TraceError("ids not prefix-chained", path=p, where=wheres[row_of(i)], field="hash_ids",
+                     found=f"id {int(local[i])} {desc(i)} (position {pos(i)}); in "
+                           f"{wheres[row_of(f)]} it {desc(f)} (position {pos(f)})",
+                     expected="prefix-chained ids: an id always follows the same id (or always "
+                              "starts the request's ids)")
+
+
 def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
     tt = req.get("think_time")
     if tt is not None:
@@ -188,10 +226,11 @@ def _check_request(r: dict, p: str, where: str, zero_output: str,
 
 
 def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
-    """Validate one session; return (sid, rows, ids, canon) in listed order.
+    """Validate one session; return (sid, rows, ids, canon, wheres) in listed order.
 
     rows: list of (local_parent, turn, t_rel, think, in, out); ids: one int64 array of local ids
-    per row; canon: (scope_name, row, number of leading ids) per shared system prefix."""
+    per row; canon: (scope_name, row, number of leading ids) per shared system prefix; wheres:
+    each row's place for error messages ("line L (session S, request K...)")."""
     where0 = f"line {lineno}"
     if not isinstance(s, dict):
         raise TraceError(path=p, where=where0, found=type(s).__name__, expected="a JSON object")
@@ -219,6 +258,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                          found=f"{sys_tok!r}/{tool_tok!r}", expected="non-negative integers")
     rows: list = []
     ids: list = []
+    wheres: list = []
     canon: list = []  # (scope_name, row, number of leading ids)
     zero, neg = counters["zero"], counters["neg_think"]
     prev_main = None  # (row index, request dict)
@@ -277,6 +317,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                                          expected=f">= previous t {prev_sub['t']}")
                 rows.append((parent, j, t_rel, think, n_in, n_out))
                 ids.append(h)
+                wheres.append(w2)
                 prev_sub = q
             counters["subagents"] += 1
             continue
@@ -297,9 +338,10 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
             think = _think(r, prev_main[1], p, where, neg)
         rows.append((parent, main_turn, float(r["t"]), think, n_in, n_out))
         ids.append(h)
+        wheres.append(where)
         prev_main = (len(rows) - 1, r)
         main_turn += 1
-    return sid, rows, ids, canon
+    return sid, rows, ids, canon, wheres
 
 
 def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
@@ -312,7 +354,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     Raises:
         TraceError: bad JSON, missing/mistyped field, in < 1, out < 0, hash_ids count !=
             floor(in/64), a hash_ids element that is not a non-negative integer below 2**63
-            (bool, float, string, ...), an id repeated within a request, decreasing t within a
+            (bool, float, string, ...), an id repeated within a request, ids not
+            prefix-chained within a session, decreasing t within a
             chain, duplicate session id, block_size != 64, non-local id scope, corrupt/truncated
             .xz, empty file. Each names the file line (and the session/request when it is one
             request's fault).
@@ -358,7 +401,7 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 except JSONDecodeError as e:
                     raise TraceError("invalid JSON", path=p, where=f"line {lineno}",
                                      found=str(e)[:80], expected="one JSON object per line") from None
-                sid, rows, ids, canon = _parse_session(s, p, lineno, cfg, counters)
+                sid, rows, ids, canon, wheres = _parse_session(s, p, lineno, cfg, counters)
                 if sid in seen:
                     raise TraceError("duplicate session id", path=p, where=f"line {lineno}",
                                      field="id", found=repr(sid),
@@ -367,6 +410,11 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 total = sum(lens)
                 local = np.concatenate(ids) if total else np.zeros(0, dtype=np.int64)
                 del s, ids  # the parsed JSON and per-request arrays: only `local` is used below
+                if total:
+                    # global id of each distinct local id (indexed by its rank): the shared
+                    # leading ids first, then fresh ids in increasing local-id order
+                    n_distinct, rank = _rank(local)
+                    _check_chained(local, rank, n_distinct, lens, wheres, p)
             except (TraceError, TypeError, ValueError, OverflowError) as e:
                 if not isinstance(e, TraceError):
                     e = TraceError("malformed session", path=p, where=f"line {lineno}",
@@ -375,9 +423,6 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 sink.bad(e)
                 continue
             if total:
-                # global id of each distinct local id (indexed by its rank): the shared leading
-                # ids first, then fresh ids in increasing local-id order
-                n_distinct, rank = _rank(local)
                 gid = np.full(n_distinct, -1, dtype=np.int64)
                 if canon:
                     starts = list(itertools.accumulate(lens, initial=0))
