@@ -685,6 +685,8 @@ class TierManager:
         self.disk_write = Link("disk_write", float(tiers.disk_write_gbps) * 1e9, float(tiers.disk_latency_s))
         self.hbm = float(hbm_Bps)
         self.cal = calibration
+        self._d2h_memo: dict = {}  # pages -> d2h_time / h2d_time (s)
+        self._h2d_memo: dict = {}
         self.inflight = KeySet()  # pages queued or being copied to the host
         self.pending: list[np.ndarray] = []  # pages to offload, in order (int64 arrays)
         self.pending_demote: list[np.ndarray] = []  # host evictions to write to disk
@@ -711,12 +713,22 @@ class TierManager:
         return max(t_link, t_codec)
 
     def d2h_time(self, pages: int) -> float:
-        """Seconds to encode ``pages`` and copy them to host (encode fused with the copy)."""
-        return self._copy_time(pages, self.d2h, f"{self.codec}_encode_d2h_fused", "d2h")
+        """Seconds to encode ``pages`` and copy them to host (encode fused with the copy).
+        Memoised per page count (a pure function of it; batches have few distinct sizes)."""
+        t = self._d2h_memo.get(pages)
+        if t is None:
+            t = self._d2h_memo[pages] = self._copy_time(pages, self.d2h,
+                                                        f"{self.codec}_encode_d2h_fused", "d2h")
+        return t
 
     def h2d_time(self, pages: int) -> float:
-        """Seconds to copy ``pages`` to the GPU and decode them (decode fused with the copy)."""
-        return self._copy_time(pages, self.h2d, f"{self.codec}_h2d_decode_fused", "h2d")
+        """Seconds to copy ``pages`` to the GPU and decode them (decode fused with the copy).
+        Memoised per page count, as :meth:`d2h_time`."""
+        t = self._h2d_memo.get(pages)
+        if t is None:
+            t = self._h2d_memo[pages] = self._copy_time(pages, self.h2d,
+                                                        f"{self.codec}_h2d_decode_fused", "h2d")
+        return t
 
     def disk_read_time(self, pages: int) -> float:
         """Seconds to read ``pages`` encoded pages from disk (one I/O per batch)."""
