@@ -11,7 +11,8 @@ Validation (:func:`validate_policy_config`, :func:`validate_compaction_config`) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 
 #: Grouping modes (how many independent keep-selections one request's KV has).
 #:  - ``union``: one selection shared by every layer and KV head (groups = 1).
@@ -152,13 +153,30 @@ class CompactionConfig:
     release_empty_blocks: bool = True
 
 
+# Largest position index a slot may carry (bytes): far above any real one (int32/int64), and low
+# enough that the metadata bytes of a pool stay exact in int64 and float64 arithmetic.
+MAX_POSITION_INDEX_BYTES = 1024
+
+
 def _check_choice(what: str, value: str, valid) -> None:
     if value not in valid:
         raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
 
 
+def check_finite(obj, prefix: str) -> None:
+    """Raise ``ValueError`` naming the first float field of the dataclass ``obj`` that is NaN or
+    infinite (``prefix``: how the message names the object, e.g. ``policy triattention:
+    importance.``). The range checks that follow compare with ``<``, which a NaN passes."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{prefix}{f.name} must be a finite number, got {v}")
+
+
 def validate_importance_params(p: ImportanceParams) -> None:
-    """Raise ``ValueError`` naming the bad field of an :class:`ImportanceParams`."""
+    """Raise ``ValueError`` naming the bad field of an :class:`ImportanceParams` (NaN and
+    infinite values included)."""
+    check_finite(p, "importance.")
     if p.sigma < 0:
         raise ValueError(f"importance.sigma must be >= 0, got {p.sigma}")
     if p.sigma_spread < 0:
@@ -182,7 +200,9 @@ def validate_importance_params(p: ImportanceParams) -> None:
 
 
 def validate_compaction_config(cfg: CompactionConfig) -> None:
-    """Raise ``ValueError`` for an unknown compactor name or a negative index size."""
+    """Raise ``ValueError`` for an unknown compactor name or an index size outside
+    ``[0, MAX_POSITION_INDEX_BYTES]``."""
     _check_choice("compaction", cfg.name, COMPACTORS)
-    if cfg.position_index_bytes < 0:
-        raise ValueError(f"compaction.position_index_bytes must be >= 0, got {cfg.position_index_bytes}")
+    if not 0 <= cfg.position_index_bytes <= MAX_POSITION_INDEX_BYTES:
+        raise ValueError(f"compaction.position_index_bytes must be in [0, {MAX_POSITION_INDEX_BYTES}] "
+                         f"(bytes per slot of an index: 4 = int32), got {cfg.position_index_bytes}")

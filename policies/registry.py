@@ -7,7 +7,8 @@ raise ``ValueError`` listing the valid ones.
 
 from __future__ import annotations
 
-from .config import CompactionConfig, MODES, PolicyConfig, validate_compaction_config, validate_importance_params
+from .config import (CompactionConfig, MODES, PolicyConfig, check_finite, validate_compaction_config,
+                     validate_importance_params)
 from .eviction import (AdaKVPolicy, EvictionPolicy, FullPolicy, H2OPolicy, PyramidKVPolicy, QuestPolicy,
                        RandomPolicy, RKVPolicy, SnapKVPolicy, StreamingLLMPolicy, TOVAPolicy, TriAttentionPolicy)
 
@@ -28,6 +29,7 @@ def validate_policy_config(cfg: PolicyConfig, prompt_len: int | None = None) -> 
     """
     if cfg.name not in POLICIES:
         raise ValueError(f"unknown policy {cfg.name!r}; valid: {', '.join(sorted(POLICIES))}")
+    check_finite(cfg, f"policy {cfg.name}: ")
     cls = POLICIES[cfg.name]
     mode = cfg.mode or cls.default_mode
     if mode not in MODES:

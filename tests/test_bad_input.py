@@ -782,3 +782,24 @@ def test_bom_strict_azure_integers_and_null(tmp_path):
     p.write_text(json.dumps({"timestamp": 0, "input_length": None, "output_length": 4, "hash_ids": [1]}) + "\n")
     with pytest.raises(TraceError, match=r"field 'input_length': found null, expected an integer"):
         load_workload(TraceConfig(name="x", path=str(p)), 0)
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["policy=triattention", "policy.mode=per_head", "policy.importance.sigma=nan"],
+     "importance.sigma must be a finite number, got nan"),
+    (["policy=pyramidkv", "policy.layer_budget_ratio=nan"],
+     "policy pyramidkv: layer_budget_ratio must be a finite number, got nan"),
+    (["policy=triattention", "policy.importance.correlation_length=inf"],
+     "importance.correlation_length must be a finite number, got inf"),
+    (["policy=triattention", "policy.importance.recency_window=nan"],
+     "importance.recency_window must be a finite number, got nan"),
+    (["compaction=hole_fill", "policy=triattention",
+      "compaction.position_index_bytes=4611686018427387904"],
+     "compaction.position_index_bytes must be in [0, 1024]"),
+])
+def test_non_finite_policy_options_are_config_errors(overrides, msg):
+    """Break-it pass: NaN or infinite policy and importance options passed the range checks
+    (a NaN compares False with every bound) and changed results (sigma=nan: 2,623 blocks freed
+    against 468); a position index of 2**62 bytes overflowed into a negative delay mid-run."""
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        validate_config(compose_config(["trace=synthetic_reasoning", *overrides]))
