@@ -537,7 +537,8 @@ class RecordedImportance:
     hold groups 0..num_groups-1.
 
     Raises (at construction) FileNotFoundError if the file is missing, ValueError naming the file and
-    column when a required column is missing or has a non-numeric type; (at query) KeyError naming
+    column when a required column is missing or has a non-numeric type, or naming the first row
+    of a NaN or infinite score (or a null); (at query) KeyError naming
     the file, request and group / first missing positions when they are not recorded.
     """
 
@@ -563,6 +564,15 @@ class RecordedImportance:
             if not ok:
                 raise ValueError(f"importance file {self.path}: column {col!r} has type {t}, "
                                  f"expected {'float' if col == 'score' else 'integer'}")
+        bad = np.flatnonzero(~np.isfinite(table.column("score").to_numpy(zero_copy_only=False)
+                                          .astype(np.float64)))
+        if bad.size:
+            k = int(bad[0])
+            raise ValueError(f"importance file {self.path}: row {k}: score "
+                             f"{table.column('score')[k].as_py()} (request_id "
+                             f"{table.column('request_id')[k].as_py()}, position "
+                             f"{table.column('position')[k].as_py()}), expected finite scores "
+                             f"({bad.size} rows are not)")
         rid = table.column("request_id").to_numpy().astype(np.int64)
         grp = table.column("group").to_numpy().astype(np.int64)
         pos = table.column("position").to_numpy().astype(np.int64)

@@ -189,8 +189,13 @@ class Compression:
         lay = req.layout
         st = req.pstate
         pol = self.policy
-        scores = (score_slots(self.importance, lay, step=st.generated, from_pos=pol.scores_from(lay))
-                  if pol.uses_scores else None)
+        try:
+            scores = (score_slots(self.importance, lay, step=st.generated,
+                                  from_pos=pol.scores_from(lay)) if pol.uses_scores else None)
+        except KeyError as e:  # (a recorded file without the scores this round needs)
+            from .hardware import ConfigError
+            raise ConfigError(f"policy.importance_file: {e.args[0]}; expected scores for every "
+                              f"position a round scores") from None
         keep = self.policy.select(lay, scores, req.n_computed, st.generated)
         pinned = self.policy.pinned_len(lay)
         if shared_blocks:

@@ -288,7 +288,9 @@ def validate_workload(cfg, workload) -> None:
     that protects the prompt with a total budget (h2o, tova with ``policy.protect_prompt=true``)
     cannot serve a prompt longer than ``policy.budget`` (requests the engine rejects at arrival
     anyway, ``input + output > model.max_model_len``, are not counted; ConfigError naming the
-    request, its prompt length and the field)."""
+    request, its prompt length and the field); with recorded importance scores the file must
+    hold every admitted request longer than ``policy.budget`` (ConfigError naming the file, the
+    count and the first missing request)."""
     import numpy as np
 
     from policies import ImportanceParams, PolicyConfig
@@ -330,6 +332,24 @@ def validate_workload(cfg, workload) -> None:
     ok = (inp + out) <= int(cfg.model.max_model_len)
     if not ok.any():
         return
+    if pc.importance_source == "recorded" and POLICIES[pc.name](pc).uses_scores:
+        from policies.importance import RecordedImportance
+
+        try:
+            have = set(RecordedImportance(pc.importance_file).request_ids())
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"policy.importance_file: {e}") from None
+        # the requests longer than the budget have tokens to evict: their rounds read scores
+        # (a round of another that reads a missing score stops the run with the same error)
+        need = np.asarray(workload.request_id)[ok & (inp + out > pc.budget)]
+        miss = need[~np.isin(need, np.fromiter(have, dtype=np.int64, count=len(have)))]
+        if len(miss):
+            raise ConfigError(
+                f"policy.importance_file={pc.importance_file}: no scores recorded for "
+                f"{len(miss)} of the {len(need)} requests of trace {workload.name!r} longer than "
+                f"policy.budget={pc.budget} tokens (first: request {int(miss[0])}); expected a "
+                f"file covering them (or a trace sliced to those it covers, e.g. "
+                f"trace.max_requests)")
     i = int(np.flatnonzero(ok)[np.argmax(inp[ok])])
     policy = POLICIES[pc.name](pc)
     try:

@@ -803,3 +803,42 @@ def test_non_finite_policy_options_are_config_errors(overrides, msg):
     against 468); a position index of 2**62 bytes overflowed into a negative delay mid-run."""
     with pytest.raises(ConfigError, match=re.escape(msg)):
         validate_config(compose_config(["trace=synthetic_reasoning", *overrides]))
+
+
+def test_recorded_importance_gaps_are_config_errors(tmp_path):
+    """Break-it pass: a recorded importance file holding request 0 only crashed mid-run with a
+    KeyError traceback at request 1's first round; one with NaN scores loaded and changed the
+    blocks freed. Now: NaN scores are an error naming the row; requests longer than the budget
+    missing from the file are an error before the run; a round that needs a position the file
+    lacks stops the run with a one-line ConfigError (no complete-looking result)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = ["trace=synthetic_reasoning", "trace.num_sessions=3", "policy=snapkv", "policy.budget=256",
+            "policy.observation_window=16", "policy.importance_source=recorded"]
+    n = 40_000
+
+    def write(name, rids, positions=n, nan=False):
+        score = np.ones(len(rids) * positions, dtype=np.float32)
+        if nan:
+            score[7] = np.nan
+        p = tmp_path / name
+        pq.write_table(pa.table({"request_id": np.repeat(np.asarray(rids, np.int64), positions),
+                                 "group": np.zeros(len(rids) * positions, np.int32),
+                                 "position": np.tile(np.arange(positions, dtype=np.int64), len(rids)),
+                                 "score": score}), p)
+        return p
+
+    cfg = compose_config([*base, f"policy.importance_file={write('nan.parquet', [0, 1, 2], nan=True)}"])
+    with pytest.raises(ConfigError, match=r"nan\.parquet: row 7: score nan \(request_id 0, position 7\)"):
+        run_simulation(cfg, out_dir=tmp_path / "a")
+    cfg = compose_config([*base, f"policy.importance_file={write('one.parquet', [0])}"])
+    with pytest.raises(ConfigError, match=r"one\.parquet: no scores recorded for 2 of the 3 requests "
+                                          r".* \(first: request 1\)"):
+        run_simulation(cfg, out_dir=tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+    cfg = compose_config([*base, f"policy.importance_file={write('short.parquet', [0, 1, 2], 100)}"])
+    with pytest.raises(ConfigError, match=r"short\.parquet: request \d+ group 0 has no score for "
+                                          r"positions \[100, .*expected scores for every position"):
+        run_simulation(cfg, out_dir=tmp_path / "c")
+    assert (tmp_path / "c" / MARKER).exists() and not (tmp_path / "c" / "summary.json").exists()
