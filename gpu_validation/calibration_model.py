@@ -154,6 +154,9 @@ class Calibration:
             if t.shape != (len(b), len(k)):
                 raise CalibrationError(f"{p}: decode_attention.seconds_per_layer must be [len(batch)][len(kv_tokens)], "
                                        f"got shape {t.shape}")
+            if not b or not k:
+                raise CalibrationError(f"{p}: decode_attention.batch and decode_attention.kv_tokens "
+                                       f"must be non-empty (got {len(b)} and {len(k)} values)")
             _grid(b, "decode_attention.batch", p)
             _grid(k, "decode_attention.kv_tokens", p)
             _finite(t, "decode_attention.seconds_per_layer", p, positive=True)
@@ -168,6 +171,14 @@ class Calibration:
             _grid(tok, "gemm.tokens", p)
             _finite(sec, "gemm.seconds_per_layer", p, positive=True)
             self._gemm = (tok, sec, _layers(g, "gemm.", p))
+        shapes = data.get("model_shapes")
+        n_layers = shapes.get("num_layers") if isinstance(shapes, dict) else None
+        for name, table in (("decode_attention", self._attn), ("gemm", self._gemm)):
+            # a table's per-layer times are scaled by its layers: they must be the model's
+            if table is not None and n_layers is not None and table[-1] != n_layers:
+                raise CalibrationError(f"{p}: {name}.layers = {table[-1]}, but model_shapes."
+                                       f"num_layers = {n_layers}; expected the measured model's "
+                                       f"layer count")
         self.raw = data
 
     # ---------------------------------------------------------------- ops
