@@ -125,6 +125,11 @@ def _queue_registration(req, full: int, reg: tuple) -> None:
     req.n_cached = full
 
 
+# Latest simulated time (s) a run may reach: arrivals are checked against the same bound
+# (traces._common.MAX_ARRIVAL_S); past it float64 seconds lose the microsecond.
+MAX_CLOCK_S = float(2 ** 32)
+
+
 class Request:
     """One request's live state. Token counts in tokens, times in simulated seconds."""
 
@@ -970,9 +975,17 @@ class Simulator:
         yield from _advance_to(self.env, hold)
 
     def _check_sim_time(self) -> None:
-        """ConfigError once the clock has passed ``sim.max_sim_time_s`` (checked after every
-        step and every fast-forward stretch, which ends at the step that passes it)."""
+        """ConfigError once the clock has passed ``sim.max_sim_time_s`` or 2**32 s (checked after
+        every step and every fast-forward stretch, which ends at the step that passes it)."""
         now = self.env.now
+        if now > MAX_CLOCK_S:
+            from .hardware import ConfigError
+            raise ConfigError(
+                f"the simulated clock passed 2**32 s (~136 years) at t={now:.6g} s with "
+                f"{self.done} of {self.n} requests done: float64 seconds stop resolving a "
+                f"microsecond there; expected step and transfer times that keep the run inside "
+                f"it (check the cost.* and tiers.* options: a step overhead, efficiency or "
+                f"bandwidth off by orders of magnitude?)")
         if self.max_sim_time is not None and now > self.max_sim_time:
             from .hardware import ConfigError
             raise ConfigError(

@@ -123,9 +123,18 @@ def _check_cache(cfg) -> None:
     if c.num_gpu_blocks is not None and c.num_gpu_blocks <= 0:
         raise ConfigError(f"cache.num_gpu_blocks={c.num_gpu_blocks}; expected a positive number "
                           f"of blocks or null (computed from memory)")
-    if c.activation_reserve_gib is not None and c.activation_reserve_gib < 0:
-        raise ConfigError(f"cache.activation_reserve_gib={c.activation_reserve_gib}; expected >= 0 "
-                          f"GiB or null (estimated)")
+    if c.activation_reserve_gib is not None and not 0 <= c.activation_reserve_gib < float("inf"):
+        raise ConfigError(f"cache.activation_reserve_gib={c.activation_reserve_gib}; expected a "
+                          f"finite number >= 0 GiB or null (estimated)")
+    from .keys import MAX_BLOCKS_PER_REQUEST
+
+    most = -(-int(cfg.model.max_model_len) // int(bs))
+    if most > MAX_BLOCKS_PER_REQUEST:
+        # a request's blocks are numbered in its unidentified blocks' keys (sim/keys.py)
+        raise ConfigError(
+            f"model.max_model_len={cfg.model.max_model_len} with cache.block_size={bs}: a request "
+            f"may need {most:,} blocks; expected at most {MAX_BLOCKS_PER_REQUEST:,} (2**24) per "
+            f"request: raise cache.block_size or lower model.max_model_len")
 
 
 def _check_cost(cfg) -> None:

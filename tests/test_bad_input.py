@@ -723,6 +723,8 @@ def test_ids_not_prefix_chained_are_an_error(tmp_path):
     (["gpu.memory_gib=1e300"], "the budget overflows float64 bytes"),
     (["gpu.memory_gib=1e9"], "KV blocks of gpu.memory_gib=1000000000.0: the block pool's bookkeeping"),
     (["tiers=gpu_host", "tiers.host_gib=1e18"], "tiers.host_gib=1e+18: 4.55e+20 pages of"),
+    # (the clock ran on to 9.6e14 s: arrivals were bounded, step times were not)
+    (["cost.step_overhead_s=1e12"], "the simulated clock passed 2**32 s (~136 years) at t=1e+12 s"),
 ])
 def test_values_too_large_for_the_machine_are_config_errors(tmp_path, extra, msg):
     """Break-it pass: an infinite time_scale ran and then crashed writing summary.json (leaving
@@ -842,3 +844,18 @@ def test_recorded_importance_gaps_are_config_errors(tmp_path):
                                           r"positions \[100, .*expected scores for every position"):
         run_simulation(cfg, out_dir=tmp_path / "c")
     assert (tmp_path / "c" / MARKER).exists() and not (tmp_path / "c" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["cache.block_size=1", "model.max_model_len=20000000"],
+     "model.max_model_len=20000000 with cache.block_size=1: a request may need 20,000,000 blocks; "
+     "expected at most 16,777,216 (2**24) per request"),
+    (["cache.activation_reserve_gib=nan"],
+     "cache.activation_reserve_gib=nan; expected a finite number >= 0 GiB or null"),
+])
+def test_cache_limits_are_config_errors(overrides, msg):
+    """Break-it pass: a 16,777,300-token request with block_size 1 passed the config and crashed
+    mid-run (ValueError from the block keys, at most 2**24 blocks a request); a NaN activation
+    reserve was reported as "zero KV blocks left ... nan GiB" instead of naming the field."""
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        validate_config(compose_config(overrides))
