@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import REJECTED_RUN_PREFIX, TiersConfig, register_configs
+from .config import REJECTED_RUN_PREFIX, TiersConfig, blocking_file, register_configs
 
 log = logging.getLogger("kvsim")
 
@@ -177,6 +177,19 @@ def app(cfg: DictConfig) -> None:
         if sid.is_file():
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / SWEEP_ID).write_text(sid.read_text())
+        if cfg.output.dir:
+            other = claim_output_dir(out_dir, sid.read_text().strip() if sid.is_file()
+                                     else str(hc.sweep.dir), int(hc.job.num))
+            if other is not None:
+                msg = (f"output.dir={cfg.output.dir} is also the output folder of job {other} of "
+                       f"this multirun; expected a folder per job, e.g. "
+                       f"output.dir=results/${{hydra:job.num}} (or no output.dir: each job writes "
+                       f"its own Hydra job folder)")
+                print(f"kvsim: error: {msg}", file=sys.stderr)
+                job_dir = Path(hc.sweep.dir) / hc.sweep.subdir
+                job_dir.mkdir(parents=True, exist_ok=True)  # (the sweep's failure report lists it)
+                (job_dir / "INCOMPLETE").write_text(f"this run failed: {msg}\n")
+                return
     if cfg.output.skip_completed and is_complete(out_dir, overrides):
         log.info("skipping %s: already complete", out_dir)
         return
@@ -192,19 +205,19 @@ def app(cfg: DictConfig) -> None:
         record.info(msg)
 
     try:
-        summary = run_simulation(cfg, out_dir, overrides=overrides)
+        summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir)
     except (ConfigError, TraceError) as e:
         say(f"kvsim: error: {e}")
         if is_complete(out_dir):
             say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
-        elif not out_dir.exists() or out_dir.is_dir():
+        elif blocking_file(out_dir) is None:
             # mark the directory failed (kvsim-collect lists it with this reason)
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / "INCOMPLETE").write_text(f"this run failed: {e}\n")
             say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
                 f"with this error)")
         rejected = Path(hc.runtime.output_dir)
-        if not multirun and out_dir.exists() and not out_dir.is_dir() \
+        if not multirun and blocking_file(out_dir) is not None \
                 and rejected.name.startswith(REJECTED_RUN_PREFIX):
             # (sim.config._run_dir: Hydra's log went to a temporary folder, not left behind)
             import shutil
@@ -259,6 +272,31 @@ def app(cfg: DictConfig) -> None:
     if cfg.output.print_summary:
         Console(stderr=False).print(table)
         print(f"results: {out_dir}")
+
+
+JOB_CLAIM = ".kvsim_job"  # in a multirun job's output.dir: "<sweep id> <job number>"
+
+
+def claim_output_dir(out_dir: Path, sweep_id: str, job: int) -> int | str | None:
+    """Claim ``out_dir`` for job ``job`` of the multirun ``sweep_id``: None when it is this
+    job's (claimed now, by this job earlier, or only by an earlier sweep), else the number of
+    the job of this sweep that holds it ("another" while that job is still writing its claim).
+    The claim file is created exclusively, so of two jobs started together one gets it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    claim = out_dir / JOB_CLAIM
+    mine = f"{sweep_id} {job}"
+    try:
+        with open(claim, "x") as fh:
+            fh.write(mine)
+        return None
+    except FileExistsError:
+        held = claim.read_text().split()
+    if len(held) != 2:
+        return "another"
+    if held[0] != sweep_id:
+        claim.write_text(mine)  # (an earlier sweep's)
+        return None
+    return None if held[1] == str(job) else int(held[1])
 
 
 def unknown_override_key(args: list[str]) -> str | None:

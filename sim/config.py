@@ -207,7 +207,8 @@ REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.
 def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
-    An ``output.dir`` naming an existing file gives a folder under the system's temporary
+    An ``output.dir`` naming an existing file, or a path under one, gives a folder under the
+    system's temporary
     directory instead, so Hydra can create its run directory (and log file) without leaving a
     folder where the user ran ``kvsim``; the job then reports the bad ``output.dir`` itself (one
     clear line, exit 2)."""
@@ -217,9 +218,18 @@ def _run_dir(output_dir, default: str) -> str:
     import tempfile
     from pathlib import Path
 
-    if Path(str(output_dir)).exists() and not Path(str(output_dir)).is_dir():
+    if blocking_file(Path(str(output_dir))) is not None:
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
+
+
+def blocking_file(path: Path) -> Optional[Path]:
+    """The existing file (not a folder) at ``path`` or at the nearest existing folder above it,
+    which keeps ``path`` from being a folder; None when ``path`` is or can become one."""
+    for p in (path, *path.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
 
 
 def _output_subdir(output_dir) -> Optional[str]:

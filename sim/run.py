@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from traces import load_workload
 
 from .compression import ROUND_COLUMNS, Compression
+from .config import blocking_file
 from .cost import build_cost_model
 from .engine import Simulator
 from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
@@ -158,11 +159,14 @@ def _tiers_factory(cfg, plan, calibration=None):
 
 
 def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None,
-                   overrides: list[str] | None = None) -> dict:
+                   overrides: list[str] | None = None, hydra_record: bool = False) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
 
     ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
-    programmatic use and tests).
+    programmatic use and tests). ``hydra_record``: ``out_dir/.hydra/`` is Hydra's record of this
+    very run (the CLI without ``output.dir``); otherwise a ``.hydra/`` there is an earlier run's
+    and is removed with its other results (kvsim-collect reads the run's settings from it), and
+    the run writes its own ``config.yaml``.
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
     the config or trace is invalid; the results directory is then not touched (an earlier
@@ -170,9 +174,11 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     """
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise ConfigError(f"output.dir={out}: exists and is not a folder; expected a folder "
-                          f"for the results (or a path to create)")
+    if out is not None and blocking_file(out) is not None:
+        f = blocking_file(out)
+        raise ConfigError(f"output.dir={out}: " + ("exists and is not a folder" if f == out else
+                                                   f"{f} is a file, not a folder")
+                          + "; expected a folder for the results (or a path to create)")
     # every config and trace check runs before the results directory is touched, so a
     # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
@@ -192,6 +198,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
                      "transfers.parquet", "ops.jsonl", "config.yaml"):
             if (out / name).exists():
                 (out / name).unlink()
+        if not hydra_record and (out / ".hydra").is_dir():
+            import shutil
+
+            shutil.rmtree(out / ".hydra")
     n = len(wl)
     rec = Recorder(n, wl.table.column("session_id").to_numpy(),
                    record_steps=bool(cfg.output.write_steps))
@@ -306,7 +316,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
             _write_ops(cfg, comp, tm, out / "ops.jsonl")
-        if not (out / ".hydra" / "config.yaml").exists():
+        if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
         summary["wall"]["peak_rss_mb"] = _peak()

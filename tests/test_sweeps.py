@@ -463,3 +463,55 @@ def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_pa
     res = C.collect(sweep, tmp_path / "c", quiet=True)
     (f,) = res.failed
     assert f.run_id == "0" and "cache.block_size=7; expected a power of two" in f.failure
+
+
+# --- output.dir across jobs and runs ---------------------------------------------------------------
+
+def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
+    """Break-it pass: `kvsim -m ... output.dir=X` wrote every job into X, each overwriting the
+    last (exit 0), or with two workers raced into a FileNotFoundError traceback. Now the first
+    job to start holds X; another job of the same sweep fails with one line naming the job that
+    holds it, and the sweep exits 2. A per-job folder (${hydra:job.num}) works."""
+    shared = tmp_path / "od"
+    r = _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw'}",
+               "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={shared}", *QUIET,
+               check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (f"kvsim: sweep job 1 failed: output.dir={shared} is also the output folder of job 0 of "
+            "this multirun") in r.stderr
+    assert "Traceback" not in r.stderr
+    assert json.loads((shared / "summary.json").read_text())["block_size"] == 16
+    per_job = str(tmp_path / "pj_${hydra:job.num}")
+    _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
+           "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
+    assert [json.loads((tmp_path / f"pj_{k}" / "summary.json").read_text())["block_size"]
+            for k in (0, 1)] == [16, 32]
+    # re-running the same sweep into the same folders is this sweep's jobs again: allowed
+    _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw2'}",
+           "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
+
+
+def test_output_dir_reusing_a_hydra_run_folder_drops_its_stale_record(tmp_path):
+    """Break-it pass: re-running into a Hydra run folder with output.dir left the earlier run's
+    .hydra/ (config and overrides) beside the new results, and kvsim-collect reported the old
+    settings. The earlier record is removed with the earlier tables; the run writes its own
+    config.yaml, and the collected row shows the new settings."""
+    run = tmp_path / "outputs" / "run"
+    _kvsim(f"hydra.run.dir={run}", "trace.max_requests=20", "seed=1", *QUIET)
+    assert (run / ".hydra" / "overrides.yaml").is_file()
+    _kvsim(f"output.dir={run}", "trace.max_requests=30", "cache.block_size=32", *QUIET)
+    assert not (run / ".hydra").exists()
+    assert "block_size: 32" in (run / "config.yaml").read_text()
+    res = C.collect(run, tmp_path / "col", quiet=True)
+    row = res.runs.iloc[0]
+    assert row["cache.block_size"] == 32 and row["trace.max_requests"] == 30
+
+
+def test_output_dir_under_a_file_is_one_line(tmp_path):
+    """Break-it pass: output.dir=FILE/sub crashed in Hydra with a NotADirectoryError traceback."""
+    f = tmp_path / "plainfile"
+    f.write_text("x")
+    r = _kvsim(f"output.dir={f / 'sub'}", "trace.max_requests=5", *QUIET, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"output.dir={f / 'sub'}: {f} is a file, not a folder" in r.stderr
+    assert f.read_text() == "x"
