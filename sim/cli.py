@@ -90,7 +90,7 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     pl = s.get("preempted_lookups") or {}
     if pl.get("requests"):
         ht = pl["hit_tokens"]
-        t.add_row("preempted lookups / hit tokens GPU / host / disk",
+        t.add_row("re-admissions after preemption / their hit tokens GPU / host / disk",
                   f"{pl['requests']:,} / {ht['gpu']:,} / {ht['host']:,} / {ht['disk']:,}")
     if s.get("policy", "full") != "full" and s.get("rounds") is not None:
         t.add_row("compression rounds / tokens evicted / blocks freed",
@@ -205,7 +205,9 @@ def app(cfg: DictConfig) -> None:
         record.info(msg)
 
     try:
-        summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir)
+        summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
+                                 progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
+                                 else bool(cfg.sim.progress))
     except (ConfigError, TraceError) as e:
         say(f"kvsim: error: {e}")
         if is_complete(out_dir):
@@ -270,7 +272,9 @@ def app(cfg: DictConfig) -> None:
         record.info("summary\n%s", buf.getvalue().rstrip())
     record.info("results: %s", out_dir)
     if cfg.output.print_summary:
-        Console(stderr=False).print(table)
+        # (rich fits a table to 80 columns when stdout is not a terminal, cutting the labels
+        # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
+        Console(stderr=False, width=None if sys.stdout.isatty() else 110).print(table)
         print(f"results: {out_dir}")
 
 

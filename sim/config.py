@@ -161,7 +161,10 @@ class SimConfig:
     """Engine switches."""
 
     check_invariants: bool = False
-    progress: bool = True
+    # a progress bar on stderr: true, false, or null (default) = the kvsim command draws it
+    # when stderr is a terminal (a sweep's jobs, a pipe or a CI log get none: their bars ran
+    # together on one line) and run_simulation() always
+    progress: Optional[bool] = None
     fast_forward: bool = True
     max_sim_time_s: Optional[float] = None
     # prefix-index backend (same results, different speed): dict | table | auto (table when the

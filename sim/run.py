@@ -205,7 +205,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     n = len(wl)
     rec = Recorder(n, wl.table.column("session_id").to_numpy(),
                    record_steps=bool(cfg.output.write_steps))
-    show = cfg.sim.progress if progress_bar is None else progress_bar
+    show = cfg.sim.progress is not False if progress_bar is None else progress_bar
     bar = None
     progress = None
     if show:

@@ -859,3 +859,21 @@ def test_cache_limits_are_config_errors(overrides, msg):
     reserve was reported as "zero KV blocks left ... nan GiB" instead of naming the field."""
     with pytest.raises(ConfigError, match=re.escape(msg)):
         validate_config(compose_config(overrides))
+
+
+def test_summary_and_progress_off_a_terminal(tmp_path):
+    """Newcomer pass: with stdout piped (a sweep, `| cat`, a CI log) rich fitted the summary to
+    80 columns and cut its labels ("... GPU / host /"); tqdm drew its bar into the piped stderr,
+    where a sweep's bars ran together. Off a terminal the table is 110 wide with whole labels
+    and, with sim.progress at its default (null), no bar is drawn; sim.progress=true forces it."""
+    def run(out, *ov):
+        return subprocess.run([*KVSIM, f"output.dir={out}", *ov], capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+
+    r = run(tmp_path / "a", "trace.max_requests=300", "tiers=gpu_host_disk", "codec=nvfp4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = [ln for ln in r.stdout.splitlines() if "re-admissions after preemption" in ln]
+    assert len(row) == 1 and "their hit tokens GPU / host / disk │" in row[0], r.stdout
+    assert "\r" not in r.stderr and "req/s" not in r.stderr, r.stderr[-500:]
+    r = run(tmp_path / "b", "trace.max_requests=30", "sim.progress=true", "output.print_summary=false")
+    assert "30/30" in r.stderr, r.stderr[-500:]
