@@ -128,10 +128,12 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
 
 
-def inert_override_notes(overrides: list[str], trace_format: str, tiers: str) -> list[str]:
+def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
+                         cost_kind: str = "analytic") -> list[str]:
     """Notes for command-line overrides that change nothing in this run: a trace option of
-    another kind of trace (``trace_format``: the run's ``trace.format``), or a tier option with
-    no host or disk tier (``tiers``: the summary's ``tiers``, e.g. ``gpu_only``)."""
+    another kind of trace (``trace_format``: the run's ``trace.format``; ``trace.path`` of a
+    synthetic one, which is generated), a tier option with no host or disk tier (``tiers``: the
+    summary's ``tiers``, e.g. ``gpu_only``), or ``cost.file`` without ``cost.kind=calibrated``."""
     kind = "synthetic" if trace_format.startswith("synthetic") else trace_format
     notes = []
     for o in overrides:
@@ -142,6 +144,12 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str) ->
                 if field in names and k != kind:
                     notes.append(f"{key} is read by {k} traces only; this run's trace is "
                                  f"{trace_format}: it changes nothing")
+            if field == "path" and kind == "synthetic":
+                notes.append(f"{key} is read by traces loaded from files; this run's trace is "
+                             f"{trace_format}, generated from its options: it changes nothing")
+        elif key == "cost.file" and cost_kind != "calibrated":
+            notes.append(f"cost.file is read with cost.kind=calibrated; this run's cost.kind is "
+                         f"{cost_kind}: it changes nothing")
         elif group == "tiers" and field in TIER_ONLY_FIELDS and tiers == "gpu_only":
             notes.append(f"{key} applies to host and disk tiers; with none (tiers.host_gib = "
                          f"tiers.disk_gib = 0) it changes nothing")
@@ -250,7 +258,8 @@ def app(cfg: DictConfig) -> None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
-    for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only")):
+    for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
+                                  str(cfg.cost.kind)):
         say(f"kvsim: note: {n}")
     if summary["requests_finished"] == 0:
         say(f"kvsim: warning: no request finished: all {summary['requests_rejected']:,} were "

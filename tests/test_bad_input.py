@@ -597,6 +597,15 @@ def test_inert_overrides_get_a_note():
                                 "synthetic_multiturn", "gpu_host") == []
     assert inert_override_notes(["trace.timestamp_spread=keep"], "weka", "gpu_only")[0].startswith(
         "trace.timestamp_spread is read by mooncake traces only")
+    # (second break-it pass: a synthetic trace's path and an analytic run's cost.file)
+    assert inert_override_notes(["trace.path=/x.jsonl", "cost.file=/c.json"], "synthetic_reasoning",
+                                "gpu_only", "analytic") == [
+        "trace.path is read by traces loaded from files; this run's trace is synthetic_reasoning, "
+        "generated from its options: it changes nothing",
+        "cost.file is read with cost.kind=calibrated; this run's cost.kind is analytic: it changes "
+        "nothing"]
+    assert inert_override_notes(["trace.path=/x.jsonl", "cost.file=/c.json"], "mooncake",
+                                "gpu_only", "calibrated") == []
 
 
 def test_cli_warns_when_no_request_finished(tmp_path):
