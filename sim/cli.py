@@ -384,6 +384,40 @@ def missing_launcher_plugin(args: list[str]) -> str | None:
     return None
 
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"
+
+
+def unknown_group_option(args: list[str]) -> str | None:
+    """The error for the first ``group=option`` override (``trace=``, ``model=``, ...; a comma
+    sweep of plain names too) naming an option that ``experiments/conf/<group>/`` lacks, with
+    the closest option as a hint and the list (Hydra's own message is a page of its search path
+    and exit 1); None when every option exists. Hydra's sweep functions, interpolations,
+    ``hydra/...`` groups and runs given other config folders (``--config-dir``,
+    ``hydra.searchpath``) are left to Hydra."""
+    import difflib
+
+    if any(a.startswith(("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath",
+                         "+hydra.searchpath")) for a in args):
+        return None  # (options may come from the other config folders: Hydra decides)
+    for a in args:
+        if a.startswith(("-", "~")) or "=" not in a:
+            continue
+        key, value = a.split("=", 1)
+        group = key.lstrip("+")
+        if "." in group or "/" in group or "@" in group or not (CONF_DIR / group).is_dir():
+            continue
+        if any(c in value for c in "${}[]()'\" ") or value.startswith(("choice", "range", "glob")):
+            continue
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        for v in value.split(","):
+            if v and v not in options:
+                close = difflib.get_close_matches(v, options, n=1)
+                hint = f"did you mean {group}={close[0]}? " if close else ""
+                return (f"{a}: no option {v!r} in config group '{group}'; {hint}"
+                        f"(options: {', '.join(options)})")
+    return None
+
+
 def duplicate_override_key(args: list[str]) -> str | None:
     """The error for the first override key given twice on the command line (``seed=1
     seed=2``, ``tiers=gpu_host tiers=gpu_only``): Hydra silently keeps the last value, which
@@ -443,8 +477,8 @@ def main() -> None:
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    err = duplicate_override_key(sys.argv[1:]) or unknown_override_key(sys.argv[1:]) or \
-        missing_launcher_plugin(sys.argv[1:])
+    err = duplicate_override_key(sys.argv[1:]) or unknown_group_option(sys.argv[1:]) or \
+        unknown_override_key(sys.argv[1:]) or missing_launcher_plugin(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -886,3 +886,23 @@ def test_summary_and_progress_off_a_terminal(tmp_path):
     assert "\r" not in r.stderr and "req/s" not in r.stderr, r.stderr[-500:]
     r = run(tmp_path / "b", "trace.max_requests=30", "sim.progress=true", "output.print_summary=false")
     assert "30/30" in r.stderr, r.stderr[-500:]
+
+
+def test_unknown_group_option_is_one_line_with_a_hint():
+    """Newcomer pass: `kvsim trace=mooncake_conversaton` printed Hydra's option list, search path
+    and HYDRA_FULL_ERROR hint, exit 1; a typo'd key already got one line with a hint."""
+    from sim.cli import unknown_group_option
+
+    assert unknown_group_option(["model=qwen3-8b"]) == (
+        "model=qwen3-8b: no option 'qwen3-8b' in config group 'model'; did you mean "
+        "model=qwen3_8b? (options: deepseek_v3, gpt_oss_120b, llama3_1_70b, llama3_1_8b, "
+        "qwen3_235b_a22b, qwen3_32b, qwen3_8b)")
+    assert "no option 'mooncake_conversaton'" in unknown_group_option(
+        ["trace=azure_conv,mooncake_conversaton"])
+    assert unknown_group_option(["trace=azure_conv,weka_agentic", "+tiers=gpu_host", "seed=3",
+                                 "cache.block_size=32", "hydra/launcher=local"]) is None
+    assert unknown_group_option(["trace=mine", "hydra.searchpath=[file://my_conf]"]) is None
+    r = subprocess.run([*KVSIM, "trace=mooncake_conversaton"], capture_output=True, text=True,
+                       cwd=REPO, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("kvsim: error: trace=mooncake_conversaton: no "
+                                                     "option"), r.stderr
