@@ -53,34 +53,6 @@ def test_notebook_committed_clean_and_paired(nb_path):
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_committed_clean_and_paired(nb_path):
-    nb = nbformat.read(nb_path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert not cell.get("outputs") and cell.get("execution_count") is None, (
-                f"{nb_path.name}: outputs not cleared (jupyter nbconvert --clear-output --inplace)")
-    jupytext = pytest.importorskip("jupytext")
-    paired = nb_path.with_suffix(".py")
-    assert paired.is_file(), f"{paired} missing (jupytext --set-formats ipynb,py:percent)"
-    py = jupytext.read(paired)
-    src = [(c.cell_type, c.source.strip()) for c in nb.cells]
-    assert src == [(c.cell_type, c.source.strip()) for c in py.cells], (
-        f"{nb_path.name} and {paired.name} differ: run jupytext --sync {nb_path}")
-
-
-def _policy_groups_wired() -> bool:
-    """True once ``policy`` and ``compaction`` are groups of the root config (coming from the
-    sim side); until then the blocks_freed notebook cannot produce its sweep."""
-    from sim.run import compose_config
-
-    try:
-        compose_config(["policy=h2o", "compaction=forward_pack"])
-    except Exception:  # noqa: BLE001 - any composition error means "not wired"
-        return False
-    return True
-
-
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_headless(nb_path, tmp_path):
     nb = nbformat.read(nb_path, as_version=4)
     figdir = NB_DIR / "figures"
