@@ -12,7 +12,29 @@ a compiled loop might round differently.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numba
+
+_checked = [False]
+
+
+def _note_first_compile(fn) -> None:
+    """Before the first kernel compiles: when numba's cache has no index for it (a fresh
+    install, or an emptied ``NUMBA_CACHE_DIR``), say on stderr that compiling takes a while, so
+    the first run's ~20 s of silence is explained. Checked once per process; any trouble
+    reading numba's cache path skips the note."""
+    if _checked[0]:
+        return
+    _checked[0] = True
+    try:
+        index = numba.njit(cache=True)(fn)._cache._cache_file._index_path
+    except Exception:  # noqa: BLE001 - (numba internals; the note is a courtesy)
+        return
+    if not os.path.exists(index):
+        print("kvsim: compiling the simulator's kernels (the first run of an install takes "
+              "~20 s more; numba caches them for the next runs)", file=sys.stderr, flush=True)
 
 
 def kernel(signature):
@@ -21,6 +43,7 @@ def kernel(signature):
     numba finds no writable cache location (it raises RuntimeError "cannot cache function")."""
 
     def wrap(fn):
+        _note_first_compile(fn)
         try:
             return numba.njit(signature, cache=True, nogil=True)(fn)
         except RuntimeError as e:

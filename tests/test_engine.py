@@ -215,3 +215,19 @@ def test_block_pairs_equal_the_numpy_expansion(first, last, B):
     want_ps = np.repeat(f, want_cnt) + B * (np.arange(n) - np.repeat(np.cumsum(want_cnt) - want_cnt, want_cnt))
     assert cnt.tolist() == want_cnt.tolist()
     assert pi.tolist() == want_pi.tolist() and ps.tolist() == want_ps.tolist()
+
+
+def test_first_compile_is_announced_once(tmp_path):
+    """Newcomer pass: the first run of an install was ~20 s of silence while numba compiled.
+    With an empty cache the first kernel's compile is announced on stderr; once cached, not."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-c", "import sim.clock"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert first.stderr.count("kvsim: compiling the simulator's kernels") == 1, first.stderr
+    assert "compiling" not in again.stderr, again.stderr
