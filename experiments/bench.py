@@ -1,4 +1,4 @@
-"""Simulation-speed benchmark suite (issue "Simulation speed"; not part of the test run).
+"""Simulation-speed benchmark suite: full real traces, wall time and peak RSS against targets (BENCHMARKS.md; not part of the test run).
 
 ``python -m experiments.bench [--repeats 3] [--cases a,b] [--json out.json] [--quick]``
 
@@ -10,7 +10,7 @@ median peak RSS, engine steps, steps per wall second, and simulated tokens (prom
 of finished requests) per wall second. ``--json`` writes the raw and median numbers, with the git
 commit, so two commits can be compared.
 
-Cases (full traces from ../shared/traces; targets from the issue):
+Cases (full traces from ../shared/traces or KVSIM_TRACES_DIR; the targets BENCHMARKS.md holds them to):
 
 * ``azure_conv``: Azure 2023 conversation (19,366 requests), Llama-3.1-8B on H100, prefix caching
   on. Target <= 5 s and <= 1 GB.
@@ -80,7 +80,7 @@ def run_case(overrides: list[str]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=3, help="runs per case (>= 1); the median is reported")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per case (>= 1; default 3); the median is reported")
     ap.add_argument("--cases", default=None,
                     help=f"comma-separated cases to run (default: all of {', '.join(CASES)})")
     ap.add_argument("--json", default=None,
