@@ -168,6 +168,15 @@ def app(cfg: DictConfig) -> None:
     from .run import is_complete, run_simulation
 
     hc = HydraConfig.get()
+    if hc.job.chdir:
+        # Hydra moved into the run folder: relative paths on the command line name files from
+        # the folder kvsim was started in (hydra.runtime.cwd), as without hydra.job.chdir
+        from hydra.utils import to_absolute_path
+
+        for node, key in ((cfg.trace, "path"), (cfg.cost, "file"), (cfg.policy, "importance_file"),
+                          (cfg.output, "dir")):
+            if node[key]:
+                node[key] = to_absolute_path(str(node[key]))
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
     # the overrides that define this run (the resume flag itself excluded)
     overrides = [o for o in hc.overrides.task

@@ -515,3 +515,17 @@ def test_output_dir_under_a_file_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"output.dir={f / 'sub'}: {f} is a file, not a folder" in r.stderr
     assert f.read_text() == "x"
+
+
+def test_relative_paths_with_hydra_job_chdir(tmp_path):
+    """Break-it pass: with hydra.job.chdir=true a relative trace.path that exists was reported
+    "not found" (Hydra had moved into the run folder). Relative trace.path and output.dir name
+    paths from the folder kvsim started in, as without chdir."""
+    lines = (REPO / "traces" / "data" / "mooncake_conversation_10min.jsonl").read_text().splitlines()
+    (tmp_path / "m.jsonl").write_text("\n".join(lines[:40]) + "\n")
+    r = subprocess.run([*KVSIM, "trace=mooncake_conversation", "trace.path=m.jsonl",
+                        "hydra.job.chdir=true", "output.dir=res", *QUIET], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert s["requests_total"] == 40 and s["trace_source"] == str(tmp_path / "m.jsonl")
