@@ -67,7 +67,16 @@ Reading::
     # DuckDB: SELECT * FROM read_parquet('collected/requests/*/*.parquet', hive_partitioning=true)
 
 The output directory is built beside ``DIR`` and renamed into place, so a reader never sees a
-half-written collection.
+half-written collection. ``DIR`` must be a new or empty directory or an earlier collection (a
+directory whose ``manifest.json`` kvsim-collect wrote), which is replaced whole (files added to
+it are deleted). Refused before anything is read or written (exit status 2, one line naming
+``DIR``): the sweep directory itself, a directory containing it, a directory inside it other
+than the default ``SWEEP_DIR/collected``, a run directory, an existing file, and a non-empty
+directory that is not a collection. ``--tables`` names must be tables some run wrote (an unknown
+name is an error listing the tables there are).
+
+Runs that failed are listed on stderr with a warning line (how many, and the path of
+``failed_runs.csv``) and on stdout's summary; the exit status stays 0 unless ``--strict``.
 """
 
 from __future__ import annotations
@@ -133,6 +142,60 @@ class RunInfo:
 def _is_run_dir(p: Path) -> bool:
     return ((p / ".hydra" / "overrides.yaml").is_file() or (p / "summary.json").is_file()
             or (p / MARKER).exists())
+
+
+def is_collection(path) -> bool:
+    """Whether ``path`` is a directory written by ``kvsim-collect``: it holds a ``manifest.json``
+    that is a JSON object with the keys every collection's manifest has (``sweep_dir``,
+    ``runs_total``, ``tables``)."""
+    try:
+        m = json.loads((Path(path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
+
+
+def check_out_dir(sweep_dir, out_dir) -> None:
+    """Raise CollectError (one line naming ``out_dir``) unless ``out_dir`` may receive a
+    collection of ``sweep_dir``: a directory that does not exist yet, an empty one, or an
+    earlier collection (:func:`is_collection`), which is replaced. Refused: the sweep directory
+    itself, a directory containing it, one inside it (except the default ``SWEEP_DIR/collected``),
+    a run directory, an existing file, and a non-empty directory that is not a collection.
+    Nothing is written or deleted here."""
+    given = Path(out_dir)
+    sw = Path(sweep_dir).resolve()
+    o = given.resolve()
+    what = f"output directory {given} (--out)"
+    if o.exists() and not o.is_dir():
+        raise CollectError(f"{what}: is an existing file; expected a directory (a new or empty one, "
+                           f"or an earlier kvsim-collect output to replace)")
+    for parent in o.parents:  # the first existing ancestor must be a directory
+        if parent.exists():
+            if not parent.is_dir():
+                raise CollectError(f"{what}: {parent} is a file, not a directory")
+            break
+    if o == sw:
+        raise CollectError(f"{what}: is the sweep directory itself; collecting into it would "
+                           f"delete its runs (default: {Path(sweep_dir) / 'collected'})")
+    if sw.is_relative_to(o):
+        raise CollectError(f"{what}: contains the sweep directory {sweep_dir}; collecting into it "
+                           f"would delete the sweep; choose a directory outside it")
+    if o.is_dir() and _is_run_dir(o):
+        raise CollectError(f"{what}: is a kvsim run directory (it holds summary.json, "
+                           f".hydra/overrides.yaml or an {MARKER} marker); collecting into it "
+                           f"would delete the run; choose another directory")
+    if o.is_relative_to(sw) and o != sw / "collected":
+        raise CollectError(f"{what}: is inside the sweep directory {sweep_dir} (only the default "
+                           f"{Path(sweep_dir) / 'collected'} may be); choose a directory outside "
+                           f"the sweep")
+    try:
+        non_empty = o.is_dir() and any(o.iterdir())
+    except OSError as e:
+        raise CollectError(f"{what}: cannot list directory: {_one_line(e)}") from e
+    if non_empty and not is_collection(o):
+        raise CollectError(f"{what}: is a non-empty directory that is not a kvsim-collect output "
+                           f"(no kvsim-collect manifest.json); it would be replaced, deleting its "
+                           f"files: choose a new or empty directory")
 
 
 def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
@@ -565,7 +628,10 @@ class CollectResult:
 def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: bool = False) -> CollectResult:
     """Collect ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/collected``); see the module doc.
 
-    ``tables``: per-run table names to collect (default: every ``*.parquet`` the runs wrote).
+    ``tables``: per-run table names to collect (default: every ``*.parquet`` the runs wrote); a
+    name no run wrote raises CollectError listing the names there are (nothing is written).
+    ``out_dir`` is checked by :func:`check_out_dir` first (CollectError when it is the sweep, in
+    or around it, a run directory, a file, or a non-empty directory that is no collection).
     Incomplete runs, and runs with an unreadable table among those collected, are listed on
     stderr (unless ``quiet``) and in ``failed_runs.csv/json``; runs without a ``.hydra/`` record
     are collected (those without any config file are listed on stderr). Raises CollectError naming the path when the sweep dir is
@@ -575,6 +641,8 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     """
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep / "collected"
+    if sweep.is_dir():  # (a missing sweep dir is find_run_dirs' error)
+        check_out_dir(sweep, out)
     run_dirs = find_run_dirs(sweep, exclude=out)
     # job directories an earlier, larger sweep left in a sweep directory run again
     stale = [d for d in run_dirs if d != sweep and stale_job(d)]
@@ -601,13 +669,25 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     keys = override_keys(runs)
     wanted = sorted({n for r in runs for n in r.tables})
     if tables is not None:
+        unknown = [t for t in dict.fromkeys(tables) if t not in wanted]
+        if unknown:
+            import difflib
+
+            near = sorted({m for t in unknown for m in difflib.get_close_matches(t, wanted, n=3)})
+            raise CollectError(
+                f"--tables: no run of {sweep} wrote {', '.join(repr(t) for t in unknown)} "
+                f"(<table>.parquet); tables the runs wrote: {', '.join(wanted) or 'none'}"
+                + (f"; did you mean {', '.join(near)}?" if near else ""))
         wanted = [n for n in wanted if n in tables]
     _check_table_files([r for r in runs if r.complete], wanted)
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise CollectError(f"{tmp}: cannot create the output directory: {_one_line(e)}") from e
     try:
         while True:  # a table that fails past its footer drops its run; write again without it
             done = [r for r in runs if r.complete]
@@ -667,9 +747,9 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
                   f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
                   f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
     if failed and not quiet:
-        print(f"kvsim-collect: {len(failed)} of {len(runs)} runs did not complete or have an "
-              f"unreadable table and were left out (listed in {out / 'failed_runs.csv'}):",
-              file=sys.stderr)
+        print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
+              f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
+              f"exit status 0 unless --strict):", file=sys.stderr)
         for r in failed:
             print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
     return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
@@ -706,29 +786,41 @@ def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = Tr
 
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs and runs
-    with an unreadable table are listed, not fatal), 1 with ``--strict`` when some run failed
-    (the collection is still written), 2 bad sweep directory (message names the path) or a column
-    whose types differ between runs (message names the table, column, types and runs)."""
+    with an unreadable table are listed with a warning on stderr, not fatal), 1 with ``--strict``
+    when some run failed (the collection is still written), 2 bad sweep directory (message names
+    the path), an ``--out`` that :func:`check_out_dir` refuses, an unknown ``--tables`` name, or a
+    column whose types differ between runs (message names the table, column, types and runs)."""
     ap = argparse.ArgumentParser(
         prog="kvsim-collect",
         description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "
                     "tables (requests/, steps/, ...) and failed_runs.csv.")
     ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00) or one run dir")
-    ap.add_argument("--out", default=None, help="output directory (default SWEEP_DIR/collected)")
+    ap.add_argument("--out", default=None,
+                    help="output directory (default SWEEP_DIR/collected): a new or empty directory, "
+                         "or an earlier kvsim-collect output, which is replaced")
     ap.add_argument("--tables", default=None,
-                    help="comma-separated per-run tables to collect (default: all, e.g. requests,steps)")
+                    help="comma-separated per-run tables to collect, each one some run wrote "
+                         "(default: all, e.g. requests,steps)")
     ap.add_argument("--strict", action="store_true", help="exit 1 if any run did not complete")
     args = ap.parse_args(argv)
+    tables = None
+    if args.tables is not None:
+        tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+        if not tables:
+            print(f"kvsim-collect: error: --tables {args.tables!r}: expected comma-separated table "
+                  f"names (e.g. requests,steps)", file=sys.stderr)
+            return 2
     try:
-        res = collect(args.sweep_dir, args.out,
-                      tables=args.tables.split(",") if args.tables else None)
+        res = collect(args.sweep_dir, args.out, tables=tables)
     except CollectError as e:
         print(f"kvsim-collect: error: {e}", file=sys.stderr)
         return 2
     n_ok = len(res.runs)
-    tables = ", ".join(f"{k} ({v:,} rows)" for k, v in res.tables.items()) or "none"
+    written = ", ".join(f"{k} ({v:,} rows)" for k, v in res.tables.items()) or "none"
     print(f"collected {n_ok} complete run(s) of {n_ok + len(res.failed)} into {res.out_dir}")
-    print(f"  runs.parquet; tables: {tables}; override columns: {', '.join(res.override_keys) or '-'}")
+    print(f"  runs.parquet; tables: {written}; override columns: {', '.join(res.override_keys) or '-'}")
+    if res.failed:
+        print(f"  {len(res.failed)} failed run(s) left out: see {res.out_dir / 'failed_runs.csv'}")
     return 1 if (args.strict and res.failed) else 0
 
 

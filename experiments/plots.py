@@ -18,6 +18,15 @@ Command line (headless, Agg backend)::
     kvsim-plot --help                     # all figures and options
 
 Units on the axes: seconds for times, GiB / MiB for bytes (2**30 / 2**20), ratios in [0, 1].
+
+Run-level figures (``hit-by-tier``, ``disk-share``, ``ttft-vs``) draw one run per (``--x``,
+``--hue``) cell: ``--x`` and ``--hue`` must differ, and runs sharing a cell (another parameter
+varies) are an error unless ``--agg`` (mean, median, min or max of their values) combines them.
+The per-request / per-round / per-step figures draw one curve (bar) per ``--by`` group; when a
+group holds runs that differ in another override key, it is drawn pooled and a warning names
+the key and how many runs each group pools (``--where KEY=VALUE`` or ``--by ...,KEY`` separates
+them). Runs with nothing to draw (no finished request, a null summary value) are named in a
+warning. Warnings are :class:`PlotWarning` (``kvsim-plot`` prints them on stderr).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -34,14 +44,25 @@ import pandas as pd
 
 TIERS = ("gpu", "host", "disk")
 TIER_COLORS = {"gpu": "#4C72B0", "host": "#DD8452", "disk": "#55A868"}
-# TTFT parts in the order they happen; the rest of TTFT is drawn as "other".
+# TTFT parts (columns of the requests table) in the order they happen; see ttft_parts for the
+# derived onboard_wait_s and ttft_decomposition for "other".
 TTFT_PARTS = ("queue_s", "onboard_host_s", "onboard_disk_s", "prefill_s")
 TTFT_PART_COLORS = {"queue_s": "#8172B3", "onboard_s": "#DD8452", "onboard_host_s": "#DD8452",
-                    "onboard_disk_s": "#55A868", "prefill_s": "#4C72B0", "other": "#BBBBBB"}
+                    "onboard_disk_s": "#55A868", "onboard_wait_s": "#C44E52", "prefill_s": "#4C72B0",
+                    "other": "#BBBBBB"}
+TTFT_PART_LABELS = {"onboard_wait_s": "onboard wait (write-back, layer stall)"}
+# How runs sharing an (x, hue) cell may be combined (--agg): each is a statistic of ratios and
+# percentiles that stays one (a sum of hit ratios or of p99s over runs would not be).
+AGGS = ("mean", "median", "min", "max")
 
 
 class PlotError(ValueError):
     """Bad input for a figure: missing column, empty selection, ambiguous grouping or bad dir."""
+
+
+class PlotWarning(UserWarning):
+    """A figure drawn from less than, or more than, it seems to show: runs left out (no value to
+    draw) or runs pooled into one curve. ``kvsim-plot`` prints each on stderr."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +189,79 @@ def _sorted_unique(values: pd.Series) -> list:
         return sorted(vals, key=str)
 
 
+def _check_agg(agg: str | None, what: str) -> None:
+    """PlotError unless ``agg`` is None or one of :data:`AGGS`."""
+    if agg is not None and agg not in AGGS:
+        raise PlotError(f"{what}: agg (--agg) {agg!r}; expected one of {', '.join(AGGS)}")
+
+
+def _check_x_hue(x: str, hue: str, agg: str | None, what: str) -> None:
+    """PlotError when ``x`` and ``hue`` are one column or ``agg`` is not one of :data:`AGGS`."""
+    if x == hue:
+        raise PlotError(f"{what}: x (--x) and hue (--hue) are both {x!r}; pick another column for "
+                        f"one of them (hue draws one curve / panel per value)")
+    _check_agg(agg, what)
+
+
+def _run_names(runs: pd.DataFrame, limit: int = 6) -> str:
+    """``"run 0 [model.max_model_len=100], run 3 [...]"``: run ids with their overrides (bookkeeping
+    overrides such as ``sim.progress`` left out) when ``runs`` has an ``overrides`` column."""
+    from experiments.collect import BOOKKEEPING_PREFIXES, _override_key
+
+    names = []
+    for _, r in runs.head(limit).iterrows():
+        name = f"run {r['run_id'] if 'run_id' in runs.columns else r.name}"
+        if "overrides" in runs.columns and isinstance(r["overrides"], str):
+            ovs = [o for o in r["overrides"].split()
+                   if (kv := _override_key(o)) is None or not kv[0].startswith(BOOKKEEPING_PREFIXES)]
+            name += f" [{' '.join(ovs)}]"
+        names.append(name)
+    more = f" and {len(runs) - limit} more" if len(runs) > limit else ""
+    return ", ".join(names) + more
+
+
+def _warn_null_runs(runs: pd.DataFrame, cols: list[str], what: str) -> None:
+    """A PlotWarning naming the runs that have no value (null) in some of ``cols``: nothing is
+    drawn for those values (e.g. ``ttft_s.p50`` of a run in which no request finished)."""
+    null = runs[cols].isna()
+    bad = null.any(axis=1)
+    if not bad.any():
+        return
+    for miss, idx in runs[bad].groupby(null[bad].apply(tuple, axis=1)).groups.items():
+        sub = runs.loc[idx]
+        cols_missing = [c for c, m in zip(cols, miss) if m]
+        why = ""
+        if "requests_finished" in sub.columns and (sub["requests_finished"] == 0).all():
+            why = "; no request finished in them"
+        warnings.warn(f"{what}: left out {len(sub)} run(s) with no value of "
+                      f"{', '.join(cols_missing)} (null in runs.parquet{why}): {_run_names(sub)}",
+                      PlotWarning, stacklevel=3)
+
+
+def _warn_runs_without_ttft(requests: pd.DataFrame, kept: pd.DataFrame, what: str) -> None:
+    """A PlotWarning naming the runs of ``requests`` (by ``run_id``) of which no row is in
+    ``kept`` (the finished requests with a TTFT), with each one's count of requests by status."""
+    if "run_id" not in requests.columns:
+        return
+    gone = sorted(set(requests["run_id"].dropna()) - set(kept["run_id"].dropna()), key=str)
+    if not gone:
+        return
+    parts = []
+    for rid in gone[:6]:
+        rows = requests[requests["run_id"] == rid]
+        st = ""
+        if "status" in rows.columns:
+            st = ": " + ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().items())
+        parts.append(f"run {rid} ({len(rows)} requests{st})")
+    more = f" and {len(gone) - 6} more" if len(gone) > 6 else ""
+    warnings.warn(f"{what}: left out {len(gone)} run(s) with no finished request with a TTFT: "
+                  f"{', '.join(parts)}{more}", PlotWarning, stacklevel=3)
+
+
 def _one_per_cell(runs: pd.DataFrame, keys: list[str], agg: str | None, what: str) -> pd.DataFrame:
-    """Rows of ``runs`` with one row per ``keys`` combination; duplicates need ``agg``."""
+    """Rows of ``runs`` with one row per ``keys`` combination; duplicates need ``agg`` (one of
+    :data:`AGGS`)."""
+    _check_agg(agg, what)
     dup = runs.duplicated(keys, keep=False)
     if dup.any():
         if agg is None:
@@ -222,11 +314,14 @@ def plot_hit_by_tier(runs: pd.DataFrame, x: str = "tiers.host_gib", hue: str = "
     One panel per ``hue`` value with stacked bars ``hit_ratio.<tier>`` (fraction of prompt tokens
     served from that tier; the stack is ``hit_ratio.total``), plus a last panel with one curve of
     ``hit_ratio.total`` per ``hue`` value. ``runs``: the collected ``runs.parquet``.
-    Raises PlotError if a column is missing or several runs share an (x, hue) cell and ``agg``
-    (e.g. ``"mean"``) is not given.
+    Raises PlotError if a column is missing, ``x`` equals ``hue``, ``agg`` is not one of
+    :data:`AGGS`, or several runs share an (x, hue) cell and ``agg`` (e.g. ``"mean"``) is not
+    given. Runs with no hit ratio (no request finished) are named in a PlotWarning.
     """
+    _check_x_hue(x, hue, agg, "plot_hit_by_tier")
     cols = [x, hue, "hit_ratio.total"] + [_hit_col(runs, t) for t in tiers]
     _require(runs, cols, "runs")
+    _warn_null_runs(runs, cols[2:], "plot_hit_by_tier")
     r = _one_per_cell(runs[cols + (["run_id"] if "run_id" in runs else [])], [x, hue], agg,
                       "plot_hit_by_tier")
     hues = _sorted_unique(r[hue])
@@ -263,9 +358,13 @@ def plot_hit_by_tier(runs: pd.DataFrame, x: str = "tiers.host_gib", hue: str = "
 def plot_disk_share(runs: pd.DataFrame, x: str = "tiers.host_gib", hue: str = "codec",
                     agg: str | None = None):
     """Share of prefix hits served from disk (``disk_share_of_hits``, 0..1) against ``x``, one
-    curve per ``hue`` value. Raises PlotError on a missing column or ambiguous cells."""
+    curve per ``hue`` value. Raises PlotError on a missing column, ``x`` equal to ``hue``, an
+    ``agg`` not in :data:`AGGS` or ambiguous cells; runs with no value are named in a
+    PlotWarning."""
+    _check_x_hue(x, hue, agg, "plot_disk_share")
     cols = [x, hue, "disk_share_of_hits"]
     _require(runs, cols, "runs")
+    _warn_null_runs(runs, cols[2:], "plot_disk_share")
     r = _one_per_cell(runs[cols], [x, hue], agg, "plot_disk_share")
     xs = _sorted_unique(r[x])
     fig, axes = _new_fig()
@@ -287,9 +386,13 @@ def plot_ttft_vs(runs: pd.DataFrame, x: str = "tiers.host_gib", hue: str = "code
                  percentiles: Sequence[str] = ("p50", "p90", "p99"), metric: str = "ttft_s",
                  agg: str | None = None):
     """Percentiles of ``metric`` (summary ``<metric>.<pXX>``, seconds) against ``x``: one panel
-    per percentile, one curve per ``hue`` value, log y. Raises PlotError on missing columns."""
+    per percentile, one curve per ``hue`` value, log y. Raises PlotError on missing columns,
+    ``x`` equal to ``hue``, an ``agg`` not in :data:`AGGS` or ambiguous cells; runs without a
+    value (no request finished) are named in a PlotWarning."""
+    _check_x_hue(x, hue, agg, "plot_ttft_vs")
     cols = [x, hue] + [f"{metric}.{p}" for p in percentiles]
     _require(runs, cols, "runs")
+    _warn_null_runs(runs, cols[2:], "plot_ttft_vs")
     r = _one_per_cell(runs[cols], [x, hue], agg, "plot_ttft_vs")
     xs = _sorted_unique(r[x])
     fig, axes = _new_fig(len(percentiles))
@@ -321,12 +424,13 @@ def _finished(req: pd.DataFrame) -> pd.DataFrame:
 def plot_ttft_cdf(requests: pd.DataFrame, by="codec", log: bool = True):
     """Empirical CDF of per-request TTFT (seconds, finished requests), one curve per ``by`` group
     (a column name, a comma-separated string or a list). Raises PlotError on missing columns or
-    no finished request."""
+    no finished request; runs (``run_id``) with no finished request are named in a PlotWarning."""
     by = _as_list(by)
     _require(requests, ["ttft_s", *by], "requests")
     req = _finished(requests).dropna(subset=["ttft_s"])
     if req.empty:
         raise PlotError("plot_ttft_cdf: no finished request with a TTFT")
+    _warn_runs_without_ttft(requests, req, "plot_ttft_cdf")
     labels = _labels(req, by)
     fig, axes = _new_fig(w=5.5, h=3.8)
     ax = axes[0][0]
@@ -347,28 +451,82 @@ def plot_ttft_cdf(requests: pd.DataFrame, by="codec", log: bool = True):
 
 
 def ttft_parts(requests: pd.DataFrame) -> list[str]:
-    """The TTFT component columns present: queue, onboarding (per tier when split, else
-    ``onboard_s``), prefill; in that order."""
-    parts = [c for c in TTFT_PARTS if c in requests.columns]
-    if "onboard_host_s" not in requests.columns and "onboard_s" in requests.columns:
+    """The TTFT parts :func:`ttft_decomposition` reports for ``requests``, in the order they
+    happen: ``queue_s``; the onboarding, per tier (``onboard_host_s``, ``onboard_disk_s``) plus
+    ``onboard_wait_s`` (the rest of ``onboard_s``, derived; only when ``onboard_s`` is there) when
+    the table splits it, else ``onboard_s``; ``prefill_s``. Only the parts whose columns exist."""
+    cols = requests.columns
+    parts = [c for c in TTFT_PARTS if c in cols]
+    split = [c for c in ("onboard_host_s", "onboard_disk_s") if c in cols]
+    if split and "onboard_s" in cols:
+        parts.insert(parts.index(split[-1]) + 1, "onboard_wait_s")
+    elif not split and "onboard_s" in cols:
         parts.insert(1 if "queue_s" in parts else 0, "onboard_s")
     return parts
 
 
+def ttft_part_values(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per request, the seconds of each of :func:`ttft_parts` (same index as ``requests``).
+
+    In the requests table kvsim writes, ``ttft_s = queue_s + onboard_s + prefill_s`` exactly, and
+    ``onboard_s`` is the time the request waited for onboarding before its first token: with
+    ``tiers.onboard=blocking`` the whole onboarding (waiting for write-back copies of the reused
+    blocks to land, then the disk reads, then the host-to-GPU copies); with ``layerwise`` only the
+    stall after the prefill's compute (the loads overlap it; the stall also holds the last
+    layer's compute). ``onboard_host_s`` / ``onboard_disk_s`` are the time of the host-to-GPU
+    copies / disk reads (queueing on the link included), overlapped or not.
+
+    So ``onboard_s`` is split from its end back, as it happened: the host part is
+    ``min(onboard_host_s, onboard_s)``, the disk part ``min(onboard_disk_s, onboard_s - host
+    part)``, and ``onboard_wait_s`` the rest (write-back waits and layer stalls). With blocking
+    onboarding the tier parts are the columns themselves; with layerwise onboarding, load time
+    hidden behind the prefill's compute is in no part. The onboarding parts are >= 0 and sum to
+    ``onboard_s``; ``queue_s`` and ``prefill_s`` are the columns. Without an ``onboard_s`` column
+    the tier columns are taken as they are."""
+    parts = ttft_parts(requests)
+    out = pd.DataFrame(index=requests.index)
+    for c in parts:
+        if c in requests.columns:
+            out[c] = requests[c].astype(float)
+    if "onboard_wait_s" in parts:
+        ob = requests["onboard_s"].astype(float)
+        zero = pd.Series(0.0, index=requests.index)
+        host = requests["onboard_host_s"].astype(float) if "onboard_host_s" in parts else zero
+        disk = requests["onboard_disk_s"].astype(float) if "onboard_disk_s" in parts else zero
+        host = np.minimum(host, ob).clip(lower=0.0)
+        disk = np.minimum(disk, ob - host).clip(lower=0.0)
+        if "onboard_host_s" in parts:
+            out["onboard_host_s"] = host
+        if "onboard_disk_s" in parts:
+            out["onboard_disk_s"] = disk
+        out["onboard_wait_s"] = (ob - host - disk).clip(lower=0.0)
+    return out[parts]
+
+
 def ttft_decomposition(requests: pd.DataFrame, by="codec", tail: float | None = None) -> pd.DataFrame:
-    """Mean TTFT per ``by`` group split into its parts (seconds): the columns of
-    :func:`ttft_parts` plus ``other`` = mean TTFT - sum of the parts (time not covered by a
-    recorded part, e.g. waiting behind other prefills in a batch) and ``ttft_s``.
+    """Mean TTFT per ``by`` group split into its parts (seconds): the parts of
+    :func:`ttft_parts` (per request as :func:`ttft_part_values` splits them: queue, onboarding
+    from host, from disk, onboarding wait, prefill) plus ``other`` = mean TTFT - sum of the parts,
+    and ``ttft_s``.
+
+    ``other`` is 0 up to rounding for a requests table kvsim wrote (``ttft_s = queue_s +
+    onboard_s + prefill_s``); it is nonzero only for a frame lacking a part's column (e.g. without
+    ``onboard_s``: the onboarding that is neither a host copy nor a disk read) or with null parts.
+    Waiting for admission is ``queue_s``; the time from the first admission to the first token
+    that is not onboarding (the prefill's steps, shared with other requests, and any wait after a
+    preemption before the first token) is ``prefill_s``.
 
     ``tail``: only requests whose TTFT is at or above that quantile of their group (e.g. 0.9 for
     the slowest 10%). Means decompose exactly (the parts sum to the mean TTFT); percentiles
-    would not, so none are offered. Raises PlotError on missing columns / no requests.
+    would not, so none are offered. Raises PlotError on missing columns / no requests; runs
+    (``run_id``) with no finished request are named in a PlotWarning.
     """
     by = _as_list(by)
     _require(requests, ["ttft_s", *by], "requests")
     req = _finished(requests).dropna(subset=["ttft_s"]).copy()
     if req.empty:
         raise PlotError("ttft_decomposition: no finished request with a TTFT")
+    _warn_runs_without_ttft(requests, req, "ttft_decomposition")
     req["_group"] = _labels(req, by)
     if tail is not None:
         if not 0.0 <= tail < 1.0:
@@ -376,7 +534,8 @@ def ttft_decomposition(requests: pd.DataFrame, by="codec", tail: float | None = 
         q = req.groupby("_group")["ttft_s"].transform(lambda s: s.quantile(tail))
         req = req[req["ttft_s"] >= q]
     parts = ttft_parts(req)
-    out = req.groupby("_group")[[*parts, "ttft_s"]].mean()
+    vals = ttft_part_values(req).assign(ttft_s=req["ttft_s"].astype(float), _group=req["_group"])
+    out = vals.groupby("_group")[[*parts, "ttft_s"]].mean()
     out = out.loc[[g for g in _label_order(req, by) if g in out.index]]
     out["other"] = out["ttft_s"] - out[parts].sum(axis=1)
     out.index.name = " / ".join(by) or "group"
@@ -385,17 +544,21 @@ def ttft_decomposition(requests: pd.DataFrame, by="codec", tail: float | None = 
 
 def plot_ttft_decomposition(requests: pd.DataFrame, by="codec", tail: float | None = None):
     """Stacked horizontal bars of the mean TTFT per ``by`` group split into queue, onboarding
-    (host / disk), prefill and other (see :func:`ttft_decomposition`; seconds). With ``tail``
-    (e.g. 0.9) only each group's slowest requests are averaged."""
+    (host / disk / wait: write-back waits and layer stalls), prefill and other (see
+    :func:`ttft_decomposition`; seconds; ``other`` is drawn only where it is not 0). With
+    ``tail`` (e.g. 0.9) only each group's slowest requests are averaged."""
     d = ttft_decomposition(requests, by, tail)
     parts = [c for c in d.columns if c != "ttft_s"]
+    if (d["other"].abs() <= 1e-9 * max(float(d["ttft_s"].abs().max()), 1e-12)).all():
+        parts.remove("other")  # (rounding only: the recorded parts close the sum)
     fig, axes = _new_fig(w=7.0, h=max(2.5, 0.45 * len(d) + 1.5))
     ax = axes[0][0]
     y = np.arange(len(d))
     left = np.zeros(len(d))
     for c in parts:
         vals = d[c].to_numpy(dtype=float)
-        ax.barh(y, vals, left=left, color=TTFT_PART_COLORS.get(c), label=c.removesuffix("_s"))
+        ax.barh(y, vals, left=left, color=TTFT_PART_COLORS.get(c),
+                label=TTFT_PART_LABELS.get(c, c.removesuffix("_s")))
         left += vals
     ax.set_yticks(y)
     ax.set_yticklabels(d.index)
@@ -615,13 +778,62 @@ def _filter_runs(runs: pd.DataFrame, where: list[str]) -> pd.DataFrame:
     return runs
 
 
+def _warn_pooled(df: pd.DataFrame, runs: pd.DataFrame, by: list[str], figure: str) -> None:
+    """A PlotWarning when a ``by`` group of ``df`` (a per-request / per-round / per-step table
+    with ``run_id``) holds runs that differ in an override key other than the ``by`` columns:
+    its curve pools them. Names the keys and how many runs each curve pools. The override keys
+    come from the ``overrides`` column of ``runs`` (bookkeeping keys left out); a key's value
+    is the runs column of that name when there is one, else the override's text."""
+    if (df.empty or "run_id" not in df.columns or "overrides" not in runs.columns
+            or any(c not in df.columns for c in by)):  # (a missing column is the figure's error)
+        return
+    from experiments.collect import BOOKKEEPING_PREFIXES, _override_key
+
+    pairs = df[[*dict.fromkeys([*by, "run_id"])]].drop_duplicates()
+    pairs = pairs.assign(_g=_labels(pairs, by))
+    sel = runs[runs["run_id"].isin(set(pairs["run_id"]))].set_index("run_id")
+    literal: dict = {}
+    for rid, ov in sel["overrides"].items():
+        for o in str(ov).split() if isinstance(ov, str) else []:
+            kv = _override_key(o)
+            if kv is not None and not kv[0].startswith(BOOKKEEPING_PREFIXES) and kv[0] not in by:
+                literal.setdefault(kv[0], {})[rid] = kv[1]
+    if not literal:
+        return
+    values = pd.DataFrame({k: (sel[k] if k in sel.columns else pd.Series(v, dtype=object))
+                           for k, v in literal.items()}, index=sel.index).astype(str)
+    varying: list[str] = []
+    counts: dict[str, int] = {}
+    for g, ids in pairs.groupby("_g", sort=False)["run_id"]:
+        ids = list(dict.fromkeys(ids))
+        if len(ids) < 2:
+            continue
+        keys = [k for k in values.columns if values.loc[ids, k].nunique(dropna=False) > 1]
+        if keys:
+            counts[g] = len(ids)
+            varying += [k for k in keys if k not in varying]
+    if not counts:
+        return
+    order = [g for g in _label_order(pairs, by) if g in counts]
+    shown = ", ".join(f"{g}: {counts[g]} runs" for g in order[:6])
+    shown += f" and {len(order) - 6} more" if len(order) > 6 else ""
+    keys = ", ".join(varying)
+    which = "each --by group" if len(counts) == len(set(pairs["_g"])) else "some --by groups"
+    warnings.warn(
+        f"{figure}: {which} (curve / bar) pools runs that differ in {keys} ({shown}); pick one "
+        f"value with --where {varying[0]}=VALUE, or add {'it' if len(varying) == 1 else 'them'} "
+        f"to --by (--by {','.join([*by, *varying])}); drawn pooled", PlotWarning, stacklevel=2)
+
+
 def _draw(args, col: Collected):
     runs = _filter_runs(col.runs, args.where or [])
     ids = set(runs["run_id"])
 
     def table(name, need):
         df = col.table(name, run_columns=[c for c in need if c in runs.columns])
-        return df[df["run_id"].isin(ids)]
+        df = df[df["run_id"].isin(ids)]
+        _warn_pooled(df, runs, _as_list(args.by), args.figure)
+        return df
 
     k = args.figure
     if k == "hit-by-tier":
@@ -661,8 +873,10 @@ FIGURES = {
 
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-plot FIGURE COLLECTED_DIR --out FILE.png [options]``; exit 2 on bad input with one
-    line naming the file or column (an ``--out`` without a supported image extension is an
-    argparse usage error: SystemExit(2) before anything is read)."""
+    line naming the file or column (an ``--out`` without a supported image extension, or an
+    ``--agg`` not in :data:`AGGS`, is an argparse usage error: SystemExit(2) before anything is
+    read). Each :class:`PlotWarning` (runs left out for lack of a value, runs pooled into one
+    curve) is printed on stderr as one ``kvsim-plot: warning:`` line; the figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -680,7 +894,9 @@ def main(argv: list[str] | None = None) -> int:
         if src == "runs":
             p.add_argument("--x", default=x, help=f"x column (default {x})")
             p.add_argument("--hue", default=hue, help=f"one curve / panel per value (default {hue})")
-            p.add_argument("--agg", default=None, help="aggregate runs sharing (x, hue): mean, median")
+            p.add_argument("--agg", default=None, choices=AGGS,
+                           help="combine runs sharing an (x, hue) cell (e.g. seeds) by this "
+                                "statistic of their values (default: such runs are an error)")
         else:
             p.add_argument("--by", default=by, help=f"comma-separated grouping columns (default {by})")
         if name == "ttft-decomposition":
@@ -693,11 +909,22 @@ def main(argv: list[str] | None = None) -> int:
     problem = _out_problem(args.out)
     if problem is not None:  # before any work; argparse prints usage + one line and exits 2
         parsers[args.figure].error(f"argument --out: {problem}")
-    try:
-        fig = _draw(args, load_collected(args.collected))
-        out = save(fig, args.out)
-    except PlotError as e:
-        print(f"kvsim-plot: error: {e}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PlotWarning)
+        try:
+            fig = _draw(args, load_collected(args.collected))
+            out = save(fig, args.out)
+        except PlotError as e:
+            err = e
+        else:
+            err = None
+    for w in caught:  # PlotWarnings as one line each; anything else as Python shows it
+        if issubclass(w.category, PlotWarning):
+            print(f"kvsim-plot: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if err is not None:
+        print(f"kvsim-plot: error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

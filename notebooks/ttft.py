@@ -71,8 +71,10 @@ fig
 
 # %% [markdown]
 # ## Mean TTFT decomposition
-# Queue (waiting for admission), onboarding from host and from disk, prefill; `other` is the
-# part of TTFT no recorded component covers (it closes the sum exactly).
+# Queue (waiting for admission), onboarding from host, from disk and the onboarding wait (write-back
+# copies the reused blocks wait for; with layerwise onboarding the stall after the prefill), prefill:
+# they sum to the mean TTFT (`other`, drawn only when not 0, is what a table without those columns
+# leaves uncovered).
 
 # %%
 fig = plots.plot_ttft_decomposition(req, by=["hierarchy", "codec"])
