@@ -51,7 +51,7 @@ CONFIG_CASES = [
     (["cache.block_size=0"], r"cache\.block_size=0; expected a power of two"),
     (["cache.gpu_memory_utilization=-0.5"], r"cache\.gpu_memory_utilization=-0\.5; expected 0 < u <= 1"),
     (["cache.gpu_memory_utilization=1.2"], r"cache\.gpu_memory_utilization=1\.2"),
-    (["cache.activation_reserve_gib=-1"], r"cache\.activation_reserve_gib=-1\.0; expected >= 0"),
+    (["cache.activation_reserve_gib=-1"], r"cache\.activation_reserve_gib=-1\.0; expected a finite number >= 0"),
     (["cache.kv_cache_dtype=int3"], r"cache\.kv_cache_dtype='int3' is not a known dtype; expected one of"),
     (["model.weight_quant=int2"], r"model\.weight_quant='int2'; expected one of \['none', 'fp8'"),
     (["policy=triattention", "policy.beta=0"],

@@ -58,6 +58,16 @@ def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
 
 
+def short_repr(v: Any, limit: int = 60) -> str:
+    """``repr(v)``, cut to about ``limit`` characters with the full length named (a field of
+    thousands of characters in an error message)."""
+    r = repr(v)
+    if len(r) <= limit:
+        return r
+    n = f" ({len(v):,} characters)" if isinstance(v, str) else ""
+    return r[:limit - 3] + "..." + n
+
+
 def _shown(v: Any) -> str:
     """A JSON value as found, with its JSON type (``null`` for None)."""
     if v is None:

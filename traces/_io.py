@@ -1,6 +1,8 @@
-"""Streaming line readers with compression detection and error wrapping."""
+"""Streaming line readers with compression detection and error wrapping; one-line CSV and UTF-8
+helpers that turn the csv module's and the codec's errors into TraceErrors naming the line."""
 from __future__ import annotations
 
+import csv
 import gzip
 import lzma
 import zlib
@@ -71,3 +73,54 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     if nonblank == 0:
         raise TraceError("empty file", path=str(path), found="no non-blank lines",
                          expected="at least one row")
+
+
+def _field_spans(text: str) -> list[int]:
+    """Length of each field of one CSV line (quote-aware, quote characters not counted): the
+    error path of :func:`csv_row`, to name the field the csv module refused."""
+    lens, n, quoted = [], 0, False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted  # (a doubled quote inside a quoted field toggles twice)
+            continue
+        if ch == "," and not quoted:
+            lens.append(n)
+            n = 0
+            continue
+        n += 1
+    lens.append(n)
+    return lens
+
+
+def csv_row(text: str, *, path: str, where: str, columns=()) -> list[str]:
+    """One CSV line -> its fields (``csv.reader``).
+
+    Raises:
+        TraceError: the csv module refuses the line (a field longer than
+            ``csv.field_size_limit()``, 131,072 characters by default), naming ``where`` and the
+            field (``columns[j]``, else ``column j+1``).
+    """
+    try:
+        return next(csv.reader([text]), [])
+    except csv.Error as e:
+        limit = csv.field_size_limit()
+        lens = _field_spans(text)
+        long = [j for j, n in enumerate(lens) if n > limit]
+        if not long:
+            raise TraceError("unreadable CSV row", path=path, where=where,
+                             found=f"csv.Error: {e}", expected="a CSV row") from None
+        j = long[0]
+        raise TraceError("field too long", path=path, where=where,
+                         field=columns[j] if j < len(columns) else f"column {j + 1}",
+                         found=f"{lens[j]:,} characters",
+                         expected=f"at most {limit:,} characters (csv.field_size_limit)") from None
+
+
+def decode_utf8(raw: bytes, *, path: str, where: str) -> str:
+    """``raw.decode('utf-8')``, or a TraceError naming ``where`` and the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError("not UTF-8 text", path=path, where=where,
+                         found=f"byte 0x{raw[e.start]:02x} at column {e.start + 1}",
+                         expected="UTF-8 text") from None

@@ -1,6 +1,14 @@
 """Azure LLM inference traces 2023 (Splitwise, ISCA'24): CSV ``TIMESTAMP`` (wall clock, 100 ns
 resolution, e.g. ``2023-11-16 18:17:03.9799600``), ``ContextTokens``, ``GeneratedTokens``.
 
+Format rules (a row breaking one is a TraceError naming the file line and field; with
+``on_error=skip`` the row is skipped and counted): the header (line 1) names each column once (a
+repeated name is an error naming it; extra columns are allowed and not read); the file is UTF-8;
+TIMESTAMP is ``YYYY-MM-DD HH:MM:SS`` optionally followed by ``.`` and 1 to 7 fraction digits,
+ASCII digits only (surrounding blanks allowed); token counts are ASCII integers (optional sign)
+within 64 bits; a field longer than ``csv.field_size_limit()`` (131,072 characters) is an error
+naming its column.
+
 Mapping: arrival_s = TIMESTAMP - first row's TIMESTAMP (exact to 100 ns, computed in integer
 ticks); input = ContextTokens (>= 1), output = GeneratedTokens. No prefix identity (G = 0, empty
 prefix_ids). Open loop. Rows out of time order are stably sorted with a warning (the format is a
@@ -9,45 +17,58 @@ order). GeneratedTokens = 0 follows ``zero_output`` (the 2023 files have none).
 """
 from __future__ import annotations
 
-import csv
-import io
 import re
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, output_len
-from ._io import iter_lines
+from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, output_len, short_repr
+from ._io import csv_row, decode_utf8, iter_lines
 from .errors import ErrorSink, TraceError
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _TICKS = 10_000_000  # 100 ns ticks per second
 
 
+_TS_RE = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]{1,7}))?")
+
+
 def _parse_ts(s: str, cache: dict) -> int:
-    """'YYYY-MM-DD HH:MM:SS[.fffffff]' -> integer 100 ns ticks since the Unix epoch (UTC)."""
-    s = s.strip()
-    head, _, frac = s.partition(".")
+    """'YYYY-MM-DD HH:MM:SS[.fffffff]' (ASCII digits, 1-7 fraction digits) -> integer 100 ns
+    ticks since the Unix epoch (UTC). Raises ValueError otherwise (strptime alone would take
+    non-ASCII digits and one-digit fields)."""
+    m = _TS_RE.fullmatch(s.strip())
+    if m is None:
+        raise ValueError(f"bad timestamp {s!r}")
+    head, frac = m.groups()
     base = cache.get(head)
     if base is None:
         dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
         base = int(dt.timestamp()) * _TICKS
         cache[head] = base
     if frac:
-        if not frac.isdigit() or len(frac) > 7:
-            raise ValueError(f"bad fraction {frac!r}")
         return base + int(frac.ljust(7, "0"))
     return base
 
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+_INT64_DIGITS = len(str(INT64_LIMIT))  # 19
 
 
 def _int(v: str, *, p: str, where: str, field: str, minimum: int) -> int:
-    if not _INT_RE.fullmatch(v.strip()):  # (int() also takes '1_000' and non-ASCII digits)
-        raise TraceError(path=p, where=where, field=field, found=repr(v), expected="an integer")
-    x = int(v.strip())
+    v = v.strip()
+    if not _INT_RE.fullmatch(v):  # (int() also takes '1_000' and non-ASCII digits)
+        raise TraceError(path=p, where=where, field=field, found=short_repr(v),
+                         expected="an integer")
+    sign = v[0] if v[0] in "+-" else ""
+    digits = v[len(sign):].lstrip("0") or "0"
+    if len(digits) > _INT64_DIGITS:  # (int() refuses more than 4,300 digits with a ValueError)
+        raise TraceError(path=p, where=where, field=field,
+                         found=f"{sign}{digits[:12]}... ({len(digits):,} digits)",
+                         expected="an integer that fits 64 bits (below 2**63)")
+    x = int(sign + digits)
     if x < minimum:
         raise TraceError(path=p, where=where, field=field, found=x, expected=f">= {minimum}")
     if x >= INT64_LIMIT:
@@ -69,8 +90,14 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
     if not header_raw.strip():
         raise TraceError("blank line", path=p, where=f"line {hline}", found="a blank line",
                          expected=f"the header ({', '.join(COLUMNS)}) on the first line")
-    header = next(csv.reader([header_raw.decode("utf-8", "replace")]))
+    header = csv_row(decode_utf8(header_raw, path=p, where=f"line {hline}"), path=p,
+                     where=f"line {hline}")
     header = [h.strip() for h in header]
+    dup = sorted(h for h, n in Counter(header).items() if n > 1)
+    if dup:
+        raise TraceError("repeated header column", path=p, where=f"line {hline}",
+                         field=", ".join(dup),
+                         found=f"header {header}", expected="each column named once")
     idx = {}
     for c in COLUMNS:
         if c not in header:
@@ -88,7 +115,8 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
         rows += 1
         where = f"line {lineno}"
         try:
-            rec = next(csv.reader(io.StringIO(raw.decode("utf-8", "replace"))), [])
+            rec = csv_row(decode_utf8(raw, path=p, where=where), path=p, where=where,
+                          columns=header)
             if len(rec) != len(header):
                 raise TraceError(path=p, where=where,
                                  found=f"{len(rec)} fields" + ("" if rec else " (a blank line)"),
@@ -97,8 +125,9 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
                 tk = _parse_ts(rec[idx["TIMESTAMP"]], cache)
             except ValueError:
                 raise TraceError(path=p, where=where, field="TIMESTAMP",
-                                 found=repr(rec[idx["TIMESTAMP"]]),
-                                 expected="'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+                                 found=short_repr(rec[idx["TIMESTAMP"]]),
+                                 expected="'YYYY-MM-DD HH:MM:SS[.fffffff]' (ASCII digits, 1-7 "
+                                          "fraction digits)") from None
             n_in = _int(rec[idx["ContextTokens"]], p=p, where=where, field="ContextTokens", minimum=1)
             n_out = _int(rec[idx["GeneratedTokens"]], p=p, where=where, field="GeneratedTokens",
                          minimum=0)

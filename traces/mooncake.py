@@ -18,12 +18,25 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, loads, need_int, need_num, output_len
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, loads, need_int,
+                      need_num, output_len, short_repr)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
 BLOCK_TOKENS = 512
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def _element(x) -> str:
+    """A bad ``hash_ids`` element as found: an int as is (``-2``); any other value with its
+    type (``1.0 (float)``, ``True (bool)``, ``'3' (str)``), as the Weka loader names it; a
+    float holding an integer of 2**63 or more (orjson's reading of a JSON integer past 64 bits)
+    in full digits."""
+    if is_int(x):
+        return str(x)
+    if isinstance(x, float) and x.is_integer() and abs(x) >= INT64_LIMIT:
+        return f"{x:.0f} (an integer past 64 bits)"
+    return f"{short_repr(x, 40)} ({type(x).__name__})"
 
 
 def spread_timestamps(t: np.ndarray, mode: str, rng: np.random.Generator) -> np.ndarray:
@@ -89,9 +102,8 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
                                  expected=f"ceil({n_in}/{BLOCK_TOKENS})={want}")
             for x in h:
                 if not is_int(x) or not 0 <= x < INT64_LIMIT:
-                    big = isinstance(x, float) and x.is_integer()  # (a JSON integer past 64 bits)
                     raise TraceError(path=p, where=where, field="hash_ids",
-                                     found=f"element {x:.0f}" if big else f"element {x!r}",
+                                     found=f"element {_element(x)}",
                                      expected="non-negative integers below 2**63 (64-bit ids)")
             if t < last_ts:
                 raise TraceError("timestamps must be non-decreasing", path=p, where=where,

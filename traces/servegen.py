@@ -6,6 +6,27 @@ Folder layout: ``chunk-N-trace.csv`` (no header; one row per 600 s window of cli
 ..., "reason_ratio": ...}}``, PMFs as Python dict literals, 6 h windows; parsed with
 ``ast.literal_eval``; an empty dict = no data).
 
+Format rules (each a TraceError naming the file, and the line or window where there is one; a bad
+trace.csv row is skipped and counted with ``on_error=skip``, any other is an error either way):
+
+* ``trace.path`` is the folder (a file is an error: ``trace.clients=[N]`` picks clients). Client
+  N's files are named exactly ``chunk-N-trace.csv`` (N in ASCII digits; other names are not
+  read) and, beside it, the same name ending ``-dataset.json``. Two trace files of one client
+  number (``chunk-1-trace.csv`` and ``chunk-01-trace.csv``) are an error naming both; so is a
+  client listed twice in ``trace.clients`` (it would be sampled twice), or a folder by a chunk
+  file's name.
+* trace.csv: UTF-8 text (a leading BOM skipped; blank lines at the end dropped); 6 fields, none
+  longer than ``csv.field_size_limit()`` (131,072 characters); every field but ``pattern`` an
+  ASCII decimal number (``600``, ``0.25``, ``1e-3``; not ``nan``/``inf``), finite and >= 0;
+  ``window_start_s`` a multiple of 600, each once. ``cv`` is checked so but not used: the
+  sampled process's cv is that of its family and ``shape`` (Gamma: 1/sqrt(shape), which the
+  published Gamma rows' cv matches to 2e-8; the published Weibull rows' cv differs from their
+  shape's by up to 3.2x, so cv is not compared with the shape).
+* dataset.json: UTF-8 JSON (a leading BOM skipped), an object whose keys appear once (in every
+  object: json itself keeps the last of a repeated key); each window key a plain ASCII decimal
+  (``21600`` or ``21600.0``; not ``nan``, ``-inf``, ``1e309``), a multiple of 21600 s (the
+  6 h windows: a start off that grid would overlap its neighbours), each start once.
+
 Sampling (seeded, one independent ``numpy.random.Generator`` per client from
 ``SeedSequence([seed, client])``):
 
@@ -39,20 +60,27 @@ Sampling (seeded, one independent ``numpy.random.Generator`` per client from
 from __future__ import annotations
 
 import ast
-import csv
 import json
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from ._common import Parsed
+from ._common import Parsed, short_repr
+from ._io import csv_row, decode_utf8, iter_lines
 from .errors import ErrorSink, TraceError
 
 WINDOW_S = 600.0
+DATASET_WINDOW_S = 6 * 3600.0  # the dataset.json PMF windows (6 h)
 PMF_FIELDS = ("input_tokens", "output_tokens", "reason_ratio")
-_CHUNK_RE = re.compile(r"chunk-(\d+)-trace\.csv$")
+_CHUNK_RE = re.compile(r"chunk-([0-9]+)-trace\.csv")  # (fullmatch: ASCII digits, the whole name)
+_DATASET_RE = re.compile(r"chunk-([0-9]+)-dataset\.json")
+# a trace.csv number and a dataset.json window key, ASCII only (float() also takes 'nan', 'inf',
+# '1_000' and non-ASCII digits)
+_CSV_NUM_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_KEY_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 # a plain {number: number, ...} literal (what ServeGen files hold) is parsed as JSON; anything else
 # goes through ast.literal_eval (same result, and its errors)
 # (atomic groups and possessive quantifiers: a failed match takes linear time, not quadratic in a
@@ -227,34 +255,38 @@ def _read_windows(path: Path,
     p = str(path)
     out = []
     seen = {}
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # (a leading BOM is not data)
-        rows = list(csv.reader(fh))
-    if not rows:
-        raise TraceError("empty file", path=p, found="0 rows", expected="one row per 600 s window")
-    for i, rec in enumerate(rows, start=1):
+    names = ("window_start_s", "rate", "cv", "pattern", "shape", "scale")
+    # (read as the other formats' line files are: a leading BOM is not data, blank lines at the
+    # end are dropped, a blank line before a row is a row of 0 fields)
+    try:
+        lines = list(iter_lines(path))  # (about 144 short rows a file)
+    except OSError as e:
+        raise TraceError("unreadable file", path=p, found=f"{type(e).__name__}: {e.strerror}",
+                         expected="a readable chunk-N-trace.csv file") from None
+    for i, raw in lines:
         where = f"line {i}"
         try:
+            rec = csv_row(decode_utf8(raw, path=p, where=where), path=p, where=where,
+                          columns=names) if raw else []
             if len(rec) != 6:
                 raise TraceError(path=p, where=where, found=f"{len(rec)} fields",
                                  expected="6 fields: window_start_s,rate,cv,pattern,shape,scale")
-            names = ("window_start_s", "rate", "cv", None, "shape", "scale")
             vals = []
             for name, v in zip(names, rec):
-                if name is None:
+                if name == "pattern":
                     vals.append(v.strip())
                     continue
-                try:
-                    x = float(v)
-                except ValueError:
-                    raise TraceError(path=p, where=where, field=name, found=repr(v),
-                                     expected="a number") from None
+                if not _CSV_NUM_RE.fullmatch(v.strip()):  # (float() takes 'nan', '1_0', '١')
+                    raise TraceError(path=p, where=where, field=name, found=short_repr(v),
+                                     expected="a number (ASCII decimal, e.g. 600, 0.25 or 1e-3)")
+                x = float(v)
                 if not math.isfinite(x) or x < 0:
-                    raise TraceError(path=p, where=where, field=name, found=repr(v),
+                    raise TraceError(path=p, where=where, field=name, found=short_repr(v),
                                      expected="a finite number >= 0")
                 vals.append(x)
             w0, rate, cv, pat, k, theta = vals
             if pat not in ("", "Gamma", "Weibull"):
-                raise TraceError(path=p, where=where, field="pattern", found=repr(pat),
+                raise TraceError(path=p, where=where, field="pattern", found=short_repr(pat),
                                  expected="'Gamma', 'Weibull' or empty (idle)")
             if pat and rate > 0 and not (k > 0 and theta > 0):
                 raise TraceError(path=p, where=where, field="shape/scale", found=f"{k}/{theta}",
@@ -267,7 +299,7 @@ def _read_windows(path: Path,
             if w0 % WINDOW_S:
                 # (windows are WINDOW_S long: a start off the grid overlaps its neighbours, whose
                 # arrivals would be drawn twice over the overlap)
-                raise TraceError(path=p, where=where, field="window_start_s", found=rec[0],
+                raise TraceError(path=p, where=where, field="window_start_s", found=rec[0].strip(),
                                  expected=f"a multiple of {WINDOW_S:g} s (one row per "
                                           f"{WINDOW_S:g} s window)")
             if w0 in seen:
@@ -282,32 +314,75 @@ def _read_windows(path: Path,
     return out
 
 
+def _label(key: str) -> str:
+    """A dataset.json window key for a message, cut to 40 characters."""
+    return key if len(key) <= 40 else f"{key[:37]}..."
+
+
+def _no_repeats(pairs: list) -> dict:
+    """``object_pairs_hook`` of json: a dict, or ValueError naming a key given twice (json
+    itself keeps the last silently)."""
+    d = dict(pairs)
+    if len(d) < len(pairs):
+        seen: set = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"key {_short(k)} given twice in one object")
+            seen.add(k)
+    return d
+
+
 def _read_dataset(path: Path) -> list[tuple[float, dict]]:
     p = str(path)
     try:
-        with open(path, encoding="utf-8-sig") as fh:
-            d = json.load(fh)
+        data = path.read_bytes()
+    except OSError as e:
+        raise TraceError("unreadable file", path=p, found=f"{type(e).__name__}: {e.strerror}",
+                         expected="a readable chunk-N-dataset.json file") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # (a leading UTF-8 BOM is not data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TraceError("not UTF-8 text", path=p, where=f"line {line}",
+                         found=f"byte 0x{data[e.start]:02x} at column {col}",
+                         expected="UTF-8 text") from None
+    del data
+    try:
+        d = json.loads(text, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         raise TraceError("invalid JSON", path=p, where=f"line {e.lineno}", found=e.msg,
                          expected="a JSON object keyed by window start") from None
+    except (ValueError, RecursionError) as e:  # a repeated key; an int of > 4,300 digits; nesting
+        raise TraceError("invalid JSON", path=p, found=f"{type(e).__name__}: {str(e)[:80]}",
+                         expected="a JSON object keyed by window start, each key once") from None
     if not isinstance(d, dict) or not d:
-        raise TraceError(path=p, found=repr(d)[:40], expected="a non-empty JSON object")
+        raise TraceError(path=p, found=short_repr(d, 40), expected="a non-empty JSON object")
     wins = []
+    seen: dict = {}
     for key, fields in d.items():
-        try:
-            w0 = float(key)
-        except ValueError:
-            raise TraceError(path=p, where=f"window '{key}'", found=repr(key),
-                             expected="a window start in seconds") from None
+        where = f"window '{_label(key)}'"
+        w0 = float(key) if _KEY_RE.fullmatch(key) else math.nan
+        if not (math.isfinite(w0) and w0 % DATASET_WINDOW_S == 0):
+            raise TraceError(path=p, where=where, found=_short(key),
+                             expected=f"a window start in seconds: a finite decimal number >= 0, "
+                                      f"a multiple of {DATASET_WINDOW_S:g} s (6 h windows)")
+        if w0 in seen:
+            raise TraceError("duplicate window", path=p, where=where, found=f"start {w0:g} s",
+                             expected=f"unique window starts (also given as {_short(seen[w0])})")
+        seen[w0] = key
         if not isinstance(fields, dict):
-            raise TraceError(path=p, where=f"window '{key}'", found=type(fields).__name__,
+            raise TraceError(path=p, where=where, found=type(fields).__name__,
                              expected="an object with input_tokens/output_tokens/reason_ratio")
         pm = {}
         for f in PMF_FIELDS:
             if f not in fields:
-                raise TraceError("missing field", path=p, where=f"window '{key}'", field=f,
+                raise TraceError("missing field", path=p, where=where, field=f,
                                  found="nothing", expected="a PMF dict literal")
-            pm[f] = parse_pmf(fields[f], path=p, window=key, field=f, integer=f != "reason_ratio")
+            pm[f] = parse_pmf(fields[f], path=p, window=_label(key), field=f,
+                              integer=f != "reason_ratio")
         wins.append((w0, pm))
     wins.sort(key=lambda x: x[0])
     return wins
@@ -350,33 +425,73 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
     requests still wanted are kept.
 
     Raises:
-        TraceError: no chunk files / requested client missing, malformed trace.csv row (rate,
-            shape or scale outside the limits of the module docstring included, naming the file,
-            line and field), unparsable or non-normalised PMF, no data, a window whose draws pass
-            ``MAX_WINDOW_DRAWS`` arrivals without reaching its end, no arrivals after start_s.
+        TraceError: ``path`` not a folder, no chunk files / requested client missing / a client
+            listed twice / two trace files of one client number / a chunk name held by a folder,
+            text that is not UTF-8, a field past the csv module's limit, a window key off the 6 h
+            grid or repeated, malformed trace.csv row (rate, shape or scale outside the limits
+            of the module docstring included, naming the file, line and field), unparsable or
+            non-normalised PMF, no data, a window whose draws pass ``MAX_WINDOW_DRAWS`` arrivals
+            without reaching its end, no arrivals after start_s.
     """
     folder = Path(path)
-    if folder.is_file():
-        folder = folder.parent
-    found = {}
-    for f in folder.iterdir():
-        m = _CHUNK_RE.search(f.name)
-        if m:
-            found[int(m.group(1))] = f
+    if not folder.is_dir():
+        raise TraceError("not a folder", path=str(folder),
+                         found="a file" if folder.is_file() else "not a folder",
+                         expected="the folder of chunk-N-trace.csv / chunk-N-dataset.json files",
+                         hint="Set trace.path to that folder; to load one client, add "
+                              "trace.clients=[N] (e.g. trace.clients=[5] for chunk-5-trace.csv)")
+    found: dict = {}
+    datasets: dict = {}
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as e:
+        raise TraceError("unreadable folder", path=str(folder),
+                         found=f"{type(e).__name__}: {e.strerror}",
+                         expected="a readable folder of chunk files") from None
+    for f in entries:
+        for regex, into in ((_CHUNK_RE, found), (_DATASET_RE, datasets)):
+            m = regex.fullmatch(f.name)
+            if m:
+                into.setdefault(int(m.group(1)), []).append(f)
+    for c, fs in found.items():
+        if len(fs) > 1:
+            raise TraceError("two trace files for one client", path=str(folder),
+                             found=" and ".join(f.name for f in fs) + f" (both client {c})",
+                             expected="one chunk-N-trace.csv per client number N")
+    found = {c: fs[0] for c, fs in found.items()}
     if not found:
         raise TraceError("no chunk-N-trace.csv files", path=str(folder), found="none",
                          expected="chunk-N-trace.csv + chunk-N-dataset.json pairs")
-    clients = sorted(found) if cfg.clients is None else list(cfg.clients)
+    if cfg.clients is not None:
+        clients = list(cfg.clients)
+        if not clients:
+            raise TraceError(field="clients", found="[]",
+                             expected=f"chunk numbers of {folder}, or null for all")
+        dup = sorted(c for c, n in Counter(clients).items() if n > 1)
+        if dup:
+            raise TraceError("repeated client", field="clients", found=f"{clients}",
+                             expected=f"each chunk number once ({dup} repeated: a client "
+                                      f"listed twice would be sampled twice)")
+    else:
+        clients = sorted(found)
     per_client = []
     for c in clients:
         if c not in found:
             raise TraceError("unknown client", path=str(folder), field="clients", found=c,
                              expected=f"one of {sorted(found)}")
-        ds = folder / f"chunk-{c}-dataset.json"
+        trace = found[c]
+        ds = trace.with_name(trace.name[: -len("-trace.csv")] + "-dataset.json")
+        for f, what in ((trace, "a chunk-N-trace.csv file"), (ds, "a chunk-N-dataset.json file")):
+            if f.exists() and not f.is_file():
+                raise TraceError("not a file", path=str(f), found="a folder" if f.is_dir() else
+                                 "not a regular file", expected=what)
         if not ds.exists():
-            raise TraceError("missing dataset file", path=str(ds), found="no such file",
-                             expected=f"the PMFs of client {c}")
-        per_client.append((c, _read_windows(found[c], sink), _read_dataset(ds), str(ds)))
+            other = [f.name for f in datasets.get(c, [])]
+            raise TraceError("missing dataset file", path=str(ds), found="no such file" +
+                             (f" ({', '.join(other)} spells the number differently)"
+                              if other else ""),
+                             expected=f"the PMFs of client {c} beside {trace.name}")
+        per_client.append((c, _read_windows(trace, sink), _read_dataset(ds), str(ds)))
     # generate window by window (all clients), stop once enough arrivals are after start_s
     t_all, c_all, in_all, out_all, rr_all = [], [], [], [], []
     gens = {c: np.random.default_rng(np.random.SeedSequence([seed, 0x5E2, c])) for c in clients}

@@ -10,9 +10,14 @@ prefix get ids 0..floor(shared/G)-1 in every session. Only full blocks get ids (
 
 Turn 0 is a root at the session start; turn r > 0 has parent = turn r-1 and think_s ~
 Exponential(``think_time_mean_s``). Children's arrival_s = parent's arrival + think_s (a lower
-bound, informational). A session stops early when the next prompt would exceed
-``max_context_tokens``. Lengths are lognormal: ``*_mean`` is the mean in tokens, ``*_sigma`` the
-sigma of the underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1.
+bound, informational). No prompt exceeds ``max_context_tokens``: a session stops early when the
+next prompt would exceed it (counted in ``warnings``), and the first prompt (shared prefix + first
+input) fits by construction: the first input is drawn from its lognormal truncated to at most
+``max_context_tokens - shared_prefix_tokens`` tokens (a draw within that is kept as drawn, one
+above it is redrawn from the truncated distribution: workloads that never reach the cap are
+unchanged by it). ``max_context_tokens`` must exceed ``shared_prefix_tokens``. Lengths are
+lognormal: ``*_mean`` is the mean in tokens (before that truncation), ``*_sigma`` the sigma of the
+underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1.
 
 * ``synthetic_agentic``: large shared system+tool prompt, many turns, short think (tool runs),
   each turn adds a tool output.
@@ -23,6 +28,7 @@ sigma of the underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -68,6 +74,10 @@ def synthetic_params(cfg) -> dict:
         ("shared_prefix_tokens", d["shared_prefix_tokens"] >= 0, ">= 0"),
         ("block_tokens", d["block_tokens"] >= 1, ">= 1"),
         ("max_context_tokens", d["max_context_tokens"] >= 1, ">= 1"),
+        # (the first prompt holds the shared prefix and at least one input token)
+        ("max_context_tokens", d["max_context_tokens"] > d["shared_prefix_tokens"],
+         f"> shared_prefix_tokens={d['shared_prefix_tokens']} (every prompt holds the shared "
+         f"prefix plus at least one input token)"),
     ]
     for k in ("input", "turn_input", "output"):
         checks.append((f"{k}_mean", d[f"{k}_mean"] >= 1, ">= 1"))
@@ -81,6 +91,39 @@ def synthetic_params(cfg) -> dict:
 def _lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
     mu = math.log(mean) - sigma * sigma / 2.0
     return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size))).astype(np.int64)
+
+
+def _first_input(rng, mean: float, sigma: float, cap: int) -> int:
+    """One first input length (tokens): ``_lognormal`` conditioned on being at most ``cap`` (>= 1),
+    i.e. the lognormal truncated to ``rint(x) <= cap``. A draw within the cap is kept as drawn
+    (so a workload that never reaches the cap is the one drawn without it); a draw above it is
+    replaced by a draw from the truncated distribution (inverse CDF of one more uniform), which
+    makes the result exactly the truncated distribution.
+
+    Raises:
+        TraceError: the lognormal has (numerically) no mass at or below ``cap``.
+    """
+    x = int(_lognormal(rng, mean, sigma, 1)[0])
+    if x <= cap:
+        return x
+    mu = math.log(mean) - sigma * sigma / 2.0
+    hi = math.log(cap + 0.5)  # rint(x) <= cap  <=>  x < cap + 0.5 (up to the tie at cap + 0.5)
+    if sigma == 0:
+        mass = 1.0 if mu < hi else 0.0
+    else:
+        mass = 0.5 * math.erfc(-(hi - mu) / (sigma * math.sqrt(2.0)))  # P(ln x < hi)
+    if not mass > 0:
+        raise TraceError(field="max_context_tokens", found=f"{cap} tokens left for the first input",
+                         expected=f"room for the first input (lognormal mean {mean:g}, sigma "
+                                  f"{sigma:g}: no probability at or below {cap} tokens)")
+    if sigma == 0:  # (a point mass: reached only where exp(log(mean)) rounds across the cap)
+        return max(1, min(cap, int(np.rint(math.exp(mu)))))
+    u = (1.0 - rng.random()) * mass  # in (0, mass]
+    if not u > 0:  # (underflow of a subnormal mass)
+        u = mass
+    z = NormalDist().inv_cdf(min(u, math.nextafter(1.0, 0.0)))
+    # (min: rint of x at the very edge, x = cap + 0.5, rounds to even)
+    return max(1, min(cap, int(np.rint(math.exp(mu + sigma * z)))))
 
 
 def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0) -> Parsed:
@@ -100,7 +143,9 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
     truncated = 0
     for s in range(S):
         T = int(turns[s])
-        first_in = int(d["shared_prefix_tokens"]) + int(_lognormal(rng, d["input_mean"], d["input_sigma"], 1)[0])
+        first_in = int(d["shared_prefix_tokens"]) + _first_input(
+            rng, d["input_mean"], d["input_sigma"],
+            int(d["max_context_tokens"]) - int(d["shared_prefix_tokens"]))
         new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T)
         outs = _lognormal(rng, d["output_mean"], d["output_sigma"], T)
         thinks = rng.exponential(d["think_time_mean_s"], T) if d["think_time_mean_s"] > 0 else np.zeros(T)

@@ -1,7 +1,8 @@
 """WEKA kv-cache-tester agentic coding traces (``weka_traces.jsonl.xz``): one session per line.
 
 Session fields: ``id``, ``block_size`` (64), ``hash_id_scope`` ("local"), ``system_tokens``,
-``tool_tokens``, ``requests``. Request fields: ``t`` (s since session start), ``type``, ``in``,
+``tool_tokens``, ``requests``. Request fields: ``t`` (s since session start, a number in
+[0, 2**32]: past 2**32 s float64 seconds stop resolving a microsecond), ``type``, ``in``,
 ``out``, ``hash_ids`` (floor(in/64) ids, session-local), ``api_time``/``think_time`` (s, may be
 absent). ``type: "subagent"`` entries carry their own ``requests`` (``t`` relative to the
 sub-agent's start) sharing the session's id space, plus ``duration_ms``, ``system_tokens``,
@@ -16,7 +17,10 @@ Mapping (closed loop):
   A derived negative value is set to 0 and counted in ``warnings``.
 * Sub-agents: the marker's ``t`` is the sub-agent's *completion* time in session seconds (it equals
   the spawning request's finish + ``duration_ms`` within ~1 s in the data), so its start is
-  ``t - duration_ms/1000`` (``t`` when duration_ms is null). The sub-agent's requests form their
+  ``t - duration_ms/1000`` (``t`` when duration_ms is null), which must be >= 0 (a sub-agent
+  cannot start before its session: else a TraceError naming the line, session, request and
+  ``t/duration_ms``; the published markers start 8 s or more into their sessions), and each of
+  its requests' start + ``t`` at most 2**32 s. The sub-agent's requests form their
   own chain; its first request's parent is the main-chain request listed just before the marker,
   think_s = start - (parent.t + parent.api_time) (>= 0; clamped values counted in ``warnings``;
   the marker-relative ``t`` of the first sub-agent request is 0 in all 63 markers). Later
@@ -29,7 +33,10 @@ Mapping (closed loop):
   line of the file (skipped sessions keep the others' times stable). ``recorded``: session k (file
   line order) starts at k * ``session_interval_s``.
 * Children's arrival_s = session start + recorded t (informational; the simulator releases them
-  by parent finish + think_s).
+  by parent finish + think_s). An arrival (session start + t) of a row the loader keeps more than
+  2**32 s after ``start_s`` (a far session start: a tiny ``session_rate_per_s`` or a huge
+  ``session_interval_s``) is a TraceError naming that request's line, session, request and
+  field ``t`` (also with ``on_error=skip``: the file is not at fault).
 * Prefix ids: every ``hash_ids`` element must be a non-negative integer below 2**63 (JSON
   ``true``/``false`` or a number with a fraction or exponent, such as 3.0, is an error: not read
   as 1 or truncated), and no id may appear twice in one request (the ids are prefix-chained: one
@@ -202,9 +209,20 @@ def _think(req: dict, prev: dict, p: str, where: str, neg: list) -> float:
     return float(d)
 
 
+def _need_t(r: dict, p: str, where: str) -> float:
+    """``r['t']``: a finite number in [0, 2**32] s (``MAX_ARRIVAL_S``), or a TraceError naming
+    ``where`` and the field ``t``."""
+    t = need_num(r, "t", path=p, where=where, minimum=0)
+    if t > MAX_ARRIVAL_S:
+        raise TraceError(path=p, where=where, field="t", found=f"{t:g}",
+                         expected="a number in [0, 2**32] s (seconds since the session start; "
+                                  "past 2**32 s float64 seconds stop resolving a microsecond)")
+    return t
+
+
 def _check_request(r: dict, p: str, where: str, zero_output: str,
                    zero: list) -> tuple[int, int, np.ndarray]:
-    need_num(r, "t", path=p, where=where, minimum=0)
+    _need_t(r, p, where)
     n_in = need_int(r, "in", path=p, where=where, minimum=1)
     n_out = need_int(r, "out", path=p, where=where, minimum=0)
     h = r.get("hash_ids")
@@ -269,7 +287,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
             raise TraceError(path=p, where=where, found=type(r).__name__, expected="a JSON object")
         typ = r.get("type")
         if typ == "subagent":
-            mt = need_num(r, "t", path=p, where=where, minimum=0)
+            mt = _need_t(r, p, where)
             sub = r.get("requests")
             if not isinstance(sub, list) or not sub:
                 raise TraceError(path=p, where=where, field="requests",
@@ -280,6 +298,13 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                 raise TraceError(path=p, where=where, field="duration_ms", found=repr(dur),
                                  expected="a number >= 0 or null")
             start = mt - dur / 1000.0 if dur is not None else mt
+            if start < 0:
+                raise TraceError("sub-agent starts before its session", path=p, where=where,
+                                 field="t/duration_ms",
+                                 found=f"t {mt:g} s - duration_ms {dur:g} / 1000 = start "
+                                       f"{start:g} s",
+                                 expected="t >= duration_ms/1000 (the sub-agent's start, t - "
+                                          "duration_ms/1000, at or after the session start 0)")
             prev_sub = None
             for j, q in enumerate(sub):
                 w2 = f"{where[:-1]}, sub-agent request {j})"
@@ -291,6 +316,12 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                 _note_type(q.get("type"), counters, f"{p} {w2}")
                 n_in, n_out, h = _check_request(q, p, w2, cfg.zero_output, zero)
                 t_rel = start + float(q["t"])
+                if t_rel > MAX_ARRIVAL_S:
+                    raise TraceError(path=p, where=w2, field="t",
+                                     found=f"{q['t']:g} after the sub-agent's start {start:g} s "
+                                           f"= {t_rel:g} s into the session",
+                                     expected="at most 2**32 s into the session (past it float64 "
+                                              "seconds stop resolving a microsecond)")
                 if prev_sub is None:
                     if prev_main is None:
                         parent, think = -1, 0.0
@@ -344,6 +375,58 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
     return sid, rows, ids, canon, wheres
 
 
+def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
+                 sess_start: list, sess_line: list, cfg, path: Path) -> None:
+    """Raise a TraceError naming the line, session, request and field ``t`` of the first row
+    (in the loader's canonical order, among the rows its ``start_s`` / ``duration_s`` /
+    ``max_requests`` slicing keeps) whose arrival, session start + t, is more than 2**32 s
+    after ``start_s``: the loader's own range check could name only "row N of the parsed trace"
+    and a field 'timestamp' Weka lacks. Each ``t`` is within 2**32 s of its session's start
+    (checked per request), so the session start (``session_arrival``) takes part in it: the
+    message gives both. Called only when some arrival is that late (the selection repeats the
+    loader's; the late row's session line is parsed again for its request's place)."""
+    from .loader import _roots_of
+
+    p = str(path)
+    n = arrival.size
+    root = _roots_of(parent)
+    ra = arrival[parent < 0]
+    idx = np.arange(n)
+    if ra.size > 1 and np.any(np.diff(ra) < 0):
+        idx = np.lexsort((np.arange(n), root, arrival[root]))
+    hi = np.inf if cfg.duration_s is None else cfg.start_s + cfg.duration_s
+    keep = (arrival[root] >= cfg.start_s) & (arrival[root] < hi)
+    idx = idx[keep[idx]]
+    if cfg.max_requests is not None:
+        idx = idx[: cfg.max_requests]
+    late = np.flatnonzero(arrival[idx] - cfg.start_s > MAX_ARRIVAL_S)
+    if not late.size:
+        return
+    row = int(idx[late[0]])
+    k = int(session[row])
+    first = int(np.searchsorted(session, k))  # rows are session-major
+    where = f"line {sess_line[k]}"
+    for lineno, raw in iter_lines(path):
+        if lineno == sess_line[k]:
+            counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0,
+                        "other_types": {}}
+            where = _parse_session(loads(raw), p, lineno, cfg, counters)[4][row - first]
+            break
+    how = (f"session_arrival=poisson, session_rate_per_s={cfg.session_rate_per_s:g}"
+           if cfg.session_arrival == "poisson" else
+           f"session_arrival=recorded, session_interval_s={cfg.session_interval_s:g}")
+    raise TraceError(
+        "arrival past the simulated clock's range", path=p, where=where,
+        field="t", found=f"session start {sess_start[k]:.6g} s ({how}) + t "
+                         f"{arrival[row] - sess_start[k]:.6g} s = {arrival[row]:.6g} s, "
+                         f"{arrival[row] - cfg.start_s:.6g} s after start_s={cfg.start_s:g}",
+        expected="arrivals at most 2**32 s (~136 years) after start_s, where float64 seconds "
+                 "still resolve a microsecond",
+        hint="Session starts come from trace.session_arrival: a higher session_rate_per_s, a "
+             "smaller session_interval_s, fewer sessions (max_sessions) or a later start_s keeps "
+             "them in range")
+
+
 def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
     """Stream a Weka agentic JSONL(.xz) file line by line (see module docstring).
 
@@ -374,6 +457,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     col_in: list[int] = []
     col_out: list[int] = []
     seen: dict = {}
+    sess_start: list[float] = []  # each kept session's start and file line (for _check_clock)
+    sess_line: list[int] = []
     shared: dict = {}
     next_gid = 0
     counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0,
@@ -445,6 +530,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                     vals.resize(cap, refcheck=False)  # realloc: grows in place / via mremap
                 vals[nvals:nvals + total] = gid[rank]
             seen[sid] = lineno
+            sess_start.append(start)
+            sess_line.append(lineno)
             base = len(col_session)
             for parent, turn, t_rel, think, n_in, n_out in rows:
                 col_parent.append(parent + base if parent >= 0 else -1)
@@ -465,6 +552,10 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
         raise TraceError("no valid sessions", path=p,
                          found=f"{lines_read} lines, {sink.count} skipped",
                          expected="at least one valid session")
+    arrival = np.asarray(col_arrival, dtype=np.float64)
+    if arrival.max() - cfg.start_s > MAX_ARRIVAL_S:
+        _check_clock(arrival, np.asarray(col_parent, dtype=np.int64),
+                     np.asarray(col_session, dtype=np.int64), sess_start, sess_line, cfg, path)
     vals.resize(nvals, refcheck=False)
     warnings = []
     for typ, (n, first) in sorted(counters["other_types"].items()):
@@ -486,7 +577,7 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     return Parsed(
         session_id=np.asarray(col_session, dtype=np.int64),
         turn=np.asarray(col_turn, dtype=np.int32),
-        arrival_s=np.asarray(col_arrival, dtype=np.float64),
+        arrival_s=arrival,
         think_s=np.asarray(col_think, dtype=np.float64),
         parent=np.asarray(col_parent, dtype=np.int64),
         input_tokens=np.asarray(col_in, dtype=np.int64),
