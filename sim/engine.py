@@ -922,6 +922,8 @@ class Simulator:
             finished = False
             decode_tokens = 0
             prefill_tokens = 0
+            live = 0  # computed tokens of the scheduled requests that stay running
+            n_done = 0
             for req, n in zip(sched_req, sched_n):
                 if req.n_computed >= req.input and n == 1:
                     decode_tokens += 1
@@ -943,13 +945,19 @@ class Simulator:
                         req.status = FINISHED
                         req.finish = now
                         finished = True
+                        n_done += 1
+                        continue
+                live += req.n_computed
             if finished:
                 self._retire_finished()
             if self.tiers is not None:
                 self._tier_step_end()
+            if len(self.running) != len(sched_req) - n_done:
+                # (some running request was not scheduled, or joined during the step: its
+                # onboarding ended) the whole running list's counters
+                live = self._live_tokens()
             rec.step(start, dt, len(self.running), len(self.waiting), prefill_tokens, decode_tokens,
-                     self.pool.num_used, self.pool.num_cached_free,
-                     self._live_tokens())
+                     self.pool.num_used, self.pool.num_cached_free, live)
             if self.check:
                 self.check_invariants()
             self._check_sim_time()
