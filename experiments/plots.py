@@ -815,7 +815,8 @@ def _warn_pooled(df: pd.DataFrame, runs: pd.DataFrame, by: list[str], figure: st
     if not counts:
         return
     order = [g for g in _label_order(pairs, by) if g in counts]
-    shown = ", ".join(f"{g}: {counts[g]} runs" for g in order[:6])
+    name = " / ".join(by)  # (the groups are named by their --by values: say whose)
+    shown = ", ".join(f"{name}={g}: {counts[g]} runs" for g in order[:6])
     shown += f" and {len(order) - 6} more" if len(order) > 6 else ""
     keys = ", ".join(varying)
     which = "each --by group" if len(counts) == len(set(pairs["_g"])) else "some --by groups"

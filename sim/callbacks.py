@@ -67,6 +67,7 @@ class FailedRunsExit(Callback):
         if failed:
             for name, why in failed:
                 print(f"kvsim: sweep job {name} failed: {why}", file=sys.stderr)
-            print(f"kvsim: {len(failed)} sweep job(s) failed; the others' results are in {sweep}",
+            print(f"kvsim: {len(failed)} sweep job(s) failed; the other jobs completed (their job "
+                  f"folders are in {sweep}; their results too unless output.dir put them elsewhere)",
                   file=sys.stderr)
             sys.exit(2)

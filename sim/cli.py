@@ -203,6 +203,7 @@ def app(cfg: DictConfig) -> None:
                        f"output.dir=results/${{hydra:job.num}} (or no output.dir: each job writes "
                        f"its own Hydra job folder)")
                 print(f"kvsim: error: {msg}", file=sys.stderr)
+                _run_record().info("kvsim: error: %s", msg)  # (the job's cli.log)
                 job_dir = Path(hc.sweep.dir) / hc.sweep.subdir
                 job_dir.mkdir(parents=True, exist_ok=True)  # (the sweep's failure report lists it)
                 (job_dir / "INCOMPLETE").write_text(f"this run failed: {msg}\n")

@@ -303,7 +303,7 @@ def test_pooled_seeds_are_drawn_with_a_warning_naming_seed(seeds, tmp_path, caps
     assert P.main(["ttft-cdf", str(seeds), "--by", "cache.block_size",
                    "--out", str(tmp_path / "s.png")]) == 0
     err = capsys.readouterr().err
-    assert "pools runs that differ in seed (16: 2 runs, 32: 2 runs)" in err
+    assert "pools runs that differ in seed (cache.block_size=16: 2 runs, cache.block_size=32: 2 runs)" in err
 
 
 # --- 6. runs with nothing to draw ---------------------------------------------------------------
