@@ -416,7 +416,8 @@ def unknown_group_option(args: list[str]) -> str | None:
         group = key.lstrip("+")
         if "." in group or "/" in group or "@" in group or not (CONF_DIR / group).is_dir():
             continue
-        if any(c in value for c in "${}[]()'\" ") or value.startswith(("choice", "range", "glob")):
+        if any(c in value for c in "${}[]()'\" /") or value.startswith(("choice", "range", "glob")):
+            # (sweep functions, interpolations, quoting, nested option paths: Hydra's)
             continue
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         for v in value.split(","):

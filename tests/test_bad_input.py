@@ -906,3 +906,10 @@ def test_unknown_group_option_is_one_line_with_a_hint():
                        cwd=REPO, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("kvsim: error: trace=mooncake_conversaton: no "
                                                      "option"), r.stderr
+
+
+def test_group_option_check_leaves_nested_option_paths_to_hydra():
+    """(Review) An option path with a folder (group=sub/option) is Hydra's to resolve."""
+    from sim.cli import unknown_group_option
+
+    assert unknown_group_option(["trace=custom/mine"]) is None
