@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .config import REJECTED_RUN_PREFIX, TiersConfig, blocking_file, register_configs
+from .config import CONF_DIR, REJECTED_RUN_PREFIX, TiersConfig, blocking_file, register_configs
 
 log = logging.getLogger("kvsim")
 
@@ -392,9 +392,6 @@ def missing_launcher_plugin(args: list[str]) -> str | None:
                     return (f"{a}: its Hydra plugin ({mod}) is not installed; expected "
                             f"pip install -e '.[{extra}]' in this environment first")
     return None
-
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"
 
 
 def unknown_group_option(args: list[str]) -> str | None:

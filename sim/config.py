@@ -11,6 +11,7 @@ Units are in the field names: ``*_tokens`` tokens, ``*_s`` seconds, ``*_gib`` Gi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -204,6 +205,7 @@ class KvsimConfig:
     experiment: Optional[Any] = None
 
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"  # the Hydra configs
 REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.dir that is a file
 
 
@@ -219,7 +221,6 @@ def _run_dir(output_dir, default: str) -> str:
         return default
     import os
     import tempfile
-    from pathlib import Path
 
     if blocking_file(Path(str(output_dir))) is not None:
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")

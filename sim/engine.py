@@ -33,6 +33,7 @@ from collections import deque
 
 import numpy as np
 import simpy
+from traces._common import MAX_ARRIVAL_S
 
 from .block_pool import NO_HASH, BlockPool, KeyTable
 from .clock import exact_delays, step_ends
@@ -125,9 +126,9 @@ def _queue_registration(req, full: int, reg: tuple) -> None:
     req.n_cached = full
 
 
-# Latest simulated time (s) a run may reach: arrivals are checked against the same bound
-# (traces._common.MAX_ARRIVAL_S); past it float64 seconds lose the microsecond.
-MAX_CLOCK_S = float(2 ** 32)
+# Latest simulated time (s) a run may reach: the bound arrivals are checked against; past it
+# float64 seconds lose the microsecond.
+MAX_CLOCK_S = MAX_ARRIVAL_S
 
 
 class Request:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from traces import load_workload
 
 from .compression import ROUND_COLUMNS, Compression
-from .config import blocking_file
+from .config import CONF_DIR, blocking_file
 from .cost import build_cost_model
 from .engine import Simulator
 from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
@@ -174,8 +174,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     """
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None and blocking_file(out) is not None:
-        f = blocking_file(out)
+    f = blocking_file(out) if out is not None else None
+    if f is not None:
         raise ConfigError(f"output.dir={out}: " + ("exists and is not a folder" if f == out else
                                                    f"{f} is a file, not a folder")
                           + "; expected a folder for the results (or a path to create)")
@@ -332,6 +332,6 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
     from .config import register_configs
 
     register_configs()
-    conf_dir = str(Path(__file__).resolve().parent.parent / "experiments" / "conf")
+    conf_dir = str(CONF_DIR)
     with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides or []))

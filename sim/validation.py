@@ -342,16 +342,16 @@ def validate_workload(cfg, workload) -> None:
     if not ok.any():
         return
     if pc.importance_source == "recorded" and POLICIES[pc.name](pc).uses_scores:
-        from policies.importance import RecordedImportance
+        import pyarrow.parquet as pq
 
-        try:
-            have = set(RecordedImportance(pc.importance_file).request_ids())
-        except (ValueError, FileNotFoundError) as e:
-            raise ConfigError(f"policy.importance_file: {e}") from None
+        try:  # (only the ids: the whole file is read, and checked, when the model is built)
+            have = pq.read_table(pc.importance_file, columns=["request_id"]).column(0).to_numpy()
+        except (OSError, ValueError):
+            have = None  # (an unreadable file: the importance model's error, before the run)
         # the requests longer than the budget have tokens to evict: their rounds read scores
         # (a round of another that reads a missing score stops the run with the same error)
         need = np.asarray(workload.request_id)[ok & (inp + out > pc.budget)]
-        miss = need[~np.isin(need, np.fromiter(have, dtype=np.int64, count=len(have)))]
+        miss = need[~np.isin(need, have)] if have is not None else need[:0]
         if len(miss):
             raise ConfigError(
                 f"policy.importance_file={pc.importance_file}: no scores recorded for "

@@ -49,27 +49,33 @@ def _roots_of(parent: np.ndarray) -> np.ndarray:
     return root
 
 
+def kept_rows(parent: np.ndarray, arr: np.ndarray, cfg: TraceConfig) -> np.ndarray:
+    """The parsed rows the slicing keeps, in canonical order (int64 row indices): roots
+    non-decreasing in arrival, each root's chain after it; roots (with their chains) arriving
+    in ``[start_s, start_s + duration_s)`` on the trace clock; the first ``max_requests``.
+    ``parent``: each row's parent row or -1 (parents precede children); ``arr``: arrivals (s)."""
+    n = parent.size
+    root = _roots_of(parent)
+    order = None
+    ra = arr[parent < 0]
+    if ra.size > 1 and np.any(np.diff(ra) < 0):
+        order = np.lexsort((np.arange(n), root, arr[root]))
+    hi = np.inf if cfg.duration_s is None else cfg.start_s + cfg.duration_s
+    keep_root = (arr[root] >= cfg.start_s) & (arr[root] < hi)
+    idx = np.arange(n) if order is None else order
+    idx = idx[keep_root[idx]]
+    if cfg.max_requests is not None:
+        idx = idx[: cfg.max_requests]
+    return idx
+
+
 def _finalize(pr: Parsed, cfg: TraceConfig) -> tuple[pa.Table, dict, np.ndarray]:
     n = pr.session_id.size
     parent = pr.parent
     if np.any(parent >= np.arange(n)):
         raise TraceError("internal: a parent does not precede its child", path=pr.source)
-    root = _roots_of(parent)
     arr = pr.arrival_s
-    is_root = parent < 0
-    # canonical order: roots non-decreasing in arrival; each root's chain after it
-    order = None
-    ra = arr[is_root]
-    if ra.size > 1 and np.any(np.diff(ra) < 0):
-        order = np.lexsort((np.arange(n), root, arr[root]))
-    # time window on the trace clock, applied to roots; descendants follow their root
-    lo = cfg.start_s
-    hi = np.inf if cfg.duration_s is None else cfg.start_s + cfg.duration_s
-    keep_root = (arr[root] >= lo) & (arr[root] < hi)
-    idx = np.arange(n) if order is None else order
-    idx = idx[keep_root[idx]]
-    if cfg.max_requests is not None:
-        idx = idx[: cfg.max_requests]
+    idx = kept_rows(parent, arr, cfg)
     notes = {"rows_before_slicing": int(n), "rows": int(idx.size)}
     if idx.size == 0:
         raise TraceError("no requests left after slicing", path=pr.source,

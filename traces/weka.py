@@ -383,22 +383,13 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
     after ``start_s``: the loader's own range check could name only "row N of the parsed trace"
     and a field 'timestamp' Weka lacks. Each ``t`` is within 2**32 s of its session's start
     (checked per request), so the session start (``session_arrival``) takes part in it: the
-    message gives both. Called only when some arrival is that late (the selection repeats the
-    loader's; the late row's session line is parsed again for its request's place)."""
-    from .loader import _roots_of
+    message gives both. Called only when some arrival is that late (the rows are the loader's
+    :func:`traces.loader.kept_rows`; the late row's session line is parsed again for its
+    request's place)."""
+    from .loader import kept_rows
 
     p = str(path)
-    n = arrival.size
-    root = _roots_of(parent)
-    ra = arrival[parent < 0]
-    idx = np.arange(n)
-    if ra.size > 1 and np.any(np.diff(ra) < 0):
-        idx = np.lexsort((np.arange(n), root, arrival[root]))
-    hi = np.inf if cfg.duration_s is None else cfg.start_s + cfg.duration_s
-    keep = (arrival[root] >= cfg.start_s) & (arrival[root] < hi)
-    idx = idx[keep[idx]]
-    if cfg.max_requests is not None:
-        idx = idx[: cfg.max_requests]
+    idx = kept_rows(parent, arrival, cfg)
     late = np.flatnonzero(arrival[idx] - cfg.start_s > MAX_ARRIVAL_S)
     if not late.size:
         return
