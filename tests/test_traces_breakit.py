@@ -295,6 +295,22 @@ def test_mooncake_float_hash_id_is_named_as_a_float(tmp_path):
             _load(path=str(p))
 
 
+def test_mooncake_repeated_key_is_an_error(tmp_path):
+    """A row with a field twice was read with the last value (the JSON parser's choice), so a
+    corrupted row passed as a different request."""
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 4, "hash_ids": [0]}\n'
+                 '{"timestamp": 5, "input_length": 10, "output_length": 4, "hash_ids": [1], '
+                 '"output_length": 9000}\n')
+    with pytest.raises(TraceError, match=re.escape(
+            "m.jsonl line 2, field 'output_length': repeated key, found it twice or more, "
+            "expected each field once per row")):
+        _load(path=str(p))
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 4, "hash_ids": [0], '
+                 '"note": "x"}\n')  # (other fields are not checked)
+    assert _load(path=str(p)).output_tokens.tolist() == [4]
+
+
 # ------------------------------------------------------------------ 9. Synthetic first turn
 def test_synthetic_cap_below_the_shared_prefix_is_an_error():
     """max_context_tokens=1000 gave first prompts of 13,851 / 12,459 / 14,715 tokens (the shared

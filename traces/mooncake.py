@@ -58,13 +58,18 @@ def spread_timestamps(t: np.ndarray, mode: str, rng: np.random.Generator) -> np.
     return uniq[group] + off[order]
 
 
+# The row's fields as they appear in its JSON text; no value in a row is a string, so each
+# appears once in a valid row.
+_KEYS = (b'"timestamp"', b'"input_length"', b'"output_length"', b'"hash_ids"')
+
+
 def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Parsed:
     """Parse a Mooncake JSONL file. See module docstring for the mapping.
 
     Raises:
         TraceError: bad JSON, missing/mistyped field, input_length < 1, output_length < 0 (or 0
             with ``zero_output=error``), hash_ids count != ceil(input_length/512), negative ids,
-            decreasing timestamp, empty file.
+            decreasing timestamp, a field repeated in a row, empty file.
     """
     p = str(path)
     ts: list[float] = []
@@ -88,6 +93,11 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             if not isinstance(obj, dict):
                 raise TraceError(path=p, where=where, found=type(obj).__name__,
                                  expected="a JSON object")
+            for key in _KEYS:  # (the JSON parser keeps a repeated key's last value silently)
+                if raw.count(key) > 1:
+                    raise TraceError("repeated key", path=p, where=where,
+                                     field=key.decode().strip('"'), found="it twice or more",
+                                     expected="each field once per row")
             t = need_num(obj, "timestamp", path=p, where=where, minimum=0)
             n_in = need_int(obj, "input_length", path=p, where=where, minimum=1)
             n_out = need_int(obj, "output_length", path=p, where=where, minimum=0)
