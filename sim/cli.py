@@ -39,6 +39,12 @@ def _run_record() -> logging.Logger:
 register_configs()
 
 
+def _rate(v: float) -> str:
+    """A throughput for the table: whole numbers from 100 up, else three significant digits
+    (an idle trace's 0.45 tok/s is not '0')."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     """A rich table of the headline numbers of a summary dict."""
     from rich.table import Table
@@ -54,7 +60,8 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     trace = s.get("trace")
     if src and not src.endswith(("mooncake_conversation_10min.jsonl",)) and trace and trace not in src:
         trace = f"{trace} ({Path(src).name})"
-    title = f"kvsim: {trace} | {s.get('model')} on {s.get('gpu')}"
+    tp = s.get("tensor_parallel_size") or 1
+    title = f"kvsim: {trace} | {s.get('model')} on {f'{tp} x ' if tp > 1 else ''}{s.get('gpu')}"
     # the memory setup when it is not the default: policy + compaction, tiers + codec
     if s.get("policy", "full") != "full":
         comp = s.get("compaction", "none")
@@ -78,7 +85,7 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     thr = s.get("throughput_tokens_per_s")
     othr = s.get("output_throughput_tokens_per_s")
     t.add_row("throughput tok/s (total / output)",
-              "-" if thr is None else f"{thr:,.0f} / {othr:,.0f}")
+              "-" if thr is None else f"{_rate(thr)} / {_rate(othr)}")
     hr = s.get("prefix_hit_ratio")
     hm = s.get("prefix_hit_ratio_mean_per_request")
     t.add_row("prefix-hit ratio (tokens / mean per request)",
@@ -268,6 +275,17 @@ def app(cfg: DictConfig) -> None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
+    if summary.get("policy", "full") != "full" and summary.get("rounds") == 0 \
+            and summary["requests_finished"]:
+        from policies.registry import POLICIES
+
+        if POLICIES[summary["policy"]].frees_memory:
+            pol = POLICIES[summary["policy"]](cfg.policy)
+            say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
+                f"start once a request holds more than policy.budget={cfg.policy.budget} "
+                f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
+                f"this trace did before it finished (a reasoning trace such as "
+                f"trace=servegen_r1 has long outputs; or lower policy.budget)")
     for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
                                   str(cfg.cost.kind)):
         say(f"kvsim: note: {n}")

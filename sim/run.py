@@ -238,6 +238,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     extra = {
         "model": cfg.model.name,
         "gpu": cfg.gpu.name,
+        "tensor_parallel_size": int(cfg.cost.tensor_parallel_size),
         "trace": cfg.trace.name,
         "trace_source": str(getattr(wl, "source", "")),
         "block_size": int(cfg.cache.block_size),

@@ -615,6 +615,46 @@ def test_cli_warns_when_no_request_finished(tmp_path):
     assert "kvsim: warning: no request finished: all 20 were rejected (kv_capacity: 20)" in r.stderr
 
 
+def test_cli_notes_a_policy_that_ran_no_round(tmp_path):
+    """Newcomer pass: policy=triattention on the default slice printed 0 / 0 / 0 rounds with no
+    word on why (no request passed the budget); Quest, which frees nothing, gets no note."""
+    r = _kvsim(tmp_path / "r", "trace.max_requests=20", "policy=triattention",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert ("kvsim: note: policy=triattention ran no compression round: its rounds start once a "
+            "request holds more than policy.budget=2048 decode tokens") in r.stderr
+    r = _kvsim(tmp_path / "q", "trace.max_requests=20", "policy=quest", "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert "ran no compression round" not in r.stderr
+
+
+def test_summary_table_small_rates_and_tensor_parallel_title():
+    """Newcomer pass: an idle trace's output throughput of 0.455 tok/s printed as '0', and a
+    tensor-parallel run's title named one GPU."""
+    import io
+
+    from rich.console import Console
+
+    from sim.cli import format_summary
+
+    s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
+         "ttft_s": {}, "tpot_s": {}, "e2e_s": {}, "peak_gpu_blocks_used": 1,
+         "gpu_blocks_total": 2, "preemptions": 0, "engine_steps": 5, "sim_duration_s": 1.0,
+         "wall": {"wall_s": 0.1}, "throughput_tokens_per_s": 101.4,
+         "output_throughput_tokens_per_s": 0.4551, "model": "M", "gpu": "H200",
+         "tensor_parallel_size": 2}
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    text = buf.getvalue()
+    assert "101 / 0.455" in text and "M on 2 x H200" in text
+    s.update(tensor_parallel_size=1, throughput_tokens_per_s=12345.6,
+             output_throughput_tokens_per_s=99.94)
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    text = buf.getvalue()
+    assert "12,346 / 99.9" in text and "M on H200" in text
+
+
 @pytest.mark.parametrize("arg, err", [
     ("seed=abc", "seed=abc: expected an integer"),
     ("tiers.host_gib=lots", "tiers.host_gib=lots: expected a number"),
