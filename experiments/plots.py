@@ -57,7 +57,13 @@ AGGS = ("mean", "median", "min", "max")
 
 
 class PlotError(ValueError):
-    """Bad input for a figure: missing column, empty selection, ambiguous grouping or bad dir."""
+    """Bad input for a figure: missing column, empty selection, ambiguous grouping or bad dir.
+    ``cli``: the message in ``kvsim-plot``'s words (its options instead of the function's
+    arguments), when they differ."""
+
+    def __init__(self, msg: str, cli: str | None = None):
+        super().__init__(msg)
+        self.cli = cli
 
 
 class PlotWarning(UserWarning):
@@ -267,9 +273,12 @@ def _one_per_cell(runs: pd.DataFrame, keys: list[str], agg: str | None, what: st
         if agg is None:
             ex = runs.loc[dup, [c for c in ("run_id", *keys) if c in runs.columns]].head(6)
             ex = ex.to_string(index=False)
+            same = f"{what}: several runs share the same {keys} (another parameter varies); "
             raise PlotError(
-                f"{what}: several runs share the same {keys} (another parameter varies); filter "
-                f"the runs first (e.g. runs[runs['trace'] == ...]) or pass agg='mean'. Runs:\n{ex}")
+                f"{same}filter the runs first (e.g. runs[runs['trace'] == ...]) or pass "
+                f"agg='mean'. Runs:\n{ex}",
+                cli=f"{same}keep one value of the other parameter with --where COL=VALUE, or "
+                    f"pool them with --agg mean (or median, min, max). Runs:\n{ex}")
         num = runs.select_dtypes("number").columns.difference(keys)
         return runs.groupby(keys, as_index=False, dropna=False)[list(num)].agg(agg)
     return runs
@@ -589,7 +598,10 @@ def plot_blocks_freed(rounds: pd.DataFrame, by=("policy", "compaction"), block_s
     by = _as_list(by)
     _require(rounds, ["tokens_evicted", "blocks_freed", *by], "rounds")
     if rounds.empty:
-        raise PlotError("plot_blocks_freed: no rounds (did any policy evict?)")
+        raise PlotError("plot_blocks_freed: no rounds (did any policy evict?)",
+                        cli="blocks-freed: no compression rounds in these runs, nothing to draw "
+                            "(policy=full evicts nothing; a policy's rounds start once a request "
+                            "passes policy.budget)")
     if block_size is None and "cache.block_size" in rounds.columns:
         bs = rounds["cache.block_size"].dropna().unique()
         if len(bs) == 1:
@@ -925,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if err is not None:
-        print(f"kvsim-plot: error: {err}", file=sys.stderr)
+        print(f"kvsim-plot: error: {err.cli or err}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

@@ -414,3 +414,29 @@ def test_ttft_decomposition_on_the_simulators_own_requests_table(tmp_path, onboa
     fig = P.plot_ttft_decomposition(req, by="mode")
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "onboard wait (write-back, layer stall)" in labels and "other" not in labels
+
+
+def test_cli_errors_name_the_cli_options(seeds, tmp_path, capsys):
+    """Newcomer pass: kvsim-plot's errors told a command-line user to filter a DataFrame
+    (runs[runs['trace'] == ...]) or pass agg='mean'; they name --where and --agg. The library
+    keeps its own words."""
+    assert P.main(["ttft-vs", str(seeds), "--x", "cache.block_size", "--hue", "trace",
+                   "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvsim-plot: error: plot_ttft_vs: several runs share the same")
+    assert "--where COL=VALUE" in err and "--agg mean" in err and "runs[" not in err
+    runs = pd.read_parquet(seeds / "runs.parquet")
+    with pytest.raises(P.PlotError, match=r"runs\[runs\['trace'\] == \.\.\.\]\) or pass agg='mean'"):
+        P.plot_ttft_vs(runs, x="cache.block_size", hue="trace")
+    # no rounds at all (no policy evicted): one line saying there is nothing to draw and why
+    (seeds / "rounds" / "job=0").mkdir(parents=True)
+    pd.DataFrame({"run_id": pd.Series([], dtype=str), "tokens_evicted": pd.Series([], dtype="int64"),
+                  "blocks_freed": pd.Series([], dtype="int64"), "policy": pd.Series([], dtype=str),
+                  "compaction": pd.Series([], dtype=str)}).to_parquet(
+        seeds / "rounds" / "job=0" / "part-0.parquet")
+    assert P.main(["blocks-freed", str(seeds), "--out", str(tmp_path / "b.png")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == ("kvsim-plot: error: blocks-freed: no compression rounds in these runs, "
+                    "nothing to draw (policy=full evicts nothing; a policy's rounds start once a "
+                    "request passes policy.budget)")
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "b.png").exists()
