@@ -98,7 +98,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from sim.callbacks import stale_job
+from sim.callbacks import FAILED_PREFIX, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID, stale_job
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 
@@ -141,7 +141,27 @@ class RunInfo:
 
 def _is_run_dir(p: Path) -> bool:
     return ((p / ".hydra" / "overrides.yaml").is_file() or (p / "summary.json").is_file()
-            or (p / MARKER).exists())
+            or (p / MARKER).exists() or (p / RESULTS_POINTER).is_file())
+
+
+def results_dir(run_dir: Path) -> tuple[Path, str | None]:
+    """Where the results of the run in ``run_dir`` are: ``(folder, problem)``. A multirun job
+    whose ``output.dir`` put them elsewhere leaves a pointer to that folder in its Hydra
+    folder (``sim.callbacks.RESULTS_POINTER``); ``problem`` is a one-line reason when the
+    pointed-to folder is missing or now holds another sweep's run (its ``.kvsim_sweep_id``),
+    else None. Without a pointer the folder is ``run_dir`` itself."""
+    ptr = run_dir / RESULTS_POINTER
+    if (run_dir / "summary.json").is_file() or (run_dir / MARKER).exists() or not ptr.is_file():
+        return run_dir, None
+    target = Path(ptr.read_text(errors="replace").strip())
+    if not target.is_dir():
+        return target, f"its results folder {target} (output.dir) is not there"
+    mine, theirs = run_dir / SWEEP_ID, target / SWEEP_ID
+    if mine.is_file() and (not theirs.is_file()
+                           or mine.read_text().strip() != theirs.read_text().strip()):
+        return target, (f"its results folder {target} (output.dir) now holds another run (its "
+                        f"{SWEEP_ID} is not this sweep's)")
+    return target, None
 
 
 def is_collection(path) -> bool:
@@ -200,7 +220,8 @@ def check_out_dir(sweep_dir, out_dir) -> None:
 
 def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
     """Run directories under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``,
-    ``summary.json`` or an ``INCOMPLETE`` marker); not descending into a run directory.
+    ``summary.json``, an ``INCOMPLETE`` marker, or the pointer a multirun job leaves when its
+    ``output.dir`` is elsewhere: :func:`results_dir`); not descending into a run directory.
 
     ``sweep_dir`` may itself be one run directory (``kvsim`` without ``-m``): it is then the only
     run. Hidden directories (``.submitit``, ``.hydra``) and ``exclude`` are skipped.
@@ -265,8 +286,10 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
     exists but cannot be parsed (config or Hydra YAML) raises CollectError naming the file.
     """
     rel = run_dir.relative_to(sweep_dir).as_posix() if run_dir != sweep_dir else run_dir.name
+    job_dir = run_dir
+    run_dir, moved = results_dir(job_dir)
     info = RunInfo(run_dir=run_dir.resolve(), run_id=rel)
-    hydra_dir = run_dir / ".hydra"
+    hydra_dir = job_dir / ".hydra"
     if (hydra_dir / "overrides.yaml").is_file():
         ov = _load_yaml(hydra_dir / "overrides.yaml") or []
         if not isinstance(ov, list):
@@ -283,6 +306,9 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
         info.has_hydra = True
     if info.job is None:
         info.job = int(rel) if rel.isdigit() else index
+    if moved is not None:
+        info.failure = moved
+        return info
     info.config, info.config_path = _load_config(run_dir)
     for p in sorted(run_dir.glob("*.parquet")):
         name = p.name[: -len(".parquet")]
@@ -292,8 +318,18 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
     summary_path = run_dir / "summary.json"
     if (run_dir / MARKER).exists():
         text = (run_dir / MARKER).read_text(errors="replace").strip()
-        if text.startswith("this run failed:"):  # the CLI's record of a rejected config/trace
-            info.failure = f"INCOMPLETE marker: {text}"
+        if text.startswith(FAILED_PREFIX):  # the CLI's record of a rejected config/trace
+            lines = text.splitlines()
+            if lines[-1].startswith(OVERRIDES_PREFIX):  # (and of the run's overrides)
+                try:
+                    ov = json.loads(lines[-1][len(OVERRIDES_PREFIX):])
+                except ValueError:
+                    ov = None
+                if isinstance(ov, list):
+                    lines.pop()
+                    if not info.overrides:
+                        info.overrides = [str(o) for o in ov]
+            info.failure = f"INCOMPLETE marker: {' '.join(lines)}"
         else:
             info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
     elif not summary_path.is_file():
@@ -644,6 +680,9 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     if sweep.is_dir():  # (a missing sweep dir is find_run_dirs' error)
         check_out_dir(sweep, out)
     run_dirs = find_run_dirs(sweep, exclude=out)
+    # a results folder inside the sweep that a job's pointer names is that job's, not a run
+    targets = {results_dir(d)[0].resolve() for d in run_dirs if (d / RESULTS_POINTER).is_file()}
+    run_dirs = [d for d in run_dirs if d.resolve() not in targets]
     # job directories an earlier, larger sweep left in a sweep directory run again
     stale = [d for d in run_dirs if d != sweep and stale_job(d)]
     run_dirs = [d for d in run_dirs if d not in stale]

@@ -22,6 +22,20 @@ from hydra.experimental.callback import Callback
 
 
 SWEEP_ID = ".kvsim_sweep_id"
+# In a multirun job's Hydra folder when ``output.dir`` put its results elsewhere: that folder's
+# absolute path (kvsim-collect follows it, so collecting the sweep folder finds every job).
+RESULTS_POINTER = ".kvsim_results"
+# The first line of an INCOMPLETE marker the CLI writes for a rejected run; the second line
+# is "overrides: " and the run's overrides as a JSON list (kvsim-collect reports them).
+FAILED_PREFIX = "this run failed:"
+OVERRIDES_PREFIX = "overrides: "
+
+
+def failure_marker(msg: str, overrides: list[str]) -> str:
+    """The text of the INCOMPLETE marker of a run rejected with ``msg`` (one line)."""
+    import json
+
+    return f"{FAILED_PREFIX} {msg}\n{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n"
 
 
 def sweep_root(job_dir: Path) -> Path | None:
@@ -60,10 +74,10 @@ class FailedRunsExit(Callback):
         for marker in sorted(sweep.rglob("INCOMPLETE")):
             if marker.parent == sweep or stale_job(marker.parent):
                 continue
-            text = marker.read_text(errors="replace").strip()
-            if text.startswith("this run failed:"):
+            text = marker.read_text(errors="replace").strip().splitlines()[:1] or [""]
+            if text[0].startswith(FAILED_PREFIX):
                 failed.append((marker.parent.relative_to(sweep).as_posix(),
-                               text[len("this run failed:"):].strip()))
+                               text[0][len(FAILED_PREFIX):].strip()))
         if failed:
             for name, why in failed:
                 print(f"kvsim: sweep job {name} failed: {why}", file=sys.stderr)

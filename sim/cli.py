@@ -195,12 +195,14 @@ def app(cfg: DictConfig) -> None:
     if multirun:
         # this job belongs to the sweep now running (sim.callbacks: stale jobs of an earlier
         # sweep into the same directory keep another id)
-        from .callbacks import SWEEP_ID
+        from .callbacks import RESULTS_POINTER, SWEEP_ID, failure_marker
 
         sid = Path(hc.sweep.dir) / SWEEP_ID
+        job_dir = Path(hc.runtime.output_dir)
         if sid.is_file():
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / SWEEP_ID).write_text(sid.read_text())
+            for d in {out_dir, job_dir}:
+                d.mkdir(parents=True, exist_ok=True)
+                (d / SWEEP_ID).write_text(sid.read_text())
         if cfg.output.dir:
             other = claim_output_dir(out_dir, sid.read_text().strip() if sid.is_file()
                                      else str(hc.sweep.dir), int(hc.job.num))
@@ -211,10 +213,11 @@ def app(cfg: DictConfig) -> None:
                        f"its own Hydra job folder)")
                 print(f"kvsim: error: {msg}", file=sys.stderr)
                 _run_record().info("kvsim: error: %s", msg)  # (the job's cli.log)
-                job_dir = Path(hc.sweep.dir) / hc.sweep.subdir
                 job_dir.mkdir(parents=True, exist_ok=True)  # (the sweep's failure report lists it)
-                (job_dir / "INCOMPLETE").write_text(f"this run failed: {msg}\n")
+                (job_dir / "INCOMPLETE").write_text(failure_marker(msg, overrides))
                 return
+            if out_dir.resolve() != job_dir.resolve():
+                (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
     if cfg.output.skip_completed and is_complete(out_dir, overrides):
         log.info("skipping %s: already complete", out_dir)
         return
@@ -240,7 +243,9 @@ def app(cfg: DictConfig) -> None:
         elif blocking_file(out_dir) is None:
             # mark the directory failed (kvsim-collect lists it with this reason)
             out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "INCOMPLETE").write_text(f"this run failed: {e}\n")
+            from .callbacks import failure_marker
+
+            (out_dir / "INCOMPLETE").write_text(failure_marker(str(e), overrides))
             say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
                 f"with this error)")
         rejected = Path(hc.runtime.output_dir)
@@ -257,6 +262,13 @@ def app(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         say(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)")
         sys.exit(130)
+    if not multirun:
+        # (a sweep job's marks, when a sweep used this folder before: this run replaced its
+        # results, and a pointer left in that job's Hydra folder must not lead to them)
+        from .callbacks import SWEEP_ID
+
+        for name in (SWEEP_ID, JOB_CLAIM):
+            (out_dir / name).unlink(missing_ok=True)
     cm = summary.get("cost_model") or {}
     if cm.get("kind") == "calibrated" and cm.get("analytic_fallback"):
         why = cm.get("fallback_reasons") or {}

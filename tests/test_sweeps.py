@@ -481,6 +481,14 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
             "this multirun") in r.stderr
     assert "Traceback" not in r.stderr
     assert json.loads((shared / "summary.json").read_text())["block_size"] == 16
+    # (newcomer pass) collecting the sweep folder counts both jobs: job 0's results through its
+    # pointer to output.dir, job 1 failed with its overrides (its marker records them)
+    res = C.collect(tmp_path / "sw", tmp_path / "c", quiet=True)
+    assert list(res.runs["run_id"]) == ["0"] and res.runs["cache.block_size"].tolist() == [16]
+    assert res.runs["run_dir"].tolist() == [str(shared.resolve())]
+    (f,) = res.failed
+    assert f.run_id == "1" and f.overrides == ["cache.block_size=32", "trace.max_requests=20"]
+    assert "is also the output folder of job 0" in f.failure and "overrides:" not in f.failure
     per_job = str(tmp_path / "pj_${hydra:job.num}")
     _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
            "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
@@ -489,6 +497,14 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     # re-running the same sweep into the same folders is this sweep's jobs again: allowed
     _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw2'}",
            "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
+    res = C.collect(tmp_path / "sw2", tmp_path / "c2", quiet=True)
+    assert res.runs["cache.block_size"].tolist() == [16, 32] and not res.failed
+    # a later single run into job 1's folder replaced its results: the pointer no longer leads
+    _kvsim(f"output.dir={tmp_path / 'pj_1'}", "trace.max_requests=10", *QUIET)
+    res = C.collect(tmp_path / "sw2", tmp_path / "c3", quiet=True)
+    assert res.runs["cache.block_size"].tolist() == [16]
+    (f,) = res.failed
+    assert f.run_id == "1" and "now holds another run" in f.failure
 
 
 def test_output_dir_reusing_a_hydra_run_folder_drops_its_stale_record(tmp_path):
