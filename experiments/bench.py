@@ -54,6 +54,12 @@ TARGETS = {"azure_conv": (5.0, 1024.0), "mooncake_tiers": (10.0, None), "weka": 
 QUICK = {"quick_default": ["trace.max_requests=300"]}
 
 
+def target_met(row: dict, target: tuple) -> bool:
+    """Whether a case's medians meet its target ``(wall s, peak RSS MB or None)``."""
+    wall, rss = target
+    return row["median_wall_s"] <= wall and (rss is None or row["median_peak_rss_mb"] <= rss)
+
+
 class CaseFailed(RuntimeError):
     """A benchmark case's kvsim run exited with an error (its stderr tail in the message)."""
 
@@ -116,7 +122,8 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps({"commit": commit, "repeats": a.repeats,
                                                 "complete": complete, "cases": results}, indent=2))
     print(f"kvsim bench, commit {commit}, {a.repeats} repeat(s), median reported", flush=True)
-    hdr = f"{'case':16} {'wall s':>8} {'rss MB':>8} {'steps':>9} {'steps/s':>9} {'Mtok/s':>7} {'target':>14}"
+    hdr = (f"{'case':16} {'wall s':>8} {'rss MB':>8} {'steps':>9} {'steps/s':>9} {'Mtok/s':>7} "
+           f"{'target':>14} {'met':>4}")
 
     def row_of(ov: list, runs: list) -> dict:
         med = {k: statistics.median(r[k] for r in runs)
@@ -151,8 +158,11 @@ def main(argv=None) -> int:
         row = results[name]
         t = TARGETS.get(name)
         tgt = "" if t is None else f"<={t[0]:g}s" + ("" if t[1] is None else f",<={t[1]:g}MB")
+        met = "" if t is None else ("yes" if target_met(row, t) else "NO")
+        row["target_met"] = None if t is None else met == "yes"
         print(f"{name:16} {row['median_wall_s']:8.2f} {row['median_peak_rss_mb']:8.0f} {row['steps']:9,d} "
-              f"{row['steps_per_s']:9,.0f} {row['sim_tokens_per_s'] / 1e6:7.2f} {tgt:>14}", flush=True)
+              f"{row['steps_per_s']:9,.0f} {row['sim_tokens_per_s'] / 1e6:7.2f} {tgt:>14} {met:>4}",
+              flush=True)
     lin = [results.get(f"linear_{k}x") for k in (1, 2, 4)]
     if all(lin):
         base = lin[0]["median_wall_s"] / lin[0]["requests"]
@@ -162,13 +172,16 @@ def main(argv=None) -> int:
             # the wall holds costs that do not grow with the slice (the whole file is parsed
             # and checked whatever max_requests keeps; the results are written): the simulate
             # time per request shows the part that does grow
-            print(f"linearity {k}x: {r['median_wall_s'] / r['requests'] / base:.2f} x the 1x wall per "
+            ratio = r['median_wall_s'] / r['requests'] / base
+            print(f"linearity {k}x: {ratio:.2f} x the 1x wall per "
                   f"request, {r['median_wall_s'] / r['steps'] / base_step:.2f} x per engine step, "
                   f"{r['median_simulate_s'] / r['requests'] / base_sim:.2f} x the 1x simulate time "
-                  f"per request")
+                  f"per request" + ("" if k == 1 else f" (target <= 1.10: "
+                                    f"{'met' if ratio <= 1.10 else 'NOT met'})"))
     if results.get("pool_10x") and results.get("linear_1x"):
-        print(f"pool 10x: {results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']:.2f} "
-              f"x the 1x wall")
+        ratio = results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']
+        print(f"pool 10x: {ratio:.2f} x the 1x wall (target <= 1.10: "
+              f"{'met' if ratio <= 1.10 else 'NOT met'})")
     save(True)
     return 0
 

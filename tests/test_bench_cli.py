@@ -104,4 +104,36 @@ def test_linearity_lines_split_fixed_costs(monkeypatch, capsys):
     assert bench.main(["--cases", "linear_1x,linear_2x,linear_4x", "--repeats", "1"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("linearity")]
     assert lines[2] == ("linearity 4x: 0.89 x the 1x wall per request, 0.89 x per engine step, "
-                        "1.00 x the 1x simulate time per request")
+                        "1.00 x the 1x simulate time per request (target <= 1.10: met)")
+
+
+def test_table_says_whether_each_target_is_met(tmp_path, monkeypatch, capsys):
+    """Newcomer pass: the table printed each case's target but no verdict (azure_conv at 6.12 s
+    against <= 5 s was not flagged). Each case with a target gets yes / NO (also in the JSON),
+    and the linearity and pool lines say met / NOT met (cost growing at most 10% faster than
+    the trace, or than the 1x pool's)."""
+    import json
+
+    walls = {"azure_conv": 6.12, "weka": 50.0, "linear_1x": 1.0, "linear_2x": 2.0,
+             "linear_4x": 4.8, "pool_10x": 1.05}
+
+    def fake_run(overrides):
+        name = next(n for n, ov in bench.CASES.items() if ov == overrides)
+        return {"wall_s": walls[name], "process_s": walls[name] + 1, "steps": 10, "load_s": 0.1,
+                "peak_rss_mb": 2100.0 if name == "weka" else 100.0, "simulate_s": walls[name],
+                "requests": {"linear_2x": 2, "linear_4x": 4}.get(name, 1), "sim_tokens": 1000}
+
+    monkeypatch.setattr(bench, "run_case", fake_run)
+    out = tmp_path / "b.json"
+    assert bench.main(["--cases", ",".join(walls), "--repeats", "1", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = {ln.split()[0]: ln for ln in lines if ln.split() and ln.split()[0] in walls}
+    assert row["azure_conv"].rstrip().endswith("<=5s,<=1024MB   NO")
+    assert row["weka"].rstrip().endswith("NO")  # 50 s but 2,100 MB against 2,048
+    assert not row["linear_1x"].rstrip().endswith(("yes", "NO"))  # no target of its own
+    assert any(ln.startswith("linearity 2x: 1.00") and ln.endswith("(target <= 1.10: met)")
+               for ln in lines)
+    assert any(ln.startswith("linearity 4x: 1.20") and ln.endswith("NOT met)") for ln in lines)
+    assert "pool 10x: 1.05 x the 1x wall (target <= 1.10: met)" in lines
+    d = json.loads(out.read_text())["cases"]
+    assert d["azure_conv"]["target_met"] is False and d["linear_1x"]["target_met"] is None
