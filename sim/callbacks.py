@@ -60,7 +60,8 @@ def stale_job(job_dir: Path) -> bool:
 
 class FailedRunsExit(Callback):
     """``on_multirun_start``: give the sweep a new id (see the module doc).
-    ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2."""
+    ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2; when
+    none was rejected, say on stderr how many jobs ran and how to collect them."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
@@ -78,6 +79,12 @@ class FailedRunsExit(Callback):
             if text[0].startswith(FAILED_PREFIX):
                 failed.append((marker.parent.relative_to(sweep).as_posix(),
                                text[0][len(FAILED_PREFIX):].strip()))
+        if not failed:
+            root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
+            jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
+                    and p.read_text().strip() == root_id]
+            print(f"kvsim: sweep done: {len(jobs)} job(s) in {sweep}; collect their results with "
+                  f"`kvsim-collect {sweep}`", file=sys.stderr)
         if failed:
             for name, why in failed:
                 print(f"kvsim: sweep job {name} failed: {why}", file=sys.stderr)

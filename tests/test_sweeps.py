@@ -490,8 +490,11 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     assert f.run_id == "1" and f.overrides == ["cache.block_size=32", "trace.max_requests=20"]
     assert "is also the output folder of job 0" in f.failure and "overrides:" not in f.failure
     per_job = str(tmp_path / "pj_${hydra:job.num}")
-    _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
-           "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
+    r = _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
+               "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
+    # (newcomer pass: a sweep ended with its last job's output and no word on what next)
+    assert r.stderr.rstrip().endswith(f"kvsim: sweep done: 2 job(s) in {tmp_path / 'sw2'}; collect "
+                                      f"their results with `kvsim-collect {tmp_path / 'sw2'}`")
     assert [json.loads((tmp_path / f"pj_{k}" / "summary.json").read_text())["block_size"]
             for k in (0, 1)] == [16, 32]
     # re-running the same sweep into the same folders is this sweep's jobs again: allowed
