@@ -263,3 +263,23 @@ def test_compiled_attention_time_equals_the_numpy_formula_bit_for_bit(model):
         want = max(flops / (m.peak_flops * m.attn_eff), bytes_ / (m.hbm_bw * m.mbu))
         assert m.attention_time(n, ctx) == want
         assert m.attention_time(n[::-1], ctx[::-1]) == m.attention_time(n, ctx)  # strided views
+
+
+def test_committed_replay_ops_are_what_the_simulator_writes_now(tmp_path):
+    """Newcomer pass: gpu_validation/REPORT.md says its kvsim and trim_ops commands give the
+    committed ops file byte for byte, but the simulator's offload decisions had changed since
+    (534 lines against 539). This runs those commands: a change to what the simulator decides
+    on that slice must come with a regenerated file (and a GPU replay of it, REPORT.md)."""
+    from pathlib import Path
+
+    from gpu_validation.trim_ops import main as trim_main
+
+    committed = Path(__file__).resolve().parent.parent / "gpu_validation/ops/mooncake10min_triattention_b128_nvfp4.jsonl"
+    c = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=300", "cache=trtllm",
+                        "policy=triattention", "policy.budget=128", "policy.beta=32",
+                        "compaction=forward_pack", "tiers=gpu_host_disk", "codec=nvfp4",
+                        "cost=calibrated", "output.write_ops=true", "output.ops_limit=100000",
+                        "output.write_steps=false", "sim.progress=false"])
+    run_simulation(c, tmp_path / "run")
+    trim_main([str(tmp_path / "run" / "ops.jsonl"), str(tmp_path / "trimmed.jsonl"), "--per-kind", "200"])
+    assert (tmp_path / "trimmed.jsonl").read_bytes() == committed.read_bytes()
