@@ -90,9 +90,6 @@ def _rank_desc(score: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return np.where(cand, rank, np.iinfo(np.int64).max)
 
 
-TOPK_ROWS_BY_PARTITION = 8  # topk_mask: up to this many rows take the per-row partition path
-
-
 def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     """``bool[H, S]``: the top-``k`` candidates per row by ``score`` (all of them if fewer).
 
@@ -103,11 +100,10 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
         k = np.maximum(np.broadcast_to(np.asarray(k, dtype=np.int64), (score.shape[0],)), 0)
     if score.shape[1] == 0:
         return np.zeros(score.shape, dtype=bool)
-    if score.shape[0] > TOPK_ROWS_BY_PARTITION:
-        return cand & (_rank_desc(score, cand) < k[:, None])
-    # few rows: per row, a partition finds the k-th largest candidate score; every candidate
-    # above it is kept, and of those equal to it the lowest slots (the stable sort's tie order);
-    # one compiled pass per row (_topk_row)
+    # per row, a partition finds the k-th largest candidate score; every candidate above it is
+    # kept, and of those equal to it the lowest slots (the stable sort's tie order): one
+    # compiled call over the rows (_topk_rows), O(S) a row where the sort was O(S log S) (a
+    # per-layer policy's 36 rows took most of its round in the sort)
     if score.dtype != np.float32 and score.dtype != np.float64:
         score = score.astype(np.float64)  # exact and order-preserving for the scores used
     elif not score.flags.writeable:  # a broadcast view: the kernel takes writable arrays
@@ -115,10 +111,9 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     if cand.dtype != np.bool_ or not cand.flags.writeable:
         cand = np.array(cand, dtype=bool)
     out = np.zeros(score.shape, dtype=bool)
-    for h in range(score.shape[0]):
-        if _topk_row(score[h], cand[h], int(k[h]), out[h]) < 0:
-            # an infinite candidate score ties with non-candidates
-            return cand & (_rank_desc(score, cand) < k[:, None])
+    if _topk_rows(score, cand, np.ascontiguousarray(k), out) < 0:
+        # an infinite candidate score ties with non-candidates
+        return cand & (_rank_desc(score, cand) < k[:, None])
     return out
 
 
@@ -160,6 +155,16 @@ def _topk_row(score, cand, k, out):  # pragma: no cover (compiled)
                 out[i] = True
                 ties -= 1
     return k
+
+
+@kernel(["i8(f4[:, :], b1[:, :], i8[:], b1[:, :])", "i8(f8[:, :], b1[:, :], i8[:], b1[:, :])"])
+def _topk_rows(score, cand, k, out):  # pragma: no cover (compiled)
+    """:func:`_topk_row` on each row ``h`` with ``k[h]``; -1 as soon as a row returns -1
+    (``out`` then partly written: the caller discards it), else 0."""
+    for h in range(score.shape[0]):
+        if _topk_row(score[h], cand[h], k[h], out[h]) < 0:
+            return -1
+    return 0
 
 
 def recent_mask(pos: np.ndarray, cand: np.ndarray, k) -> np.ndarray:

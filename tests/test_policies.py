@@ -552,13 +552,13 @@ def test_recorded_importance_missing_column(tmp_path):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 10), st.integers(0, 30), st.integers(0, 2**32 - 1), st.booleans(),
+@given(st.integers(1, 40), st.integers(0, 30), st.integers(0, 2**32 - 1), st.booleans(),
        st.booleans(), st.integers(-2, 33), st.sampled_from(["float32", "float64", "int64"]))
 def test_topk_mask_equals_the_stable_descending_sort(H, S, seed, coarse, with_inf, k, dtype):
-    """topk_mask (per-row partition for few rows, sort for many) keeps exactly the candidates a
-    stable descending sort ranks below k: ties go to the lower slot, and infinite candidate
-    scores tie with non-candidates as in the sort (float32, float64 and integer scores; the
-    per-row path is compiled)."""
+    """topk_mask (a compiled partition per row; the sort when a candidate score is infinite)
+    keeps exactly the candidates a stable descending sort ranks below k: ties go to the lower
+    slot, and infinite candidate scores tie with non-candidates as in the sort (float32,
+    float64 and integer scores; up to 40 rows, as a per-layer policy's groups)."""
     from policies.eviction import _rank_desc, topk_mask
     rng = np.random.default_rng(seed)
     sc = (rng.integers(0, 4, size=(H, S)) if coarse else rng.random((H, S)) * 100).astype(dtype)
