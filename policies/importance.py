@@ -430,15 +430,25 @@ class ImportanceModel:
         The recency term ``log(1 + recency_boost exp(-age / recency_window))`` is read from a
         table over every age (grown by doubling, the same elementwise arithmetic); sink tokens
         get theirs computed with the boost. With interpolated, drifting, partly shared fields
-        and no sink position (the defaults, past the prompt) one compiled pass
-        (:func:`_fused_logs`) computes the log-scores from the memos; the exponential stays in
-        numpy, so both ways give the same bits."""
+        (the defaults) one compiled pass (:func:`_fused_logs`) computes the log-scores from the
+        memos, with the sink positions' recency terms computed in numpy; the exponential stays
+        in numpy, so both ways give the same bits."""
         p = self.params
         if hi is None:
             hi = int(pos.max()) + 1
-        if self._fused and (p.sink_tokens <= lo or int(pos.min()) >= p.sink_tokens):
-            return np.exp(self._logs_fused(request_key, pos, num_groups, step, int(seq_len), hi)
-                          ).astype(np.float32)
+        if self._fused:
+            sink = None
+            if p.sink_tokens > lo and int(pos.min()) < p.sink_tokens:
+                # the sink positions' recency terms, computed as the numpy path computes them
+                # (the same array of their ages, in the same order), looked up by position
+                age = np.maximum(seq_len - 1 - pos, 0)
+                sk = pos < p.sink_tokens
+                a = age[sk].astype(np.float64)
+                sink = np.zeros(min(int(p.sink_tokens), hi), dtype=np.float64)
+                sink[pos[sk]] = np.log((1.0 + p.recency_boost * np.exp(-a / p.recency_window))
+                                       * p.sink_boost)
+            return np.exp(self._logs_fused(request_key, pos, num_groups, step, int(seq_len), hi,
+                                           sink)).astype(np.float32)
         z = self.latent(request_key, pos, num_groups, step, hi)
         sig = self._sigma(request_key, num_groups)[:, None]
         logs = sig * z
@@ -471,10 +481,12 @@ class ImportanceModel:
         return tab
 
     def _logs_fused(self, request_key: int, pos: np.ndarray, num_groups: int, step: int,
-                    seq_len: int, hi: int) -> np.ndarray:
-        """The clipped log-scores ``float64[num_groups, n]`` of :meth:`_scores` (no sink
-        position; :attr:`_fused` holds) in one compiled pass over the memos: the same
-        elementwise arithmetic, in the same order, as :meth:`latent` and :meth:`_scores`."""
+                    seq_len: int, hi: int, sink: Optional[np.ndarray] = None) -> np.ndarray:
+        """The clipped log-scores ``float64[num_groups, n]`` of :meth:`_scores` (:attr:`_fused`
+        holds) in one compiled pass over the memos: the same elementwise arithmetic, in the
+        same order, as :meth:`latent` and :meth:`_scores`. ``sink``: the recency term of each
+        sink position ``p < len(sink)`` asked for (``float64``, indexed by position), None when
+        no sink position is asked for."""
         p = self.params
         rho = float(p.head_correlation)
         tab = self._ip_table(hi)
@@ -487,29 +499,38 @@ class ImportanceModel:
         out = np.empty((num_groups, len(pos)), dtype=np.float64)
         _fused_logs(pos, tab[0], tab[1], st, dr, math.cos(th), math.sin(th), math.sqrt(p.drift),
                     math.sqrt(rho), math.sqrt(1.0 - rho), self._sigma(request_key, num_groups),
-                    self._lm_table(seq_len), seq_len, out)
+                    self._lm_table(seq_len), _NO_SINK if sink is None else sink, seq_len, out)
         return out
 
 
+_NO_SINK = np.zeros(0, dtype=np.float64)
+
+
 @kernel("void(i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8, f8, f8, f8, f8, f8[:], f8[:], "
-        "i8, f8[:, :])")
-def _fused_logs(pos, ip_i, ip_f, static, drift, c, s, sd, a, b, sig, lm, seq_len, out):  # pragma: no cover
+        "f8[:], i8, f8[:, :])")
+def _fused_logs(pos, ip_i, ip_f, static, drift, c, s, sd, a, b, sig, lm, sink, seq_len,
+                out):  # pragma: no cover
     """Per position ``pos[j]`` and group ``g``: ``clip(sig[g] z_g + lm[age], -80, 80)`` into
-    ``out[g, j]``, with ``z_g = a Z_0 + b Z_(g+1)`` and stream ``Z_r = static[r, p] + sd (c F_e
+    ``out[g, j]`` (``sink[p]`` instead of ``lm[age]`` for a position below ``len(sink)``),
+    with ``z_g = a Z_0 + b Z_(g+1)`` and stream ``Z_r = static[r, p] + sd (c F_e
     + s F_(e+1))``, each field interpolated from ``drift`` (rows: epoch e, epoch e + 1 at the
     lattice point, then at its right neighbour; ``ImportanceModel._drift_arr``) with the terms of
     ``ip_i`` / ``ip_f`` (``ImportanceModel._ip_table``)."""
     S = static.shape[0]
+    n_sink = sink.shape[0]
     for j in range(pos.shape[0]):
         p = pos[j]
         i0 = ip_i[0, p]
         t = ip_f[0, p]
         omt = ip_f[1, p]
         den = ip_f[2, p]
-        age = seq_len - 1 - p
-        if age < 0:
-            age = 0
-        rec = lm[age]
+        if p < n_sink:
+            rec = sink[p]
+        else:
+            age = seq_len - 1 - p
+            if age < 0:
+                age = 0
+            rec = lm[age]
         fe = (omt * drift[0, i0] + t * drift[2 * S, i0]) / den
         fe1 = (omt * drift[S, i0] + t * drift[3 * S, i0]) / den
         z0 = static[0, p] + sd * (c * fe + s * fe1)
@@ -687,16 +708,51 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
             sc = source.scores(layout.request_key, pos, 1, step=step, seq_len=seq)[0]
         _scatter_live(row, lo, np.ascontiguousarray(sc, dtype=np.float32), out[0])
         return out
-    live = layout.slot_pos >= max(int(from_pos), 0)
-    if not live.any():
+    # several groups: the distinct live positions in order, scored once for all groups, each
+    # slot given its group's score of its position (compiled: a position -> rank table over
+    # [lo, max position] instead of a sort; the same positions and mapping as np.unique)
+    lo = max(int(from_pos), 0)
+    slot_pos = np.ascontiguousarray(layout.slot_pos, dtype=np.int32)
+    top = int(slot_pos.max()) + 1 if slot_pos.size else 0
+    if top <= lo:
         return out
-    pos_all = np.unique(layout.slot_pos[live])
-    sc = source.scores(layout.request_key, pos_all, H, step=step, seq_len=max(seq, int(pos_all.max()) + 1))
-    for g in range(H):
-        m = live[g]
-        if m.any():
-            out[g, m] = sc[g, np.searchsorted(pos_all, layout.slot_pos[g, m])]
+    rank = np.full(top - lo, -1, dtype=np.int64)
+    pos_all = np.empty(top - lo, dtype=np.int64)
+    n = _rank_live_positions(slot_pos, lo, rank, pos_all)
+    pos_all = pos_all[:n]
+    sc = source.scores(layout.request_key, pos_all, H, step=step, seq_len=max(seq, int(pos_all[-1]) + 1))
+    _scatter_groups(slot_pos, lo, rank, np.ascontiguousarray(sc, dtype=np.float32), out)
     return out
+
+
+@kernel("i8(i4[:, :], i8, i8[:], i8[:])")
+def _rank_live_positions(slot_pos, lo, rank, pos_all):  # pragma: no cover (compiled)
+    """:func:`score_slots`' distinct live positions (``>= lo``) of all groups, ascending, into
+    ``pos_all``; ``rank[p - lo]`` = the index of position ``p`` there (``rank`` holds -1 over
+    ``[lo, max position]`` on entry). Returns how many."""
+    for g in range(slot_pos.shape[0]):
+        for i in range(slot_pos.shape[1]):
+            p = slot_pos[g, i]
+            if p >= lo:
+                rank[p - lo] = 0
+    n = 0
+    for j in range(rank.shape[0]):
+        if rank[j] == 0:
+            rank[j] = n
+            pos_all[n] = j + lo
+            n += 1
+    return n
+
+
+@kernel("void(i4[:, :], i8, i8[:], f4[:, :], f4[:, :])")
+def _scatter_groups(slot_pos, lo, rank, sc, out):  # pragma: no cover (compiled)
+    """``out[g, i] = sc[g, rank[p - lo]]`` for each live slot (position ``p = slot_pos[g, i] >=
+    lo``): the scores of :func:`_rank_live_positions`' positions back to the slots."""
+    for g in range(slot_pos.shape[0]):
+        for i in range(slot_pos.shape[1]):
+            p = slot_pos[g, i]
+            if p >= lo:
+                out[g, i] = sc[g, rank[p - lo]]
 
 
 @kernel("i8(i4[:], i8, i8[:])")

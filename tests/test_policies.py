@@ -484,6 +484,32 @@ def test_score_slots_from_pos_leaves_unread_slots_unscored():
     assert not make_policy(PolicyConfig(name="streaming_llm")).uses_scores
 
 
+@pytest.mark.parametrize("from_pos", [0, 2, 150])
+def test_score_slots_several_groups_score_each_live_slot_by_its_position(from_pos):
+    """Several groups (a per-head or per-layer policy): each slot holding a position >=
+    from_pos gets its group's score of that position from one call over the distinct live
+    positions (compiled: a rank table instead of np.unique), holes and slots below from_pos
+    stay -inf; sink positions (0-3) included when from_pos is 0."""
+    lay = filled(600, groups=5, prompt=100)
+    rng = np.random.default_rng(from_pos)
+    for g in range(5):  # each group its own holes and order, as after per-head compactions
+        lay.slot_pos[g, rng.random(lay.slot_pos.shape[1]) < 0.2] = -1
+        lay.slot_pos[g, 200:300] = rng.permutation(lay.slot_pos[g, 200:300])
+    got = score_slots(ImportanceModel(seed=2), lay, step=40, from_pos=from_pos)
+    live = lay.slot_pos >= from_pos
+    uniq = np.unique(lay.slot_pos[live])
+    sc = ImportanceModel(seed=2).scores(lay.request_key, uniq, 5, step=40,
+                                        seq_len=max(lay.next_position, int(uniq.max()) + 1))
+    assert got.shape == lay.slot_pos.shape and got.dtype == np.float32
+    for g in range(5):
+        idx = np.searchsorted(uniq, lay.slot_pos[g, live[g]])
+        assert np.array_equal(got[g, live[g]], sc[g, idx])
+    assert np.isneginf(got[~live]).all()
+    # no live slot: all -inf
+    lay.slot_pos[:] = -1
+    assert np.isneginf(score_slots(ImportanceModel(seed=2), lay, step=40)).all()
+
+
 def test_score_slots_one_group_scores_each_live_slot_by_its_position():
     """One group: every slot holding a position >= from_pos gets the model's score of that
     position (holes and slots below from_pos stay -inf), in slot order after a compaction
@@ -589,7 +615,8 @@ def test_topk_mask_takes_read_only_views_and_integer_masks():
 def test_importance_compiled_scores_equal_the_numpy_path(monkeypatch):
     """The compiled log-score pass (``ImportanceModel._logs_fused``) gives the very bits of the
     numpy path (``latent`` and the recency table) over random parameters, positions, groups,
-    steps and sequence lengths (sinks excluded, as the compiled path requires)."""
+    steps and sequence lengths, sink positions included (their recency terms come from numpy
+    as in the numpy path)."""
     rng = np.random.default_rng(1)
     for _ in range(60):
         params = ImportanceParams(
@@ -605,9 +632,12 @@ def test_importance_compiled_scores_equal_the_numpy_path(monkeypatch):
             n = int(rng.integers(10, 6000))
             G = int(rng.integers(1, 4))
             step = int(rng.integers(0, 3000)) + 100 * k
-            pos = rng.integers(params.sink_tokens, n, int(rng.integers(1, 3000)))
+            lo = params.sink_tokens if k == 0 else 0  # (k > 0: sink positions too)
+            pos = rng.integers(lo, n, int(rng.integers(1, 3000)))
+            if k == 2:
+                pos[:3] = [0, 1, 0]
             seq = n + int(rng.integers(0, 10))
-            got = fused._scores(5, pos, G, step, seq, None, params.sink_tokens)
+            got = fused._scores(5, pos, G, step, seq, None, lo)
             with monkeypatch.context() as m:
                 m.setattr(ImportanceModel, "_fused", property(lambda self: False))
                 want = plain._scores(5, pos, G, step, seq, None, 0)
