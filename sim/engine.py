@@ -233,6 +233,7 @@ class Simulator:
         self.tiers = tiers(self.env) if tiers is not None else None
         self.num_layers = max(1, int(num_layers))
         self.onboarding = 0
+        self._onboarding_reqs: dict = {}  # rid -> request in a blocking onboard (with self.check)
         self.comp = compression if compression is not None and compression.active else None
         self._round_time = 0.0  # round costs charged to the next step
         self.rounds: list[tuple] = []
@@ -820,6 +821,8 @@ class Simulator:
         if blocking:
             req.status = ONBOARDING
             self.onboarding += 1
+            if self.check:
+                self._onboarding_reqs[req.rid] = req  # (check_invariants counts their blocks)
         req.load_event = self.env.process(
             self._onboard(req, pos, host_keys, disk_keys, blocking, req.gen))
 
@@ -840,6 +843,7 @@ class Simulator:
             if req.n_generated == 0:
                 req.onboard_s += env.now - t0
             self.onboarding -= 1
+            self._onboarding_reqs.pop(req.rid, None)
             req.status = RUNNING
             self.running.append(req)
             if self._wake is not None and not self._wake.triggered:
@@ -2082,7 +2086,11 @@ class Simulator:
                 assert r.n_blocks == r.layout.n_blocks + r.blocks_since, (
                     f"request {r.rid}: block table {r.n_blocks} != layout {r.layout.n_blocks} + "
                     f"{r.blocks_since}")
-        held = [r.blocks[:r.n_blocks] for r in self.running if r.n_blocks]
+        # (a request in a blocking onboard holds its blocks outside the running list)
+        onboarding = list(self._onboarding_reqs.values())
+        assert len(onboarding) == self.onboarding, "onboarding count differs from its requests"
+        assert all(r.status == ONBOARDING for r in onboarding)
+        held = [r.blocks[:r.n_blocks] for r in self.running + onboarding if r.n_blocks]
         held_arr = np.concatenate(held) if held else np.empty(0, np.int64)
         self.pool.check(held_arr)
         # every block held by a table: ref count >= number of tables holding it

@@ -499,3 +499,13 @@ def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(
     for c in ("queue_s", "onboard_s", "onboard_host_s", "onboard_disk_s", "prefill_s"):
         assert (r[c] >= 0).all(), (c, r[c].min())
     assert np.allclose(r["queue_s"] + r["onboard_s"] + r["prefill_s"], r["ttft_s"])
+
+
+def test_check_invariants_counts_the_blocks_of_blocking_onboards(tmp_path):
+    """Break-it pass: sim.check_invariants=true with host/disk tiers failed ('ref count not
+    equal to table references') on a valid run: a request waiting for a blocking onboard holds
+    its blocks outside the running list, and the check counted the running list only."""
+    c = compose_config(["trace.max_requests=150", "sim.check_invariants=true", "tiers=gpu_host_disk",
+                        "sim.progress=false", "output.write_steps=false"])
+    s = run_simulation(c, tmp_path)
+    assert s["bytes_onboarded"]["host"] > 0 and s["requests_finished"] == 150
