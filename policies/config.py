@@ -84,7 +84,8 @@ class PolicyConfig:
         per-layer average for pyramidkv), tokens read per step (quest: top_k_pages = ceil(budget/B)).
       beta: round period in tokens (compaction period; TriAttention default 128). 1 = every step.
       sink_tokens / recent_window: StreamingLLM sinks and recent window; recent_window is also the
-        always-kept recent tail of h2o/r_kv when set.
+        always-kept recent tail of h2o and triattention when set (r_kv's recent tail is its
+        ``observation_window``; r_kv rejects a recent_window).
       heavy_ratio: H2O share of ``budget`` for heavy hitters (the rest is the recent window).
       mode: grouping mode, one of :data:`MODES`; "" = the policy's default (snapkv per_head,
         pyramidkv/ada_kv per_layer_per_head, others union).

@@ -50,6 +50,18 @@ def validate_policy_config(cfg: PolicyConfig, prompt_len: int | None = None) -> 
     if cfg.name in ("snapkv", "pyramidkv", "ada_kv", "r_kv") and cfg.observation_window > cfg.budget:
         raise ValueError(f"policy {cfg.name}: observation_window {cfg.observation_window} exceeds budget "
                          f"{cfg.budget}")
+    if cfg.name == "r_kv" and cfg.recent_window:
+        raise ValueError(f"policy r_kv: recent_window={cfg.recent_window} is not read by r_kv, "
+                         f"whose always-kept recent tokens are its observation_window "
+                         f"({cfg.observation_window}); expected recent_window=0 (set "
+                         f"policy.observation_window instead)")
+    try:
+        seed_ok = not isinstance(cfg.seed, bool) and int(cfg.seed) == cfg.seed and 0 <= cfg.seed < 2 ** 32
+    except (TypeError, ValueError):
+        seed_ok = False
+    if not seed_ok:
+        raise ValueError(f"policy {cfg.name}: seed must be an integer in [0, 2**32) (the random "
+                         f"policy's and the importance model's seed), got {cfg.seed}")
     if cfg.name in ("h2o", "triattention") and cfg.recent_window > cfg.budget:
         raise ValueError(f"policy {cfg.name}: recent_window {cfg.recent_window} exceeds budget {cfg.budget}")
     if cfg.pooling not in ("max", "avg"):

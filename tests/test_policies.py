@@ -365,6 +365,14 @@ def test_config_validation_messages():
         make_compactor(CompactionConfig(name="squash"))
     with pytest.raises(ValueError, match="head_correlation"):
         ImportanceModel(ImportanceParams(head_correlation=1.5))
+    # (break-it pass) a negative seed crashed the random policy mid-run; r_kv ignored a
+    # recent_window its docstring said it kept
+    for bad in (-1, 2 ** 32, 1.5):
+        with pytest.raises(ValueError, match=r"policy random: seed must be an integer in \[0, 2\*\*32\)"):
+            make_policy(PolicyConfig(name="random", seed=bad))
+    make_policy(PolicyConfig(name="random", seed=2 ** 32 - 1))
+    with pytest.raises(ValueError, match="recent_window=100 is not read by r_kv"):
+        make_policy(PolicyConfig(name="r_kv", recent_window=100))
 
 
 # ------------------------------------------------------------------------- importance model
