@@ -22,13 +22,19 @@ import sys
 import time
 
 import numpy as np
-import torch
-import triton
 
-from . import kernels as K
-from . import reference as R
-from .calibration_model import fit_affine
-from .pool import PagedKVPool
+try:  # (--help works without them; a run says what to install)
+    import torch
+    import triton
+
+    from . import kernels as K
+    from . import reference as R
+    from .calibration_model import fit_affine
+    from .pool import PagedKVPool
+except ImportError as _e:  # pragma: no cover (the CPU CI installs torch and triton)
+    _MISSING: ImportError | None = _e
+else:
+    _MISSING = None
 
 QWEN3_8B = dict(num_layers=36, num_q_heads=32, num_kv_heads=8, head_dim=128, hidden=4096,
                 intermediate=12288)
@@ -352,6 +358,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="small sweep (smoke test)")
     ap.add_argument("--sections", default="copy,host,compaction,codecs,attention,gemm")
     args = ap.parse_args(argv)
+    if _MISSING is not None:
+        sys.exit(f"calibrate needs torch and triton ({_MISSING}); install them with "
+                 f"pip install -e '.[gpu]' (a CUDA build of torch on the GPU machine)")
     if not torch.cuda.is_available():
         sys.exit("calibrate needs a CUDA GPU")
     t0 = time.time()

@@ -47,6 +47,8 @@ def main(argv=None):
     ap.add_argument("dst")
     ap.add_argument("--per-kind", type=int, default=200)
     args = ap.parse_args(argv)
+    if args.per_kind < 1:
+        ap.error(f"--per-kind {args.per_kind}: expected >= 1 (ops kept per kind)")
     try:
         with open(args.src) as f:
             lines = [json.loads(line) for line in f if line.strip()]

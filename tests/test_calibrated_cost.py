@@ -283,3 +283,35 @@ def test_committed_replay_ops_are_what_the_simulator_writes_now(tmp_path):
     run_simulation(c, tmp_path / "run")
     trim_main([str(tmp_path / "run" / "ops.jsonl"), str(tmp_path / "trimmed.jsonl"), "--per-kind", "200"])
     assert (tmp_path / "trimmed.jsonl").read_bytes() == committed.read_bytes()
+
+
+def test_trim_ops_per_kind_below_one_is_a_usage_error(tmp_path, capsys):
+    """Break-it pass: --per-kind 0 ended in a ValueError traceback."""
+    from gpu_validation.trim_ops import main as trim_main
+
+    src = tmp_path / "ops.jsonl"
+    src.write_text('{"op": "model"}\n')
+    for bad in ("0", "-3"):
+        with pytest.raises(SystemExit) as e:
+            trim_main([str(src), str(tmp_path / "t.jsonl"), "--per-kind", bad])
+        assert e.value.code == 2
+        assert f"--per-kind {bad}: expected >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+@pytest.mark.parametrize("tool", ["validate", "calibrate"])
+def test_gpu_tools_without_torch_give_help_and_say_what_to_install(tool):
+    """Break-it pass: `python -m gpu_validation.validate --help` (and calibrate) ended in a
+    ModuleNotFoundError traceback where torch is not installed (the core install has none)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['triton'] = None; "
+            f"from gpu_validation.{tool} import main; main(sys.argv[1:])")
+    r = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+    args = ["--out", "/nonexistent/x.json"] if tool == "calibrate" else []
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith(f"{tool} needs torch and triton (")
+    assert "pip install -e '.[gpu]'" in r.stderr
