@@ -99,10 +99,13 @@ def window_kv_bytes_per_token(model, cache) -> int:
 
 def window_kv_bytes_per_seq(model, cache) -> int:
     """Bytes one running sequence holds in sliding-window layers at most: window tokens rounded up
-    to whole blocks plus one block being filled (as vLLM's sliding-window manager keeps them)."""
+    to whole blocks plus one block being filled (as vLLM's sliding-window manager keeps them),
+    and never more than the blocks of ``model.max_model_len`` tokens (a sequence's longest)."""
     if model.num_sliding_window_layers == 0 or model.sliding_window <= 0:
         return 0
     blocks = math.ceil(model.sliding_window / cache.block_size) + 1
+    if model.max_model_len:
+        blocks = min(blocks, math.ceil(model.max_model_len / cache.block_size))
     return blocks * cache.block_size * window_kv_bytes_per_token(model, cache)
 
 
@@ -260,7 +263,10 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
             f"zero KV blocks left: budget {budget / GIB:.2f} GiB - weights {w / GIB:.2f} GiB - "
             f"activation reserve {act / GIB:.2f} GiB (scheduler.max_num_batched_tokens="
             f"{scheduler.max_num_batched_tokens}) - sliding-window reserve {win / GIB:.2f} GiB "
-            f"(scheduler.max_num_seqs={scheduler.max_num_seqs}) = {pool / GIB:.2f} GiB < one "
+            f"(scheduler.max_num_seqs={scheduler.max_num_seqs}"
+            + (f" x model.sliding_window={model.sliding_window} tokens on "
+               f"{model.num_sliding_window_layers} layers" if win > 0 else "")
+            + f") = {pool / GIB:.2f} GiB < one "
             f"block of {block_bytes} B x {rep} cop{'y' if rep == 1 else 'ies'} across the TP group"
         )
     _check_pool_host_memory(n, f"the {n} KV blocks of gpu.memory_gib={gpu.memory_gib}")

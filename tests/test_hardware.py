@@ -33,6 +33,14 @@ def test_gpt_oss_full_part_and_window_cap():
     assert per_seq == (math.ceil(128 / 16) + 1) * 16 * 18 * 2048
     c2 = cfg("model=gpt_oss_120b", "cache.block_size=32")
     assert window_kv_bytes_per_seq(c2.model, c2.cache) == (4 + 1) * 32 * 18 * 2048
+    # (break-it pass) a window past max_model_len (131,072) holds no more than a whole sequence:
+    # the reserve had doubled from 131,072 to 262,144 tokens of window
+    for w in (131072, 262144):
+        cw = cfg("model=gpt_oss_120b", f"model.sliding_window={w}")
+        assert window_kv_bytes_per_seq(cw.model, cw.cache) == 131072 * 18 * 2048
+    with pytest.raises(ConfigError, match=r"sliding-window reserve 1152\.00 GiB \(scheduler\.max_num_seqs="
+                                          r"256 x model\.sliding_window=262144 tokens on 18 layers\)"):
+        plan_memory(cw.model, cw.gpu, cw.cache, cw.scheduler, 1)
 
 
 def test_kv_dtype_fp8_halves_and_weight_quant_does_not_change_kv():
