@@ -114,7 +114,11 @@ class Calibration:
         self.path = str(path)
         p = self.path
         if isinstance(data, dict) and "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
-            raise CalibrationError(f"{p}: schema_version {data['schema_version']!r}; this kvsim "
+            v = data["schema_version"]
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise CalibrationError(f"{p}: schema_version {v!r} is a {type(v).__name__}; "
+                                       f"expected the integer {SCHEMA_VERSION}")
+            raise CalibrationError(f"{p}: schema_version {v!r}; this kvsim "
                                    f"reads version {SCHEMA_VERSION} (rerun gpu_validation.calibrate)")
         if isinstance(data, dict) and data.get("complete", True) is not True:
             raise CalibrationError(f"{p}: complete = {data['complete']!r}: the calibration run did "
@@ -172,6 +176,14 @@ class Calibration:
             _finite(sec, "gemm.seconds_per_layer", p, positive=True)
             self._gemm = (tok, sec, _layers(g, "gemm.", p))
         shapes = data.get("model_shapes")
+        if shapes is not None:
+            if not isinstance(shapes, dict):
+                raise CalibrationError(f"{p}: model_shapes is a {type(shapes).__name__}; expected "
+                                       f"an object of the measured model's sizes")
+            for k, v in shapes.items():
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise CalibrationError(f"{p}: model_shapes.{k} = {v!r} ({type(v).__name__}); "
+                                           f"expected a positive integer")
         n_layers = shapes.get("num_layers") if isinstance(shapes, dict) else None
         for name, table in (("decode_attention", self._attn), ("gemm", self._gemm)):
             # a table's per-layer times are scaled by its layers: they must be the model's

@@ -105,6 +105,12 @@ def test_no_torch_at_import():
      r"decode_attention\.layers = 1, but model_shapes\.num_layers = 36"),
     (lambda d: d.update(model_shapes={"num_layers": 36}) or d["gemm"].update(layers=1),
      r"gemm\.layers = 1, but model_shapes\.num_layers = 36"),
+    # (second break-it pass) a string '36' read as 'layers = 36, but num_layers = 36'; a string
+    # schema version as 'schema_version '1'; this kvsim reads version 1'
+    (lambda d: d.update(model_shapes={"num_layers": "36"}),
+     r"model_shapes\.num_layers = '36' \(str\); expected a positive integer"),
+    (lambda d: d.update(model_shapes=[36]), r"model_shapes is a list; expected an object"),
+    (lambda d: d.update(schema_version="1"), r"schema_version '1' is a str; expected the integer 1"),
 ])
 def test_impossible_values_are_errors(tmp_path, edit, match):
     """Negative, zero or non-finite times, grids that do not increase, an unfinished run or
