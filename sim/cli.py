@@ -298,6 +298,11 @@ def app(cfg: DictConfig) -> None:
                 f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
                 f"this trace did before it finished (a reasoning trace such as "
                 f"trace=servegen_r1 has long outputs; or lower policy.budget)")
+    if summary.get("ops_rounds_left_out"):
+        say(f"kvsim: note: output.write_ops: {summary['ops_rounds_left_out']:,} of "
+            f"{summary.get('rounds', 0):,} compaction rounds are not in ops.jsonl: the GPU replay's "
+            f"mover is single-group forward packing (compaction=forward_pack, one selection "
+            f"group); rounds of several groups or of hole filling are left out")
     for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
                                   str(cfg.cost.kind)):
         say(f"kvsim: note: {n}")

@@ -87,6 +87,8 @@ class Compression:
         self.num_layers = int(model.num_layers)
         self.ops = None  # list of compaction ops for gpu_validation replay (output.write_ops)
         self.ops_limit = 0
+        # rounds the ops file cannot hold: the replay's mover is single-group forward packing
+        self.ops_left_out = 0
 
     # ------------------------------------------------------------------ per request
     def new_request(self, req) -> None:
@@ -203,8 +205,9 @@ class Compression:
             keep[:, :shared_slots] |= lay.slot_pos[:, :shared_slots] >= 0
             pinned = max(pinned, shared_slots)
         n_ops = len(self.ops) if self.ops is not None else 0
-        if self.ops is not None and len(self.ops) < self.ops_limit and lay.num_groups == 1 \
-                and self.compaction == "forward_pack":
+        if self.ops is not None and (lay.num_groups != 1 or self.compaction != "forward_pack"):
+            self.ops_left_out += 1
+        elif self.ops is not None and len(self.ops) < self.ops_limit:
             pos_live = lay.slot_pos[0] >= 0
             valid = int(lay.append_ptr.max())
             kept = np.flatnonzero(keep[0, :valid] & pos_live[:valid])

@@ -317,6 +317,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
             _write_ops(cfg, comp, tm, out / "ops.jsonl")
+            summary["ops_rounds_left_out"] = int(comp.ops_left_out)
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0

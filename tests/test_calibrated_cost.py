@@ -315,3 +315,19 @@ def test_gpu_tools_without_torch_give_help_and_say_what_to_install(tool):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().startswith(f"{tool} needs torch and triton (")
     assert "pip install -e '.[gpu]'" in r.stderr
+
+
+def test_write_ops_counts_the_rounds_it_cannot_hold(tmp_path):
+    """Break-it pass: with several selection groups (policy.mode=per_head) or hole filling,
+    output.write_ops wrote only the model line and said nothing; summary.json now counts the
+    rounds left out (the CLI prints it as a note), 0 for single-group forward packing."""
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=300, output_tokens=400) for _ in range(3)])
+    for extra, left_out in ((["policy.mode=per_head"], True), (["compaction=hole_fill"], True), ([], False)):
+        c = cfg("policy=triattention", "policy.budget=128", "policy.beta=32", "compaction=forward_pack",
+                "output.write_ops=true", "output.write_steps=false", *extra)
+        s = run_simulation(c, tmp_path / "_".join(extra or ["base"]), workload=wl)
+        ops = (tmp_path / "_".join(extra or ["base"]) / "ops.jsonl").read_text().splitlines()
+        rounds = sum(1 for line in ops if '"compaction_move"' in line)
+        assert s["rounds"] > 0
+        assert s["ops_rounds_left_out"] == (s["rounds"] if left_out else 0)
+        assert rounds == (0 if left_out else s["rounds"])
