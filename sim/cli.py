@@ -135,12 +135,21 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
 
 
+# compaction option -> the compactions that read it (policies.compaction; pin_prompt only when
+# Compactor.apply is called without the engine's pinned_len)
+COMPACTION_READERS = {"position_index_bytes": ("hole_fill",), "position_index_per_group": ("hole_fill",),
+                      "pin_prompt": ()}
+
+
 def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
-                         cost_kind: str = "analytic") -> list[str]:
+                         cost_kind: str = "analytic", policy: str = "full",
+                         compaction: str = "none", codec: str = "identity") -> list[str]:
     """Notes for command-line overrides that change nothing in this run: a trace option of
     another kind of trace (``trace_format``: the run's ``trace.format``; ``trace.path`` of a
     synthetic one, which is generated), a tier option with no host or disk tier (``tiers``: the
-    summary's ``tiers``, e.g. ``gpu_only``), or ``cost.file`` without ``cost.kind=calibrated``."""
+    summary's ``tiers``, e.g. ``gpu_only``), ``cost.file`` without ``cost.kind=calibrated``, a
+    policy option or a compaction with ``policy=full`` (no round ever runs), a compaction
+    option with ``compaction=none``, and a codec option with ``codec=identity``."""
     kind = "synthetic" if trace_format.startswith("synthetic") else trace_format
     notes = []
     for o in overrides:
@@ -160,6 +169,20 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
         elif group == "tiers" and field in TIER_ONLY_FIELDS and tiers == "gpu_only":
             notes.append(f"{key} applies to host and disk tiers; with none (tiers.host_gib = "
                          f"tiers.disk_gib = 0) it changes nothing")
+        elif group in ("policy", "compaction") and field and field != "name" and policy == "full" \
+                or key == "compaction" and compaction != "none" and policy == "full":
+            notes.append(f"{key} applies to a compression policy's rounds; policy=full keeps "
+                         f"every token and runs none: it changes nothing")
+        elif group == "compaction" and field in COMPACTION_READERS \
+                and compaction not in COMPACTION_READERS[field]:
+            readers = COMPACTION_READERS[field]
+            notes.append(f"{key} is read by compaction={' and '.join(readers)}; this run's "
+                         f"compaction is {compaction}: it changes nothing" if readers else
+                         f"{key} is not read in a simulation (the engine pins the slots the "
+                         f"policy protects, policy.protect_prompt): it changes nothing")
+        elif group == "codec" and field and field != "name" and codec == "identity":
+            notes.append(f"{key} is read by the fp8 and nvfp4 codecs; this run's codec is "
+                         f"identity (pages copied as they are): it changes nothing")
     return notes
 
 
@@ -298,13 +321,23 @@ def app(cfg: DictConfig) -> None:
                 f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
                 f"this trace did before it finished (a reasoning trace such as "
                 f"trace=servegen_r1 has long outputs; or lower policy.budget)")
+    n_cap = (summary.get("rejected_by_reason") or {}).get("kv_capacity", 0)
+    if n_cap and summary.get("policy", "full") != "full":
+        from policies.registry import POLICIES
+
+        if POLICIES[summary["policy"]].frees_memory:
+            say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
+                f"each whole uncompressed sequence (input + output) against the pool and does not "
+                f"credit policy={summary['policy']}'s evictions, under which some of them might run")
     if summary.get("ops_rounds_left_out"):
         say(f"kvsim: note: output.write_ops: {summary['ops_rounds_left_out']:,} of "
             f"{summary.get('rounds', 0):,} compaction rounds are not in ops.jsonl: the GPU replay's "
             f"mover is single-group forward packing (compaction=forward_pack, one selection "
             f"group); rounds of several groups or of hole filling are left out")
     for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
-                                  str(cfg.cost.kind)):
+                                  str(cfg.cost.kind), str(summary.get("policy", "full")),
+                                  str(summary.get("compaction", "none")),
+                                  str(summary.get("codec", "identity"))):
         say(f"kvsim: note: {n}")
     if summary["requests_finished"] == 0:
         say(f"kvsim: warning: no request finished: all {summary['requests_rejected']:,} were "

@@ -22,7 +22,9 @@ Block identity comes from the trace (see :mod:`sim.keys`).
 
 Requests are rejected at arrival, with a reason, when ``input + output > max_model_len``
 (``max_model_len``, as vLLM's API validation) or when the whole sequence needs more blocks than the
-pool has (``kv_capacity``: it could never run, even alone).
+pool has (``kv_capacity``: without compression it could never run, even alone). The check counts
+the uncompressed sequence: it does not credit a compression policy's evictions, which could let
+such a request run (the CLI says so in a note when a compression run rejects any).
 """
 
 from __future__ import annotations

@@ -608,6 +608,48 @@ def test_inert_overrides_get_a_note():
                                 "gpu_only", "calibrated") == []
 
 
+def test_inert_policy_compaction_and_codec_options_get_a_note():
+    """Second break-it pass: policy and compaction options with policy=full, hole-filling
+    options under another compaction, compaction.pin_prompt (the engine pins what the policy
+    protects) and codec options with codec=identity changed nothing without a word."""
+    from sim.cli import inert_override_notes
+
+    notes = inert_override_notes(["policy.budget=100", "compaction=forward_pack",
+                                  "codec.keep_rope_hot=true", "policy=full"], "mooncake",
+                                 "gpu_host", "analytic", "full", "forward_pack", "identity")
+    assert notes == [
+        "policy.budget applies to a compression policy's rounds; policy=full keeps every token "
+        "and runs none: it changes nothing",
+        "compaction applies to a compression policy's rounds; policy=full keeps every token and "
+        "runs none: it changes nothing",
+        "codec.keep_rope_hot is read by the fp8 and nvfp4 codecs; this run's codec is identity "
+        "(pages copied as they are): it changes nothing"]
+    notes = inert_override_notes(["compaction.position_index_bytes=8", "compaction.pin_prompt=false",
+                                  "compaction.release_empty_blocks=false", "policy.budget=100",
+                                  "codec.keep_rope_hot=true"], "mooncake", "gpu_host", "analytic",
+                                 "triattention", "forward_pack", "nvfp4")
+    assert notes == [
+        "compaction.position_index_bytes is read by compaction=hole_fill; this run's compaction "
+        "is forward_pack: it changes nothing",
+        "compaction.pin_prompt is not read in a simulation (the engine pins the slots the policy "
+        "protects, policy.protect_prompt): it changes nothing"]
+    assert inert_override_notes(["compaction.position_index_bytes=8"], "mooncake", "gpu_only",
+                                "analytic", "h2o", "hole_fill", "identity") == []
+
+
+def test_cli_notes_kv_capacity_rejections_under_a_compression_policy(tmp_path):
+    """Break-it pass: 36 of 100 reasoning requests were rejected as kv_capacity under
+    TriAttention (budget 128) exactly as without it; the check counts the uncompressed
+    sequence, which the CLI now says."""
+    r = _kvsim(tmp_path / "r", "trace=synthetic_reasoning", "trace.num_sessions=100",
+               "cache.num_gpu_blocks=300", "policy=triattention", "policy.budget=128",
+               "compaction=forward_pack", "output.print_summary=false", "output.write_steps=false")
+    assert r.returncode == 0, r.stderr
+    assert ("kvsim: note: 36 request(s) were rejected as kv_capacity: the check counts each whole "
+            "uncompressed sequence (input + output) against the pool and does not credit "
+            "policy=triattention's evictions") in r.stderr
+
+
 def test_cli_warns_when_no_request_finished(tmp_path):
     r = _kvsim(tmp_path / "r", "trace.max_requests=20", "cache.num_gpu_blocks=1",
                "output.print_summary=false")
