@@ -32,7 +32,8 @@ OVERRIDES_PREFIX = "overrides: "
 
 
 def failure_marker(msg: str, overrides: list[str]) -> str:
-    """The text of the INCOMPLETE marker of a run rejected with ``msg`` (one line)."""
+    """The text of the INCOMPLETE marker of a run rejected with ``msg``: two lines, the error
+    (``msg``: one line) and the run's ``overrides`` as a JSON list."""
     import json
 
     return f"{FAILED_PREFIX} {msg}\n{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n"
