@@ -310,25 +310,21 @@ def app(cfg: DictConfig) -> None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
-    if summary.get("policy", "full") != "full" and summary.get("rounds") == 0 \
-            and summary["requests_finished"]:
-        from policies.registry import POLICIES
+    from policies.registry import POLICIES
 
-        if POLICIES[summary["policy"]].frees_memory:
-            pol = POLICIES[summary["policy"]](cfg.policy)
-            say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
-                f"start once a request holds more than policy.budget={cfg.policy.budget} "
-                f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
-                f"this trace did before it finished (a reasoning trace such as "
-                f"trace=servegen_r1 has long outputs; or lower policy.budget)")
+    frees = POLICIES[summary.get("policy", "full")].frees_memory  # (full: False)
+    if frees and summary.get("rounds") == 0 and summary["requests_finished"]:
+        pol = POLICIES[summary["policy"]](cfg.policy)
+        say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
+            f"start once a request holds more than policy.budget={cfg.policy.budget} "
+            f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
+            f"this trace did before it finished (a reasoning trace such as "
+            f"trace=servegen_r1 has long outputs; or lower policy.budget)")
     n_cap = (summary.get("rejected_by_reason") or {}).get("kv_capacity", 0)
-    if n_cap and summary.get("policy", "full") != "full":
-        from policies.registry import POLICIES
-
-        if POLICIES[summary["policy"]].frees_memory:
-            say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
-                f"each whole uncompressed sequence (input + output) against the pool and does not "
-                f"credit policy={summary['policy']}'s evictions, under which some of them might run")
+    if n_cap and frees:
+        say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
+            f"each whole uncompressed sequence (input + output) against the pool and does not "
+            f"credit policy={summary['policy']}'s evictions, under which some of them might run")
     if summary.get("ops_rounds_left_out"):
         say(f"kvsim: note: output.write_ops: {summary['ops_rounds_left_out']:,} of "
             f"{summary.get('rounds', 0):,} compaction rounds are not in ops.jsonl: the GPU replay's "
