@@ -134,14 +134,11 @@ class AnalyticCostModel:
         if shift and self.win_layers:
             raise ValueError("decode_step_times: a context shift needs per-request contexts "
                              "with sliding-window layers")
-        if not self.win_layers:
+        args = AnalyticCostModel._dense_decode_args(self, ctx0)
+        if args is not None:
             # the same float64 operations in the same order, one compiled loop over the steps
-            b = len(ctx0)
             out = np.empty(k, dtype=np.float64)
-            _dense_decode_times(float(np.sum(ctx0, dtype=np.float64)), b, first, float(shift),
-                                self.attn_flops_per_pair, float(self.full_layers), self.kv_tok,
-                                self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu,
-                                self.overhead + self.linear_time(b, b), out)
+            _dense_decode_times(args[0], args[1], first, float(shift), *args[2:], out)
             return out
         b, s, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         pairs = sum_c + b  # sum over requests of (1 x c + 1)
@@ -154,6 +151,49 @@ class AnalyticCostModel:
             bytes_ = bytes_ + (cw + b) * self.win_kv_tok
         attn = np.maximum(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
         return self.overhead + self.linear_time(b, b) + attn
+
+    def _dense_decode_args(self, ctx0: np.ndarray):
+        """The arguments of the compiled decode-step loop for a batch at contexts ``ctx0``
+        (the sum of contexts, the batch size, then the cost constants), or None where that loop
+        does not give this model's step times (sliding-window layers)."""
+        if self.win_layers:
+            return None
+        b = len(ctx0)
+        return (float(np.sum(ctx0, dtype=np.float64)), b, self.attn_flops_per_pair,
+                float(self.full_layers), self.kv_tok, self.peak_flops * self.attn_eff,
+                self.hbm_bw * self.mbu, self.overhead + self.linear_time(b, b))
+
+    def decode_stretch_times(self, ctx0: np.ndarray, k: int, start: float, stop: float,
+                             extra_first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Durations and end times (s) of up to ``k`` consecutive pure-decode steps of one batch
+        (:meth:`decode_step_times`, the first step ``extra_first`` s longer) from ``start`` (s),
+        ending with the first step whose end is at or after ``stop`` (s; ``inf``: all ``k``).
+
+        Returns ``(durs, ends)``, float64 of one shape ``(k',)``, ``k' <= k``: ``ends[i]`` is
+        ``start + durs[0] + ... + durs[i]`` added left to right (:func:`sim.clock.step_ends`).
+        Computes only the steps it returns where the model allows (one compiled loop without
+        sliding-window layers), else 64 steps, then all ``k`` if ``stop`` is not reached.
+        """
+        from .clock import step_ends
+
+        args = self._dense_decode_args(ctx0)
+        if args is not None:
+            durs = np.empty(k, dtype=np.float64)
+            ends = np.empty(k, dtype=np.float64)
+            n = _dense_stretch(*args, float(start), float(stop), float(extra_first), durs, ends)
+            return durs[:n], ends[:n]
+        k_try = min(k, 64)
+        durs = self.decode_step_times(ctx0, k_try)
+        durs[0] += extra_first
+        ends = step_ends(start, durs)
+        if k_try < k and ends[-1] < stop:
+            durs = self.decode_step_times(ctx0, k)
+            durs[0] += extra_first
+            ends = step_ends(start, durs)
+        j = int(np.searchsorted(ends, stop, side="left"))
+        if j < len(ends):
+            return durs[:j + 1], ends[:j + 1]
+        return durs, ends
 
     @staticmethod
     def _decode_ctx_sums(ctx0: np.ndarray, k: int, first: int, shift: int):
@@ -206,6 +246,28 @@ def _dense_decode_times(sum0, b, first, shift, apf, layers, kv_tok, flops_s, byt
         a = pairs * apf * layers / flops_s
         m = pairs * kv_tok / bytes_s
         out[i] = fixed + (a if a >= m else m)
+
+
+@kernel("i8(f8, i8, f8, f8, f8, f8, f8, f8, f8, f8, f8, f8[:], f8[:])")
+def _dense_stretch(sum0, b, apf, layers, kv_tok, flops_s, bytes_s, fixed, start, stop,
+                   extra_first, durs, ends):  # pragma: no cover (compiled)
+    """:meth:`AnalyticCostModel.decode_stretch_times` without sliding-window layers: the step
+    times of :func:`_dense_decode_times` (``first`` 0, no shift) and their running sum from
+    ``start``, up to the first end at or after ``stop``; returns the number of steps written."""
+    t = start
+    for i in range(durs.shape[0]):
+        pairs = ((sum0 + float(i) * b) + 0.0) + b
+        a = pairs * apf * layers / flops_s
+        m = pairs * kv_tok / bytes_s
+        d = fixed + (a if a >= m else m)
+        if i == 0:
+            d = d + extra_first
+        durs[i] = d
+        t = t + d
+        ends[i] = t
+        if t >= stop:
+            return i + 1
+    return durs.shape[0]
 
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "gpu_validation" / "calibrations"
@@ -369,6 +431,10 @@ class CalibratedCostModel(AnalyticCostModel):
         if b < len(new_tokens):
             t += super().attention_time(new_tokens[~dec], context_tokens[~dec])
         return t
+
+    def _dense_decode_args(self, ctx0: np.ndarray):
+        """None with calibrated decode attention (the compiled loop is the analytic one's)."""
+        return None if self.use_attn else super()._dense_decode_args(ctx0)
 
     def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
         """``k`` pure-decode steps (see :meth:`AnalyticCostModel.decode_step_times`), with the

@@ -1078,25 +1078,15 @@ class Simulator:
         t_next = env.peek()
         if self.max_sim_time is not None:
             t_next = min(t_next, float(self.max_sim_time))
-        # step durations: a short first chunk, enough when the next event is near (the common
-        # case with frequent arrivals); all k only if the chunk ends before that event
-        k_try = min(k, 64)
-        durs = self.cost.decode_step_times(ctx0, k_try)
-        durs[0] += extra_first  # round costs charged to this step
-        cum = step_ends(env.now, durs)
-        if k_try < k and cum[-1] < t_next:
-            durs = self.cost.decode_step_times(ctx0, k)
-            durs[0] += extra_first
-            cum = step_ends(env.now, durs)
-        else:
-            k = k_try
-        if t_next != float("inf"):
-            j = int(np.searchsorted(cum, t_next, side="left"))
-            if j < k:
-                k = j + 1
-                if cum[j] != t_next and self._tie_inside(float(cum[j - 1]) if j else env.now,
-                                                         float(cum[j])):
-                    k = j  # (_tie_inside: the stretch's clock waits would let the arrival in)
+        # step durations up to the step during which the next event lands (round costs
+        # charged to the first step)
+        durs, cum = self.cost.decode_stretch_times(ctx0, k, env.now, t_next, extra_first)
+        k = len(cum)
+        if cum[-1] >= t_next:
+            j = k - 1
+            if cum[j] != t_next and self._tie_inside(float(cum[j - 1]) if j else env.now,
+                                                     float(cum[j])):
+                k = j  # (_tie_inside: the stretch's clock waits would let the arrival in)
         if k < 2:
             return 0
         # new blocks needed at steps 2..k: request i's token index slot0 + s - 1 starts a block
@@ -1256,20 +1246,11 @@ class Simulator:
             if self.check:
                 self.check_invariants()
             return k
-        steps_idx = np.arange(1, k + 1)
-        starts = np.concatenate(([start], cum[:-1]))
-        used = used1 + np.cumsum(alloc_per_step[1:])
-        cached_free = cf1 - np.cumsum(evicted_per_step[1:])
-        live = live0 + steps_idx * b
-        running = np.full(k, b)
-        waiting = np.full(k, waiting0)
-        waiting[-1] = len(self.waiting)
         # the last step's row reflects the state after finished requests left
-        running[-1] = len(self.running)
-        used[-1] = self.pool.num_used
-        cached_free[-1] = self.pool.num_cached_free
-        live[-1] = self._live_tokens()
-        rec.steps_bulk(starts, durs, running, waiting, b, used, cached_free, live)
+        rec.decode_stretch(start, cum, durs, b, waiting0, used1, alloc_per_step, cf1,
+                           evicted_per_step, live0,
+                           (len(self.running), len(self.waiting), self.pool.num_used,
+                            self.pool.num_cached_free, self._live_tokens()))
         if self.check:
             self.check_invariants()
         return k

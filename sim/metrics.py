@@ -23,6 +23,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from .jit import kernel
+
 REQUEST_COLUMNS = [
     "request_id", "session_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
     "e2e_s", "queue_s", "onboard_s", "onboard_host_s", "onboard_disk_s", "prefill_s",
@@ -53,9 +55,9 @@ class _Growable:
             self.cols[k][i] = v
         self.n = i + 1
 
-    def extend(self, *cols):
-        """Append ``len(cols[0])`` rows; each of ``cols`` is an array or a scalar (broadcast)."""
-        k = len(cols[0])
+    def reserve(self, k: int) -> int:
+        """Make room for ``k`` more rows, count them as written and return the first one's
+        index (the caller fills rows ``i .. i + k - 1`` of every column)."""
         i = self.n
         cap = len(self.cols[self.names[0]])
         if i + k > cap:
@@ -65,9 +67,15 @@ class _Growable:
                 nv = np.empty(cap, dtype=v.dtype)
                 nv[:i] = v[:i]
                 self.cols[name] = nv
+        self.n = i + k
+        return i
+
+    def extend(self, *cols):
+        """Append ``len(cols[0])`` rows; each of ``cols`` is an array or a scalar (broadcast)."""
+        k = len(cols[0])
+        i = self.reserve(k)
         for name, v in zip(self.names, cols):
             self.cols[name][i:i + k] = v
-        self.n = i + k
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({k: v[:self.n] for k, v in self.cols.items()})
@@ -198,12 +206,35 @@ class Recorder:
             self.steps.extend(starts, durs, running, waiting, prefill, decode, used, cached_free,
                               live)
 
-    def steps_bulk(self, starts, durs, running, waiting, decode, used, cached_free, live) -> None:
-        """Record ``len(starts)`` consecutive pure-decode steps of ``decode`` tokens each
-        (fast-forward): :meth:`steps_rows` without prefill tokens."""
-        k = len(starts)
-        self.steps_rows(starts, durs, running, waiting, np.zeros(k, dtype=np.int64),
-                        np.full(k, decode, dtype=np.int64), used, cached_free, live)
+    def decode_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray, b: int,
+                       waiting0: int, used1: int, alloc: np.ndarray, cached_free1: int,
+                       evicted: np.ndarray, live0: int, last: tuple) -> None:
+        """Record the ``k = len(durs)`` pure-decode steps of a fast-forward stretch of ``b``
+        running requests (one decode token each) in one compiled pass.
+
+        ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
+        ``durs``: step durations (s); ``waiting0``: waiting requests during the stretch;
+        ``used1`` / ``cached_free1``: blocks used / cached-free before the stretch's
+        allocations, then ``alloc[s]`` blocks allocated and ``evicted[s]`` cached blocks
+        evicted at step ``s`` (shape ``(k + 1,)``; indices 0 and 1 are 0: step 1's blocks
+        came with its scheduling); ``live0``: computed tokens before the stretch
+        (``b`` more per step). ``last``: ``(running, waiting, blocks used, cached free, live
+        tokens)`` of the last row, the state after the finished requests left. Rows equal
+        those :meth:`steps_rows` would write from the same arrays.
+        """
+        k = len(durs)
+        self.num_steps += k
+        self.sum_decode += b * k
+        st = self.steps
+        i = st.reserve(k)
+        c = st.cols
+        pk = _fill_decode_stretch(
+            c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
+            c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
+            i, start, cum, durs, b, waiting0, used1, alloc, cached_free1, evicted, live0,
+            last[0], last[1], last[2], last[3], last[4])
+        if pk > self.peak_blocks_used:
+            self.peak_blocks_used = pk
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""
@@ -298,3 +329,38 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     if extra:
         s.update(extra)
     return s
+
+
+@kernel("i8(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], i8, f8, f8[:], f8[:], "
+        "i8, i8, i8, i8[:], i8, i8[:], i8, i8, i8, i8, i8, i8)")
+def _fill_decode_stretch(t, d, run, wait, pre, dec, used, cf, live, i, start, cum, durs, b,
+                         waiting0, used1, alloc, cf1, ev, live0, last_run, last_wait, last_used,
+                         last_cf, last_live):  # pragma: no cover (compiled)
+    """Rows ``i .. i + k - 1`` of the steps columns for :meth:`Recorder.decode_stretch`;
+    returns the most blocks used in them."""
+    k = durs.shape[0]
+    u = used1
+    c = cf1
+    pk = last_used
+    for s in range(k):
+        r = i + s
+        t[r] = start if s == 0 else cum[s - 1]
+        d[r] = durs[s]
+        run[r] = b
+        wait[r] = waiting0
+        pre[r] = 0
+        dec[r] = b
+        u += alloc[s + 1]  # (step s + 1's new blocks; alloc[1] is 0: step 1 was scheduled)
+        c -= ev[s + 1]
+        used[r] = u
+        cf[r] = c
+        live[r] = live0 + (s + 1) * b
+        if s < k - 1 and u > pk:
+            pk = u
+    r = i + k - 1
+    run[r] = last_run
+    wait[r] = last_wait
+    used[r] = last_used
+    cf[r] = last_cf
+    live[r] = last_live
+    return pk

@@ -234,6 +234,39 @@ def test_compiled_decode_step_times_equal_the_numpy_formula_bit_for_bit(model):
         assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("model", ["qwen3_8b", "gpt_oss_120b"])
+def test_decode_stretch_times_stop_at_the_step_that_reaches_stop_bit_for_bit(model):
+    """AnalyticCostModel.decode_stretch_times (the fast-forward's step ends: compiled without
+    sliding-window layers, numpy with them) equals decode_step_times with the extra time on the
+    first step, their running sum, cut after the first end at or after ``stop``."""
+    from sim.clock import step_ends
+
+    c = cfg(f"model={model}")
+    m = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    assert bool(m.win_layers) == (model == "gpt_oss_120b")
+    rng = np.random.default_rng(11)
+    cut = full = 0
+    for _ in range(200):
+        b = int(rng.integers(1, 300))
+        ctx0 = rng.integers(0, 200_000, size=b)
+        k = int(rng.integers(1, 300))
+        start = float(rng.uniform(0, 1e4))
+        extra = float(rng.choice([0.0, rng.uniform(0, 0.05)]))
+        durs = m.decode_step_times(ctx0, k)
+        durs[0] += extra
+        ends = step_ends(start, durs)
+        # stop: past every end, between two ends, or exactly on one
+        stop = float(rng.choice([np.inf, rng.uniform(start, ends[-1] * 1.01),
+                                 ends[int(rng.integers(0, k))]]))
+        j = int(np.searchsorted(ends, stop, side="left"))
+        n = k if j >= k else j + 1
+        cut += n < k
+        full += n == k
+        got_d, got_e = m.decode_stretch_times(ctx0, k, start, stop, extra)
+        assert got_d.tobytes() == durs[:n].tobytes() and got_e.tobytes() == ends[:n].tobytes()
+    assert cut and full
+
+
 def test_step_ends_equal_numpy_cumsum_bit_for_bit():
     """sim.clock.step_ends (compiled) adds the step durations one at a time as np.cumsum does."""
     from sim.clock import step_ends
