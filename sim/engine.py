@@ -105,6 +105,49 @@ def _pair_fill(first, B, cnt, pi, ps):  # pragma: no cover (compiled)
             k += 1
 
 
+@kernel("UniTuple(i8, 2)(i8[:], i8, i8, i8, i8[:], i8[:], i8[:])")
+def _stretch_pairs(slot0, B, k, free, alloc, pi, ps):  # pragma: no cover (compiled)
+    """The new blocks of a dense decode stretch of ``k`` steps: request ``i``'s token at step
+    ``s`` (index ``slot0[i] + s - 1``) starts a block at steps ``s0 = 2 + (-(slot0[i] + 1)) mod
+    B``, ``s0 + B``, ... (step 1's block came with its scheduling). Fills ``alloc[s]`` (blocks
+    needed at step ``s``, shape ``(k + 1,)``) and the pairs (``pi``: request, ``ps``: step; room
+    for ``len(slot0) x ((k - 2) // B + 1)``) in allocation order: by step, then request. When
+    they exceed ``free`` blocks, ``k`` is cut to the last step whose cumulative need fits.
+    Returns ``(k, number of pairs)``."""
+    b = slot0.shape[0]
+    for s in range(k + 1):
+        alloc[s] = 0
+    for i in range(b):
+        s = 2 + (-(slot0[i] + 1)) % B
+        while s <= k:
+            alloc[s] += 1
+            s += B
+    total = 0
+    kk = k
+    for s in range(k + 1):
+        if total + alloc[s] > free:
+            kk = s - 1
+            break
+        total += alloc[s]
+    if kk < 2:
+        return kk, 0
+    # counting sort by step: each step's pairs start at the steps before it; requests in order
+    pos = np.empty(kk + 1, dtype=np.int64)
+    acc = 0
+    for s in range(kk + 1):
+        pos[s] = acc
+        acc += alloc[s]
+    for i in range(b):
+        s = 2 + (-(slot0[i] + 1)) % B
+        while s <= kk:
+            j = pos[s]
+            pi[j] = i
+            ps[j] = s
+            pos[s] = j + 1
+            s += B
+    return kk, total
+
+
 def _flat(log: list) -> list:
     """The keys of a pool log (a list of int64 arrays) as one list of ints."""
     return np.concatenate(log).tolist() if log else []
@@ -1090,30 +1133,19 @@ class Simulator:
         if k < 2:
             return 0
         # new blocks needed at steps 2..k: request i's token index slot0 + s - 1 starts a block
-        # at steps s0[i], s0[i] + B, ... (pairs of (step, request), built request-major)
-        s0 = 2 + (-(slot0 + 1)) % B
-        if k <= B + 1:  # at most one new block per request (s0 >= 2): the common short stretch
-            pi = np.flatnonzero(s0 <= k)
-            n_pairs = len(pi)
-            ps = s0[pi]
-        else:
-            cnt, pi, ps = _block_pairs(s0, k, B)
-            n_pairs = len(ps)
-        if n_pairs:
-            alloc_per_step = np.bincount(ps, minlength=k + 1)
-            cum_new = np.cumsum(alloc_per_step)
-            free = self.pool.num_free
-            if cum_new[k] > free:
-                k = int(np.searchsorted(cum_new, free, side="right")) - 1
-                if k < 2:
-                    return 0
-                keep = ps <= k
-                ps = ps[keep]
-                pi = pi[keep]
-                n_pairs = len(ps)
-                alloc_per_step = alloc_per_step[:k + 1]
-        else:
-            alloc_per_step = np.zeros(k + 1, dtype=np.int64)
+        # at steps s0[i], s0[i] + B, ...; pairs of (step, request) in allocation order (by step,
+        # then running order), k cut to the steps whose new blocks fit the free blocks
+        alloc_per_step = np.empty(k + 1, dtype=np.int64)
+        n_max = b * ((k - 2) // B + 1)
+        pi = np.empty(n_max, dtype=np.int64)
+        ps = np.empty(n_max, dtype=np.int64)
+        k, n_pairs = _stretch_pairs(np.ascontiguousarray(slot0, dtype=np.int64), B, k,
+                                    self.pool.num_free, alloc_per_step, pi, ps)
+        if k < 2:
+            return 0
+        alloc_per_step = alloc_per_step[:k + 1]
+        pi = pi[:n_pairs]
+        ps = ps[:n_pairs]
         tiers = self.tiers
         if (tiers is not None and self.waiting and self.max_tokens > b
                 and len(self.running) + self.onboarding < self.max_seqs):
@@ -1136,13 +1168,13 @@ class Simulator:
             k = cap
             if k < 2:
                 return 0
-            if n_pairs:
-                keep = ps <= k
-                ps = ps[keep]
-                pi = pi[keep]
-                n_pairs = len(ps)
+            if n_pairs:  # (ps is sorted)
+                n_pairs = int(np.searchsorted(ps, k, side="right"))
+                ps = ps[:n_pairs]
+                pi = pi[:n_pairs]
             alloc_per_step = alloc_per_step[:k + 1]
         evicted_per_step = np.zeros(k + 1, dtype=np.int64)
+        n_evicted = 0
         if tiers is not None:
             # offloads the per-step loop would issue at the end of step 1 (its scheduling
             # already ran): the keys it evicted and registered
@@ -1150,32 +1182,29 @@ class Simulator:
             # a step that evicts: only write_through's registrations are copied from here)
             t_cached = {1: _flat(self.pool.cached_log)}
             self.pool.cached_log.clear()
-        nb_all = np.zeros(b, dtype=np.int64)
+        nb_all = None
         if n_pairs:
-            # allocation order: by step, then running order (stable sort of the request-major
-            # pairs by step)
-            order = np.argsort(ps, kind="stable")
             blocks, evicted = self.pool.allocate(n_pairs, return_evicted=True)
             if evicted.any():
-                ps_ev = ps[order][evicted]
+                ps_ev = ps[evicted]
+                n_evicted = len(ps_ev)
                 evicted_per_step = np.bincount(ps_ev, minlength=k + 1)
-            by_req = np.empty(n_pairs, dtype=np.int64)
-            by_req[order] = blocks  # back to request-major order
-            nb_all = np.bincount(pi, minlength=b)
-            if k <= B + 1:  # at most one new block per request (see above)
-                for i, blk in zip(pi.tolist(), by_req.tolist()):
+            if k <= B + 1:  # at most one new block per request (s0 >= 2)
+                for i, blk in zip(pi.tolist(), blocks.tolist()):
                     req = reqs[i]
                     req.blocks[req.n_blocks] = blk
                     req.n_blocks += 1
             else:
+                nb_all = np.bincount(pi, minlength=b)
+                by_req = blocks[np.argsort(pi, kind="stable")]  # request-major, by step
                 ends = np.cumsum(nb_all)
                 for i in np.flatnonzero(nb_all).tolist():
                     req = reqs[i]
                     nb = int(nb_all[i])
                     req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[ends[i] - nb:ends[i]]
                     req.n_blocks += nb
-        used1 = self.pool.num_used - int(alloc_per_step.sum())  # after step 1
-        cf1 = self.pool.num_cached_free + int(evicted_per_step.sum())
+        used1 = self.pool.num_used - n_pairs  # after step 1
+        cf1 = self.pool.num_cached_free + n_evicted
         start = env.now
         waiting0 = len(self.waiting)
         durs = durs[:k]
@@ -1216,6 +1245,8 @@ class Simulator:
                     req.finish = now
                     finished = True
         else:
+            if nb_all is None:  # new blocks per request
+                nb_all = np.bincount(pi, minlength=b)
             for i, req in enumerate(reqs):
                 # a compressed request registers its blocks now, before its round (which may
                 # uncache them); dense ones join the one registration below
