@@ -159,7 +159,7 @@ class AnalyticCostModel:
         if self.win_layers:
             return None
         b = len(ctx0)
-        return (float(np.sum(ctx0, dtype=np.float64)), b, self.attn_flops_per_pair,
+        return (float(np.add.reduce(ctx0, dtype=np.float64)), b, self.attn_flops_per_pair,
                 float(self.full_layers), self.kv_tok, self.peak_flops * self.attn_eff,
                 self.hbm_bw * self.mbu, self.overhead + self.linear_time(b, b))
 

@@ -1184,8 +1184,9 @@ class Simulator:
             self.pool.cached_log.clear()
         nb_all = None
         if n_pairs:
+            ev0 = self.pool.evicted_cached_blocks
             blocks, evicted = self.pool.allocate(n_pairs, return_evicted=True)
-            if evicted.any():
+            if self.pool.evicted_cached_blocks != ev0:  # (cached blocks were evicted)
                 ps_ev = ps[evicted]
                 n_evicted = len(ps_ev)
                 evicted_per_step = np.bincount(ps_ev, minlength=k + 1)
@@ -1226,8 +1227,9 @@ class Simulator:
         # commit: every request computed k tokens and sampled k tokens
         if self.rec.record_steps:
             # live KV tokens as the per-step loop records them (_live_tokens: computed tokens of
-            # the running requests; compressed requests' physical contexts in ctx0 differ)
-            live0 = sum(r.n_computed for r in reqs)
+            # the running requests: ctx0 without compression; compressed requests' physical
+            # contexts in ctx0 differ)
+            live0 = int(np.add.reduce(ctx0)) if comp is None else sum(r.n_computed for r in reqs)
         finished = False
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
         caching = self.caching
