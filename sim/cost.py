@@ -91,15 +91,9 @@ class AnalyticCostModel:
     def attention_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
         """Attention time for chunks of ``new_tokens`` after ``context_tokens`` each (s).
         ``new_tokens``, ``context_tokens``: integer arrays of one length (tokens)."""
-        if not self.win_layers and new_tokens.dtype == np.int64 and context_tokens.dtype == np.int64:
-            # every term is an integer, so the float sums below are exact (below 2**53) in any
-            # order: one compiled pass sums them as integers and gives the same bits
-            pairs_i, c_i, n_i = _attention_sums(new_tokens, context_tokens)
-            if max(pairs_i, c_i, n_i) < _EXACT:
-                flops = float(pairs_i) * self.attn_flops_per_pair * self.full_layers
-                bytes_ = float(c_i) * self.kv_tok + float(n_i) * self.kv_tok
-                return max(flops / (self.peak_flops * self.attn_eff),
-                           bytes_ / (self.hbm_bw * self.mbu))
+        sums = self._int_attention_sums(new_tokens, context_tokens)
+        if sums is not None:
+            return self._attention_from_sums(*sums)
         n = new_tokens.astype(np.float64)
         c = context_tokens.astype(np.float64)
         pairs_full = float((n * c + n * (n + 1) / 2).sum())
@@ -115,8 +109,32 @@ class AnalyticCostModel:
             bytes_ += float(np.sum(cw) + np.sum(n)) * self.win_kv_tok
         return max(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
 
+    def _int_attention_sums(self, new_tokens: np.ndarray, context_tokens: np.ndarray):
+        """``(query-key pairs, context tokens, new tokens)`` of a step's chunks as Python ints
+        (one compiled pass), or None where :meth:`attention_time` needs its float formula
+        (sliding-window layers, non-int64 arrays, sums past 2**53). Every term is an integer,
+        so float sums of them below 2**53 are exact in any order: the same bits."""
+        if not self.win_layers and new_tokens.dtype == np.int64 and context_tokens.dtype == np.int64:
+            sums = _attention_sums(new_tokens, context_tokens)
+            if max(sums) < _EXACT:
+                return sums
+        return None
+
+    def _attention_from_sums(self, pairs_i: int, c_i: int, n_i: int) -> float:
+        """:meth:`attention_time` from :meth:`_int_attention_sums` (s)."""
+        flops = float(pairs_i) * self.attn_flops_per_pair * self.full_layers
+        bytes_ = float(c_i) * self.kv_tok + float(n_i) * self.kv_tok
+        return max(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
+
     def step_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray, samples: int) -> float:
-        """Duration of one engine step (s): overhead + linear + attention."""
+        """Duration of one engine step (s): overhead + linear + attention. ``new_tokens``,
+        ``context_tokens``: int arrays of one length (tokens per scheduled request);
+        ``samples``: requests that sample a token."""
+        if type(self).attention_time is AnalyticCostModel.attention_time:
+            sums = self._int_attention_sums(new_tokens, context_tokens)
+            if sums is not None:  # (one pass gives the new tokens' sum too)
+                return (self.overhead + self.linear_time(int(sums[2]), samples)
+                        + self._attention_from_sums(*sums))
         t = int(new_tokens.sum())
         return self.overhead + self.linear_time(t, samples) + self.attention_time(new_tokens, context_tokens)
 
