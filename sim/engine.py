@@ -2004,18 +2004,17 @@ class Simulator:
 
     def _first_evicting_step(self, ps):
         """The first fast-forward step whose new blocks evict a cached block from the free
-        queue, or None. ``ps``: the step of each new block, in request-major order (None or
-        empty: no new blocks); blocks are taken step by step from the free queue's head."""
+        queue, or None. ``ps``: the step of each new block, in allocation order (by step; None
+        or empty: no new blocks); blocks are taken from the free queue's head in that order."""
         if ps is None or not len(ps):
             return None
-        steps = np.sort(ps, kind="stable")  # allocation order: by step
-        ev = self.pool.block_hash[self.pool.peek_free(len(steps))] != NO_HASH
-        return int(steps[int(np.argmax(ev))]) if ev.any() else None
+        ev = self.pool.block_hash[self.pool.peek_free(len(ps))] != NO_HASH
+        return int(ps[int(np.argmax(ev))]) if ev.any() else None
 
     def _tier_ff_cap(self, reqs, k: int, ps, B: int) -> int:
         """Last fast-forward step that keeps the waiting head's per-step retries exact with
-        tiers (see :meth:`_fast_forward`). ``ps``: the step of each new block, in request-major
-        order (None: no new blocks). Returns a step count <= ``k``."""
+        tiers (see :meth:`_fast_forward`). ``ps``: the step of each new block, in allocation
+        order (by step; None: no new blocks). Returns a step count <= ``k``."""
         pool = self.pool
         wp = self.tiers.write_policy
         cap = k
