@@ -217,6 +217,39 @@ def test_block_pairs_equal_the_numpy_expansion(first, last, B):
     assert pi.tolist() == want_pi.tolist() and ps.tolist() == want_ps.tolist()
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=30), st.integers(2, 200),
+       st.integers(1, 32), st.integers(0, 400))
+def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(slot0, k, B, free):
+    """The compiled layout of a decode stretch's new blocks (sim.engine._stretch_pairs) equals
+    the numpy one it replaced: request i's pairs at steps s0, s0 + B, ... up to k (s0 = 2 +
+    (-(slot0 + 1)) mod B), blocks per step, k cut to the last step whose cumulative need fits
+    ``free``, the pairs in allocation order (a stable sort of the request-major pairs by step)."""
+    from sim.engine import _block_pairs, _stretch_pairs
+
+    s = np.asarray(slot0, dtype=np.int64)
+    b = len(s)
+    s0 = 2 + (-(s + 1)) % B
+    _, want_pi, want_ps = _block_pairs(s0, k, B)
+    alloc = np.bincount(want_ps, minlength=k + 1)
+    cum = np.cumsum(alloc)
+    want_k = k if cum[k] <= free else int(np.searchsorted(cum, free, side="right")) - 1
+    keep = want_ps <= want_k
+    order = np.argsort(want_ps[keep], kind="stable")
+    n_max = b * ((k - 2) // B + 1)
+    got_alloc = np.empty(k + 1, dtype=np.int64)
+    pi = np.empty(n_max, dtype=np.int64)
+    ps = np.empty(n_max, dtype=np.int64)
+    got_k, n = _stretch_pairs(s, B, k, free, got_alloc, pi, ps)
+    assert got_k == want_k
+    if want_k < 2:
+        return  # (the stretch is not taken)
+    assert got_alloc[:got_k + 1].tolist() == alloc[:want_k + 1].tolist()
+    assert n == int(keep.sum())
+    assert pi[:n].tolist() == want_pi[keep][order].tolist()
+    assert ps[:n].tolist() == want_ps[keep][order].tolist()
+
+
 def test_first_compile_is_announced_once(tmp_path):
     """Newcomer pass: the first run of an install was ~20 s of silence while numba compiled.
     With an empty cache the first kernel's compile is announced on stderr; once cached, not."""
