@@ -250,6 +250,38 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(slot0, k, B,
     assert ps[:n].tolist() == want_ps[keep][order].tolist()
 
 
+def test_decode_stretch_rows_equal_the_numpy_columns():
+    """Recorder.decode_stretch (one compiled pass) writes the rows, counters and peak that
+    steps_rows writes from the numpy columns of the same stretch, across buffer growth."""
+    rng = np.random.default_rng(7)
+    a = Recorder(1, np.zeros(1, dtype=np.int64))
+    b = Recorder(1, np.zeros(1, dtype=np.int64))
+    for _ in range(60):
+        k = int(rng.integers(2, 400))
+        nb = int(rng.integers(1, 50))
+        start = float(rng.uniform(0, 100))
+        durs = rng.uniform(1e-3, 0.05, size=k)
+        cum = np.cumsum(np.concatenate(([start], durs)))[1:]
+        alloc = np.concatenate(([0, 0], rng.integers(0, 3, size=k - 1)))
+        ev = np.concatenate(([0, 0], rng.integers(0, 2, size=k - 1)))
+        used1, cf1, live0, w0 = (int(x) for x in rng.integers(0, 10_000, size=4))
+        last = tuple(int(x) for x in rng.integers(0, 10_000, size=5))
+        a.peak_blocks_used = b.peak_blocks_used = 0  # (each stretch's own peak, compared below)
+        a.decode_stretch(start, cum, durs, nb, w0, used1, alloc, cf1, ev, live0, last)
+        used = used1 + np.cumsum(alloc[1:])
+        cached_free = cf1 - np.cumsum(ev[1:])
+        live = live0 + np.arange(1, k + 1) * nb
+        running = np.full(k, nb)
+        waiting = np.full(k, w0)
+        running[-1], waiting[-1], used[-1], cached_free[-1], live[-1] = last
+        b.steps_rows(np.concatenate(([start], cum[:-1])), durs, running, waiting,
+                     np.zeros(k, dtype=np.int64), np.full(k, nb, dtype=np.int64), used,
+                     cached_free, live)
+        assert a.peak_blocks_used == b.peak_blocks_used
+    pd.testing.assert_frame_equal(a.steps_frame(), b.steps_frame(), check_exact=True)
+    assert (a.num_steps, a.sum_decode, a.sum_prefill) == (b.num_steps, b.sum_decode, b.sum_prefill)
+
+
 def test_first_compile_is_announced_once(tmp_path):
     """Newcomer pass: the first run of an install was ~20 s of silence while numba compiled.
     With an empty cache the first kernel's compile is announced on stderr; once cached, not."""
