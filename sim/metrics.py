@@ -220,7 +220,9 @@ class Recorder:
         came with its scheduling); ``live0``: computed tokens before the stretch
         (``b`` more per step). ``last``: ``(running, waiting, blocks used, cached free, live
         tokens)`` of the last row, the state after the finished requests left. Rows equal
-        those :meth:`steps_rows` would write from the same arrays.
+        those :meth:`steps_rows` would write from the same arrays; it writes them whether or
+        not ``record_steps`` is set (without per-step rows the engine calls
+        :meth:`steps_counted` instead).
         """
         k = len(durs)
         self.num_steps += k
