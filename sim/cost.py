@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .clock import step_ends
 from .hardware import (full_attention_layers, kv_bytes_per_token, kv_dtype_bytes, weight_bytes,
                        window_kv_bytes_per_token)
 from .jit import kernel
@@ -192,8 +193,6 @@ class AnalyticCostModel:
         Computes only the steps it returns where the model allows (one compiled loop without
         sliding-window layers), else 64 steps, then all ``k`` if ``stop`` is not reached.
         """
-        from .clock import step_ends
-
         args = self._dense_decode_args(ctx0)
         if args is not None:
             durs = np.empty(k, dtype=np.float64)
