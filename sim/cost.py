@@ -153,7 +153,7 @@ class AnalyticCostModel:
         if shift and self.win_layers:
             raise ValueError("decode_step_times: a context shift needs per-request contexts "
                              "with sliding-window layers")
-        args = AnalyticCostModel._dense_decode_args(self, ctx0)
+        args = self._dense_decode_args(ctx0)
         if args is not None:
             # the same float64 operations in the same order, one compiled loop over the steps
             out = np.empty(k, dtype=np.float64)
@@ -251,32 +251,39 @@ def _attention_sums(n, c):  # pragma: no cover (compiled)
     return pairs, cs, ns
 
 
+@kernel("f8(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8)")
+def _dense_step_time(sum0, b, i, shift, apf, layers, kv_tok, flops_s, bytes_s,
+                     fixed):  # pragma: no cover (compiled)
+    """Step ``i``'s time (s) of :meth:`AnalyticCostModel.decode_step_times` without
+    sliding-window layers: the numpy expression's float64 operations in its order (``sum0``:
+    the batch's context sum before step 0, ``b`` requests, ``shift``: tokens added to the sum,
+    ``fixed`` = overhead + linear time, ``flops_s`` = peak FLOP/s x attention efficiency,
+    ``bytes_s`` = HBM B/s x MBU), so the same bits."""
+    pairs = ((sum0 + float(i) * b) + shift) + b
+    a = pairs * apf * layers / flops_s
+    m = pairs * kv_tok / bytes_s
+    return fixed + (a if a >= m else m)
+
+
 @kernel("void(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8, f8[:])")
 def _dense_decode_times(sum0, b, first, shift, apf, layers, kv_tok, flops_s, bytes_s, fixed,
                         out):  # pragma: no cover (compiled)
-    """:meth:`AnalyticCostModel.decode_step_times` without sliding-window layers, step by step:
-    the numpy expression's float64 operations in its order (``fixed`` = overhead + linear
-    time, ``flops_s`` = peak FLOP/s x attention efficiency, ``bytes_s`` = HBM B/s x MBU), so
-    the same bits."""
+    """:meth:`AnalyticCostModel.decode_step_times` without sliding-window layers: steps
+    ``first .. first + len(out) - 1`` by :func:`_dense_step_time`."""
     for i in range(out.shape[0]):
-        pairs = ((sum0 + float(first + i) * b) + shift) + b
-        a = pairs * apf * layers / flops_s
-        m = pairs * kv_tok / bytes_s
-        out[i] = fixed + (a if a >= m else m)
+        out[i] = _dense_step_time(sum0, b, first + i, shift, apf, layers, kv_tok, flops_s,
+                                  bytes_s, fixed)
 
 
 @kernel("i8(f8, i8, f8, f8, f8, f8, f8, f8, f8, f8, f8, f8[:], f8[:])")
 def _dense_stretch(sum0, b, apf, layers, kv_tok, flops_s, bytes_s, fixed, start, stop,
                    extra_first, durs, ends):  # pragma: no cover (compiled)
     """:meth:`AnalyticCostModel.decode_stretch_times` without sliding-window layers: the step
-    times of :func:`_dense_decode_times` (``first`` 0, no shift) and their running sum from
+    times of :func:`_dense_step_time` (from step 0, no shift) and their running sum from
     ``start``, up to the first end at or after ``stop``; returns the number of steps written."""
     t = start
     for i in range(durs.shape[0]):
-        pairs = ((sum0 + float(i) * b) + 0.0) + b
-        a = pairs * apf * layers / flops_s
-        m = pairs * kv_tok / bytes_s
-        d = fixed + (a if a >= m else m)
+        d = _dense_step_time(sum0, b, i, 0.0, apf, layers, kv_tok, flops_s, bytes_s, fixed)
         if i == 0:
             d = d + extra_first
         durs[i] = d
