@@ -160,7 +160,7 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                 if field in names and k != kind:
                     notes.append(f"{key} is read by {k} traces only; this run's trace is "
                                  f"{trace_format}: it changes nothing")
-            if field == "path" and kind == "synthetic":
+            if field in ("path", "cache", "cache_dir") and kind == "synthetic":
                 notes.append(f"{key} is read by traces loaded from files; this run's trace is "
                              f"{trace_format}, generated from its options: it changes nothing")
         elif key == "cost.file" and cost_kind != "calibrated":

@@ -304,6 +304,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     summary["wall"] = {
         "wall_s": time.perf_counter() - wall0,
         "load_s": t_load,
+        # the parsed-trace cache: hit, miss (parsed and stored) or off (traces.cache)
+        "load_cache": str((getattr(wl, "notes", None) or {}).get("trace_cache", "off")),
         "simulate_s": t_sim,
         "peak_rss_mb": peak_rss_mb,
     }

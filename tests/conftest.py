@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -43,3 +45,16 @@ def cfg_factory():
     def make(*overrides):
         return compose_config(list(overrides))
     return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_trace_cache(tmp_path_factory):
+    """Parsed-trace cache entries (traces.cache) go to a folder of this test session, not to the
+    user's ~/.cache (subprocesses the tests start inherit the variable)."""
+    old = os.environ.get("KVSIM_CACHE_DIR")
+    os.environ["KVSIM_CACHE_DIR"] = str(tmp_path_factory.mktemp("kvsim-cache"))
+    yield
+    if old is None:
+        os.environ.pop("KVSIM_CACHE_DIR", None)
+    else:
+        os.environ["KVSIM_CACHE_DIR"] = old

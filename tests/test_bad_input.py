@@ -606,6 +606,11 @@ def test_inert_overrides_get_a_note():
         "nothing"]
     assert inert_override_notes(["trace.path=/x.jsonl", "cost.file=/c.json"], "mooncake",
                                 "gpu_only", "calibrated") == []
+    # the parsed-trace cache's options: a generated trace is never parsed
+    assert [n.split(" is ")[0] for n in inert_override_notes(
+        ["trace.cache=false", "trace.cache_dir=/c"], "synthetic_agentic", "gpu_only")] == \
+        ["trace.cache", "trace.cache_dir"]
+    assert inert_override_notes(["trace.cache=false"], "weka", "gpu_only") == []
 
 
 def test_inert_policy_compaction_and_codec_options_get_a_note():

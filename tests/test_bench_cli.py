@@ -6,6 +6,21 @@ import pytest
 from experiments import bench
 
 
+@pytest.fixture(autouse=True)
+def primed(monkeypatch):
+    """The cases' traces the benchmark would parse into its trace cache (``bench.prime``,
+    recorded instead of parsed: the tests below fake the runs)."""
+    calls = []
+    monkeypatch.setattr(bench, "prime", lambda ov: calls.append(list(ov)))
+    return calls
+
+
+def _case(overrides):
+    """The case a run's overrides belong to (the benchmark appends its one trace-cache
+    override)."""
+    return next(n for n, ov in bench.CASES.items() if overrides[:-1] == ov)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--cases", "nope"], ["--cases 'nope'", "unknown case(s) ['nope']", "azure_conv"]),
     (["--cases", "azure_conv,weka,nope2"], ["['nope2']"]),
@@ -88,6 +103,37 @@ def test_repeats_run_round_robin(monkeypatch, capsys):
     assert [ln.split()[1] for ln in out.splitlines() if ln.startswith(("azure_conv", "weka"))] == ["3.00", "4.00"]
 
 
+@pytest.mark.parametrize("mode", ["warm", "off"])
+def test_the_trace_cache_is_primed_untimed_or_off(mode, primed, monkeypatch, capsys):
+    """warm (the default): each case's trace is parsed once into the benchmark's own cache before
+    any timed run, and every timed run names that cache; off: no priming, every run parses
+    (trace.cache=false). The folder is removed at the end."""
+    import os
+
+    runs = []
+
+    def fake_run(overrides):
+        runs.append(list(overrides))
+        return {"wall_s": 1.0, "process_s": 1.0, "peak_rss_mb": 100.0, "steps": 10,
+                "load_s": 0.1, "simulate_s": 0.5, "requests": 5, "sim_tokens": 1000}
+
+    monkeypatch.setattr(bench, "run_case", fake_run)
+    argv = ["--cases", "azure_conv,weka", "--repeats", "2"]
+    assert bench.main(argv if mode == "warm" else [*argv, "--trace-cache", "off"]) == 0
+    out = capsys.readouterr().out
+    assert [_case(r) for r in runs] == ["azure_conv", "weka"] * 2
+    if mode == "off":
+        assert primed == [] and all(r[-1] == "trace.cache=false" for r in runs)
+        assert "trace cache off" in out
+        return
+    assert [_case(p) for p in primed] == ["azure_conv", "weka"]
+    tail = {r[-1] for r in runs} | {p[-1] for p in primed}
+    assert len(tail) == 1 and tail.pop().startswith("trace.cache_dir=")
+    folder = runs[0][-1].split("=", 1)[1]
+    assert f"into the trace cache {folder} (untimed)" in out
+    assert not os.path.exists(folder)
+
+
 def test_linearity_lines_split_fixed_costs(monkeypatch, capsys):
     """The linearity lines give the wall per request, per engine step and the simulate time per
     request against the 1x slice: a fixed cost in the wall (parsing the whole file, writing the
@@ -118,7 +164,7 @@ def test_table_says_whether_each_target_is_met(tmp_path, monkeypatch, capsys):
              "linear_4x": 4.8, "pool_10x": 1.05}
 
     def fake_run(overrides):
-        name = next(n for n, ov in bench.CASES.items() if ov == overrides)
+        name = _case(overrides)
         return {"wall_s": walls[name], "process_s": walls[name] + 1, "steps": 10, "load_s": 0.1,
                 "peak_rss_mb": 2100.0 if name == "weka" else 100.0, "simulate_s": walls[name],
                 "requests": {"linear_2x": 2, "linear_4x": 4}.get(name, 1), "sim_tokens": 1000}

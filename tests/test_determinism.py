@@ -63,6 +63,21 @@ def test_different_seed_changes_seeded_workload(tmp_path):
     assert a["summary"]["seed"] == 3 and c["summary"]["seed"] == 4
 
 
+def test_a_parsed_trace_cache_hit_gives_identical_results(tmp_path):
+    """The first run parses the trace and stores it (traces.cache), the second maps the stored
+    arrays back, a third parses without the cache: byte-identical tables and summaries."""
+    cache = f"trace.cache_dir={tmp_path / 'cache'}"
+    runs = {}
+    for name, extra in (("miss", cache), ("hit", cache), ("off", "trace.cache=false")):
+        runs[name] = _run(tmp_path / name, "seed=3", *POLICY_TIERS, extra)
+        wall = json.loads((tmp_path / name / "summary.json").read_text())["wall"]
+        assert wall["load_cache"] == name
+    digests = [{k: v for k, v in r["digests"].items() if k != "summary.json"} for r in runs.values()]
+    assert digests[0] == digests[1] == digests[2]
+    summaries = [{k: v for k, v in r["summary"].items() if k != "overrides"} for r in runs.values()]
+    assert summaries[0] == summaries[1] == summaries[2]
+
+
 def test_time_stretched_trace_needs_no_more_memory(tmp_path):
     """Large inputs: the bundled Mooncake slice stretched 10x in time (trace.time_scale=10) has
     the same requests but ~30x more engine steps over a 4x longer simulated span; with the

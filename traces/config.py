@@ -86,6 +86,10 @@ class TraceConfig:
         zero_output: rows whose recorded output length is 0: ``as_one`` (load with
             output_tokens = 1, i.e. prefill plus the one sampled token; counted in ``warnings``
             and ``notes['zero_output_rows']``) | ``error`` (treat as a bad row).
+        cache: keep the parsed trace on disk and reuse it when the file, the options the loader
+            reads, the seed and the loader code are the same (``traces.cache``; results are the
+            same bit for bit). cache_dir: where (None = ``$KVSIM_CACHE_DIR/traces``, else
+            ``~/.cache/kvsim/traces``).
 
     Weka:
         session_arrival: ``poisson`` (seeded, ``session_rate_per_s``; first session at 0) |
@@ -120,6 +124,8 @@ class TraceConfig:
     timestamp_spread: str = "even"
     on_error: str = "fail"
     zero_output: str = "as_one"
+    cache: bool = True
+    cache_dir: Optional[str] = None
     # Weka
     session_arrival: str = "poisson"
     session_rate_per_s: float = 0.2
@@ -200,6 +206,11 @@ def _validate(c: TraceConfig) -> None:
     _choice(c, "zero_output", ("as_one", "error"))
     _choice(c, "session_arrival", ("poisson", "recorded"))
     _choice(c, "servegen_iat", ("rate", "fit"))
+    if not isinstance(c.cache, bool):
+        raise TraceError(field="cache", found=repr(c.cache), expected="true or false")
+    if c.cache_dir is not None and not (isinstance(c.cache_dir, str) and c.cache_dir):
+        raise TraceError(field="cache_dir", found=repr(c.cache_dir),
+                         expected="a folder path or null")
     if not (c.time_scale > 0):
         raise TraceError(field="time_scale", found=c.time_scale, expected="> 0")
     if c.max_requests is not None and c.max_requests < 1:

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._common import MAX_ARRIVAL_S, Parsed
+from .cache import parse_cached
 from .config import TraceConfig, coerce_config, resolve_path
 from .errors import ErrorSink, TraceError
 from .workload import Workload, build_table
@@ -171,16 +172,24 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
     else:
         from .synthetic import generate as fn
     if c.format in ("mooncake", "azure", "weka"):
-        pr: Parsed = fn(path, c, rng, sink)
+        def parse() -> Parsed:
+            return fn(path, c, rng, sink)
     else:
-        pr = fn(path, c, rng, sink, seed=int(seed))
+        def parse() -> Parsed:
+            return fn(path, c, rng, sink, seed=int(seed))
+    if path is None:  # generated: nothing to cache
+        pr, cached = parse(), {"status": "off", "entry": None, "warnings": []}
+    else:
+        pr, cached = parse_cached(c, path, int(seed), sink, parse)
     table, notes, idx = _finalize(pr, c)
     extra = {k: np.asarray(v)[idx] for k, v in pr.extra.items()}
-    warnings = list(pr.warnings)
+    warnings = list(pr.warnings) + cached["warnings"]
     if sink.count:
         warnings.append(f"{sink.count} bad rows skipped (on_error=skip)")
     allnotes = dict(pr.notes)
     allnotes.update(notes)
+    allnotes["trace_cache"] = cached["status"]
+    allnotes["trace_cache_entry"] = cached["entry"]
     allnotes["load_s"] = round(time.perf_counter() - t0, 3)
     allnotes["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     allnotes["seed"] = int(seed)
