@@ -305,3 +305,25 @@ def test_cache_blocks_table_and_dict_register_alike(ops):
         assert [x.tolist() for x in a.change_log] == [x.tolist() for x in d.change_log]
         q = np.arange(26, dtype=np.int64) * (1 << 40) + 1
         assert a.cached_blocks(q).tolist() == d.cached_blocks(q).tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=12), min_size=1, max_size=8),
+       st.lists(st.booleans(), min_size=8, max_size=8))
+def test_first_repeated_id_is_the_first_row_with_a_repeat(rows, sort):
+    """sim.keys.first_repeated_id: the first row repeating an id and that id (the first repeat
+    in the row's order), or (-1, 0); rows sorted strictly increasing (the real traces', passed
+    by the kernel without a hash set) mixed with unsorted ones and ones that repeat."""
+    from sim.keys import first_repeated_id
+
+    rows = [sorted(set(r)) if s else r for r, s in zip(rows, sort)]
+    want = (-1, 0)
+    for i, r in enumerate(rows):
+        seen = set()
+        hit = next((x for x in r if x in seen or seen.add(x)), None)
+        if hit is not None:
+            want = (i, hit)
+            break
+    off = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    val = np.array([x for r in rows for x in r], dtype=np.int64)
+    assert first_repeated_id(off, val) == want
