@@ -203,8 +203,8 @@ def app(cfg: DictConfig) -> None:
         # the folder kvsim was started in (hydra.runtime.cwd), as without hydra.job.chdir
         from hydra.utils import to_absolute_path
 
-        for node, key in ((cfg.trace, "path"), (cfg.cost, "file"), (cfg.policy, "importance_file"),
-                          (cfg.output, "dir")):
+        for node, key in ((cfg.trace, "path"), (cfg.trace, "cache_dir"), (cfg.cost, "file"),
+                          (cfg.policy, "importance_file"), (cfg.output, "dir")):
             if node[key]:
                 node[key] = to_absolute_path(str(node[key]))
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)

@@ -171,17 +171,20 @@ def test_the_size_cap_removes_the_least_recently_used_entries(tmp_path, monkeypa
     assert not Path(first.notes["trace_cache_entry"]).exists()
     assert Path(second.notes["trace_cache_entry"]).exists()
     assert _load(tmp_path, **b).notes["trace_cache"] == "hit"
-    for bad in ("0", "-1", "lots", "inf"):
+    for bad in ("0", "-1", "lots", "inf", "nan", "1e400"):
         monkeypatch.setenv("KVSIM_CACHE_MAX_GIB", bad)
-        with pytest.raises(ValueError, match="KVSIM_CACHE_MAX_GIB"):
+        with pytest.raises(TraceError, match="KVSIM_CACHE_MAX_GIB.*a finite number of GiB > 0"):
             _load(tmp_path, **a)
+    monkeypatch.setenv("KVSIM_CACHE_MAX_GIB", " ")  # empty: the default
+    assert _load(tmp_path, **a).notes["trace_cache"] == "miss"
 
 
 def test_cache_options_are_checked_and_the_folder_defaults(tmp_path, monkeypatch):
     with pytest.raises(TraceError, match="field 'cache'.*true or false"):
         coerce_config({"cache": "yes"})
-    with pytest.raises(TraceError, match="field 'cache_dir'"):
-        coerce_config({"cache_dir": ""})
+    for bad in ("", "  "):
+        with pytest.raises(TraceError, match="field 'cache_dir'"):
+            coerce_config({"cache_dir": bad})
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "k"))
     assert cache_root() == tmp_path / "k" / "traces"
     monkeypatch.delenv("KVSIM_CACHE_DIR")
@@ -194,3 +197,187 @@ def test_cache_options_are_checked_and_the_folder_defaults(tmp_path, monkeypatch
     assert set(material["options"]) == {f.name for f in dataclasses.fields(TraceConfig)} - SLICING_FIELDS
     assert cache_key(dataclasses.replace(c, max_requests=5), resolve_path(c), 0)[0] == key
     assert cache_key(c, resolve_path(c), 1)[0] != key
+
+
+def test_the_size_cap_removes_only_its_own_entries_and_old_unfinished_writes(tmp_path, monkeypatch):
+    """A folder of the user's inside the cache folder (even one holding a meta.json, even one
+    with a 32-hex-digit name whose meta.json names another key) is never removed; a temporary
+    folder of a write older than an hour (a killed run's) is, a fresh one (a write going on) is
+    not."""
+    import os
+    import time
+
+    root = tmp_path / "cache"
+    mine = root / "my_experiment"
+    hexname = root / ("ab" * 16)
+    for d in (mine, hexname):
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"key": "not-this-folder"}))
+        (d / "results.csv").write_text("keep\n" * 1000)
+    old_tmp, new_tmp = root / (".%s.x1" % ("cd" * 16)), root / (".%s.x2" % ("cd" * 16))
+    for d in (old_tmp, new_tmp):
+        d.mkdir()
+        (d / "a.npy").write_bytes(b"0" * 1000)
+    t = time.time() - 7200
+    os.utime(old_tmp, (t, t))
+    monkeypatch.setenv("KVSIM_CACHE_MAX_GIB", "1e-9")
+    a = _load(tmp_path, format="azure", path=str(DATA / "azure_zero.csv"))
+    b = _load(tmp_path, format="mooncake", path=str(BUNDLED / "mooncake_conversation_10min.jsonl"))
+    assert (mine / "results.csv").exists() and (hexname / "results.csv").exists()
+    assert not old_tmp.exists() and new_tmp.exists()
+    assert not Path(a.notes["trace_cache_entry"]).exists()  # (ours: removed by the cap)
+    assert Path(b.notes["trace_cache_entry"]).exists()
+
+
+@pytest.mark.parametrize("damage", ["meta-list", "meta-null", "arrays-list", "warnings-str",
+                                    "count-float", "empty-npy", "garbled-npy", "swapped-npy"])
+def test_a_damaged_entry_is_parsed_again_never_returned(tmp_path, damage):
+    """Whatever is wrong in an entry (meta.json of another shape, fields of the wrong type, an
+    empty array file, same-header bytes altered, another array of the same shape swapped in):
+    a warning naming the entry, the parse's result, and a good entry for the next run."""
+    opts = {"format": "weka", "path": str(BUNDLED / "weka_agentic_trace_0002.jsonl.xz")}
+    first = _load(tmp_path, **opts)
+    entry = Path(first.notes["trace_cache_entry"])
+    meta_path = entry / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if damage == "meta-list":
+        meta_path.write_text("[]")
+    elif damage == "meta-null":
+        meta_path.write_text("null")
+    elif damage == "arrays-list":
+        meta["arrays"] = list(meta["arrays"])
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "warnings-str":
+        meta["warnings"] = "abc"
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "count-float":
+        meta["skipped"]["count"] = 2.7
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "empty-npy":
+        (entry / "turn.npy").write_bytes(b"")
+    elif damage == "garbled-npy":
+        raw = bytearray((entry / "prefix_values.npy").read_bytes())
+        raw[-1] ^= 0x01
+        (entry / "prefix_values.npy").write_bytes(bytes(raw))
+    else:  # two int64 arrays of one shape swapped
+        a, b = entry / "input_tokens.npy", entry / "output_tokens.npy"
+        ra, rb = a.read_bytes(), b.read_bytes()
+        a.write_bytes(rb)
+        b.write_bytes(ra)
+    again = _load(tmp_path, **opts)
+    assert again.notes["trace_cache"] == "miss"
+    msg = [w for w in again.warnings if "could not be read back" in w]
+    assert msg and str(entry) in msg[0] and "rewrote the entry" in msg[0]
+    _same_workload(first, again)
+    assert _load(tmp_path, **opts).notes["trace_cache"] == "hit"
+
+
+def test_a_read_only_entry_is_read_as_it_is(tmp_path, monkeypatch):
+    """A cache the run cannot write (another user's, a read-only mount): its entries are read,
+    their age left unchanged; the files are readable by all (the umask allowing)."""
+    import os
+    import stat as st_
+
+    opts = {"format": "azure", "path": str(DATA / "azure_zero.csv")}
+    first = _load(tmp_path, **opts)
+    entry = Path(first.notes["trace_cache_entry"])
+    assert entry.stat().st_mode & st_.S_IROTH and entry.stat().st_mode & st_.S_IXOTH
+
+    def no_utime(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "utime", no_utime)
+    hit = _load(tmp_path, **opts)
+    assert hit.notes["trace_cache"] == "hit" and hit.warnings == first.warnings
+    weka = _load(tmp_path, format="weka", path=str(BUNDLED / "weka_agentic_trace_0002.jsonl.xz"))
+    assert "parse_s" in weka.notes  # (the parse's timing, not replayed by a hit: nothing parsed)
+    assert "parse_s" not in _load(tmp_path, format="weka",
+                                  path=str(BUNDLED / "weka_agentic_trace_0002.jsonl.xz")).notes
+
+
+def test_the_key_follows_the_code_as_imported_and_the_environment(tmp_path, monkeypatch):
+    """The code fingerprint is each traces module's source as imported (a reload after an edit
+    counts, an edit not yet reloaded does not); the key names the Python, numpy and JSON reader
+    versions."""
+    import importlib
+
+    from traces import _source
+
+    c = coerce_config({"name": "mooncake_conversation_10min"})
+    key, material = cache_key(c, resolve_path(c), 0)
+    assert set(material["environment"]) == {"python", "numpy", "json"}
+    monkeypatch.setitem(_source.IMPORTED, "traces.mooncake", "0" * 32)  # (as if reloaded edited)
+    assert cache_key(c, resolve_path(c), 0)[0] != key
+    import traces.mooncake
+    importlib.reload(traces.mooncake)  # the same source again: the same key
+    assert cache_key(c, resolve_path(c), 0)[0] == key
+
+
+def test_inputs_the_cache_does_not_take_are_parsed_without_it(tmp_path):
+    """A folder given for a file format and a pipe are parsed without the cache (the loader's
+    error, as with trace.cache=false); a ServeGen folder's key covers its chunk files only."""
+    import os
+
+    for path in (str(DATA), ):
+        opts = {"format": "mooncake", "path": path}
+        with pytest.raises(TraceError) as with_cache:
+            _load(tmp_path, **opts)
+        with pytest.raises(TraceError) as without:
+            load_workload({"name": "t", "cache": False, **opts})
+        assert str(with_cache.value) == str(without.value)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    c = coerce_config({"name": "t", "format": "mooncake", "path": str(fifo)})
+    assert cache_key(c, fifo, 0) is None  # (never opened: a pipe is read once)
+    sg = tmp_path / "sg"
+    shutil.copytree(DATA / "servegen_ok", sg)
+    c = coerce_config({"name": "t", "format": "servegen", "path": str(sg)})
+    key = cache_key(c, sg, 0)[0]
+    (sg / "notes.txt").write_text("not read by the loader\n")
+    (sg / "sub").mkdir()
+    assert cache_key(c, sg, 0)[0] == key
+    (sg / "chunk-0-trace.csv").write_text((sg / "chunk-0-trace.csv").read_text() + "\n")
+    assert cache_key(c, sg, 0)[0] != key
+
+
+def test_a_result_that_read_a_slicing_option_is_not_stored(tmp_path):
+    """Weka's late-arrival check reads the slicing options (it names the first late row the
+    slicing keeps): a result that passed it (max_requests cut the late sessions away) is not
+    stored, so a later load without the cut raises the same error as without the cache."""
+    line = (DATA / "weka_tiny.jsonl").read_text().splitlines()[0]
+    sess = json.loads(line)
+    src = tmp_path / "six.jsonl"
+    rows = []
+    for i in range(6):
+        sess["id"] = f"s{i}"
+        rows.append(json.dumps(sess))
+    src.write_text("\n".join(rows) + "\n")
+    opts = {"format": "weka", "path": str(src), "session_arrival": "recorded",
+            "session_interval_s": 1e9}
+    cut = _load(tmp_path, max_requests=1, **opts)
+    assert cut.notes["trace_cache"] == "off"
+    with pytest.raises(TraceError) as with_cache:
+        _load(tmp_path, **opts)
+    with pytest.raises(TraceError) as without:
+        load_workload({"name": "t", "cache": False, **opts})
+    assert str(with_cache.value) == str(without.value) and "session_interval_s" in str(without.value)
+
+
+def test_a_relative_cache_dir_is_the_start_folders_with_hydra_chdir(tmp_path):
+    """hydra.job.chdir=true: a relative trace.cache_dir names a folder of the folder kvsim was
+    started in (as trace.path does), so two runs share it."""
+    import subprocess
+    import sys
+
+    for run in ("r1", "r2"):
+        r = subprocess.run([sys.executable, "-m", "sim.cli", "trace.max_requests=20",
+                            "hydra.job.chdir=true", "trace.cache_dir=relcache",
+                            f"hydra.run.dir={tmp_path / run}", "sim.progress=false",
+                            "output.print_summary=false"],
+                           cwd=tmp_path, capture_output=True, text=True,
+                           env={**__import__("os").environ,
+                                "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert r.returncode == 0, r.stderr[-2000:]
+    walls = [json.loads((tmp_path / run / "summary.json").read_text())["wall"]["load_cache"]
+             for run in ("r1", "r2")]
+    assert walls == ["miss", "hit"] and (tmp_path / "relcache").is_dir()

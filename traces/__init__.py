@@ -31,3 +31,7 @@ __all__ = [
     "PRESET_PATHS",
     "traces_dir",
 ]
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -42,6 +42,9 @@ class Parsed:
     warnings: list = field(default_factory=list)
     notes: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    # False when the result depends on an option the parsed-trace cache's key leaves out
+    # (traces.cache.SLICING_FIELDS): the cache does not store it
+    cacheable: bool = True
 
 
 INT64_LIMIT = 1 << 63  # token counts and ids are held as int64
@@ -120,3 +123,7 @@ def output_len(v: int, zero_output: str, *, path: str, where: str, key: str,
         return 1
     raise TraceError(path=path, where=where, field=key, found=v,
                      expected=">= 1 (set trace.zero_output=as_one to load 0 as 1)")
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

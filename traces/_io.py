@@ -124,3 +124,7 @@ def decode_utf8(raw: bytes, *, path: str, where: str) -> str:
         raise TraceError("not UTF-8 text", path=path, where=where,
                          found=f"byte 0x{raw[e.start]:02x} at column {e.start + 1}",
                          expected="UTF-8 text") from None
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -183,3 +183,7 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
         notes={"rows_read": rows, "zero_output_rows": zero[0], "rows_out_of_order": int(back.size),
                "first_timestamp_ticks_100ns": int(tk[0])},
     )
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

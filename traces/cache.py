@@ -15,34 +15,56 @@ The key (xxh3-128 of a JSON document) covers:
 * the seed and every trace option a loader reads: all :class:`~traces.config.TraceConfig`
   fields except :data:`SLICING_FIELDS`, which only the slicing after the loader reads.
 
+* the environment the parse ran in: Python, numpy and orjson versions (orjson and the json
+  fallback read some numbers differently).
+
+The code fingerprint is of each module's source as it was imported (``traces._source``): a module
+reloaded after an edit (``importlib.reload``, Jupyter's autoreload) counts with its new source, an
+edited file not yet reloaded with the old one. Only a regular file is cached (a ServeGen folder:
+its ``chunk-N-trace.csv`` / ``chunk-N-dataset.json`` files); a pipe or a folder given for a file
+format is parsed without the cache, so the loader names the problem.
+
 A hit returns the very arrays, warnings, notes and skipped-row record the parse gave (the
-bad-row examples of ``on_error=skip`` are replayed into the run's sink), so results are the same
-bit for bit. A cache entry that cannot be read (a truncated file, a foreign layout) is named in
-a warning, parsed again and rewritten; a write that fails (disk full, no permission) is named in
-a warning and the run goes on with the parsed trace.
+bad-row examples of ``on_error=skip`` are replayed into the run's sink; the parse's own
+``parse_s`` note is left out), so results are the same bit for bit: each array's xxh3-64 is
+checked when it is read back. A cache entry that cannot be read (a truncated or altered file, a
+foreign layout, no permission) is named in a warning and the trace parsed again (and the entry
+rewritten where it can be); a write that fails (disk full, no permission) is named in a warning
+and the run goes on with the parsed trace. A loader result that depends on an option the key
+leaves out (``Parsed.cacheable``) is not stored.
 
 Where: ``trace.cache_dir``, else ``$KVSIM_CACHE_DIR/traces``, else
 ``$XDG_CACHE_HOME/kvsim/traces`` (``~/.cache/kvsim/traces``). Entries are written to a temporary
-folder and renamed into place, so concurrent sweep jobs never see a half-written entry. Size:
-after each write the least recently used entries are removed until the folder holds at most
-``KVSIM_CACHE_MAX_GIB`` GiB (default 8; the full Weka trace's entry is about 760 MB).
-``trace.cache=false`` turns it off.
+folder and renamed into place, so concurrent sweep jobs never see a half-written entry; an
+entry's files are readable by all (as the umask allows), so one cache can serve several users.
+Size: after each write the least recently used entries are removed until the folder holds at
+most ``KVSIM_CACHE_MAX_GIB`` GiB (default 8; the full Weka trace's entry is about 720 MB); only
+kvsim's own entries (a 32-hex-digit folder whose meta.json names that key) and temporary folders
+of writes older than an hour (a killed run's) are ever removed. ``trace.cache=false`` turns it
+off.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import math
 import os
+import re
 import shutil
+import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 import xxhash
 
+from . import _source
 from ._common import Parsed
-from .errors import ErrorSink
+from .errors import ErrorSink, TraceError
 
 __all__ = ["CACHE_FORMAT", "SLICING_FIELDS", "cache_root", "cache_key", "parse_cached"]
 
@@ -57,6 +79,10 @@ _ARRAY_FIELDS = ("session_id", "turn", "arrival_s", "think_s", "parent", "input_
                  "output_tokens", "prefix_offsets", "prefix_values")
 _CHUNK = 1 << 23  # bytes hashed per read
 _DEFAULT_MAX_GIB = 8.0
+_KEY_RE = re.compile(r"[0-9a-f]{32}")
+_TMP_RE = re.compile(r"\.[0-9a-f]{32}\..+")
+_STALE_TMP_S = 3600.0  # a temporary folder this old is a killed write's
+_SERVEGEN_RE = re.compile(r"chunk-[0-9]+-(trace\.csv|dataset\.json)")  # (traces.servegen)
 
 
 def cache_root(cache_dir: Optional[str] = None) -> Path:
@@ -73,17 +99,19 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 
 def _max_bytes() -> float:
-    """``KVSIM_CACHE_MAX_GIB`` in bytes. Raises ValueError naming the variable when it is not a
-    number > 0."""
-    raw = os.environ.get("KVSIM_CACHE_MAX_GIB")
-    if raw is None:
+    """``KVSIM_CACHE_MAX_GIB`` in bytes (unset or empty: 8 GiB). Raises TraceError naming the
+    variable when it is not a finite number > 0."""
+    raw = os.environ.get("KVSIM_CACHE_MAX_GIB", "").strip()
+    if not raw:
         return _DEFAULT_MAX_GIB * 2**30
     try:
         gib = float(raw)
     except ValueError:
         gib = float("nan")
-    if not gib > 0 or gib == float("inf"):
-        raise ValueError(f"KVSIM_CACHE_MAX_GIB={raw!r}: expected a number of GiB > 0")
+    if not (math.isfinite(gib) and gib > 0):
+        raise TraceError("bad environment variable", field="KVSIM_CACHE_MAX_GIB",
+                         found=repr(raw), expected="a finite number of GiB > 0 (the parsed-trace "
+                                                   "cache's size cap; unset: 8)")
     return gib * 2**30
 
 
@@ -98,39 +126,62 @@ def _file_digest(p: Path) -> str:
     return h.hexdigest()
 
 
-def _input_fingerprint(path: Path) -> list:
-    """``[[relative name, size in bytes, xxh3-128 hex], ...]`` of the input file, or of every
-    file under the input folder (sorted by name)."""
-    if path.is_dir():
-        files = sorted(q for q in path.rglob("*") if q.is_file())
-        return [[str(q.relative_to(path)), q.stat().st_size, _file_digest(q)] for q in files]
-    return [[path.name, path.stat().st_size, _file_digest(path)]]
-
-
-_CODE_DIGEST: Optional[str] = None
+def _input_fingerprint(fmt: str, path: Path) -> Optional[list]:
+    """``[[name, size in bytes, xxh3-128 hex], ...]`` of what the loader of ``fmt`` reads: the
+    input file, or a ServeGen folder's ``chunk-N-*`` files (sorted by name); None when the input
+    is not of that kind (a pipe, a folder for a file format): the loader, run without the cache,
+    says what is wrong. Raises OSError when a file cannot be read."""
+    if fmt == "servegen":
+        if not path.is_dir():
+            return None
+        files = sorted(q for q in path.iterdir() if _SERVEGEN_RE.fullmatch(q.name) and q.is_file())
+    else:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        files = [path]
+    return [[q.name, q.stat().st_size, _file_digest(q)] for q in files]
 
 
 def _code_fingerprint() -> str:
-    """xxh3-128 of the source of every module of the ``traces`` package (sorted by name)."""
-    global _CODE_DIGEST
-    if _CODE_DIGEST is None:
-        h = xxhash.xxh3_128()
-        for q in sorted(Path(__file__).resolve().parent.glob("*.py")):
-            h.update(q.name.encode())
-            h.update(q.read_bytes())
-        _CODE_DIGEST = h.hexdigest()
-    return _CODE_DIGEST
+    """xxh3-128 over the source of every module of the ``traces`` package as imported
+    (``traces._source``; each is imported here first)."""
+    here = Path(__file__).resolve().parent
+    names = sorted(f"traces.{q.stem}" if q.stem != "__init__" else "traces"
+                   for q in here.glob("*.py") if q.stem != "_source")
+    h = xxhash.xxh3_128()
+    for name in names:
+        if name not in _source.IMPORTED:
+            importlib.import_module(name)
+        if name not in _source.IMPORTED:
+            raise RuntimeError(f"module {name} does not record its source "
+                               f"(traces._source.note_source at its end)")
+        h.update(f"{name}={_source.IMPORTED[name]};".encode())
+    return h.hexdigest()
 
 
-def cache_key(cfg: Any, path: Path, seed: int) -> tuple[str, dict]:
+def _environment() -> dict:
+    """The versions a parse's bits may depend on."""
+    try:
+        import orjson
+        js = f"orjson {orjson.__version__}"
+    except ImportError:  # pragma: no cover
+        js = "json"
+    return {"python": sys.version.split()[0], "numpy": np.__version__, "json": js}
+
+
+def cache_key(cfg: Any, path: Path, seed: int) -> Optional[tuple[str, dict]]:
     """``(key, material)``: the entry name (32 hex digits) for loading ``path`` with the trace
     config ``cfg`` (a :class:`~traces.config.TraceConfig`) and ``seed``, and the JSON-able
-    document it hashes (see the module docstring)."""
+    document it hashes (see the module docstring); None when the input is not one the cache
+    takes (:func:`_input_fingerprint`). Raises OSError when an input file cannot be read."""
+    inp = _input_fingerprint(cfg.format, path)
+    if inp is None:
+        return None
     opts = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
             if f.name not in SLICING_FIELDS}
     material = {"cache_format": CACHE_FORMAT, "code": _code_fingerprint(),
-                "path": str(path), "input": _input_fingerprint(path), "seed": int(seed),
-                "options": opts}
+                "environment": _environment(), "path": str(path), "input": inp,
+                "seed": int(seed), "options": opts}
     doc = json.dumps(material, sort_keys=True, default=repr).encode()
     return xxhash.xxh3_128_hexdigest(doc), material
 
@@ -139,68 +190,98 @@ class _Unreadable(Exception):
     """A cache entry that exists but cannot be read back (the message says why)."""
 
 
+def _checked(cond: bool, what: str) -> None:
+    if not cond:
+        raise _Unreadable(what)
+
+
 def _read(entry: Path, key: str, sink: ErrorSink) -> Parsed:
-    """The Parsed stored in ``entry`` (arrays memory-mapped, read-only); replays its skipped rows
-    into ``sink``. Raises FileNotFoundError when there is no entry, :class:`_Unreadable` when it
-    cannot be read back."""
+    """The Parsed stored in ``entry`` (arrays memory-mapped, read-only, each checked against its
+    stored xxh3-64); replays its skipped rows into ``sink``. Raises FileNotFoundError when there
+    is no entry, :class:`_Unreadable` (saying why) when it cannot be read back."""
     meta_path = entry / "meta.json"
-    if not meta_path.exists():
-        raise FileNotFoundError(meta_path)
     try:
+        if not meta_path.exists():
+            raise FileNotFoundError(meta_path)
         meta = json.loads(meta_path.read_text())
+        _checked(isinstance(meta, dict), "meta.json is not a JSON object")
         if meta.get("cache_format") != CACHE_FORMAT or meta.get("key") != key:
             raise _Unreadable(f"layout {meta.get('cache_format')!r} / key {meta.get('key')!r}, "
                               f"expected layout {CACHE_FORMAT} / key {key}")
+        arrays_meta, extra = meta.get("arrays"), meta.get("extra")
+        warnings, notes, skipped = meta.get("warnings"), meta.get("notes"), meta.get("skipped")
+        _checked(isinstance(arrays_meta, dict) and isinstance(extra, list)
+                 and set(arrays_meta) == {*_ARRAY_FIELDS, *("extra." + n for n in extra)},
+                 "meta.json's arrays do not match its fields")
+        _checked(isinstance(warnings, list) and all(isinstance(w, str) for w in warnings),
+                 "meta.json's warnings are not a list of strings")
+        _checked(isinstance(notes, dict), "meta.json's notes are not an object")
+        _checked(isinstance(skipped, dict) and type(skipped.get("count")) is int
+                 and isinstance(skipped.get("examples"), list)
+                 and all(isinstance(x, str) for x in skipped["examples"]),
+                 "meta.json's skipped rows are not {count: int, examples: [str]}")
+        _checked(type(meta.get("block_tokens")) is int and isinstance(meta.get("source"), str),
+                 "meta.json's block_tokens / source are not an int / a string")
         arrays = {}
-        for name, (dtype, shape) in meta["arrays"].items():
+        for name, spec in arrays_meta.items():
+            _checked(isinstance(spec, list) and len(spec) == 3, f"meta.json's entry of {name}")
+            dtype, shape, digest = spec
             a = np.load(entry / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-            if str(a.dtype) != dtype or list(a.shape) != shape:
-                raise _Unreadable(f"{name}.npy holds {a.dtype}{list(a.shape)}, expected "
-                                  f"{dtype}{shape}")
+            _checked(str(a.dtype) == dtype and list(a.shape) == shape,
+                     f"{name}.npy holds {a.dtype}{list(a.shape)}, expected {dtype}{shape}")
+            _checked(xxhash.xxh3_64_hexdigest(memoryview(np.ascontiguousarray(a)).cast("B"))
+                     == digest, f"{name}.npy's bytes are not the ones written (xxh3-64)")
             arrays[name] = a
-        pr = Parsed(**{n: arrays[n] for n in _ARRAY_FIELDS},
-                    block_tokens=int(meta["block_tokens"]), source=str(meta["source"]),
-                    warnings=list(meta["warnings"]), notes=dict(meta["notes"]),
-                    extra={n: arrays["extra." + n] for n in meta["extra"]})
-        skipped = meta["skipped"]
-        count, examples = int(skipped["count"]), list(skipped["examples"])
-    except _Unreadable:
+    except (FileNotFoundError, _Unreadable):
         raise
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - whatever a damaged entry raises: parse again
         raise _Unreadable(f"{type(e).__name__}: {e}"[:200]) from None
-    sink.count = count
-    sink.examples = examples
-    os.utime(meta_path)  # most recently used (the size cap removes the least recently used)
+    pr = Parsed(**{n: arrays[n] for n in _ARRAY_FIELDS},
+                block_tokens=meta["block_tokens"], source=meta["source"], warnings=warnings,
+                notes={k: v for k, v in notes.items() if k != "parse_s"},
+                extra={n: arrays["extra." + n] for n in extra})
+    sink.count = skipped["count"]
+    sink.examples = list(skipped["examples"])
+    try:
+        os.utime(meta_path)  # most recently used (the size cap removes the least recently used)
+    except OSError:
+        pass  # (a read-only cache, or another user's entry: read as it is, its age unchanged)
     return pr
 
 
 def _write(root: Path, entry: Path, key: str, material: dict, pr: Parsed,
-           sink: ErrorSink) -> None:
+           sink: ErrorSink) -> bool:
     """Store ``pr`` and the sink's skipped rows as ``entry`` (written in a temporary folder of
-    ``root``, then renamed into place; a concurrent writer's entry of the same key is kept).
-    Raises OSError, ValueError or TypeError when it cannot be written (disk, permissions, an
-    object array, a note JSON cannot hold)."""
+    ``root``, readable by all as the umask allows, then renamed into place). Returns True when
+    it placed the entry, False when an entry of the same key was there already (a concurrent
+    writer's, or one that could not be removed). Raises OSError, ValueError or TypeError when it
+    cannot be written (disk, permissions, an object array, a note JSON cannot hold)."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # (mkdtemp makes it 0700)
         arrays = {n: getattr(pr, n) for n in _ARRAY_FIELDS}
         arrays.update({"extra." + n: v for n, v in pr.extra.items()})
-        shapes = {}
+        specs = {}
         for name, a in arrays.items():
-            a = np.asarray(a)
+            a = np.ascontiguousarray(a)
             np.save(tmp / f"{name}.npy", a, allow_pickle=False)
-            shapes[name] = [str(a.dtype), list(a.shape)]
+            specs[name] = [str(a.dtype), list(a.shape),
+                           xxhash.xxh3_64_hexdigest(memoryview(a).cast("B"))]
         meta = {"cache_format": CACHE_FORMAT, "key": key, "material": material,
-                "arrays": shapes, "extra": list(pr.extra), "block_tokens": int(pr.block_tokens),
+                "arrays": specs, "extra": list(pr.extra), "block_tokens": int(pr.block_tokens),
                 "source": pr.source, "warnings": list(pr.warnings), "notes": pr.notes,
                 "skipped": sink.as_dict()}
         (tmp / "meta.json").write_text(json.dumps(meta, default=_plain))
         try:
             os.rename(tmp, entry)
+            return True
         except OSError:
-            if not (entry / "meta.json").exists():
+            if not entry.exists():
                 raise
-            # another job wrote the same entry first: keep it
+            return False
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -220,15 +301,33 @@ def _entry_bytes(entry: Path) -> int:
     return sum(q.stat().st_size for q in entry.iterdir() if q.is_file())
 
 
+def _own_entry(e: Path) -> bool:
+    """Whether folder ``e`` is a cache entry this module wrote: a 32-hex-digit name and a
+    meta.json naming that key (so a user's folder is never taken for one)."""
+    if not (_KEY_RE.fullmatch(e.name) and e.is_dir()):
+        return False
+    try:
+        meta = json.loads((e / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("key") == e.name
+
+
 def _trim(root: Path, keep: Path, limit: float) -> list[str]:
     """Remove the least recently used entries of ``root`` (by their meta.json's modification
-    time) until the entries take at most ``limit`` bytes; ``keep`` is never removed. Returns the
-    names removed."""
+    time) until the entries take at most ``limit`` bytes, and temporary folders of writes older
+    than an hour (a killed run's); ``keep`` and anything not written by this module are never
+    removed. Returns the names of the entries removed."""
     entries = []
+    now = time.time()
     for e in root.iterdir():
-        meta = e / "meta.json"
-        if e.is_dir() and not e.name.startswith(".") and meta.exists():
-            entries.append((meta.stat().st_mtime, e.name, e, _entry_bytes(e)))
+        try:
+            if _TMP_RE.fullmatch(e.name) and e.is_dir() and now - e.stat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(e, ignore_errors=True)
+            elif _own_entry(e):
+                entries.append(((e / "meta.json").stat().st_mtime, e.name, e, _entry_bytes(e)))
+        except OSError:
+            continue  # (another job removed it meanwhile, or it is not ours to read)
     total = sum(x[3] for x in entries)
     removed = []
     for _, name, e, size in sorted(entries):
@@ -237,8 +336,9 @@ def _trim(root: Path, keep: Path, limit: float) -> list[str]:
         if e == keep:
             continue
         shutil.rmtree(e, ignore_errors=True)
-        total -= size
-        removed.append(name)
+        if not e.exists():
+            total -= size
+            removed.append(name)
     return removed
 
 
@@ -247,31 +347,43 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     """The loader's result for ``path`` under ``cfg`` and ``seed``: from the cache when it holds
     the entry, else ``parse()`` (which reports bad rows to ``sink``), stored for the next run.
 
-    Returns ``(parsed, info)``: ``info`` has ``status`` (``"hit"``, ``"miss"`` or ``"off"``),
-    ``entry`` (the entry folder, or None when off) and ``warnings`` (an unreadable entry, a
-    failed write, entries removed by the size cap).
+    Returns ``(parsed, info)``: ``info`` has ``status`` (``"hit"``, ``"miss"`` or ``"off"``:
+    ``trace.cache=false``, an input the cache does not take, a result it may not store),
+    ``entry`` (the entry folder, or None) and ``warnings`` (an unreadable entry, a failed write,
+    an input that could not be fingerprinted, entries removed by the size cap).
 
     Raises whatever ``parse`` raises (a TraceError on a bad trace: nothing is stored then), and
-    ValueError for a malformed ``KVSIM_CACHE_MAX_GIB``.
+    TraceError for a malformed ``KVSIM_CACHE_MAX_GIB``.
     """
     if not getattr(cfg, "cache", True):
         return parse(), {"status": "off", "entry": None, "warnings": []}
     limit = _max_bytes()
     root = cache_root(getattr(cfg, "cache_dir", None))
-    key, material = cache_key(cfg, path, seed)
+    try:
+        keyed = cache_key(cfg, path, seed)
+    except OSError as e:  # (the loader, reading the same file, names the problem if it is one)
+        return parse(), {"status": "off", "entry": None, "warnings": [
+            f"trace cache: could not read {path} to fingerprint it ({type(e).__name__}: "
+            f"{e}"[:300] + "); parsed without the cache"]}
+    if keyed is None:
+        return parse(), {"status": "off", "entry": None, "warnings": []}
+    key, material = keyed
     entry = root / key
     warnings: list[str] = []
+    unreadable = None
     try:
         return _read(entry, key, sink), {"status": "hit", "entry": str(entry), "warnings": []}
     except FileNotFoundError:
         pass
     except _Unreadable as e:
-        warnings.append(f"trace cache entry {entry} could not be read back ({e}); parsed the "
-                        f"trace again and rewrote the entry")
+        unreadable = str(e)
         shutil.rmtree(entry, ignore_errors=True)
     pr = parse()
+    if not pr.cacheable:
+        return pr, {"status": "off", "entry": None, "warnings": []}
+    placed = False
     try:
-        _write(root, entry, key, material, pr, sink)
+        placed = _write(root, entry, key, material, pr, sink)
         removed = _trim(root, entry, limit)
         if removed:
             warnings.append(f"trace cache {root}: removed {len(removed)} least recently used "
@@ -279,4 +391,14 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     except (OSError, ValueError, TypeError) as e:
         warnings.append(f"trace cache entry {entry} could not be written "
                         f"({type(e).__name__}: {e}"[:300] + "); the run goes on without it")
+    if unreadable is not None:
+        warnings.insert(0, f"trace cache entry {entry} could not be read back ({unreadable}); "
+                           f"parsed the trace again" + ("" if placed else
+                           " (the entry could not be replaced: it stays as it is)")
+                        + (" and rewrote the entry" if placed else ""))
     return pr, {"status": "miss", "entry": str(entry), "warnings": warnings}
+
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -208,7 +208,7 @@ def _validate(c: TraceConfig) -> None:
     _choice(c, "servegen_iat", ("rate", "fit"))
     if not isinstance(c.cache, bool):
         raise TraceError(field="cache", found=repr(c.cache), expected="true or false")
-    if c.cache_dir is not None and not (isinstance(c.cache_dir, str) and c.cache_dir):
+    if c.cache_dir is not None and not (isinstance(c.cache_dir, str) and c.cache_dir.strip()):
         raise TraceError(field="cache_dir", found=repr(c.cache_dir),
                          expected="a folder path or null")
     if not (c.time_scale > 0):
@@ -275,3 +275,7 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
         raise TraceError(f"{what} not found", path=str(p),
                          expected=f"the {c.format} trace for '{c.name}'", hint=hint)
     return p.absolute()  # (a relative trace.path is recorded where it pointed: provenance)
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -90,3 +90,7 @@ class ErrorSink:
 
     def as_dict(self) -> dict:
         return {"count": self.count, "examples": list(self.examples)}
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -205,3 +205,7 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
         notes=allnotes,
         extra=extra,
     )
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

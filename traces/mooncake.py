@@ -201,3 +201,7 @@ def _check_chained(vals: np.ndarray, offs: np.ndarray, lines: list[int], p: str)
                            f"{lines[row_of(f)]} it {desc(f)} (position {f - offs[row_of(f)]})",
                      expected="prefix-chained ids: an id always follows the same id (or always "
                               "starts the prompt)")
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

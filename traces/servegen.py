@@ -592,3 +592,7 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
         notes={"clients": len(clients), "sampled_before_cut": int(sampled)},
         extra={"reason_ratio": np.concatenate(rr_all)[order], "client": client},
     )
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -196,3 +196,7 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
         warnings=warnings,
         notes={"params": d, "sessions": S},
     )
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -544,7 +544,10 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                          found=f"{lines_read} lines, {sink.count} skipped",
                          expected="at least one valid session")
     arrival = np.asarray(col_arrival, dtype=np.float64)
+    cacheable = True
     if arrival.max() - cfg.start_s > MAX_ARRIVAL_S:
+        # (it reads the slicing options: a result that passes it depends on them)
+        cacheable = False
         _check_clock(arrival, np.asarray(col_parent, dtype=np.int64),
                      np.asarray(col_session, dtype=np.int64), sess_start, sess_line, cfg, path)
     vals.resize(nvals, refcheck=False)
@@ -582,4 +585,9 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                "global_prefix_ids": next_gid, "shared_prefix_ids": len(shared),
                "zero_output_rows": counters["zero"][0],
                "parse_s": round(time.perf_counter() - t0, 3)},
+        cacheable=cacheable,
     )
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)

@@ -216,3 +216,7 @@ class Workload:
             "prefix_ids": int(len(self.prefix_values())),
             "root_arrival_span_s": float(arr[roots].max() - arr[roots].min()) if roots.any() else 0.0,
         }
+
+from ._source import note_source as _note_source  # noqa: E402
+
+_note_source(__name__, __file__)
