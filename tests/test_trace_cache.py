@@ -381,3 +381,27 @@ def test_a_relative_cache_dir_is_the_start_folders_with_hydra_chdir(tmp_path):
     walls = [json.loads((tmp_path / run / "summary.json").read_text())["wall"]["load_cache"]
              for run in ("r1", "r2")]
     assert walls == ["miss", "hit"] and (tmp_path / "relcache").is_dir()
+
+
+@pytest.mark.parametrize("opts, seed_free", [
+    ({"format": "mooncake", "path": str(BUNDLED / "mooncake_conversation_10min.jsonl")}, True),
+    ({"format": "mooncake", "path": str(BUNDLED / "mooncake_conversation_10min.jsonl"),
+      "timestamp_spread": "jitter"}, False),
+    ({"format": "azure", "path": str(DATA / "azure_zero.csv")}, True),
+    ({"format": "weka", "path": str(BUNDLED / "weka_agentic_trace_0002.jsonl.xz"),
+      "session_arrival": "recorded"}, True),
+    ({"format": "weka", "path": str(DATA / "weka_tiny.jsonl")}, False),  # (poisson starts)
+    ({"format": "servegen", "path": str(DATA / "servegen_ok"), "num_requests": 200}, False),
+], ids=["mooncake-even", "mooncake-jitter", "azure", "weka-recorded", "weka-poisson", "servegen"])
+def test_a_parse_that_draws_no_random_number_is_stored_once_for_every_seed(tmp_path, opts,
+                                                                           seed_free):
+    """A sweep over seeds keeps one entry of a parse that never drew from the seeded generator
+    (its result is the same for every seed), and one entry per seed otherwise; either way each
+    seed gets the parse's result."""
+    a = _load(tmp_path, seed=0, **opts)
+    b = _load(tmp_path, seed=1, **opts)
+    assert a.notes["trace_cache"] == "miss"
+    assert b.notes["trace_cache"] == ("hit" if seed_free else "miss")
+    assert (a.notes["trace_cache_entry"] == b.notes["trace_cache_entry"]) == seed_free
+    _same_workload(b, load_workload({"name": "t", "cache": False, **opts}, seed=1))
+    assert _load(tmp_path, seed=1, **opts).notes["trace_cache"] == "hit"

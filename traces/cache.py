@@ -13,7 +13,9 @@ The key (xxh3-128 of a JSON document) covers:
 * the trace format, the resolved path and the content of the input (each file's size and
   xxh3-128 of its bytes; every file under a folder for ServeGen);
 * the seed and every trace option a loader reads: all :class:`~traces.config.TraceConfig`
-  fields except :data:`SLICING_FIELDS`, which only the slicing after the loader reads.
+  fields except :data:`SLICING_FIELDS`, which only the slicing after the loader reads. A parse
+  that drew no random number (Mooncake with ``timestamp_spread`` even or keep, Azure, Weka with
+  ``session_arrival=recorded``) is stored once under a seed-free key that every seed finds.
 
 * the environment the parse ran in: Python, numpy and orjson versions (orjson and the json
   fallback read some numbers differently).
@@ -169,21 +171,32 @@ def _environment() -> dict:
     return {"python": sys.version.split()[0], "numpy": np.__version__, "json": js}
 
 
-def cache_key(cfg: Any, path: Path, seed: int) -> Optional[tuple[str, dict]]:
-    """``(key, material)``: the entry name (32 hex digits) for loading ``path`` with the trace
-    config ``cfg`` (a :class:`~traces.config.TraceConfig`) and ``seed``, and the JSON-able
-    document it hashes (see the module docstring); None when the input is not one the cache
-    takes (:func:`_input_fingerprint`). Raises OSError when an input file cannot be read."""
+def _material(cfg: Any, path: Path) -> Optional[dict]:
+    """The key's document but its seed (see :func:`cache_key`); None when the input is not one
+    the cache takes. Raises OSError when an input file cannot be read."""
     inp = _input_fingerprint(cfg.format, path)
     if inp is None:
         return None
     opts = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
             if f.name not in SLICING_FIELDS}
-    material = {"cache_format": CACHE_FORMAT, "code": _code_fingerprint(),
-                "environment": _environment(), "path": str(path), "input": inp,
-                "seed": int(seed), "options": opts}
+    return {"cache_format": CACHE_FORMAT, "code": _code_fingerprint(),
+            "environment": _environment(), "path": str(path), "input": inp, "options": opts}
+
+
+def _keyed(material: dict, seed: Optional[int]) -> tuple[str, dict]:
+    material = {**material, "seed": None if seed is None else int(seed)}
     doc = json.dumps(material, sort_keys=True, default=repr).encode()
     return xxhash.xxh3_128_hexdigest(doc), material
+
+
+def cache_key(cfg: Any, path: Path, seed: Optional[int]) -> Optional[tuple[str, dict]]:
+    """``(key, material)``: the entry name (32 hex digits) for loading ``path`` with the trace
+    config ``cfg`` (a :class:`~traces.config.TraceConfig`) and ``seed`` (None: the entry of a
+    parse that drew no random number, valid for every seed), and the JSON-able document it
+    hashes (see the module docstring); None when the input is not one the cache takes
+    (:func:`_input_fingerprint`). Raises OSError when an input file cannot be read."""
+    material = _material(cfg, path)
+    return None if material is None else _keyed(material, seed)
 
 
 class _Unreadable(Exception):
@@ -343,9 +356,15 @@ def _trim(root: Path, keep: Path, limit: float) -> list[str]:
 
 
 def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
-                 parse: Callable[[], Parsed]) -> tuple[Parsed, dict]:
+                 parse: Callable[[], Parsed],
+                 seed_used: Optional[Callable[[], bool]] = None) -> tuple[Parsed, dict]:
     """The loader's result for ``path`` under ``cfg`` and ``seed``: from the cache when it holds
     the entry, else ``parse()`` (which reports bad rows to ``sink``), stored for the next run.
+
+    ``seed_used``: called after ``parse()``, whether the parse drew from the seeded random
+    generator (None: assume it did). A parse that drew nothing gives the same result for every
+    seed: it is stored once, under the seed-free key (:func:`cache_key` with seed None), which
+    every seed looks up first.
 
     Returns ``(parsed, info)``: ``info`` has ``status`` (``"hit"``, ``"miss"`` or ``"off"``:
     ``trace.cache=false``, an input the cache does not take, a result it may not store),
@@ -360,30 +379,35 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     limit = _max_bytes()
     root = cache_root(getattr(cfg, "cache_dir", None))
     try:
-        keyed = cache_key(cfg, path, seed)
+        material = _material(cfg, path)
     except OSError as e:  # (the loader, reading the same file, names the problem if it is one)
         return parse(), {"status": "off", "entry": None, "warnings": [
             f"trace cache: could not read {path} to fingerprint it ({type(e).__name__}: "
             f"{e}"[:300] + "); parsed without the cache"]}
-    if keyed is None:
+    if material is None:
         return parse(), {"status": "off", "entry": None, "warnings": []}
-    key, material = keyed
-    entry = root / key
+    seeded = _keyed(material, seed)
+    free = _keyed(material, None) if seed_used is not None else None
     warnings: list[str] = []
-    unreadable = None
-    try:
-        return _read(entry, key, sink), {"status": "hit", "entry": str(entry), "warnings": []}
-    except FileNotFoundError:
-        pass
-    except _Unreadable as e:
-        unreadable = str(e)
-        shutil.rmtree(entry, ignore_errors=True)
+    unreadable: dict = {}  # entry -> why it could not be read back
+    for key, _ in [k for k in (free, seeded) if k is not None]:
+        entry = root / key
+        try:
+            return _read(entry, key, sink), {"status": "hit", "entry": str(entry),
+                                             "warnings": []}
+        except FileNotFoundError:
+            pass
+        except _Unreadable as e:
+            unreadable[entry] = str(e)
+            shutil.rmtree(entry, ignore_errors=True)
     pr = parse()
     if not pr.cacheable:
         return pr, {"status": "off", "entry": None, "warnings": []}
+    key, stored = free if free is not None and not seed_used() else seeded
+    entry = root / key
     placed = False
     try:
-        placed = _write(root, entry, key, material, pr, sink)
+        placed = _write(root, entry, key, stored, pr, sink)
         removed = _trim(root, entry, limit)
         if removed:
             warnings.append(f"trace cache {root}: removed {len(removed)} least recently used "
@@ -391,11 +415,11 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     except (OSError, ValueError, TypeError) as e:
         warnings.append(f"trace cache entry {entry} could not be written "
                         f"({type(e).__name__}: {e}"[:300] + "); the run goes on without it")
-    if unreadable is not None:
-        warnings.insert(0, f"trace cache entry {entry} could not be read back ({unreadable}); "
-                           f"parsed the trace again" + ("" if placed else
-                           " (the entry could not be replaced: it stays as it is)")
-                        + (" and rewrote the entry" if placed else ""))
+    for bad, why in unreadable.items():
+        done = " and rewrote the entry" if placed and bad == entry else \
+            " (the entry could not be replaced: it stays as it is)" if bad.exists() else ""
+        warnings.insert(0, f"trace cache entry {bad} could not be read back ({why}); parsed "
+                           f"the trace again{done}")
     return pr, {"status": "miss", "entry": str(entry), "warnings": warnings}
 
 

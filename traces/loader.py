@@ -180,7 +180,12 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
     if path is None:  # generated: nothing to cache
         pr, cached = parse(), {"status": "off", "entry": None, "warnings": []}
     else:
-        pr, cached = parse_cached(c, path, int(seed), sink, parse)
+        state0 = rng.bit_generator.state
+        pr, cached = parse_cached(
+            c, path, int(seed), sink, parse,
+            # (ServeGen's loader takes the seed itself: its entries are always the seed's own)
+            seed_used=(lambda: rng.bit_generator.state != state0)
+            if c.format in ("mooncake", "azure", "weka") else None)
     table, notes, idx = _finalize(pr, c)
     extra = {k: np.asarray(v)[idx] for k, v in pr.extra.items()}
     warnings = list(pr.warnings) + cached["warnings"]
