@@ -405,3 +405,25 @@ def test_a_parse_that_draws_no_random_number_is_stored_once_for_every_seed(tmp_p
     assert (a.notes["trace_cache_entry"] == b.notes["trace_cache_entry"]) == seed_free
     _same_workload(b, load_workload({"name": "t", "cache": False, **opts}, seed=1))
     assert _load(tmp_path, seed=1, **opts).notes["trace_cache"] == "hit"
+
+
+def test_a_file_that_changes_while_it_is_parsed_is_not_stored(tmp_path, monkeypatch):
+    """The key is taken before the parse: when the file's content differs after it, the result
+    (of whichever content the loader read) is not stored under the old content's key."""
+    import traces.azure
+
+    src = tmp_path / "a.csv"
+    shutil.copy(DATA / "azure_zero.csv", src)
+    real = traces.azure.load_azure
+
+    def edit_then_load(path, *a, **k):
+        out = real(path, *a, **k)
+        src.write_text(src.read_text() + src.read_text().splitlines()[-1] + "\n")
+        return out
+
+    monkeypatch.setattr(traces.azure, "load_azure", edit_then_load)
+    w = _load(tmp_path, format="azure", path=str(src))
+    assert w.notes["trace_cache"] == "off" and any("changed while it was parsed" in x
+                                                   for x in w.warnings)
+    monkeypatch.setattr(traces.azure, "load_azure", real)
+    assert _load(tmp_path, format="azure", path=str(src)).notes["trace_cache"] == "miss"

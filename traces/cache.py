@@ -11,12 +11,11 @@ The key (xxh3-128 of a JSON document) covers:
 * the cache layout version (:data:`CACHE_FORMAT`) and a fingerprint of the source of every
   module of the ``traces`` package (a changed loader never reads an older entry);
 * the trace format, the resolved path and the content of the input (each file's size and
-  xxh3-128 of its bytes; every file under a folder for ServeGen);
+  xxh3-128 of its bytes; a ServeGen folder's ``chunk-N-*`` files);
 * the seed and every trace option a loader reads: all :class:`~traces.config.TraceConfig`
   fields except :data:`SLICING_FIELDS`, which only the slicing after the loader reads. A parse
   that drew no random number (Mooncake with ``timestamp_spread`` even or keep, Azure, Weka with
-  ``session_arrival=recorded``) is stored once under a seed-free key that every seed finds.
-
+  ``session_arrival=recorded``) is stored once under a seed-free key that every seed finds;
 * the environment the parse ran in: Python, numpy and orjson versions (orjson and the json
   fallback read some numbers differently).
 
@@ -40,7 +39,7 @@ Where: ``trace.cache_dir``, else ``$KVSIM_CACHE_DIR/traces``, else
 folder and renamed into place, so concurrent sweep jobs never see a half-written entry; an
 entry's files are readable by all (as the umask allows), so one cache can serve several users.
 Size: after each write the least recently used entries are removed until the folder holds at
-most ``KVSIM_CACHE_MAX_GIB`` GiB (default 8; the full Weka trace's entry is about 720 MB); only
+most ``KVSIM_CACHE_MAX_GIB`` GiB (default 8; the full Weka trace's entry takes 723 MB); only
 kvsim's own entries (a 32-hex-digit folder whose meta.json names that key) and temporary folders
 of writes older than an hour (a killed run's) are ever removed. ``trace.cache=false`` turns it
 off.
@@ -73,8 +72,9 @@ __all__ = ["CACHE_FORMAT", "SLICING_FIELDS", "cache_root", "cache_key", "parse_c
 CACHE_FORMAT = 1
 # TraceConfig fields no loader reads (load_workload's slicing, the cache's own options, and the
 # preset name and path, which the resolved path in the key stands for). A loader that starts
-# reading one of them must take it out of this set (tests/test_trace_cache.py checks that
-# changing them leaves every loader's result unchanged).
+# reading one of them must take it out of this set, or mark a result that read it uncacheable
+# (Parsed.cacheable, as Weka's late-arrival check does); tests/test_trace_cache.py checks that
+# changing them leaves every loader's result unchanged.
 SLICING_FIELDS = frozenset({"name", "path", "time_scale", "max_requests", "duration_s", "cache",
                             "cache_dir"})
 _ARRAY_FIELDS = ("session_id", "turn", "arrival_s", "think_s", "parent", "input_tokens",
@@ -367,7 +367,8 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     every seed looks up first.
 
     Returns ``(parsed, info)``: ``info`` has ``status`` (``"hit"``, ``"miss"`` or ``"off"``:
-    ``trace.cache=false``, an input the cache does not take, a result it may not store),
+    ``trace.cache=false``, an input the cache does not take, a result it may not store, an input
+    that changed while it was parsed),
     ``entry`` (the entry folder, or None) and ``warnings`` (an unreadable entry, a failed write,
     an input that could not be fingerprinted, entries removed by the size cap).
 
@@ -403,6 +404,13 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     pr = parse()
     if not pr.cacheable:
         return pr, {"status": "off", "entry": None, "warnings": []}
+    try:
+        same = _input_fingerprint(cfg.format, path) == material["input"]
+    except OSError:
+        same = False
+    if not same:  # (the file changed while it was parsed: the key would not name what was read)
+        return pr, {"status": "off", "entry": None, "warnings": [
+            f"trace cache: {path} changed while it was parsed; the result was not stored"]}
     key, stored = free if free is not None and not seed_used() else seeded
     entry = root / key
     placed = False
