@@ -16,13 +16,13 @@ Semantics (vLLM v1 ``BlockPool`` / ``KVCacheManager``, vllm/v1/core/block_pool.p
 Implementation: the free queue is an append-only array with lazy deletion (an entry is valid when
 its sequence number equals the block's ``free_seq``), so allocation, freeing and touching are
 compiled loops over the blocks they move (numba, :mod:`sim.jit`), amortised O(1) per block;
-nothing scans the whole pool per step. The prefix index (key -> block) is lazily deleted: an
-entry is live only while ``block_hash[block] == key``, so evicting a block is one numpy store; stale entries are dropped by rebuilding the index from
-``block_hash`` once they outnumber the pool (amortised O(1) per registration). Two interchangeable
-index backends give the same answers: :class:`KeyTable` (an open-addressing table in numpy arrays
-probed by compiled loops; the default) and :class:`DictIndex` (a Python dict). On this machine a
-lookup of 4,096 keys takes 14 us in the table and 300 us in the dict, of 64 keys 0.8 us and 4.9 us
-(median of 5, 50,000-block pool with 100,000 entries, commit 258b0e6).
+nothing scans the whole pool per step. Two interchangeable prefix-index (key -> block) backends
+give the same answers: :class:`PrefixTable` (the default), an open-addressing table in one numpy
+array probed by compiled loops that holds live entries only (a block losing its hash, evicted by an
+allocation or uncached, loses its entry in the same compiled loop), and :class:`DictIndex`, a
+Python dict lazily deleted (an entry is live only while ``block_hash[block] == key``; the stale
+ones are dropped by rebuilding it from ``block_hash`` once they outnumber the pool, amortised O(1)
+per registration).
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ def pool_host_bytes(num_blocks: int) -> int:
     """Host memory (bytes) a :class:`BlockPool` of ``num_blocks`` blocks takes once its prefix
     index has grown to the pool's size: ref counts (4 B a block), block hashes and free-queue
     positions (8 B each), the free queue (block and sequence arrays of ``max(2 n, 1024)`` int64
-    entries) and the index table (``INDEX_SLOTS_PER_BLOCK x n`` slots of 16 B, rounded up to a
-    power of two; it starts smaller, ``INDEX_START_BLOCKS``)."""
+    entries) and the prefix table (:class:`PrefixTable`: ``PREFIX_SLOTS_PER_BLOCK x n`` slots of
+    16 B, rounded up to a power of two)."""
     n = int(num_blocks)
-    slots = 1 << max(10, int(INDEX_SLOTS_PER_BLOCK * n - 1).bit_length())
+    slots = 1 << max(10, int(PREFIX_SLOTS_PER_BLOCK * n - 1).bit_length())
     return n * (4 + 8 + 8) + 2 * max(2 * n, 1024) * 8 + 16 * slots
 
 
@@ -107,9 +107,10 @@ class KeyTable:
     Args:
         min_size: the table gets at least this many slots (rounded up to a power of two).
 
-    No deletion: a key's stale entry is overwritten by a later :meth:`put_absent` of the key, and
-    :class:`BlockPool` rebuilds the table to drop stale entries. ``NO_HASH`` is reserved (the
-    empty-slot marker) and never a key. ``count`` = occupied slots.
+    No deletion: a key's stale entry is overwritten by a later :meth:`put_absent` of the key.
+    ``NO_HASH`` is reserved (the empty-slot marker) and never a key. ``count`` = occupied slots.
+    (The engine's index of a waiting request's own keys; the pool's prefix index is a
+    :class:`PrefixTable`.)
     """
 
     def __init__(self, min_size: int):
@@ -171,29 +172,60 @@ def _probe(keys, mask, shift, key):  # pragma: no cover (compiled)
         s = (s + 1) & mask
 
 
+@kernel("i8(i8[:], i8, i8, i8)")
+def _pair_probe(tab, mask, shift, key):  # pragma: no cover (compiled)
+    """The slot of ``key`` in a table of (key, value) pairs in adjacent int64s (slot ``s`` is
+    ``tab[2 s]``, ``tab[2 s + 1]``; ``NO_HASH`` marks an empty slot; ``mask + 1`` slots): linear
+    probing from its :func:`_home`; or the empty slot where it would go."""
+    s = _home(key, shift)
+    while True:
+        k = tab[2 * s]
+        if k == key or k == NO_HASH:
+            return s
+        s = (s + 1) & mask
+
+
+@kernel("void(i8[:], i8, i8, i8)")
+def _pair_delete(tab, mask, shift, s):  # pragma: no cover (compiled)
+    """Empty slot ``s``, shifting back the entries after it whose probe run crosses it."""
+    j = s
+    while True:
+        j = (j + 1) & mask
+        k = tab[2 * j]
+        if k == NO_HASH:
+            break
+        home = _home(k, shift)
+        # the entry at j may move to s unless its home lies cyclically in (s, j]
+        if s <= j:
+            stays = s < home <= j
+        else:
+            stays = home > s or home <= j
+        if not stays:
+            tab[2 * s] = k
+            tab[2 * s + 1] = tab[2 * j + 1]
+            s = j
+    tab[2 * s] = NO_HASH
+
+
+@kernel("i8(i8[:], i8, i8, i8[:])")
+def _pair_discard(tab, mask, shift, keys):  # pragma: no cover (compiled)
+    """Delete each of ``keys`` held in the pair table ``tab`` (absent ones are skipped);
+    returns how many were held."""
+    n = 0
+    for i in range(keys.shape[0]):
+        s = _pair_probe(tab, mask, shift, keys[i])
+        if tab[2 * s] == keys[i]:
+            _pair_delete(tab, mask, shift, s)
+            n += 1
+    return n
+
+
 @kernel("void(i8[:], i8[:], i8, i8, i8[:], i8[:])")
 def _table_get(keys, vals, shift, mask, q, out):  # pragma: no cover (compiled)
     """``out[i]`` = the value of ``q[i]`` in the table ``keys``/``vals``, -1 where absent."""
     for i in range(q.shape[0]):
         s = _probe(keys, mask, shift, q[i])
         out[i] = vals[s] if keys[s] == q[i] else -1
-
-
-@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8, i8[:])")
-def _table_prefix(keys, vals, shift, mask, live_hash, q, limit, out):  # pragma: no cover
-    """The run of ``q[0], q[1], ...`` (at most ``limit``) held by live entries of the table
-    ``keys``/``vals`` (value ``b`` with ``live_hash[b] == key``): their values into ``out``;
-    returns its length (the index of the first key not held)."""
-    for i in range(limit):
-        key = q[i]
-        s = _probe(keys, mask, shift, key)
-        if keys[s] != key:
-            return i
-        b = vals[s]
-        if live_hash[b] != key:
-            return i
-        out[i] = b
-    return limit
 
 
 @kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
@@ -219,15 +251,95 @@ def _table_put_absent(keys, vals, shift, mask, q, v, live_hash, sel):  # pragma:
     return taken, n
 
 
-@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
-def _table_register(keys, vals, shift, mask, block_hash, q, v, sel):  # pragma: no cover
-    """:meth:`BlockPool.cache_blocks` on the arrays: :func:`_table_put_absent` of ``q -> v``
-    (liveness judged on ``block_hash`` as it was before the batch), then ``block_hash[v[i]] =
-    q[i]`` for each key set. Returns what it returns."""
-    taken, n = _table_put_absent(keys, vals, shift, mask, q, v, block_hash, sel)
-    for j in range(n):
-        block_hash[v[sel[j]]] = q[sel[j]]
-    return taken, n
+class PrefixTable:
+    """The block pool's prefix index (hash -> block) as an open-addressing table holding live
+    entries only: (key, block) pairs in adjacent int64s, linear probing from the key's
+    :func:`_home`, backward-shift deletion (:func:`_pair_delete`), worked by compiled loops a
+    whole array of keys per call.
+
+    Args:
+        num_blocks: the pool's blocks (> 0). Each block holds at most one hash and each hash
+            has at most one entry, so the table never holds more than ``num_blocks`` entries; it
+            is sized once to ``PREFIX_SLOTS_PER_BLOCK x num_blocks`` slots (a power of two, at
+            least 1,024), so its load stays <= 1/2 and it is never rebuilt.
+
+    :class:`BlockPool` deletes a key's entry whenever its block loses the hash (an allocation
+    evicts it, :meth:`BlockPool.uncache`, a re-registration), so an entry found is live; unlike
+    the lazily deleted :class:`DictIndex` no entry goes stale. One pair is 16 B and adjacent
+    slots share a cache line, so a probe reads one line: at 50,000 blocks the table is 2 MiB and
+    stays in the CPU cache, where the lazily deleted table it replaced (16 slots a block, keys
+    and blocks in two arrays, 16 MiB) missed it twice a key. ``NO_HASH`` is never a key.
+    """
+
+    def __init__(self, num_blocks: int):
+        bits = max(10, int(PREFIX_SLOTS_PER_BLOCK * num_blocks - 1).bit_length())
+        self.size = 1 << bits
+        self.mask = self.size - 1
+        self.shift = 64 - bits
+        self.tab = np.empty(2 * self.size, dtype=np.int64)
+        self.tab[0::2] = NO_HASH
+        self.count = 0
+
+    def get1(self, key: int) -> int:
+        """Block of one key, -1 where absent."""
+        return int(self.get_many(np.array([key], dtype=np.int64))[0])
+
+    def get_many(self, q: np.ndarray) -> np.ndarray:
+        """Block of each key in ``q`` (1-d int64 array), -1 where absent. Shape ``(len(q),)``."""
+        out = np.empty(len(q), dtype=np.int64)
+        _pair_get(self.tab, self.mask, self.shift, np.ascontiguousarray(q, dtype=np.int64), out)
+        return out
+
+
+@kernel("void(i8[:], i8, i8, i8[:], i8[:])")
+def _pair_get(tab, mask, shift, q, out):  # pragma: no cover (compiled)
+    """``out[i]`` = the value of ``q[i]`` in the pair table ``tab``, -1 where absent."""
+    for i in range(q.shape[0]):
+        s = _pair_probe(tab, mask, shift, q[i])
+        out[i] = tab[2 * s + 1] if tab[2 * s] == q[i] else -1
+
+
+@kernel("i8(i8[:], i8, i8, i8[:], i8, i8[:])")
+def _prefix_walk(tab, mask, shift, q, limit, out):  # pragma: no cover (compiled)
+    """The run of ``q[0], q[1], ...`` (at most ``limit``) held in the :class:`PrefixTable`
+    ``tab``: their blocks into ``out``; returns its length (the index of the first key not
+    held)."""
+    for i in range(limit):
+        s = _pair_probe(tab, mask, shift, q[i])
+        if tab[2 * s] != q[i]:
+            return i
+        out[i] = tab[2 * s + 1]
+    return limit
+
+
+@kernel("UniTuple(i8, 2)(i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
+def _prefix_register(tab, mask, shift, block_hash, q, v, sel):  # pragma: no cover (compiled)
+    """:meth:`BlockPool.cache_blocks` on a :class:`PrefixTable`: each key of ``q`` not held is
+    entered for block ``v[i]``, which takes it as its hash (an older hash of that block loses
+    its entry first); a held key keeps its block. The indices of the keys entered go into
+    ``sel``. Returns (entries added - entries deleted, keys entered)."""
+    added = 0
+    n = 0
+    for i in range(q.shape[0]):
+        key = q[i]
+        s = _pair_probe(tab, mask, shift, key)
+        if tab[2 * s] == key:
+            continue
+        b = v[i]
+        old = block_hash[b]
+        if old != NO_HASH:
+            so = _pair_probe(tab, mask, shift, old)
+            if tab[2 * so] == old and tab[2 * so + 1] == b:
+                _pair_delete(tab, mask, shift, so)
+                added -= 1
+            s = _pair_probe(tab, mask, shift, key)  # (the deletion may have moved entries)
+        tab[2 * s] = key
+        tab[2 * s + 1] = b
+        block_hash[b] = key
+        added += 1
+        sel[n] = i
+        n += 1
+    return added, n
 
 
 @kernel("i8(i4[:], i8[:])")
@@ -256,11 +368,14 @@ def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled
     return n_free, n_cached
 
 
-@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:])")
-def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev):  # pragma: no cover
+@kernel("UniTuple(i8, 3)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:], i8[:], i8, i8)")
+def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab, mask,
+               shift):  # pragma: no cover (compiled)
     """Take the first ``len(out)`` valid free-queue entries from ``head`` (the caller checked
     that many are free): ids into ``out``, ref count 1, their hashes cleared (``cached`` marks
-    those that held one, ``ev[:m]`` gets the hashes in order). Returns (new head, m)."""
+    those that held one, ``ev[:m]`` gets the hashes in order) and, when the pair table ``tab``
+    of a :class:`PrefixTable` is given (not empty), their entries deleted from it. Returns
+    (new head, m, entries deleted)."""
     n = out.shape[0]
     i = 0
     m = 0
@@ -278,7 +393,14 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev):  
                 block_hash[b] = NO_HASH
             i += 1
         head += 1
-    return head, m
+    d = 0
+    if tab.shape[0]:
+        for j in range(m):
+            s = _pair_probe(tab, mask, shift, ev[j])
+            if tab[2 * s] == ev[j]:
+                _pair_delete(tab, mask, shift, s)
+                d += 1
+    return head, m, d
 
 
 @kernel("void(i8[:], i8[:], i8[:], i8, i8[:])")
@@ -319,16 +441,18 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
     return k, n_cached, -1
 
 
-# prefix-index table: slots per pool block, and the rebuild point (count > size / LOAD_DIV): the
-# load stays <= 1/4, and a rebuild (which drops stale entries) comes after about 3 x num_blocks
-# registrations. 16 bytes per slot: 16 MB for 50,000 blocks.
+# PrefixTable: slots per pool block (its load stays <= 1/2; 16 bytes a slot: 2 MiB at 50,000 blocks)
+PREFIX_SLOTS_PER_BLOCK = 2
+# DictIndex (lazily deleted): its nominal size per pool block and the rebuild point (entries >
+# size / LOAD_DIV, about 3 x num_blocks registrations after the last rebuild, which drops the
+# stale entries)
 INDEX_SLOTS_PER_BLOCK = 16
 INDEX_LOAD_DIV = 4
-# the table starts sized for at most this many blocks and doubles at its rebuilds up to the pool's
-# size, so building a large pool costs no more than a default one (its registrations grow it)
+# the dict index starts sized for at most this many blocks and doubles at its rebuilds up to the
+# pool's size (its registrations grow it)
 INDEX_START_BLOCKS = 1 << 16
 SMALL_BATCH = 8  # DictIndex: at most this many keys take the scalar path
-INDEX_BACKENDS = {"dict": DictIndex, "table": KeyTable}
+INDEX_BACKENDS = {"dict": DictIndex, "table": PrefixTable}
 
 
 class PoolExhausted(RuntimeError):
@@ -342,7 +466,7 @@ class BlockPool:
         num_blocks: number of physical blocks (> 0).
         enable_caching: register full blocks in the prefix index (vLLM ``enable_prefix_caching``).
         index: prefix-index backend, ``"dict"`` (:class:`DictIndex`) or ``"table"``
-            (:class:`KeyTable`); same results, different speed (see the module docstring).
+            (:class:`PrefixTable`); same results, different speed (see the module docstring).
 
     Block ids are ``0..num_blocks-1``. All methods take and return ``np.ndarray`` of int64 ids.
     """
@@ -353,6 +477,7 @@ class BlockPool:
         if index not in INDEX_BACKENDS:
             raise ValueError(f"index={index!r}; expected one of {list(INDEX_BACKENDS)}")
         self._index_cls = INDEX_BACKENDS[index]
+        self._table = index == "table"
         n = int(num_blocks)
         self.num_blocks = n
         self.enable_caching = bool(enable_caching)
@@ -369,8 +494,14 @@ class BlockPool:
         self._next_seq = n
         self.num_free = n
         self.num_cached_free = 0
-        # key -> block; live only while block_hash[block] == key (see the module docstring)
-        self.index = self._index_cls(INDEX_SLOTS_PER_BLOCK * min(n, INDEX_START_BLOCKS))
+        # key -> block (see the module docstring: the table holds live entries only, the dict's
+        # are live only while block_hash[block] == key)
+        if self._table:
+            self.index = PrefixTable(n)
+            self._tab = self.index.tab
+        else:
+            self.index = DictIndex(INDEX_SLOTS_PER_BLOCK * min(n, INDEX_START_BLOCKS))
+            self._tab = np.empty(0, dtype=np.int64)  # (allocate: no table to delete from)
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends the keys it evicts and cache_blocks() those it newly
         # registers, as int64 arrays, none empty (the tier manager's write policies read them)
@@ -408,10 +539,10 @@ class BlockPool:
         if limit <= 0:
             return np.empty(0, dtype=np.int64)
         idx = self.index
-        if isinstance(idx, KeyTable):  # one compiled walk to the first miss
+        if self._table:  # one compiled walk to the first miss
             out = np.empty(limit, dtype=np.int64)
-            m = _table_prefix(idx.keys, idx.vals, idx._shift, idx.mask, self.block_hash,
-                              np.ascontiguousarray(keys, dtype=np.int64), limit, out)
+            m = _prefix_walk(idx.tab, idx.mask, idx.shift,
+                             np.ascontiguousarray(keys, dtype=np.int64), limit, out)
             return out[:m]
         k0 = int(keys[0])
         b0 = idx.get1(k0)
@@ -440,15 +571,13 @@ class BlockPool:
         docstring). The keys newly registered go to the cached and change logs when kept."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        if self.index.count + len(keys) > self.index.size // INDEX_LOAD_DIV:
-            self._rebuild_index(len(keys))
         idx = self.index
-        if isinstance(idx, KeyTable):  # one compiled pass (the same as the lines below)
+        if self._table:  # one compiled pass (the same as the lines below)
             keys = np.asarray(keys, dtype=np.int64)
             sel = np.empty(len(keys), dtype=np.int64)
-            taken, m = _table_register(idx.keys, idx.vals, idx._shift, idx.mask, self.block_hash,
-                                       keys, np.asarray(blocks, dtype=np.int64), sel)
-            idx.count += taken
+            added, m = _prefix_register(idx.tab, idx.mask, idx.shift, self.block_hash, keys,
+                                        np.asarray(blocks, dtype=np.int64), sel)
+            idx.count += added
             if m and (self.cached_log is not None or self.change_log is not None):
                 nk = keys[sel[:m]]
                 if self.cached_log is not None:
@@ -456,6 +585,9 @@ class BlockPool:
                 if self.change_log is not None:
                     self.change_log.append(nk)
             return
+        if idx.count + len(keys) > idx.size // INDEX_LOAD_DIV:
+            self._rebuild_index(len(keys))
+            idx = self.index
         new = idx.put_absent(keys, blocks, self.block_hash)
         if not new.any():
             return
@@ -472,13 +604,13 @@ class BlockPool:
                 self.change_log.append(nk)
 
     def _rebuild_index(self, extra: int = 0) -> None:
-        """Drop stale index entries: rebuild the table from ``block_hash`` (O(num_blocks), run
-        once ``1 / INDEX_LOAD_DIV`` of the table is taken). The new table is sized for twice the
-        blocks the old one was (at most the pool's, at least the blocks holding a hash and the
-        ``extra`` about to register): a table started below the pool's size
-        (``INDEX_START_BLOCKS``) reaches it in a few doublings, after which a rebuild comes at
-        least ``num_blocks`` registrations after the last, so amortised O(1) per registration.
-        The load stays <= 1 / INDEX_LOAD_DIV, so most keys sit at their home slot."""
+        """Drop a :class:`DictIndex`'s stale entries: rebuild it from ``block_hash``
+        (O(num_blocks), run once its entries pass ``1 / INDEX_LOAD_DIV`` of its nominal size).
+        The new index is sized for twice the blocks the old one was (at most the pool's, at least
+        the blocks holding a hash and the ``extra`` about to register): an index started below
+        the pool's size (``INDEX_START_BLOCKS``) reaches it in a few doublings, after which a
+        rebuild comes at least ``num_blocks`` registrations after the last, so amortised O(1)
+        per registration. (A :class:`PrefixTable` is never rebuilt: it holds no stale entry.)"""
         held = np.flatnonzero(self.block_hash != NO_HASH)
         grown = min(self.num_blocks, 2 * (self.index.size // INDEX_SLOTS_PER_BLOCK))
         t = self._index_cls(INDEX_SLOTS_PER_BLOCK * max(grown, len(held) + extra))
@@ -490,12 +622,16 @@ class BlockPool:
         (eviction or compaction), so they must never serve a hit for the uncompressed text."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        if self.change_log is not None:
+        if self.change_log is not None or self._table:
             h = self.block_hash[blocks]
             h = h[h != NO_HASH]
             if len(h):
-                self.change_log.append(h)
-        self.block_hash[blocks] = NO_HASH  # their index entries are now stale
+                if self.change_log is not None:
+                    self.change_log.append(h)
+                if self._table:
+                    idx = self.index
+                    idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
+        self.block_hash[blocks] = NO_HASH  # (a dict index's entries are now stale)
 
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:
@@ -527,11 +663,16 @@ class BlockPool:
         out = np.empty(n, dtype=np.int64)
         cached = np.empty(n, dtype=bool)
         ev = np.empty(n, dtype=np.int64)
-        self._head, m = _take_free(self._q, self._qseq, self.free_seq, self.ref_cnt,
-                                   self.block_hash, self._head, out, cached, ev)
+        idx = self.index
+        tab = self._tab
+        self._head, m, d = _take_free(self._q, self._qseq, self.free_seq, self.ref_cnt,
+                                      self.block_hash, self._head, out, cached, ev, tab,
+                                      idx.mask if len(tab) else 0, idx.shift if len(tab) else 0)
         self.num_free -= n
         if m:
-            # clearing block_hash made the blocks' index entries stale (lazy deletion)
+            # their table entries are deleted (a dict index's are now stale: lazy deletion)
+            if d:
+                idx.count -= d
             self._note_evicted(ev[:m])
         return (out, cached) if return_evicted else out
 
@@ -617,5 +758,10 @@ class BlockPool:
         bad = np.flatnonzero(got != held)
         assert not len(bad), (f"block {held[bad[0]]} holds hash {self.block_hash[held[bad[0]]]}; "
                               f"the index maps it to {got[bad[0]]}")
+        if self._table:  # no stale entry: one entry per block holding a hash
+            assert self.index.count == len(held), \
+                f"prefix table holds {self.index.count} entries for {len(held)} cached blocks"
+            assert int(np.count_nonzero(self.index.tab[0::2] != NO_HASH)) == len(held), \
+                "prefix table's occupied slots != cached blocks"
         cf = int(np.count_nonzero(self.block_hash[order] != NO_HASH))
         assert cf == self.num_cached_free, f"cached-free counter {self.num_cached_free} != {cf}"

@@ -43,7 +43,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .block_pool import NO_HASH, KeyTable, _home, _probe
+from .block_pool import NO_HASH, PrefixTable, _home, _pair_delete, _pair_discard, _pair_probe
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
 from .jit import kernel
@@ -234,40 +234,6 @@ class LRUStore:
 # The compiled LRU store: table slot s is tab[2s] (key, NO_HASH when empty), tab[2s + 1] (the
 # ring position of its entry); ring position p is ring[p & (len(ring) - 1)], NO_HASH when blank.
 
-@kernel("i8(i8[:], i8, i8, i8)")
-def _lru_probe(tab, mask, shift, key):  # pragma: no cover (compiled)
-    """The slot of ``key`` (linear probing from its :func:`_home`), or the empty slot where it
-    would go."""
-    s = _home(key, shift)
-    while True:
-        k = tab[2 * s]
-        if k == key or k == NO_HASH:
-            return s
-        s = (s + 1) & mask
-
-
-@kernel("void(i8[:], i8, i8, i8)")
-def _lru_table_delete(tab, mask, shift, s):  # pragma: no cover (compiled)
-    """Empty slot ``s``, shifting back the entries after it whose probe run crosses it."""
-    j = s
-    while True:
-        j = (j + 1) & mask
-        k = tab[2 * j]
-        if k == NO_HASH:
-            break
-        home = _home(k, shift)
-        # the entry at j may move to s unless its home lies cyclically in (s, j]
-        if s <= j:
-            stays = s < home <= j
-        else:
-            stays = home > s or home <= j
-        if not stays:
-            tab[2 * s] = k
-            tab[2 * s + 1] = tab[2 * j + 1]
-            s = j
-    tab[2 * s] = NO_HASH
-
-
 @kernel("void(i8[:], i8[:], i8[:], i8, i8)")
 def _lru_use(tab, ring, st, s, key):  # pragma: no cover (compiled)
     """Make ``key`` (at table slot ``s``, held or not) the most recent: blank its older ring
@@ -290,7 +256,7 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
     key): the evicted pages into ``out``; returns how many."""
     for i in range(keys.shape[0]):
         key = keys[i]
-        _lru_use(tab, ring, st, _lru_probe(tab, mask, shift, key), key)
+        _lru_use(tab, ring, st, _pair_probe(tab, mask, shift, key), key)
     rmask = ring.shape[0] - 1
     m = 0
     while st[2] > cap:
@@ -299,7 +265,7 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
         key = ring[h & rmask]
         if key == NO_HASH:
             continue
-        _lru_table_delete(tab, mask, shift, _lru_probe(tab, mask, shift, key))
+        _pair_delete(tab, mask, shift, _pair_probe(tab, mask, shift, key))
         st[2] -= 1
         out[m] = key
         m += 1
@@ -311,7 +277,7 @@ def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (comp
     """Move each held key to the most recent end, in order; the index of the first key not
     held (the touching stops there), or -1. The ring has room for every key."""
     for i in range(keys.shape[0]):
-        s = _lru_probe(tab, mask, shift, keys[i])
+        s = _pair_probe(tab, mask, shift, keys[i])
         if tab[2 * s] != keys[i]:
             return i
         _lru_use(tab, ring, st, s, keys[i])
@@ -321,7 +287,7 @@ def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (comp
 @kernel("void(i8[:], i8, i8, i8[:], b1[:])")
 def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
     for i in range(keys.shape[0]):
-        out[i] = tab[2 * _lru_probe(tab, mask, shift, keys[i])] == keys[i]
+        out[i] = tab[2 * _pair_probe(tab, mask, shift, keys[i])] == keys[i]
 
 
 @kernel("void(i8[:], i8[:], i8[:])")
@@ -335,25 +301,26 @@ def _lru_order(ring, st, out):  # pragma: no cover (compiled)
             i += 1
 
 
-@kernel("i8(i8[:], i8[:], i8, i8, i8[:], i8[:], i8, i8, i8[:], i8, i8, b1, i8[:], b1, i8[:], i1[:])")
-def _locate_pages(gkeys, gvals, gshift, gmask, block_hash, htab, hmask, hshift, dtab, dmask, dshift,
+@kernel("i8(i8[:], i8, i8, i8[:], i8, i8, i8[:], i8, i8, b1, i8[:], b1, i8[:], i1[:])")
+def _locate_pages(gtab, gmask, gshift, htab, hmask, hshift, dtab, dmask, dshift,
                   has_disk, q, stop, blk, code):  # pragma: no cover (compiled)
-    """:meth:`TierManager.locate` on the arrays: for each key of ``q`` its GPU block (a live
-    prefix-index entry) or -1 into ``blk`` and the fastest tier holding it (0 GPU, 1 host,
-    2 disk, -1 none) into ``code``. With ``stop`` it ends at the first key held nowhere and
-    returns its index, else it returns ``len(q)``."""
+    """:meth:`TierManager.locate` on the arrays: for each key of ``q`` its GPU block (the
+    prefix-index table ``gtab`` of a :class:`sim.block_pool.PrefixTable`, which holds live
+    entries only) or -1 into ``blk`` and the fastest tier holding it (0 GPU, 1 host, 2 disk,
+    -1 none) into ``code``. With ``stop`` it ends at the first key held nowhere and returns its
+    index, else it returns ``len(q)``."""
     for i in range(q.shape[0]):
         key = q[i]
         b = -1
-        s = _probe(gkeys, gmask, gshift, key)
-        if gkeys[s] == key and block_hash[gvals[s]] == key:
-            b = gvals[s]
+        s = _pair_probe(gtab, gmask, gshift, key)
+        if gtab[2 * s] == key:
+            b = gtab[2 * s + 1]
         blk[i] = b
         if b >= 0:
             code[i] = 0
-        elif htab[2 * _lru_probe(htab, hmask, hshift, key)] == key:
+        elif htab[2 * _pair_probe(htab, hmask, hshift, key)] == key:
             code[i] = 1
-        elif has_disk and dtab[2 * _lru_probe(dtab, dmask, dshift, key)] == key:
+        elif has_disk and dtab[2 * _pair_probe(dtab, dmask, dshift, key)] == key:
             code[i] = 2
         else:
             code[i] = -1
@@ -406,14 +373,14 @@ class KeySet:
 
     def discard_many(self, keys: np.ndarray) -> None:
         """Remove keys (int64 array; absent ones are ignored)."""
-        self.count -= _set_discard(self._tab, self._mask, self._shift, keys)
+        self.count -= _pair_discard(self._tab, self._mask, self._shift, keys)
 
 
 @kernel("i8(i8[:], i8, i8, i8[:], b1[:])")
 def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
     n = 0
     for i in range(keys.shape[0]):
-        s = _lru_probe(tab, mask, shift, keys[i])
+        s = _pair_probe(tab, mask, shift, keys[i])
         new[i] = tab[2 * s] != keys[i]
         if new[i]:
             tab[2 * s] = keys[i]
@@ -428,25 +395,14 @@ def _queue_absent(htab, hmask, hshift, stab, smask, sshift, keys, out):  # pragm
     m = 0
     for i in range(keys.shape[0]):
         key = keys[i]
-        if htab[2 * _lru_probe(htab, hmask, hshift, key)] == key:
+        if htab[2 * _pair_probe(htab, hmask, hshift, key)] == key:
             continue
-        s = _lru_probe(stab, smask, sshift, key)
+        s = _pair_probe(stab, smask, sshift, key)
         if stab[2 * s] != key:
             stab[2 * s] = key
             out[m] = key
             m += 1
     return m
-
-
-@kernel("i8(i8[:], i8, i8, i8[:])")
-def _set_discard(tab, mask, shift, keys):  # pragma: no cover (compiled)
-    n = 0
-    for i in range(keys.shape[0]):
-        s = _lru_probe(tab, mask, shift, keys[i])
-        if tab[2 * s] == keys[i]:
-            _lru_table_delete(tab, mask, shift, s)
-            n += 1
-    return n
 
 
 class ARCStore:
@@ -768,20 +724,19 @@ class TierManager:
         ``blk`` the GPU block of ``pool`` (:class:`sim.block_pool.BlockPool`) caching it or -1
         (int64), ``code`` GPU, HOST, DISK (the fastest tier holding it) or -1 where none does
         (int8). With ``stop`` the arrays end before the first key held nowhere (the walk of a
-        prefix hit). One compiled pass when the prefix index is a :class:`KeyTable` and the
+        prefix hit). One compiled pass when the prefix index is a :class:`PrefixTable` and the
         stores are :class:`LRUStore` (the defaults), else numpy lookups giving the same arrays.
         """
         q = np.ascontiguousarray(keys, dtype=np.int64)
         disk = self.disk
         idx = pool.index
-        if isinstance(idx, KeyTable) and isinstance(self.host, LRUStore) and \
+        if isinstance(idx, PrefixTable) and isinstance(self.host, LRUStore) and \
                 (disk is None or isinstance(disk, LRUStore)):
             blk = np.empty(len(q), dtype=np.int64)
             code = np.empty(len(q), dtype=np.int8)
             d = disk if disk is not None else self.host
-            m = _locate_pages(idx.keys, idx.vals, idx._shift, idx.mask, pool.block_hash,
-                              self.host._tab, self.host._mask, self.host._shift,
-                              d._tab, d._mask, d._shift, disk is not None, q, stop, blk, code)
+            m = _locate_pages(idx.tab, idx.mask, idx.shift,
+                              self.host._tab, self.host._mask, self.host._shift, d._tab, d._mask, d._shift, disk is not None, q, stop, blk, code)
             return blk[:m], code[:m]
         blk = pool.cached_blocks(q)
         in_host = self.host.contains_many(q)

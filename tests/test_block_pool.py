@@ -161,8 +161,8 @@ def test_index_rebuild_keeps_live_entries_only():
 def test_put_absent_keeps_live_entries_and_replaces_stale(backend):
     """put_absent sets only keys not held live; a stale entry (its block now holds another
     hash) is replaced; a live one keeps its first block."""
-    from sim.block_pool import INDEX_BACKENDS
-    t = INDEX_BACKENDS[backend](1024)
+    from sim.block_pool import DictIndex
+    t = {"dict": DictIndex, "table": KeyTable}[backend](1024)
     live = np.full(10, NO_HASH, dtype=np.int64)
     q = np.array([5, 7 << 40, 9], dtype=np.int64)
     new = t.put_absent(q, np.array([0, 1, 2]), live)
@@ -188,8 +188,9 @@ def test_lookup_prefix_first_block_evicted_or_stale(backend):
     assert pool.lookup_prefix(keys, 3).tolist() == b.tolist()
     pool.allocate(1)  # evicts b[2] (deepest): the hit is cut after two blocks
     assert pool.lookup_prefix(keys, 3).tolist() == b[:2].tolist()
-    pool.allocate(2)  # evicts b[1] and b[0]: the first key's entry is stale
-    assert pool.index.get1(int(keys[0])) == int(b[0])  # lazily deleted, still in the index
+    pool.allocate(2)  # evicts b[1] and b[0]: the first key's entry is stale (dict) or gone
+    # the dict index deletes lazily (the entry stays, judged by block_hash); the table deletes
+    assert pool.index.get1(int(keys[0])) == (int(b[0]) if backend == "dict" else -1)
     assert pool.lookup_prefix(keys, 3).tolist() == []
     assert pool.lookup_prefix(keys[1:], 2).tolist() == []
 
@@ -199,9 +200,9 @@ def test_lookup_prefix_first_block_evicted_or_stale(backend):
 def test_put_absent_batch_paths_agree_with_a_reference(backend, n):
     """Scalar (few keys) and batch paths of put_absent: absent keys are set, live entries kept,
     stale entries replaced, including a stale entry that already points at the new block."""
-    from sim.block_pool import INDEX_BACKENDS
+    from sim.block_pool import DictIndex
     rng = np.random.default_rng(n)
-    t = INDEX_BACKENDS[backend](4096)
+    t = {"dict": DictIndex, "table": KeyTable}[backend](4096)
     live = np.full(200, NO_HASH, dtype=np.int64)
     ref: dict[int, int] = {}
     for _ in range(30):
@@ -278,13 +279,15 @@ def test_block_keys_follow_the_two_rules(ids, G, input_tokens, B, rid, n_blocks)
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["reg", "free", "alloc"]), st.integers(1, 5),
+@given(st.lists(st.tuples(st.sampled_from(["reg", "free", "alloc", "uncache"]), st.integers(1, 5),
                           st.lists(st.integers(0, 25), min_size=1, max_size=5, unique=True)),
                 max_size=40))
 def test_cache_blocks_table_and_dict_register_alike(ops):
-    """cache_blocks' compiled pass (table index) against the dict index: the same block hashes,
-    the same keys logged as newly registered (a key held live keeps its first block; a stale
-    entry, its block reallocated, is replaced), and the same prefix hits."""
+    """The table index (PrefixTable: deleted on eviction, uncache and re-registration) against
+    the lazily deleted dict index: the same block hashes, the same keys logged as newly
+    registered and changed (a key held live keeps its first block; a stale entry, its block
+    reallocated, uncached or registered again under another key, is replaced), the same prefix
+    hits, and the pool's invariants (the table holds exactly one entry per cached block)."""
     pools = [BlockPool(12, index=i) for i in ("table", "dict")]
     for p in pools:
         p.cached_log, p.change_log = [], []
@@ -299,12 +302,17 @@ def test_cache_blocks_table_and_dict_register_alike(ops):
                 b = h[k % len(h)]
                 n = min(len(b), len(keys))
                 p.cache_blocks(b[:n], np.array(keys[:n], dtype=np.int64) * (1 << 40) + 1)
+            elif op == "uncache" and h:
+                p.uncache(h[k % len(h)][:keys[0] % 3 + 1])
+            p.check(np.concatenate(h) if h else None)
         a, d = pools
         assert np.array_equal(a.block_hash, d.block_hash)
         assert [x.tolist() for x in a.cached_log] == [x.tolist() for x in d.cached_log]
         assert [x.tolist() for x in a.change_log] == [x.tolist() for x in d.change_log]
         q = np.arange(26, dtype=np.int64) * (1 << 40) + 1
         assert a.cached_blocks(q).tolist() == d.cached_blocks(q).tolist()
+        for first in range(0, 26, 5):
+            assert a.lookup_prefix(q[first:], 6).tolist() == d.lookup_prefix(q[first:], 6).tolist()
 
 
 @settings(max_examples=300, deadline=None)
