@@ -403,6 +403,23 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
     return head, m, d
 
 
+@kernel("UniTuple(i8, 5)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:], i8[:], i8, "
+        "i8, i8[:], i8[:], i8[:])")
+def _take_and_register(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab, mask,
+                       shift, rb, rk, sel):  # pragma: no cover (compiled)
+    """:func:`_take_free` into ``out``, then, when ``rb`` is not empty, :func:`_prefix_register`
+    of the blocks ``rb`` under the keys ``rk`` in the pair table ``tab`` (``rb`` may view the
+    same block table as ``out``: it is read after the allocation). Returns (new head, hashes
+    evicted, entries deleted, entries added - deleted by the registration, keys entered)."""
+    head, m, d = _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab,
+                            mask, shift)
+    added = 0
+    nreg = 0
+    if rb.shape[0]:
+        added, nreg = _prefix_register(tab, mask, shift, block_hash, rk, rb, sel)
+    return head, m, d, added, nreg
+
+
 @kernel("void(i8[:], i8[:], i8[:], i8, i8[:])")
 def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
     """The first ``len(out)`` valid free-queue entries from ``head`` into ``out``."""
@@ -498,10 +515,15 @@ class BlockPool:
         # are live only while block_hash[block] == key)
         if self._table:
             self.index = PrefixTable(n)
-            self._tab = self.index.tab
+            self._tab, self._mask, self._shift = self.index.tab, self.index.mask, self.index.shift
         else:
             self.index = DictIndex(INDEX_SLOTS_PER_BLOCK * min(n, INDEX_START_BLOCKS))
-            self._tab = np.empty(0, dtype=np.int64)  # (allocate: no table to delete from)
+            # (allocate: no table to delete from)
+            self._tab, self._mask, self._shift = np.empty(0, dtype=np.int64), 0, 0
+        # allocate_into's scratch: evicted hashes, cached flags, registered key positions
+        self._ev = np.empty(256, dtype=np.int64)
+        self._cf = np.empty(256, dtype=bool)
+        self._sel = np.empty(256, dtype=np.int64)
         self.evicted_cached_blocks = 0
         # when lists, allocate() appends the keys it evicts and cache_blocks() those it newly
         # registers, as int64 arrays, none empty (the tier manager's write policies read them)
@@ -579,11 +601,7 @@ class BlockPool:
                                         np.asarray(blocks, dtype=np.int64), sel)
             idx.count += added
             if m and (self.cached_log is not None or self.change_log is not None):
-                nk = keys[sel[:m]]
-                if self.cached_log is not None:
-                    self.cached_log.append(nk)
-                if self.change_log is not None:
-                    self.change_log.append(nk)
+                self._note_cached(keys[sel[:m]])
             return
         if idx.count + len(keys) > idx.size // INDEX_LOAD_DIV:
             self._rebuild_index(len(keys))
@@ -597,11 +615,7 @@ class BlockPool:
             nb, nk = blocks[new], keys[new]
         self.block_hash[nb] = nk
         if self.cached_log is not None or self.change_log is not None:
-            nk = nk.copy() if nk is keys else nk  # the caller's array may be a view it reuses
-            if self.cached_log is not None:
-                self.cached_log.append(nk)
-            if self.change_log is not None:
-                self.change_log.append(nk)
+            self._note_cached(nk.copy() if nk is keys else nk)  # (keys may be a reused view)
 
     def _rebuild_index(self, extra: int = 0) -> None:
         """Drop a :class:`DictIndex`'s stale entries: rebuild it from ``block_hash``
@@ -661,30 +675,73 @@ class BlockPool:
         if n > self.num_free:
             raise PoolExhausted(f"asked for {n} blocks, {self.num_free} free")
         out = np.empty(n, dtype=np.int64)
-        cached = np.empty(n, dtype=bool)
-        ev = np.empty(n, dtype=np.int64)
-        idx = self.index
-        tab = self._tab
-        self._head, m, d = _take_free(self._q, self._qseq, self.free_seq, self.ref_cnt,
-                                      self.block_hash, self._head, out, cached, ev, tab,
-                                      idx.mask if len(tab) else 0, idx.shift if len(tab) else 0)
+        cached = np.empty(n, dtype=bool) if return_evicted else None
+        self.allocate_into(out, cached=cached)
+        return (out, cached) if return_evicted else out
+
+    def allocate_into(self, out: np.ndarray, blocks: np.ndarray | None = None,
+                      keys: np.ndarray | None = None, cached: np.ndarray | None = None) -> None:
+        """``out[:] = allocate(len(out))``, then ``cache_blocks(blocks, keys)`` when given: a
+        request's growth (new blocks, then its blocks that became full registered) in one
+        compiled call with the table index, without the arrays two calls make.
+
+        Args:
+            out: int64 array (a request's block table slice), filled with the new block ids.
+            blocks, keys: int64 arrays of one length (keys distinct), or None; ``blocks`` may
+                view the same block table as ``out`` (it is read after the allocation).
+            cached: a bool array of ``len(out)`` marking the blocks whose hash was evicted
+                (:meth:`allocate`'s ``return_evicted``), or None.
+
+        Raises PoolExhausted if fewer than ``len(out)`` blocks are free (nothing changes)."""
+        n = len(out)
+        if n > self.num_free:
+            raise PoolExhausted(f"asked for {n} blocks, {self.num_free} free")
+        nr = 0 if blocks is None or not self.enable_caching else len(blocks)
+        if len(self._ev) < max(n, nr):
+            k = max(n, nr, 2 * len(self._ev))
+            self._ev = np.empty(k, dtype=np.int64)
+            self._cf = np.empty(k, dtype=bool)
+            self._sel = np.empty(k, dtype=np.int64)
+        table = nr and self._table
+        rb = blocks if table else self._ev[:0]
+        rk = keys if table else rb
+        self._head, m, d, added, nreg = _take_and_register(
+            self._q, self._qseq, self.free_seq, self.ref_cnt, self.block_hash, self._head, out,
+            self._cf if cached is None else cached, self._ev, self._tab, self._mask, self._shift,
+            rb, rk, self._sel)
         self.num_free -= n
         if m:
             # their table entries are deleted (a dict index's are now stale: lazy deletion)
             if d:
-                idx.count -= d
-            self._note_evicted(ev[:m])
-        return (out, cached) if return_evicted else out
+                self.index.count -= d
+            self._note_evicted(m)
+        if table:
+            self.index.count += added
+            if nreg and (self.cached_log is not None or self.change_log is not None):
+                self._note_cached(keys[self._sel[:nreg]])
+        elif nr:
+            self.cache_blocks(blocks, keys)
 
-    def _note_evicted(self, keys: np.ndarray) -> None:
-        """Bookkeeping of cached hashes evicted by an allocation (``keys``: int64 array, in
-        allocation order): the tier and memo logs, the cached-free and eviction counts."""
-        if self.evict_log is not None:
-            self.evict_log.append(keys)
+    def _note_evicted(self, m: int) -> None:
+        """Bookkeeping of the ``m`` cached hashes an allocation evicted (the scratch
+        ``_ev[:m]``, in allocation order): the tier and memo logs (a copy), the cached-free and
+        eviction counts."""
+        if self.evict_log is not None or self.change_log is not None:
+            keys = self._ev[:m].copy()
+            if self.evict_log is not None:
+                self.evict_log.append(keys)
+            if self.change_log is not None:
+                self.change_log.append(keys)
+        self.num_cached_free -= m
+        self.evicted_cached_blocks += m
+
+    def _note_cached(self, keys: np.ndarray) -> None:
+        """The keys a registration newly entered (int64 array, not a view of the caller's) into
+        the cached and change logs, where kept."""
+        if self.cached_log is not None:
+            self.cached_log.append(keys)
         if self.change_log is not None:
             self.change_log.append(keys)
-        self.num_cached_free -= len(keys)
-        self.evicted_cached_blocks += len(keys)
 
     def peek_free(self, n: int) -> np.ndarray:
         """The ``n`` blocks :meth:`allocate` would take next, in order, without taking them

@@ -171,6 +171,18 @@ def _queue_registration(req, full: int, reg: tuple) -> None:
     req.n_cached = full
 
 
+def _joined_registration(reg: tuple) -> tuple:
+    """The blocks and keys ``reg`` (:func:`_queue_registration`'s lists) queued, each as one
+    int64 array; empties the lists."""
+    if len(reg[0]) == 1:
+        out = reg[0][0], reg[1][0]
+    else:
+        out = np.concatenate(reg[0]), np.concatenate(reg[1])
+    reg[0].clear()
+    reg[1].clear()
+    return out
+
+
 # Latest simulated time (s) a run may reach: the bound arrivals are checked against; past it
 # float64 seconds lose the microsecond.
 MAX_CLOCK_S = MAX_ARRIVAL_S
@@ -421,16 +433,24 @@ class Simulator:
         if req.layout is not None:
             return self._grow_layout(req, upto_tokens)
         need = -(-upto_tokens // self.B) - req.n_blocks
+        full = upto_tokens // self.B
+        reg = self.caching and full > req.n_cached
         if need > 0:
             if need > self.pool.num_free:
                 return False
-            new = self.pool.allocate(need)
-            req.blocks[req.n_blocks:req.n_blocks + need] = new
-            req.n_blocks += need
+            # the new blocks, then the blocks now full registered: one pool call
+            nb = req.n_blocks
+            if reg:
+                self.pool.allocate_into(req.blocks[nb:nb + need], req.blocks[req.n_cached:full],
+                                        req.keys[req.n_cached:full])
+                req.n_cached = full
+                reg = False
+            else:
+                self.pool.allocate_into(req.blocks[nb:nb + need])
+            req.n_blocks = nb + need
             if req.n_blocks > req.peak_blocks:
                 req.peak_blocks = req.n_blocks
-        full = upto_tokens // self.B
-        if self.caching and full > req.n_cached:
+        if reg:
             self.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
             req.n_cached = full
         return True
@@ -444,8 +464,7 @@ class Simulator:
         if k > self.pool.num_free:
             return False
         if k:
-            new = self.pool.allocate(k)
-            req.blocks[req.n_blocks:req.n_blocks + k] = new
+            self.pool.allocate_into(req.blocks[req.n_blocks:req.n_blocks + k])
             req.n_blocks += k
             if req.n_blocks > req.peak_blocks:
                 req.peak_blocks = req.n_blocks
@@ -460,21 +479,23 @@ class Simulator:
         """Make :meth:`_schedule`'s deferred work: one new block for each of ``defer`` (in
         order; they fit the free blocks), and one registration of the blocks in ``reg``
         (lists of block and key arrays). Empties both."""
+        # with block_size > 1 a block a deferred decode token starts is not full, so the
+        # registration never reads a block this allocation writes: one pool call does both
+        fuse = defer and reg[0] and self.B > 1
         if defer:
-            new = self.pool.allocate(len(defer)).tolist()
-            for req, blk in zip(defer, new):
+            new = np.empty(len(defer), dtype=np.int64)
+            if fuse:
+                self.pool.allocate_into(new, *_joined_registration(reg))
+            else:
+                self.pool.allocate_into(new)
+            for req, blk in zip(defer, new.tolist()):
                 req.blocks[req.n_blocks] = blk
                 req.n_blocks += 1
                 if req.n_blocks > req.peak_blocks:
                     req.peak_blocks = req.n_blocks
             defer.clear()
-        if reg[0]:
-            if len(reg[0]) == 1:
-                self.pool.cache_blocks(reg[0][0], reg[1][0])
-            else:
-                self.pool.cache_blocks(np.concatenate(reg[0]), np.concatenate(reg[1]))
-            reg[0].clear()
-            reg[1].clear()
+        if reg[0] and not fuse:
+            self.pool.cache_blocks(*_joined_registration(reg))
 
     def _round(self, req: Request, now: float | None = None) -> None:
         """Run one compression round on ``req`` and return its freed blocks to the pool.

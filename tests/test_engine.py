@@ -296,3 +296,37 @@ def test_first_compile_is_announced_once(tmp_path):
     assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
     assert first.stderr.count("kvsim: compiling the simulator's kernels") == 1, first.stderr
     assert "compiling" not in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_deferred_decode_block_is_allocated_before_its_registration(block_size):
+    """_flush_grow with block_size 1: a decode token that starts a block also fills it, so the
+    block the deferred allocation writes into the table is one the queued registration names;
+    the registration must see the new id (the fused allocate-and-register call is taken only
+    for block_size > 1). With 16 the queued block is an older one."""
+    from sim.engine import Request, _queue_registration
+
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=40, output_tokens=2,
+                             prefix_ids=[1, 2, 3, 4, 5])], prefix_block_tokens=8)
+    *_, sim = simulate(wl, f"cache.block_size={block_size}", num_blocks=64)
+    pool = sim.pool
+    req = Request(0, 99, 0.0, 3 * block_size, 4)
+    req.keys = np.arange(4, dtype=np.int64) * (1 << 40) + 7
+    req.blocks = np.full(4, -1, dtype=np.int64)
+    if block_size == 1:  # blocks 0, 1 held; the token at position 2 starts and fills block 2
+        req.blocks[:2] = pool.allocate(2)
+        req.n_blocks, req.n_cached = 2, 2
+        full = 3
+    else:  # blocks 0..2 held, block 1 just filled; the next token starts block 3
+        req.blocks[:3] = pool.allocate(3)
+        req.n_blocks, req.n_cached = 3, 1
+        full = 2
+    pool.cache_blocks(req.blocks[:req.n_cached], req.keys[:req.n_cached])
+    reg = ([], [])
+    _queue_registration(req, full, reg)
+    sim._flush_grow([req], reg)
+    assert req.n_blocks == (3 if block_size == 1 else 4) and (req.blocks[:req.n_blocks] >= 0).all()
+    held = req.blocks[:full]
+    assert pool.block_hash[held].tolist() == req.keys[:full].tolist()
+    assert pool.lookup_prefix(req.keys, full).tolist() == held.tolist()
+    pool.check(req.blocks[:req.n_blocks])
