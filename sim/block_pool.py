@@ -314,16 +314,27 @@ def _prefix_walk(tab, mask, shift, q, limit, out):  # pragma: no cover (compiled
 
 @kernel("UniTuple(i8, 2)(i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:])")
 def _prefix_register(tab, mask, shift, block_hash, q, v, sel):  # pragma: no cover (compiled)
-    """:meth:`BlockPool.cache_blocks` on a :class:`PrefixTable`: each key of ``q`` not held is
-    entered for block ``v[i]``, which takes it as its hash (an older hash of that block loses
-    its entry first); a held key keeps its block. The indices of the keys entered go into
-    ``sel``. Returns (entries added - entries deleted, keys entered)."""
+    """:meth:`BlockPool.cache_blocks` on a :class:`PrefixTable`: each key of ``q`` not held
+    when the batch starts is entered for block ``v[i]``, which takes it as its hash (an older
+    hash of that block loses its entry); a key held then keeps its block, even when the batch
+    took its entry away (its block registered again under another key; the engine never does
+    that, but the lazily deleted :class:`DictIndex` judges the batch this way). The indices of
+    the keys entered go into ``sel``. Returns (entries added - entries deleted, keys
+    entered)."""
     added = 0
     n = 0
+    dead = np.empty(0, dtype=np.int64)  # keys whose entries this batch deleted (rare)
+    nd = 0
     for i in range(q.shape[0]):
         key = q[i]
         s = _pair_probe(tab, mask, shift, key)
         if tab[2 * s] == key:
+            continue
+        held = False
+        for j in range(nd):
+            if dead[j] == key:
+                held = True
+        if held:
             continue
         b = v[i]
         old = block_hash[b]
@@ -332,6 +343,12 @@ def _prefix_register(tab, mask, shift, block_hash, q, v, sel):  # pragma: no cov
             if tab[2 * so] == old and tab[2 * so + 1] == b:
                 _pair_delete(tab, mask, shift, so)
                 added -= 1
+                if nd == dead.shape[0]:
+                    grown = np.empty(max(8, 2 * nd), dtype=np.int64)
+                    grown[:nd] = dead[:nd]
+                    dead = grown
+                dead[nd] = old
+                nd += 1
             s = _pair_probe(tab, mask, shift, key)  # (the deletion may have moved entries)
         tab[2 * s] = key
         tab[2 * s + 1] = b
