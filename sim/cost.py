@@ -56,6 +56,7 @@ class AnalyticCostModel:
         self.attn_eff = float(cost.attention_efficiency)
         self.mbu = float(cost.mbu)
         self.overhead = float(cost.step_overhead_s)
+        self._decode_consts: dict[int, tuple] = {}  # batch size -> _dense_decode_args' constants
         for name, v in (("cost.mfu", self.mfu), ("cost.attention_efficiency", self.attn_eff),
                         ("cost.mbu", self.mbu)):
             if not 0 < v <= 1:
@@ -178,9 +179,13 @@ class AnalyticCostModel:
         if self.win_layers:
             return None
         b = len(ctx0)
-        return (float(np.add.reduce(ctx0, dtype=np.float64)), b, self.attn_flops_per_pair,
-                float(self.full_layers), self.kv_tok, self.peak_flops * self.attn_eff,
-                self.hbm_bw * self.mbu, self.overhead + self.linear_time(b, b))
+        const = self._decode_consts.get(b)
+        if const is None:  # (fixed for a batch size: the model's constants do not change)
+            const = (self.attn_flops_per_pair, float(self.full_layers), self.kv_tok,
+                     self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu,
+                     self.overhead + self.linear_time(b, b))
+            self._decode_consts[b] = const
+        return (float(np.add.reduce(ctx0, dtype=np.float64)), b) + const
 
     def decode_stretch_times(self, ctx0: np.ndarray, k: int, start: float, stop: float,
                              extra_first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

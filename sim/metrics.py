@@ -33,6 +33,7 @@ REQUEST_COLUMNS = [
     "peak_blocks", "end_live_tokens", "end_blocks", "status", "reject_reason",
 ]
 
+STATUS_NAMES: dict | None = None  # sim.engine.STATUS_NAMES, read at the first request_done
 TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s", "queue_s", "codec"]
 
 
@@ -158,7 +159,9 @@ class Recorder:
 
     def request_done(self, r) -> None:
         """Record a request in its terminal state (finished or rejected)."""
-        from .engine import STATUS_NAMES
+        global STATUS_NAMES
+        if STATUS_NAMES is None:  # (sim.engine imports this module)
+            from .engine import STATUS_NAMES
         ttft = r.first_token - r.arrival
         tpot = (r.finish - r.first_token) / (r.output - 1) if r.output > 1 else math.nan
         e2e = r.finish - r.arrival

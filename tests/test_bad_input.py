@@ -1000,3 +1000,17 @@ def test_group_option_check_leaves_nested_option_paths_to_hydra():
     from sim.cli import unknown_group_option
 
     assert unknown_group_option(["trace=custom/mine"]) is None
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("num_sessions", 0, "found 0, expected >= 1"),
+    ("turns_min", 0, "found 0, expected 1 <= turns_min <= turns_max"),
+    ("arrival_rate_per_s", 0.0, "found 0.0, expected > 0"),
+])
+def test_synthetic_parameter_error_names_the_config_key(field, value, expected):
+    """Break-it pass: a synthetic trace's bad parameter is named by the key the user typed
+    (``trace.num_sessions``), as the other config errors are, not by the bare field name."""
+    from traces.synthetic import synthetic_params
+    cfg = TraceConfig(format="synthetic_agentic", **{field: value})
+    with pytest.raises(TraceError, match=re.escape(f"field 'trace.{field}': {expected}")):
+        synthetic_params(cfg)

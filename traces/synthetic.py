@@ -84,7 +84,7 @@ def synthetic_params(cfg) -> dict:
         checks.append((f"{k}_sigma", d[f"{k}_sigma"] >= 0, ">= 0"))
     for name, ok, exp in checks:
         if not ok:
-            raise TraceError(field=name, found=d[name], expected=exp)
+            raise TraceError(field=f"trace.{name}", found=d[name], expected=exp)
     return d
 
 
