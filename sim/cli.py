@@ -195,7 +195,7 @@ def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
     from rich.console import Console
 
-    from .run import is_complete, run_simulation
+    from .run import OutputDirBusy, is_complete, run_simulation
 
     hc = HydraConfig.get()
     if hc.job.chdir:
@@ -256,9 +256,16 @@ def app(cfg: DictConfig) -> None:
         record.info(msg)
 
     try:
+        # (a sweep's jobs hold their folders by the sweep's claims instead: a job requeued on
+        # another host, SLURM's preemption, must not find its own killed run's lock in the way)
         summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
                                  progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
-                                 else bool(cfg.sim.progress))
+                                 else bool(cfg.sim.progress), hold=not multirun)
+    except OutputDirBusy as e:  # (the folder is another run's: nothing here touches it)
+        say(f"kvsim: error: {e}")
+        if multirun:
+            return
+        sys.exit(2)
     except (ConfigError, TraceError) as e:
         say(f"kvsim: error: {e}")
         if is_complete(out_dir):
@@ -285,6 +292,26 @@ def app(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         say(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)")
         sys.exit(130)
+    except Exception as e:
+        # a failure kvsim did not foresee (a bug): the folder is marked failed with it, as for
+        # a config error, and the traceback goes to the log and the terminal
+        import traceback
+
+        msg = " ".join(f"internal error: {type(e).__name__}: {e}".split())  # (one line)
+        record.info("kvsim: %s\n%s", msg, traceback.format_exc())
+        if blocking_file(out_dir) is None and not is_complete(out_dir):
+            from .callbacks import failure_marker
+
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / "INCOMPLETE").write_text(failure_marker(msg, overrides))
+        if multirun:
+            # the other jobs of the sweep go on; kvsim-collect lists this one as failed
+            traceback.print_exc()
+            say(f"kvsim: error: {msg} (this job failed; please report it with the traceback)")
+            return
+        say(f"kvsim: error: {msg}; {out_dir} is marked INCOMPLETE with it (please report it "
+            f"with the traceback below)")
+        raise
     if not multirun:
         # (a sweep job's marks, when a sweep used this folder before: this run replaced its
         # results, and a pointer left in that job's Hydra folder must not lead to them)
@@ -315,11 +342,18 @@ def app(cfg: DictConfig) -> None:
     frees = POLICIES[summary.get("policy", "full")].frees_memory  # (full: False)
     if frees and summary.get("rounds") == 0 and summary["requests_finished"]:
         pol = POLICIES[summary["policy"]](cfg.policy)
-        say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
-            f"start once a request holds more than policy.budget={cfg.policy.budget} "
-            f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
-            f"this trace did before it finished (a reasoning trace such as "
-            f"trace=servegen_r1 has long outputs; or lower policy.budget)")
+        if pol.budget_scope == "prompt":  # (snapkv, pyramidkv, ada_kv: one round at prefill end)
+            say(f"kvsim: note: policy={summary['policy']} ran no compression round: it "
+                f"compresses a prompt once, at prefill end, when the prompt is longer than its "
+                f"budget (policy.budget={cfg.policy.budget} tokens), and no prompt of this trace "
+                f"was (long outputs do not start it; use longer prompts or a lower "
+                f"policy.budget)")
+        else:
+            say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
+                f"start once a request holds more than policy.budget={cfg.policy.budget} "
+                f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
+                f"this trace did before it finished (a reasoning trace such as "
+                f"trace=servegen_r1 has long outputs; or lower policy.budget)")
     n_cap = (summary.get("rejected_by_reason") or {}).get("kv_capacity", 0)
     if n_cap and frees:
         say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
@@ -330,6 +364,13 @@ def app(cfg: DictConfig) -> None:
             f"{summary.get('rounds', 0):,} compaction rounds are not in ops.jsonl: the GPU replay's "
             f"mover is single-group forward packing (compaction=forward_pack, one selection "
             f"group); rounds of several groups or of hole filling are left out")
+    over = {k: summary.get(f"ops_{k}_over_limit", 0) for k in ("rounds", "transfers")}
+    if any(over.values()):
+        say(f"kvsim: note: output.ops_limit={cfg.output.ops_limit}: ops.jsonl holds the first "
+            f"{summary['ops_rounds_written']:,} compaction rounds and "
+            f"{summary['ops_transfers_written']:,} host copies; {over['rounds']:,} rounds and "
+            f"{over['transfers']:,} copies past the limit are left out (raise output.ops_limit "
+            f"to replay more)")
     for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
                                   str(cfg.cost.kind), str(summary.get("policy", "full")),
                                   str(summary.get("compaction", "none")),

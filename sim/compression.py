@@ -89,6 +89,7 @@ class Compression:
         self.ops_limit = 0
         # rounds the ops file cannot hold: the replay's mover is single-group forward packing
         self.ops_left_out = 0
+        self.ops_over_limit = 0  # rounds it could hold, past output.ops_limit
 
     # ------------------------------------------------------------------ per request
     def new_request(self, req) -> None:
@@ -216,6 +217,8 @@ class Compression:
                              "time_s": None, "request_id": int(req.rid),
                              "requests": [{"kept": kept.tolist(), "prompt_len": int(pinned),
                                            "valid_len": valid, "tail": 0}]})
+        elif self.ops is not None:
+            self.ops_over_limit += 1
         res = self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)
         self._rebase(req)
         dur = self.round_time(res.bytes_moved)

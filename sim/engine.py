@@ -1065,7 +1065,7 @@ class Simulator:
                 f"the simulated clock passed 2**32 s (~136 years) at t={now:.6g} s with "
                 f"{self.done} of {self.n} requests done: float64 seconds stop resolving a "
                 f"microsecond there; expected step and transfer times that keep the run inside "
-                f"it (check the cost.* and tiers.* options: a step overhead, efficiency or "
+                f"it (check the cost.* and tiers.* options: a step overhead, latency, efficiency or "
                 f"bandwidth off by orders of magnitude?)")
         if self.max_sim_time is not None and now > self.max_sim_time:
             from .hardware import ConfigError
@@ -2162,6 +2162,10 @@ class Simulator:
         self.env.process(self._arrivals())
         self.env.process(self._engine())
         self.env.run()
+        if self.env.now > MAX_CLOCK_S:
+            # (tier copies still landing after the last request: a disk latency or bandwidth
+            # off by orders of magnitude)
+            self._check_sim_time()
         if self.done != self.n:
             raise RuntimeError(f"simulation ended with {self.n - self.done} requests unfinished")
         if self.check:

@@ -33,6 +33,60 @@ from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_
 from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
 MARKER = "INCOMPLETE"
+RUN_LOCK = ".kvsim_running"  # in a results folder while a run writes there: "<host> <pid>"
+
+
+class OutputDirBusy(ConfigError):
+    """The results folder is held by another kvsim run that is still running."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
+
+
+def hold_output_dir(out: Path) -> Path:
+    """Claim the results folder ``out`` for this run (created if missing): create its
+    ``RUN_LOCK`` file exclusively, holding this host and process id, and return its path (the
+    caller deletes it when the run ends). A lock left by a process of this host that no longer
+    exists (a killed run) is taken over.
+
+    Raises OutputDirBusy (a ConfigError) when another run holds the folder: a process still
+    alive on this host, or any process of another host (a shared filesystem: its liveness
+    cannot be checked here), so that two runs never write one folder's tables at once."""
+    import socket
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / RUN_LOCK
+    host = socket.gethostname()
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                held = lock.read_text().split()
+            except FileNotFoundError:  # (its run just ended)
+                continue
+            if len(held) == 2 and held[0] == host and held[1].isdigit() \
+                    and not _pid_alive(int(held[1])):
+                lock.unlink(missing_ok=True)  # (a killed run's)
+                continue
+            who = (f"process {held[1]} on {held[0]}" if len(held) == 2
+                   else "a run that is starting")
+            raise OutputDirBusy(
+                f"output.dir={out}: another kvsim run ({who}) is writing its results there; "
+                f"expected a folder no other run is using (wait for it, or pick another "
+                f"output.dir; if no run is using it, delete {lock})") from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{host} {os.getpid()}")
+        return lock
+    raise OutputDirBusy(f"output.dir={out}: could not claim it ({lock} kept changing); expected "
+                        f"a folder no other run is using")
 
 
 def validate_config(cfg) -> None:
@@ -103,27 +157,34 @@ def transfers_frame(tm) -> pd.DataFrame:
                       "queue_s": "float64", "codec": "string"})
 
 
-def _write_ops(cfg, comp, tm, path: Path) -> None:
+def _write_ops(cfg, comp, tm, path: Path) -> dict:
     """Write the run's compaction rounds and tier transfers as a gpu_validation ops file
-    (schema: gpu_validation/README.md), at most ``output.ops_limit`` of each kind."""
+    (schema: gpu_validation/README.md), at most ``output.ops_limit`` of each kind. Returns the
+    counts for ``summary.json``: rounds and transfers written, and those past the limit."""
     m = cfg.model
     lines = [{"op": "model", "num_layers": int(m.num_layers), "num_kv_heads": int(m.num_kv_heads),
               "head_dim": int(m.head_dim), "dtype": str(m.dtype)}]
     lines += comp.ops or []
+    n_tr = tr_over = 0  # host copies written, past the limit
     if tm is not None:
         codec = {"identity": "none"}.get(tm.codec, tm.codec)
-        n = 0
         for (t, direction, tier, pages, nbytes, dur, q, c) in tm.records:
-            if direction in ("d2h", "h2d") and n < int(cfg.output.ops_limit):
+            if direction not in ("d2h", "h2d"):
+                continue
+            if n_tr < int(cfg.output.ops_limit):
                 lines.append({"op": direction, "codec": codec, "fused": True, "pages": int(pages),
                               "page_tokens": int(cfg.cache.block_size), "time_s": t,
                               "predicted_s": dur})
-                n += 1
+                n_tr += 1
+            else:
+                tr_over += 1
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
     os.replace(tmp, path)
+    return {"ops_rounds_written": len(comp.ops or []), "ops_rounds_over_limit": comp.ops_over_limit,
+            "ops_transfers_written": n_tr, "ops_transfers_over_limit": tr_over}
 
 
 def _tiers_factory(cfg, plan, calibration=None):
@@ -138,7 +199,7 @@ def _tiers_factory(cfg, plan, calibration=None):
         if getattr(t, f) < 0:
             raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a finite capacity >= 0 GiB")
     for f, gib in (("host_gib", t.host_gib), ("disk_gib", t.disk_gib)):
-        if 0 < gib and int(gib * 2**30 // cold) == 0:
+        if 0 < gib and gib * 2**30 < cold:
             raise ConfigError(
                 f"tiers.{f}={gib} holds no page of {cold} bytes ({cfg.codec.name} page of "
                 f"{cfg.cache.block_size} tokens); use 0 to disable the tier or at least "
@@ -159,7 +220,8 @@ def _tiers_factory(cfg, plan, calibration=None):
 
 
 def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None,
-                   overrides: list[str] | None = None, hydra_record: bool = False) -> dict:
+                   overrides: list[str] | None = None, hydra_record: bool = False,
+                   hold: bool = True) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
 
     ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
@@ -170,7 +232,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
     the config or trace is invalid; the results directory is then not touched (an earlier
-    run's results stay as they were).
+    run's results stay as they were). With ``hold`` (the default; the CLI's sweep jobs, whose
+    folders the sweep's claims guard, pass False) this run holds ``out_dir`` from its checks'
+    end until it returns or raises, and raises OutputDirBusy (a ConfigError), touching nothing,
+    when another run holds it (:func:`hold_output_dir`).
     """
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
@@ -190,6 +255,26 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
     validate_workload(cfg, wl)
     t_load = time.perf_counter() - t_load
+    calibration = getattr(cost, "calibration", None)  # cost.kind=calibrated
+    tiers_factory, page_bytes = _tiers_factory(cfg, plan, calibration)
+    comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
+                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed), calibration=calibration)
+    if cfg.output.write_ops:
+        comp.ops = []
+        comp.ops_limit = int(cfg.output.ops_limit)
+    lock = hold_output_dir(out) if out is not None and hold else None
+    try:
+        return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
+                              progress_bar, overrides, hydra_record, wall0, t_load)
+    finally:
+        if lock is not None:
+            lock.unlink(missing_ok=True)
+
+
+def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
+                   overrides, hydra_record, wall0, t_load) -> dict:
+    """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
+    None) is held by this run: simulate, then write the results."""
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / MARKER).write_text("this run has not completed\n")
@@ -214,13 +299,6 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
-    calibration = getattr(cost, "calibration", None)  # cost.kind=calibrated
-    tiers_factory, page_bytes = _tiers_factory(cfg, plan, calibration)
-    comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
-                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed), calibration=calibration)
-    if cfg.output.write_ops:
-        comp.ops = []
-        comp.ops_limit = int(cfg.output.ops_limit)
     sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                     cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                     progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
@@ -318,7 +396,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
         _write_parquet(transfers_frame(tm), out / "transfers.parquet")
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
-            _write_ops(cfg, comp, tm, out / "ops.jsonl")
+            summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))
             summary["ops_rounds_left_out"] = int(comp.ops_left_out)
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))

@@ -561,13 +561,13 @@ def tier_capacity_pages(gib: float, page_bytes: int, field: str) -> int:
     so large that the page count does not fit the stores' int64 counters (pages >= 2**62)."""
     if not (0 <= gib < float("inf")):
         raise ConfigError(f"{field}={gib}; expected a finite capacity >= 0 GiB")
-    pages = int(gib * GIB // page_bytes)
-    if pages >= 1 << 62:
+    nbytes = gib * GIB  # (inf for a finite gib near the float64 limit)
+    if nbytes == float("inf") or nbytes // page_bytes >= 1 << 62:
         most = ((1 << 62) - 1) * page_bytes / GIB
-        raise ConfigError(f"{field}={gib}: {pages:.3g} pages of {page_bytes} B; expected at most "
-                          f"{most:.3g} GiB (2**62 pages; any capacity above the trace's unique "
-                          f"pages already holds them all)")
-    return pages
+        raise ConfigError(f"{field}={gib}: {nbytes / page_bytes:.3g} pages of {page_bytes} B; "
+                          f"expected at most {most:.3g} GiB (2**62 pages; any capacity above the "
+                          f"trace's unique pages already holds them all)")
+    return int(nbytes // page_bytes)
 
 
 def codec_time(codec_name: str, hot_bytes: float, cold_bytes: float, hbm_Bps: float) -> float:

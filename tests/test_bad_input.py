@@ -675,6 +675,18 @@ def test_cli_notes_a_policy_that_ran_no_round(tmp_path):
     assert "ran no compression round" not in r.stderr
 
 
+def test_cli_note_for_a_prompt_policy_that_ran_no_round_names_the_prompt(tmp_path):
+    """Break-it pass: snapkv with no prompt above its budget was told that a long-output trace
+    would start its rounds; it compresses prompts only (one round at prefill end)."""
+    r = _kvsim(tmp_path / "r", "trace.max_requests=20", "policy=snapkv", "policy.budget=200000",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert ("kvsim: note: policy=snapkv ran no compression round: it compresses a prompt once, "
+            "at prefill end, when the prompt is longer than its budget (policy.budget=200000 "
+            "tokens), and no prompt of this trace was") in r.stderr
+    assert "long outputs do not start it" in r.stderr
+
+
 def test_summary_table_small_rates_and_tensor_parallel_title():
     """Newcomer pass: an idle trace's output throughput of 0.455 tok/s printed as '0', and a
     tensor-parallel run's title named one GPU."""
@@ -821,6 +833,13 @@ def test_ids_not_prefix_chained_are_an_error(tmp_path):
     (["tiers=gpu_host", "tiers.host_gib=1e18"], "tiers.host_gib=1e+18: 4.55e+20 pages of"),
     # (the clock ran on to 9.6e14 s: arrivals were bounded, step times were not)
     (["cost.step_overhead_s=1e12"], "the simulated clock passed 2**32 s (~136 years) at t=1e+12 s"),
+    # (second newcomer pass: 1e300 GiB overflowed to inf bytes, a NaN page count and a
+    # traceback; a 1e300 s disk latency ran to t = 2.4e303 s after the last request)
+    (["tiers=gpu_host", "tiers.host_gib=1e300"], "tiers.host_gib=1e+300: inf pages of"),
+    (["tiers=gpu_host_disk", "tiers.disk_gib=1e300"], "tiers.disk_gib=1e+300: inf pages of"),
+    (["tiers=gpu_host_disk", "tiers.host_gib=0.05", "tiers.write_policy=write_through",
+      "tiers.disk_latency_s=1e300"],
+     "the simulated clock passed 2**32 s (~136 years) at t="),
 ])
 def test_values_too_large_for_the_machine_are_config_errors(tmp_path, extra, msg):
     """Break-it pass: an infinite time_scale ran and then crashed writing summary.json (leaving
@@ -1014,3 +1033,64 @@ def test_synthetic_parameter_error_names_the_config_key(field, value, expected):
     cfg = TraceConfig(format="synthetic_agentic", **{field: value})
     with pytest.raises(TraceError, match=re.escape(f"field 'trace.{field}': {expected}")):
         synthetic_params(cfg)
+
+
+def test_a_folder_another_live_run_holds_is_refused_untouched(tmp_path):
+    """Newcomer pass: two runs started into one output.dir both wrote there; the one that
+    crashed left its tables in a folder that looked complete. A run now holds its folder
+    (sim.run.RUN_LOCK) and a second run is refused without touching it (exit 2)."""
+    import socket
+
+    from sim.run import RUN_LOCK
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # (stands for the running run's results)
+    (out / RUN_LOCK).write_text(f"{socket.gethostname()} {os.getpid()}")  # this live process
+    r = _kvsim(out, "trace.max_requests=5", "output.print_summary=false")
+    assert r.returncode == 2, r.stderr[-1500:]
+    assert (f"kvsim: error: output.dir={out}: another kvsim run (process {os.getpid()} on "
+            f"{socket.gethostname()}) is writing its results there") in r.stderr
+    # (Hydra's log of the refused run is appended to the folder's cli.log, nothing else)
+    assert sorted(p.name for p in out.iterdir()) == sorted([RUN_LOCK, "cli.log", "summary.json"])
+    assert (out / "summary.json").read_text() == "{}"
+
+
+def test_a_killed_runs_lock_is_taken_over_and_released(tmp_path):
+    """A lock left by a process of this host that no longer exists (a run killed with SIGKILL)
+    does not block the folder; a finished run leaves no lock behind."""
+    import socket
+
+    from sim.run import RUN_LOCK
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / RUN_LOCK).write_text(f"{socket.gethostname()} {dead.pid}")
+    r = _kvsim(out, "trace.max_requests=5", "output.print_summary=false")
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert (out / "summary.json").exists() and not (out / RUN_LOCK).exists()
+
+
+def test_an_unforeseen_error_marks_the_folder_failed(tmp_path):
+    """Newcomer pass: an exception other than a config or trace error (there, a NaN page count)
+    left a folder with cli.log only and no error record. Any failure now leaves the INCOMPLETE
+    marker naming it (kvsim-collect lists the run as failed), shows the traceback and exits 1."""
+    from sim.run import MARKER, RUN_LOCK
+
+    out = tmp_path / "r"
+    code = ("import sys; import sim.engine as E\n"
+            "def boom(self):\n    raise RuntimeError('boom\\nsecond line')\n"
+            "E.Simulator.run = boom\n"
+            "from sim.cli import main\n"
+            f"sys.argv = ['kvsim', 'output.dir={out}', 'sim.progress=false', 'trace.max_requests=5']\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env=dict(os.environ, HYDRA_FULL_ERROR="1"), timeout=120)
+    assert r.returncode == 1, r.stderr[-1500:]
+    assert "kvsim: error: internal error: RuntimeError: boom second line" in r.stderr
+    assert "Traceback" in r.stderr
+    marker = (out / MARKER).read_text()
+    assert "internal error: RuntimeError: boom second line" in marker.splitlines()[0]
+    assert not (out / "summary.json").exists() and not (out / RUN_LOCK).exists()

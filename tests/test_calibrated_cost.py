@@ -364,3 +364,23 @@ def test_write_ops_counts_the_rounds_it_cannot_hold(tmp_path):
         assert s["rounds"] > 0
         assert s["ops_rounds_left_out"] == (s["rounds"] if left_out else 0)
         assert rounds == (0 if left_out else s["rounds"])
+
+
+def test_write_ops_counts_what_output_ops_limit_leaves_out(tmp_path):
+    """Break-it pass: output.write_ops wrote the first 500 of 57,811 rounds with no word and
+    ``ops_rounds_left_out`` 0; summary.json now counts what was written and what the limit left
+    out, rounds and host copies apart."""
+    wl = make_workload([doc(i, 2048, t=float(i), out=400) for i in range(3)], prefix_block_tokens=16)
+    o = ["policy=triattention", "policy.budget=128", "policy.beta=32", "compaction=forward_pack",
+         "tiers=gpu_host", "tiers.write_policy=write_through", "output.write_ops=true",
+         "output.write_steps=false"]
+    full = run_simulation(cfg(*o), tmp_path / "all", workload=wl)
+    assert full["ops_rounds_over_limit"] == full["ops_transfers_over_limit"] == 0
+    rounds, copies = full["ops_rounds_written"], full["ops_transfers_written"]
+    assert rounds == full["rounds"] > 3 and copies > 3
+    s = run_simulation(cfg(*o, "output.ops_limit=3"), tmp_path / "cut", workload=wl)
+    assert (s["ops_rounds_written"], s["ops_rounds_over_limit"]) == (3, rounds - 3)
+    assert (s["ops_transfers_written"], s["ops_transfers_over_limit"]) == (3, copies - 3)
+    ops = [json.loads(line) for line in (tmp_path / "cut" / "ops.jsonl").read_text().splitlines()]
+    assert sum(o["op"] == "compaction_move" for o in ops) == 3
+    assert sum(o["op"] in ("d2h", "h2d") for o in ops) == 3

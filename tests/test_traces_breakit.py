@@ -315,7 +315,7 @@ def test_mooncake_repeated_key_is_an_error(tmp_path):
 def test_synthetic_cap_below_the_shared_prefix_is_an_error():
     """max_context_tokens=1000 gave first prompts of 13,851 / 12,459 / 14,715 tokens (the shared
     prefix alone is 12,000) and only a warning."""
-    with pytest.raises(TraceError, match=r"field 'max_context_tokens': found 1000, expected > "
+    with pytest.raises(TraceError, match=r"field 'trace.max_context_tokens': found 1000, expected > "
                                          r"shared_prefix_tokens=12000"):
         load_workload(TraceConfig(name="synthetic_agentic", format="synthetic_agentic",
                                   num_sessions=3, max_context_tokens=1000), 0)
