@@ -505,7 +505,9 @@ def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
                         "hash_ids": [i, 100 + i]}) for i in range(4)]
     mid = tmp_path / "mid.jsonl"
     mid.write_text("\n".join(rows[:2]) + "\n\n" + "\n".join(rows[2:]) + "\n")
-    with pytest.raises(TraceError, match=r"mid\.jsonl line 3: invalid JSON"):
+    # (second newcomer pass: it said "found Input is a zero-length, empty document")
+    with pytest.raises(TraceError, match=r"mid\.jsonl line 3: invalid JSON, found a blank line, "
+                                         r"expected one JSON object per line"):
         load_workload(TraceConfig(name="x", path=str(mid)), 0)
     w = load_workload(TraceConfig(name="x", path=str(mid), on_error="skip"), 0)
     assert len(w) == 4 and w.skipped["count"] == 1 and "line 3" in w.skipped["examples"][0]
@@ -1094,3 +1096,20 @@ def test_an_unforeseen_error_marks_the_folder_failed(tmp_path):
     marker = (out / MARKER).read_text()
     assert "internal error: RuntimeError: boom second line" in marker.splitlines()[0]
     assert not (out / "summary.json").exists() and not (out / RUN_LOCK).exists()
+
+
+def test_weka_blank_line_and_truncated_xz_are_named_plainly(tmp_path):
+    """Second newcomer pass: a Weka file's blank line between sessions was reported with the
+    JSON parser's words, and an .xz file cut before its first line ended "after line 0"."""
+    import lzma
+
+    s = {"id": "a", "requests": [{"t": 0.0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]}
+    s2 = dict(s, id="b")
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps(s) + "\n\n" + json.dumps(s2) + "\n")
+    with pytest.raises(TraceError, match=r"w\.jsonl line 2: invalid JSON, found a blank line"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    xz = tmp_path / "cut.jsonl.xz"
+    xz.write_bytes(lzma.compress(((json.dumps(s) + "\n") * 200).encode())[:40])
+    with pytest.raises(TraceError, match=r"cut\.jsonl\.xz before its first line: unreadable xz stream"):
+        load_workload(TraceConfig(name="x", path=str(xz)), 0)

@@ -195,7 +195,7 @@ def test_weka_errors():
     w = _weka(DATA / "weka_bad.jsonl", on_error="skip")
     assert w.skipped["count"] == 2 and "duplicate session id" in w.skipped["examples"][1]
     assert w.num_sessions == 1
-    with pytest.raises(TraceError, match=r"weka_corrupt.jsonl.xz after line \d+.*unreadable xz"):
+    with pytest.raises(TraceError, match=r"weka_corrupt.jsonl.xz before its first line: unreadable xz"):
         _weka(DATA / "weka_corrupt.jsonl.xz")
 
 

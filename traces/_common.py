@@ -61,6 +61,13 @@ def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # not NaN
 
 
+def json_error_found(raw: bytes, e: Exception) -> str:
+    """What a JSON-lines row that did not parse holds, for its TraceError's ``found``: "a blank
+    line" (``traces._io.iter_lines`` yields a blank line between rows as ``b""``), else the
+    parser's message cut to 80 characters."""
+    return "a blank line" if not raw.strip() else str(e)[:80]
+
+
 def short_repr(v: Any, limit: int = 60) -> str:
     """``repr(v)``, cut to about ``limit`` characters with the full length named (a field of
     thousands of characters in an error message)."""

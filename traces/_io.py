@@ -68,7 +68,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         if kind is None:
             raise
         raise TraceError(f"unreadable {kind} stream", path=str(path),
-                         where=f"after line {lineno}", found=f"{type(e).__name__}: {e}",
+                         where=f"after line {lineno}" if lineno else "before its first line",
+                         found=f"{type(e).__name__}: {e}",
                          expected=f"a complete, valid {kind} file") from e
     if nonblank == 0:
         raise TraceError("empty file", path=str(path), found="no non-blank lines",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, loads, need_int,
-                      need_num, output_len, short_repr)
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int,
+                      json_error_found, loads, need_int, need_num, output_len, short_repr)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -88,7 +88,8 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             try:
                 obj = loads(raw)
             except JSONDecodeError as e:
-                raise TraceError("invalid JSON", path=p, where=where, found=str(e)[:80],
+                raise TraceError("invalid JSON", path=p, where=where,
+                                 found=json_error_found(raw, e),
                                  expected="one JSON object per line") from None
             if not isinstance(obj, dict):
                 raise TraceError(path=p, where=where, found=type(obj).__name__,

@@ -64,8 +64,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, is_num, loads,
-                      need_int, need_num, output_len)
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, is_num,
+                      json_error_found, loads, need_int, need_num, output_len)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -476,7 +476,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                     s = loads(raw)
                 except JSONDecodeError as e:
                     raise TraceError("invalid JSON", path=p, where=f"line {lineno}",
-                                     found=str(e)[:80], expected="one JSON object per line") from None
+                                     found=json_error_found(raw, e),
+                                     expected="one JSON object per line") from None
                 sid, rows, ids, canon, wheres = _parse_session(s, p, lineno, cfg, counters)
                 if sid in seen:
                     raise TraceError("duplicate session id", path=p, where=f"line {lineno}",
