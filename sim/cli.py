@@ -261,21 +261,14 @@ def app(cfg: DictConfig) -> None:
         summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
                                  progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
                                  else bool(cfg.sim.progress), hold=not multirun)
-    except OutputDirBusy as e:  # (the folder is another run's: nothing here touches it)
+    except OutputDirBusy as e:  # (a single run's: the folder is another run's, left alone)
         say(f"kvsim: error: {e}")
-        if multirun:
-            return
         sys.exit(2)
     except (ConfigError, TraceError) as e:
         say(f"kvsim: error: {e}")
         if is_complete(out_dir):
             say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
-        elif blocking_file(out_dir) is None:
-            # mark the directory failed (kvsim-collect lists it with this reason)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            from .callbacks import failure_marker
-
-            (out_dir / "INCOMPLETE").write_text(failure_marker(str(e), overrides))
+        elif mark_failed(out_dir, str(e), overrides):
             say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
                 f"with this error)")
         rejected = Path(hc.runtime.output_dir)
@@ -299,11 +292,8 @@ def app(cfg: DictConfig) -> None:
 
         msg = " ".join(f"internal error: {type(e).__name__}: {e}".split())  # (one line)
         record.info("kvsim: %s\n%s", msg, traceback.format_exc())
-        if blocking_file(out_dir) is None and not is_complete(out_dir):
-            from .callbacks import failure_marker
-
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "INCOMPLETE").write_text(failure_marker(msg, overrides))
+        if not is_complete(out_dir):
+            mark_failed(out_dir, msg, overrides)
         if multirun:
             # the other jobs of the sweep go on; kvsim-collect lists this one as failed
             traceback.print_exc()
@@ -400,6 +390,21 @@ def app(cfg: DictConfig) -> None:
         # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
         Console(stderr=False, width=None if sys.stdout.isatty() else 110).print(table)
         print(f"results: {out_dir}")
+
+
+def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
+    """Mark the results folder ``out_dir`` failed with ``msg`` (one line): its INCOMPLETE
+    marker holds the error and the run's overrides (``sim.callbacks.failure_marker``), which
+    kvsim-collect lists. False, writing nothing, where ``out_dir`` or a folder above it is a
+    file."""
+    from .callbacks import failure_marker
+    from .run import MARKER
+
+    if blocking_file(out_dir) is not None:
+        return False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MARKER).write_text(failure_marker(msg, overrides))
+    return True
 
 
 JOB_CLAIM = ".kvsim_job"  # in a multirun job's output.dir: "<sweep id> <job number>"

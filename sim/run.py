@@ -160,7 +160,8 @@ def transfers_frame(tm) -> pd.DataFrame:
 def _write_ops(cfg, comp, tm, path: Path) -> dict:
     """Write the run's compaction rounds and tier transfers as a gpu_validation ops file
     (schema: gpu_validation/README.md), at most ``output.ops_limit`` of each kind. Returns the
-    counts for ``summary.json``: rounds and transfers written, and those past the limit."""
+    counts for ``summary.json``: rounds and transfers written, those past the limit, and the
+    rounds no ops line can hold (several selection groups, hole filling)."""
     m = cfg.model
     lines = [{"op": "model", "num_layers": int(m.num_layers), "num_kv_heads": int(m.num_kv_heads),
               "head_dim": int(m.head_dim), "dtype": str(m.dtype)}]
@@ -184,6 +185,7 @@ def _write_ops(cfg, comp, tm, path: Path) -> dict:
             f.write(json.dumps(line) + "\n")
     os.replace(tmp, path)
     return {"ops_rounds_written": len(comp.ops or []), "ops_rounds_over_limit": comp.ops_over_limit,
+            "ops_rounds_left_out": comp.ops_left_out,
             "ops_transfers_written": n_tr, "ops_transfers_over_limit": tr_over}
 
 
@@ -397,7 +399,6 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
             summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))
-            summary["ops_rounds_left_out"] = int(comp.ops_left_out)
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
