@@ -106,21 +106,23 @@ def _pair_fill(first, B, cnt, pi, ps):  # pragma: no cover (compiled)
             k += 1
 
 
-@kernel("UniTuple(i8, 2)(i8[:], i8, i8, i8, i8[:], i8[:], i8[:])")
-def _stretch_pairs(slot0, B, k, free, alloc, pi, ps):  # pragma: no cover (compiled)
+@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8, i8[:], i8[:], i8[:])")
+def _stretch_pairs(slot0, last, B, k, free, alloc, pi, ps):  # pragma: no cover (compiled)
     """The new blocks of a dense decode stretch of ``k`` steps: request ``i``'s token at step
     ``s`` (index ``slot0[i] + s - 1``) starts a block at steps ``s0 = 2 + (-(slot0[i] + 1)) mod
-    B``, ``s0 + B``, ... (step 1's block came with its scheduling). Fills ``alloc[s]`` (blocks
-    needed at step ``s``, shape ``(k + 1,)``) and the pairs (``pi``: request, ``ps``: step; room
-    for ``len(slot0) x ((k - 2) // B + 1)``) in allocation order: by step, then request. When
-    they exceed ``free`` blocks, ``k`` is cut to the last step whose cumulative need fits.
-    Returns ``(k, number of pairs)``."""
+    B``, ``s0 + B``, ... up to its last step ``last[i]`` (it finishes there) or ``k`` (step 1's
+    block came with its scheduling). Fills ``alloc[s]`` (blocks needed at step ``s``, shape
+    ``(k + 1,)``) and the pairs (``pi``: request, ``ps``: step; room for ``len(slot0) x ((k -
+    2) // B + 1)``) in allocation order: by step, then request. When they exceed ``free``
+    blocks, ``k`` is cut to the last step whose cumulative need fits. Returns ``(k, number of
+    pairs)``."""
     b = slot0.shape[0]
     for s in range(k + 1):
         alloc[s] = 0
     for i in range(b):
         s = 2 + (-(slot0[i] + 1)) % B
-        while s <= k:
+        end = last[i] if last[i] < k else k
+        while s <= end:
             alloc[s] += 1
             s += B
     total = 0
@@ -140,7 +142,8 @@ def _stretch_pairs(slot0, B, k, free, alloc, pi, ps):  # pragma: no cover (compi
         acc += alloc[s]
     for i in range(b):
         s = 2 + (-(slot0[i] + 1)) % B
-        while s <= kk:
+        end = last[i] if last[i] < kk else kk
+        while s <= end:
             j = pos[s]
             pi[j] = i
             ps[j] = s
@@ -1110,7 +1113,10 @@ class Simulator:
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
 
         The first step's slots were allocated by the scheduler. ``k`` is bounded by the first
-        finish (every running request samples one token per step), by the next pending SimPy
+        finish (every running request samples one token per step; without compression, tiers
+        and waiting requests, by the last finish or the first that releases closed-loop
+        children instead, the finished requests leaving the batch at their steps:
+        :meth:`_finishing_stretch_times`, :meth:`_finishing_stretch_end`), by the next pending SimPy
         event (an arrival or a closed-loop release: the run stops at the step during which it
         happens, as the per-step loop would see it at that step's end), and by the free blocks
         (the step that would need a preemption runs through the normal path), and with tiers and
@@ -1125,10 +1131,27 @@ class Simulator:
         env = self.env
         B = self.B
         b = len(reqs)
-        k = min([r.output - r.n_generated for r in reqs])
+        fin = [r.output - r.n_generated for r in reqs]  # the step each request finishes at
+        k = min(fin)
+        comp = self.comp
+        # With nothing waiting and neither compression nor tiers, a finish changes nothing the
+        # next steps depend on but the batch (the finished request leaves; its blocks join the
+        # free queue's tail, behind every block the stretch takes from its head), so the
+        # stretch goes on past it, up to the last finish or the first finish that releases
+        # closed-loop children (their arrival is an event)
+        inner = False
+        if k < max(fin) and comp is None and self.tiers is None and not self.waiting:
+            k_all = max(fin)
+            if self.children:
+                kids = self.children
+                for r, f in zip(reqs, fin):
+                    if f < k_all and r.idx in kids:
+                        k_all = f
+            if k_all > k:
+                k = k_all
+                inner = True
         if k < 2:
             return 0
-        comp = self.comp
         if comp is not None:
             for r in reqs:
                 if r.layout is not None and r.next_round is not None:
@@ -1147,7 +1170,11 @@ class Simulator:
             t_next = min(t_next, float(self.max_sim_time))
         # step durations up to the step during which the next event lands (round costs
         # charged to the first step)
-        durs, cum = self.cost.decode_stretch_times(ctx0, k, env.now, t_next, extra_first)
+        fin_a = np.array(fin, dtype=np.int64)
+        if inner:
+            durs, cum = self._finishing_stretch_times(ctx0, fin_a, k, env.now, t_next)
+        else:
+            durs, cum = self.cost.decode_stretch_times(ctx0, k, env.now, t_next, extra_first)
         k = len(cum)
         if cum[-1] >= t_next:
             j = k - 1
@@ -1163,10 +1190,11 @@ class Simulator:
         n_max = b * ((k - 2) // B + 1)
         pi = np.empty(n_max, dtype=np.int64)
         ps = np.empty(n_max, dtype=np.int64)
-        k, n_pairs = _stretch_pairs(np.ascontiguousarray(slot0, dtype=np.int64), B, k,
+        k, n_pairs = _stretch_pairs(np.ascontiguousarray(slot0, dtype=np.int64), fin_a, B, k,
                                     self.pool.num_free, alloc_per_step, pi, ps)
         if k < 2:
             return 0
+        inner = inner and bool((fin_a < k).any())  # (some request finishes before the end)
         alloc_per_step = alloc_per_step[:k + 1]
         pi = pi[:n_pairs]
         ps = ps[:n_pairs]
@@ -1258,17 +1286,18 @@ class Simulator:
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
         caching = self.caching
         if comp is None:  # dense requests only: the loop below without its layout branches
-            for req in reqs:
+            for req, f in zip(reqs, fin):
                 if req.n_blocks > req.peak_blocks:
                     req.peak_blocks = req.n_blocks
-                c = req.n_computed + k
+                n = k if f > k else f  # (steps it ran: it finished at step f <= k)
+                c = req.n_computed + n
                 req.n_computed = c
-                req.n_generated += k
+                req.n_generated += n
                 if caching and c // B > req.n_cached:
                     _queue_registration(req, c // B, reg)
                 if req.n_generated >= req.output:
                     req.status = FINISHED
-                    req.finish = now
+                    req.finish = now if n == k else float(cum[n - 1])
                     finished = True
         else:
             if nb_all is None:  # new blocks per request
@@ -1288,6 +1317,10 @@ class Simulator:
         if tiers is not None:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
         rec = self.rec
+        if inner:
+            self._finishing_stretch_end(reqs, fin_a, ctx0, start, cum, durs, waiting0, used1,
+                                        alloc_per_step, cf1, evicted_per_step)
+            return k
         if finished:
             self._retire_finished()
         if tiers is not None:
@@ -1311,6 +1344,68 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _finishing_stretch_times(self, ctx0, fin, k: int, start: float, stop: float):
+        """Durations and end times (s) of up to ``k`` pure-decode steps from ``start`` (s) of
+        a batch whose request ``i`` (context ``ctx0[i]`` tokens before step 1) leaves after
+        its step ``fin[i]``: :meth:`AnalyticCostModel.decode_stretch_times` of each run of
+        steps between finishes, for the requests still running, from the previous run's end
+        (the calls the per-step loop's stretches would make), ending with the first step whose
+        end is at or after ``stop`` (s). Returns ``(durs, ends)``, float64 of shape ``(k',)``,
+        ``k' <= k``."""
+        cost = self.cost
+        durs = []
+        ends = []
+        done = 0  # steps timed
+        ctx = ctx0
+        t = start
+        for f in sorted({f for f in fin.tolist() if f < k}) + [k]:
+            d, e = cost.decode_stretch_times(ctx, f - done, t, stop)
+            durs.append(d)
+            ends.append(e)
+            if len(e) < f - done or e[-1] >= stop:
+                break  # (the next event lands in this run's last step)
+            t = float(e[-1])
+            done = f
+            keep = fin > f
+            ctx = ctx0[keep] + f
+        if len(durs) == 1:
+            return durs[0], ends[0]
+        return np.concatenate(durs), np.concatenate(ends)
+
+    def _finishing_stretch_end(self, reqs, fin, ctx0, start: float, cum, durs, waiting0: int,
+                               used1: int, alloc, cf1: int, evicted) -> None:
+        """The end of a dense stretch of ``k = len(cum)`` steps with requests finishing
+        before its last step (:meth:`_fast_forward`; ``fin[i]``: request ``i``'s last step):
+        retire the finished requests step by step, in running order within a step (their
+        blocks join the free queue's tail in that order, as the per-step loop frees them), and
+        record the steps (``alloc`` / ``evicted``: blocks taken / cached blocks evicted at each
+        step, shape ``(k + 1,)``; ``used1`` / ``cf1``: blocks used / cached-free after step
+        1's scheduling; ``waiting0``: requests waiting during the stretch)."""
+        k = len(cum)
+        pool = self.pool
+        freed = np.zeros(k + 1, dtype=np.int64)  # blocks back in the free queue after step s
+        cfreed = np.zeros(k + 1, dtype=np.int64)  # of them cached
+        done = sorted((f, i) for i, f in enumerate(fin.tolist()) if f <= k)
+        j = 0
+        while j < len(done):
+            f = done[j][0]
+            nf = pool.num_free
+            ncf = pool.num_cached_free
+            group = []
+            while j < len(done) and done[j][0] == f:
+                group.append(reqs[done[j][1]])
+                j += 1
+            self._retire(group)
+            freed[f] = pool.num_free - nf
+            cfreed[f] = pool.num_cached_free - ncf
+        self.running = [req for req in self.running if req.status != FINISHED]
+        if self.progress is not None:
+            self.progress(self.done)
+        self.rec.finishing_stretch(start, cum, durs, fin, ctx0, waiting0, len(self.waiting),
+                                   used1, alloc, cf1, evicted, freed, cfreed)
+        if self.check:
+            self.check_invariants()
 
     def _tier_stretch(self, reqs, ctx0, dt: float, hold: float | None = None):
         """Pure-decode steps of a dense batch with host/disk tiers, the first of them scheduled
@@ -2091,8 +2186,15 @@ class Simulator:
     def _retire_finished(self) -> None:
         """Free the finished requests' blocks, record them and release their closed-loop
         children, in running order; the others stay running, in order."""
+        self._retire([req for req in self.running if req.status == FINISHED])
+        self.running = [req for req in self.running if req.status != FINISHED]
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def _retire(self, done: list) -> None:
+        """Free the finished requests ``done``'s blocks (in that order), record them and
+        release their closed-loop children."""
         rec = self.rec
-        done = [req for req in self.running if req.status == FINISHED]
         for req in done:
             if req.layout is not None:
                 # = live tokens after Compression.sync: each pending token takes a slot in
@@ -2111,9 +2213,6 @@ class Simulator:
             self.done += 1
             rec.request_done(req)
             self._release_children(req.idx)
-        self.running = [req for req in self.running if req.status != FINISHED]
-        if self.progress is not None:
-            self.progress(self.done)
 
     def _live_tokens(self) -> int:
         return sum(r.n_computed for r in self.running)

@@ -241,6 +241,38 @@ class Recorder:
         if pk > self.peak_blocks_used:
             self.peak_blocks_used = pk
 
+    def finishing_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray,
+                          fin: np.ndarray, ctx0: np.ndarray, waiting0: int, waiting_last: int,
+                          used1: int, alloc: np.ndarray, cached_free1: int, evicted: np.ndarray,
+                          freed: np.ndarray, cached_freed: np.ndarray) -> None:
+        """Record the ``k = len(durs)`` pure-decode steps of a fast-forward stretch whose
+        requests leave as they finish, in one compiled pass (rows as :meth:`steps_rows` would
+        write them, when steps are recorded; the counters and peak always).
+
+        ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
+        ``durs``: step durations (s); ``fin[i]``: the step request ``i`` finishes at (it runs
+        steps ``1 .. fin[i]``; past ``k``: still running), ``ctx0[i]``: its computed tokens
+        before step 1; ``waiting0``: waiting requests during the stretch, ``waiting_last``
+        after its last step. ``used1`` / ``cached_free1``: blocks used / cached-free before the
+        stretch's allocations; at step ``s`` (arrays of shape ``(k + 1,)``, index 0 unused)
+        ``alloc[s]`` blocks were allocated and ``evicted[s]`` cached blocks evicted by its
+        scheduling, and ``freed[s]`` blocks (``cached_freed[s]`` of them cached) joined the free
+        queue when its finished requests left."""
+        k = len(durs)
+        st = self.steps
+        write = bool(self.record_steps)
+        i = st.reserve(k) if write else 0
+        c = st.cols
+        pk, dec = _fill_finishing_stretch(
+            c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
+            c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
+            write, i, start, cum, durs, fin, ctx0, waiting0, waiting_last, used1, alloc,
+            cached_free1, evicted, freed, cached_freed)
+        self.num_steps += k
+        self.sum_decode += dec
+        if pk > self.peak_blocks_used:
+            self.peak_blocks_used = pk
+
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""
         df = pd.DataFrame.from_records(self.rows, columns=REQUEST_COLUMNS)
@@ -369,3 +401,47 @@ def _fill_decode_stretch(t, d, run, wait, pre, dec, used, cf, live, i, start, cu
     cf[r] = last_cf
     live[r] = last_live
     return pk
+
+
+@kernel("UniTuple(i8, 2)(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], b1, i8, "
+        "f8, f8[:], f8[:], i8[:], i8[:], i8, i8, i8, i8[:], i8, i8[:], i8[:], i8[:])")
+def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i, start, cum,
+                            durs, fin, ctx0, waiting0, waiting_last, used1, alloc, cf1, ev,
+                            freed, cfreed):  # pragma: no cover (compiled)
+    """Rows ``i .. i + k - 1`` of the steps columns for :meth:`Recorder.finishing_stretch`
+    (written when ``write``); returns ``(most blocks used, decode tokens)`` of the steps."""
+    k = durs.shape[0]
+    leave = np.zeros(k + 2, dtype=np.int64)  # requests finishing at step s
+    leave_ctx = np.zeros(k + 2, dtype=np.int64)  # their contexts before step 1
+    running = fin.shape[0]
+    ctx = 0
+    for j in range(running):
+        f = fin[j] if fin[j] <= k else k + 1
+        leave[f] += 1
+        leave_ctx[f] += ctx0[j]
+        ctx += ctx0[j]
+    u = used1
+    c = cf1
+    pk = 0
+    n_dec = 0
+    for s in range(1, k + 1):
+        in_step = running
+        n_dec += in_step
+        running -= leave[s]
+        ctx -= leave_ctx[s]
+        u += alloc[s] - freed[s]
+        c += cfreed[s] - ev[s]
+        if u > pk:
+            pk = u
+        if write:
+            r = i + s - 1
+            t[r] = start if s == 1 else cum[s - 2]
+            d[r] = durs[s - 1]
+            run[r] = running
+            wait[r] = waiting0 if s < k else waiting_last
+            pre[r] = 0
+            dec[r] = in_step
+            used[r] = u
+            cf[r] = c
+            live[r] = ctx + s * running
+    return pk, n_dec

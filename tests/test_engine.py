@@ -131,6 +131,51 @@ def test_fast_forward_equals_per_step(seed):
     pd.testing.assert_frame_equal(sa[cols], sb[cols])
 
 
+def batch_workload(seed, n=40):
+    """Requests in bursts (each burst admitted together, then decoding with nothing waiting):
+    output lengths that differ, so requests finish inside decode stretches; prompts sharing
+    prefixes (shared blocks: a finish frees only some); a closed-loop child after a few."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        inp = int(rng.integers(1, 200))
+        nid = -(-inp // 16)
+        shared = int(rng.integers(0, 2))
+        rows.append(dict(arrival_s=float(i // 10) * 4.0, input_tokens=inp,
+                         output_tokens=int(rng.integers(1, 150)),
+                         prefix_ids=[shared * 1000 + j for j in range(nid)]))
+    for p in (3, 17, 25):
+        rows.append(dict(input_tokens=int(rng.integers(1, 100)), output_tokens=int(rng.integers(1, 60)),
+                         parent_request_id=p, think_s=float(rng.choice([0.0, 0.01, 0.3])),
+                         session_id=p))
+    return make_workload(rows, prefix_block_tokens=16)
+
+
+@pytest.mark.parametrize("seed,num_blocks,steps", [(0, 1000, True), (1, 1000, False),
+                                                   (2, 60, True), (3, 45, False), (4, 4000, True)])
+def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, steps):
+    """A dense decode stretch with nothing waiting goes on past requests that finish inside it
+    (Simulator._finishing_stretch_end): the requests, steps and counters equal the per-step
+    loop's, bit for bit, with small pools (the stretch cut by free blocks; preemptions) and a
+    closed-loop child (its parent's finish ends the stretch). The path is taken."""
+    taken = []
+    orig = Simulator._finishing_stretch_end
+
+    def spy(self, reqs, fin, *a, **kw):
+        taken.append(int((fin < len(a[2])).sum()))  # (a[2]: the step end times)
+        return orig(self, reqs, fin, *a, **kw)
+
+    monkeypatch.setattr(Simulator, "_finishing_stretch_end", spy)
+    wl = batch_workload(seed)
+    a, sa, ra, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=True)
+    b, sb, rb, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=False)
+    assert taken and sum(taken) > 0
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    pd.testing.assert_frame_equal(sa, sb, check_exact=True)
+    assert (ra.num_steps, ra.sum_decode, ra.sum_prefill, ra.peak_blocks_used, ra.preemptions) == \
+        (rb.num_steps, rb.sum_decode, rb.sum_prefill, rb.peak_blocks_used, rb.preemptions)
+
+
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 
@@ -218,19 +263,23 @@ def test_block_pairs_equal_the_numpy_expansion(first, last, B):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 5000), min_size=1, max_size=30), st.integers(2, 200),
-       st.integers(1, 32), st.integers(0, 400))
-def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(slot0, k, B, free):
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 250)), min_size=1, max_size=30),
+       st.integers(2, 200), st.integers(1, 32), st.integers(0, 400))
+def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, free):
     """The compiled layout of a decode stretch's new blocks (sim.engine._stretch_pairs) equals
-    the numpy one it replaced: request i's pairs at steps s0, s0 + B, ... up to k (s0 = 2 +
-    (-(slot0 + 1)) mod B), blocks per step, k cut to the last step whose cumulative need fits
-    ``free``, the pairs in allocation order (a stable sort of the request-major pairs by step)."""
+    the numpy one it replaced: request i's pairs at steps s0, s0 + B, ... up to k or its last
+    step (s0 = 2 + (-(slot0 + 1)) mod B), blocks per step, k cut to the last step whose
+    cumulative need fits ``free``, the pairs in allocation order (a stable sort of the
+    request-major pairs by step)."""
     from sim.engine import _block_pairs, _stretch_pairs
 
-    s = np.asarray(slot0, dtype=np.int64)
+    s = np.asarray([r[0] for r in rows], dtype=np.int64)
+    last = np.asarray([r[1] for r in rows], dtype=np.int64)
     b = len(s)
     s0 = 2 + (-(s + 1)) % B
     _, want_pi, want_ps = _block_pairs(s0, k, B)
+    mine = want_ps <= last[want_pi]  # (a request takes no block after its last step)
+    want_pi, want_ps = want_pi[mine], want_ps[mine]
     alloc = np.bincount(want_ps, minlength=k + 1)
     cum = np.cumsum(alloc)
     want_k = k if cum[k] <= free else int(np.searchsorted(cum, free, side="right")) - 1
@@ -240,7 +289,7 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(slot0, k, B,
     got_alloc = np.empty(k + 1, dtype=np.int64)
     pi = np.empty(n_max, dtype=np.int64)
     ps = np.empty(n_max, dtype=np.int64)
-    got_k, n = _stretch_pairs(s, B, k, free, got_alloc, pi, ps)
+    got_k, n = _stretch_pairs(s, last, B, k, free, got_alloc, pi, ps)
     assert got_k == want_k
     if want_k < 2:
         return  # (the stretch is not taken)
