@@ -57,6 +57,7 @@ class AnalyticCostModel:
         self.mbu = float(cost.mbu)
         self.overhead = float(cost.step_overhead_s)
         self._decode_consts: dict[int, tuple] = {}  # batch size -> _dense_decode_args' constants
+        self._fixed_times = np.empty(0)  # batch size -> its constants' last (overhead + linear)
         for name, v in (("cost.mfu", self.mfu), ("cost.attention_efficiency", self.attn_eff),
                         ("cost.mbu", self.mbu)):
             if not 0 < v <= 1:
@@ -216,6 +217,47 @@ class AnalyticCostModel:
         if j < len(ends):
             return durs[:j + 1], ends[:j + 1]
         return durs, ends
+
+    def decode_stretch_times_finishing(self, ctx0: np.ndarray, fin: np.ndarray, k: int,
+                                       start: float, stop: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`decode_stretch_times` of a batch whose requests leave as they finish: request
+        ``i`` (``ctx0[i]`` tokens cached before step 1) runs steps ``1 .. fin[i]``. Each run of
+        steps between finishes is timed as :meth:`decode_stretch_times` times the requests
+        still running from the previous run's end, so the times equal those of the per-step
+        loop's stretches. Returns ``(durs, ends)`` (s), float64 of shape ``(k',)``, ``k' <= k``,
+        ending with the first step whose end is at or after ``stop`` (s). One compiled loop
+        where :meth:`decode_stretch_times` has one (no sliding-window layers, analytic
+        attention), else one call of it per run. ``ctx0``, ``fin``: int64, shape ``(b,)``;
+        ``fin`` >= 1, some ``fin[i] >= k``."""
+        args = self._dense_decode_args(ctx0)
+        if args is not None:
+            b = len(ctx0)
+            fixed = self._fixed_times
+            if len(fixed) <= b:  # step overhead + linear time per batch size, up to b
+                fixed = np.array([self.overhead + self.linear_time(n, n) for n in range(2 * b + 1)])
+                self._fixed_times = fixed
+            durs = np.empty(k, dtype=np.float64)
+            ends = np.empty(k, dtype=np.float64)
+            n = _dense_finishing_stretch(ctx0, fin, k, *args[2:7], fixed, float(start),
+                                         float(stop), durs, ends)
+            return durs[:n], ends[:n]
+        durs = []
+        ends = []
+        done = 0  # steps timed
+        ctx = ctx0
+        t = start
+        for f in sorted({f for f in fin.tolist() if f < k}) + [k]:
+            d, e = self.decode_stretch_times(ctx, f - done, t, stop)
+            durs.append(d)
+            ends.append(e)
+            if len(e) < f - done or e[-1] >= stop:
+                break  # (the next event lands in this run's last step)
+            t = float(e[-1])
+            done = f
+            ctx = ctx0[fin > f] + f
+        if len(durs) == 1:
+            return durs[0], ends[0]
+        return np.concatenate(durs), np.concatenate(ends)
 
     @staticmethod
     def _decode_ctx_sums(ctx0: np.ndarray, k: int, first: int, shift: int):
@@ -524,3 +566,39 @@ def build_cost_model(model, gpu, cache, cost):
         from .hardware import ConfigError
         raise ConfigError(f"cost.kind={cost.kind!r}; expected one of {sorted(kinds)}")
     return kinds[cost.kind](model, gpu, cache, cost)
+
+
+@kernel("i8(i8[:], i8[:], i8, f8, f8, f8, f8, f8, f8[:], f8, f8, f8[:], f8[:])")
+def _dense_finishing_stretch(ctx0, fin, k, apf, layers, kv_tok, flops_s, bytes_s, fixed, start,
+                             stop, durs, ends):  # pragma: no cover (compiled)
+    """:meth:`AnalyticCostModel.decode_stretch_times_finishing` without sliding-window layers:
+    each run of steps between finishes as :func:`_dense_stretch` times it (``fixed[b]``: step
+    overhead + linear time of a batch of ``b``; a run's context sum is the running requests'
+    contexts at its first step, summed exactly as integers); returns the steps written."""
+    n = ctx0.shape[0]
+    leave = np.zeros(k + 1, dtype=np.int64)  # requests leaving after step s
+    leave_ctx = np.zeros(k + 1, dtype=np.int64)  # the sum of their ctx0
+    rest = 0  # the sum of ctx0 over the running requests
+    for j in range(n):
+        rest += ctx0[j]
+        if fin[j] < k:
+            leave[fin[j]] += 1
+            leave_ctx[fin[j]] += ctx0[j]
+    b = n
+    sum0 = float(rest)
+    seg0 = 0  # the step before the run's first
+    t = start
+    for s in range(1, k + 1):
+        d = _dense_step_time(sum0, b, s - 1 - seg0, 0.0, apf, layers, kv_tok, flops_s, bytes_s,
+                             fixed[b])
+        durs[s - 1] = d
+        t = t + d
+        ends[s - 1] = t
+        if t >= stop:
+            return s
+        if leave[s] > 0:
+            b -= leave[s]
+            rest -= leave_ctx[s]
+            sum0 = float(rest + s * b)
+            seg0 = s
+    return k

@@ -313,6 +313,9 @@ class Simulator:
         # 36 s against 32 s)
         self._ff_rounds = (self.comp is not None and self.tiers is None
                            and not getattr(self.cost, "win_layers", 0))
+        # without compression and tiers an admission step whose chunks complete their prompts
+        # becomes the first step of the dense stretch after it (_fast_forward)
+        self._ff_admit = self.comp is None and self.tiers is None
         self._hit_memo = None  # (request, gen, max_hit, walk state, result); tiers only
         self._hit_keys = None  # [request, its keys array, max_hit, KeyTable key -> index or None]
         if self.tiers is not None:
@@ -969,6 +972,10 @@ class Simulator:
                     # the admission step becomes the stretch's first step
                     stretch = self._fast_forward_rounds(sched_req, ctx_arr, 0.0,
                                                         (dt, sched_n[-self._step_admitted:]))
+                elif self._ff_admit and self._decode_and_admitted(sched_req, sched_n, False):
+                    # (dense) likewise
+                    stretch = self._fast_forward(sched_req, ctx_arr, 0.0,
+                                                 (dt, sched_n[-self._step_admitted:]))
                 # taken unless the next event lands inside this step
                 if stretch is not None and env.peek() > env.now + dt and (yield from stretch):
                     self._check_sim_time()
@@ -1088,12 +1095,14 @@ class Simulator:
             return False
         return len(sched_req) == len(self.running) == self._step_decodes
 
-    def _decode_and_admitted(self, sched_req, sched_n) -> bool:
+    def _decode_and_admitted(self, sched_req, sched_n, compressed: bool = True) -> bool:
         """True if this step is a pure-decode step of the running requests plus the admission
         of ``_step_admitted`` waiting requests whose chunk completes their prompt (each samples
         its first token at the step's end), with nobody preempted and no waiting request that a
         later step could admit on token budget and sequence slots: from the next step on the
-        batch is pure decode, so :meth:`_fast_forward_rounds` can take this step as its first."""
+        batch is pure decode, so :meth:`_fast_forward_rounds` (``compressed``: the admitted
+        requests have compressed layouts) or :meth:`_fast_forward` (not ``compressed``) can
+        take this step as its first."""
         na = self._step_admitted
         if not na or self._step_preempted or len(sched_req) != len(self.running):
             return False
@@ -1105,18 +1114,19 @@ class Simulator:
             # took: the next step has it again, so the per-step loop may admit the head there
             return False
         for req, n in zip(sched_req[-na:], sched_n[-na:]):
-            if req.layout is None or req.n_computed + n != req.input + req.n_generated:
+            if (compressed and req.layout is None) or req.n_computed + n != req.input + req.n_generated:
                 return False
         return True
 
-    def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0):
+    def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0, admitted=None):
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.
 
         The first step's slots were allocated by the scheduler. ``k`` is bounded by the first
         finish (every running request samples one token per step; without compression, tiers
         and waiting requests, by the last finish or the first that releases closed-loop
         children instead, the finished requests leaving the batch at their steps:
-        :meth:`_finishing_stretch_times`, :meth:`_finishing_stretch_end`), by the next pending SimPy
+        :meth:`AnalyticCostModel.decode_stretch_times_finishing`,
+        :meth:`_finishing_stretch_end`), by the next pending SimPy
         event (an arrival or a closed-loop release: the run stops at the step during which it
         happens, as the per-step loop would see it at that step's end), and by the free blocks
         (the step that would need a preemption runs through the normal path), and with tiers and
@@ -1125,6 +1135,11 @@ class Simulator:
         :meth:`_fast_forward_rounds`, which runs the rounds inside the stretch). Blocks are
         allocated in the per-step order (step, then running order), so pool state, prefix-cache
         evictions and recorded steps equal the per-step loop's. Returns ``k`` (0 = not taken).
+
+        ``admitted = (dt, chunks)`` (dense runs without tiers): the step just scheduled also
+        admitted the last ``len(chunks)`` of ``reqs`` with those prompt chunks (tokens), each
+        completing its prompt (:meth:`_decode_and_admitted`); it becomes the stretch's first
+        step, of ``dt`` s (its :meth:`step_time`), and they decode from the second.
         """
         if self._ff_rounds:
             return (yield from self._fast_forward_rounds(reqs, ctx0, extra_first))
@@ -1162,6 +1177,10 @@ class Simulator:
         # ``ctx0``; compressed: physical)
         if comp is None:
             slot0 = ctx0
+            if admitted is not None:  # (their step-1 token: the last of their chunk)
+                na = len(admitted[1])
+                slot0 = ctx0.copy()
+                slot0[-na:] += np.asarray(admitted[1], dtype=np.int64) - 1
         else:
             slot0 = np.fromiter((r.n_computed if r.layout is None else r.phys_base + r.pending - 1
                                  for r in reqs), dtype=np.int64, count=b)
@@ -1171,8 +1190,18 @@ class Simulator:
         # step durations up to the step during which the next event lands (round costs
         # charged to the first step)
         fin_a = np.array(fin, dtype=np.int64)
-        if inner:
-            durs, cum = self._finishing_stretch_times(ctx0, fin_a, k, env.now, t_next)
+        if admitted is not None:
+            t1 = env.now + admitted[0]  # (the per-step loop's clock after the first step)
+            if t1 >= t_next:
+                return 0
+            keep = fin_a > 1  # (the step-1 finishers leave; the others from step 2 on)
+            durs, cum = self.cost.decode_stretch_times_finishing(
+                slot0[keep] + 1, fin_a[keep] - 1, k - 1, t1, t_next)
+            durs = np.concatenate(([admitted[0]], durs))
+            cum = np.concatenate(([t1], cum))
+        elif inner:
+            durs, cum = self.cost.decode_stretch_times_finishing(ctx0, fin_a, k, env.now,
+                                                                 t_next)
         else:
             durs, cum = self.cost.decode_stretch_times(ctx0, k, env.now, t_next, extra_first)
         k = len(cum)
@@ -1195,6 +1224,7 @@ class Simulator:
         if k < 2:
             return 0
         inner = inner and bool((fin_a < k).any())  # (some request finishes before the end)
+        general = inner or admitted is not None  # (rows: _finishing_stretch_end)
         alloc_per_step = alloc_per_step[:k + 1]
         pi = pi[:n_pairs]
         ps = ps[:n_pairs]
@@ -1286,6 +1316,13 @@ class Simulator:
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
         caching = self.caching
         if comp is None:  # dense requests only: the loop below without its layout branches
+            if admitted is not None:
+                # their chunks (computed at step 1) and first tokens (sampled at its end)
+                t1 = float(cum[0])
+                for req, n in zip(reqs[-na:], admitted[1]):
+                    req.n_computed += n - 1  # (+ 1 a step below)
+                    if req.n_generated == 0:
+                        req.first_token = t1
             for req, f in zip(reqs, fin):
                 if req.n_blocks > req.peak_blocks:
                     req.peak_blocks = req.n_blocks
@@ -1317,9 +1354,13 @@ class Simulator:
         if tiers is not None:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
         rec = self.rec
-        if inner:
-            self._finishing_stretch_end(reqs, fin_a, ctx0, start, cum, durs, waiting0, used1,
-                                        alloc_per_step, cf1, evicted_per_step)
+        if general:
+            if admitted is None:
+                pre1, dec1 = 0, b
+            else:
+                pre1, dec1 = int(sum(admitted[1])), b - na
+            self._finishing_stretch_end(reqs, fin_a, slot0, start, cum, durs, waiting0, used1,
+                                        alloc_per_step, cf1, evicted_per_step, pre1, dec1)
             return k
         if finished:
             self._retire_finished()
@@ -1345,43 +1386,17 @@ class Simulator:
             self.check_invariants()
         return k
 
-    def _finishing_stretch_times(self, ctx0, fin, k: int, start: float, stop: float):
-        """Durations and end times (s) of up to ``k`` pure-decode steps from ``start`` (s) of
-        a batch whose request ``i`` (context ``ctx0[i]`` tokens before step 1) leaves after
-        its step ``fin[i]``: :meth:`AnalyticCostModel.decode_stretch_times` of each run of
-        steps between finishes, for the requests still running, from the previous run's end
-        (the calls the per-step loop's stretches would make), ending with the first step whose
-        end is at or after ``stop`` (s). Returns ``(durs, ends)``, float64 of shape ``(k',)``,
-        ``k' <= k``."""
-        cost = self.cost
-        durs = []
-        ends = []
-        done = 0  # steps timed
-        ctx = ctx0
-        t = start
-        for f in sorted({f for f in fin.tolist() if f < k}) + [k]:
-            d, e = cost.decode_stretch_times(ctx, f - done, t, stop)
-            durs.append(d)
-            ends.append(e)
-            if len(e) < f - done or e[-1] >= stop:
-                break  # (the next event lands in this run's last step)
-            t = float(e[-1])
-            done = f
-            keep = fin > f
-            ctx = ctx0[keep] + f
-        if len(durs) == 1:
-            return durs[0], ends[0]
-        return np.concatenate(durs), np.concatenate(ends)
-
-    def _finishing_stretch_end(self, reqs, fin, ctx0, start: float, cum, durs, waiting0: int,
-                               used1: int, alloc, cf1: int, evicted) -> None:
+    def _finishing_stretch_end(self, reqs, fin, slot0, start: float, cum, durs, waiting0: int,
+                               used1: int, alloc, cf1: int, evicted, pre1: int, dec1: int) -> None:
         """The end of a dense stretch of ``k = len(cum)`` steps with requests finishing
-        before its last step (:meth:`_fast_forward`; ``fin[i]``: request ``i``'s last step):
+        before its last step or an admission as its first (:meth:`_fast_forward`; ``fin[i]``:
+        request ``i``'s last step; ``slot0[i] + s``: its computed tokens after step ``s``):
         retire the finished requests step by step, in running order within a step (their
         blocks join the free queue's tail in that order, as the per-step loop frees them), and
         record the steps (``alloc`` / ``evicted``: blocks taken / cached blocks evicted at each
         step, shape ``(k + 1,)``; ``used1`` / ``cf1``: blocks used / cached-free after step
-        1's scheduling; ``waiting0``: requests waiting during the stretch)."""
+        1's scheduling; ``waiting0``: requests waiting during the stretch; ``pre1`` / ``dec1``:
+        step 1's prefill and decode tokens)."""
         k = len(cum)
         pool = self.pool
         freed = np.zeros(k + 1, dtype=np.int64)  # blocks back in the free queue after step s
@@ -1402,8 +1417,8 @@ class Simulator:
         self.running = [req for req in self.running if req.status != FINISHED]
         if self.progress is not None:
             self.progress(self.done)
-        self.rec.finishing_stretch(start, cum, durs, fin, ctx0, waiting0, len(self.waiting),
-                                   used1, alloc, cf1, evicted, freed, cfreed)
+        self.rec.finishing_stretch(start, cum, durs, fin, slot0, waiting0, len(self.waiting),
+                                   used1, alloc, cf1, evicted, freed, cfreed, pre1, dec1)
         if self.check:
             self.check_invariants()
 

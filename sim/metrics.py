@@ -244,15 +244,18 @@ class Recorder:
     def finishing_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray,
                           fin: np.ndarray, ctx0: np.ndarray, waiting0: int, waiting_last: int,
                           used1: int, alloc: np.ndarray, cached_free1: int, evicted: np.ndarray,
-                          freed: np.ndarray, cached_freed: np.ndarray) -> None:
-        """Record the ``k = len(durs)`` pure-decode steps of a fast-forward stretch whose
-        requests leave as they finish, in one compiled pass (rows as :meth:`steps_rows` would
-        write them, when steps are recorded; the counters and peak always).
+                          freed: np.ndarray, cached_freed: np.ndarray, prefill1: int = 0,
+                          decode1: int | None = None) -> None:
+        """Record the ``k = len(durs)`` steps of a fast-forward stretch whose requests leave as
+        they finish, in one compiled pass (rows as :meth:`steps_rows` would write them, when
+        steps are recorded; the counters and peak always): one decode token per running
+        request a step, but the first step's ``prefill1`` prefill and ``decode1`` decode tokens
+        (None: every request's one; an admission step as the first).
 
         ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
         ``durs``: step durations (s); ``fin[i]``: the step request ``i`` finishes at (it runs
-        steps ``1 .. fin[i]``; past ``k``: still running), ``ctx0[i]``: its computed tokens
-        before step 1; ``waiting0``: waiting requests during the stretch, ``waiting_last``
+        steps ``1 .. fin[i]``; past ``k``: still running), ``ctx0[i] + s``: its computed tokens
+        after step ``s``; ``waiting0``: waiting requests during the stretch, ``waiting_last``
         after its last step. ``used1`` / ``cached_free1``: blocks used / cached-free before the
         stretch's allocations; at step ``s`` (arrays of shape ``(k + 1,)``, index 0 unused)
         ``alloc[s]`` blocks were allocated and ``evicted[s]`` cached blocks evicted by its
@@ -267,9 +270,11 @@ class Recorder:
             c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
             c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
             write, i, start, cum, durs, fin, ctx0, waiting0, waiting_last, used1, alloc,
-            cached_free1, evicted, freed, cached_freed)
+            cached_free1, evicted, freed, cached_freed, prefill1,
+            len(fin) if decode1 is None else decode1)
         self.num_steps += k
         self.sum_decode += dec
+        self.sum_prefill += prefill1
         if pk > self.peak_blocks_used:
             self.peak_blocks_used = pk
 
@@ -404,10 +409,10 @@ def _fill_decode_stretch(t, d, run, wait, pre, dec, used, cf, live, i, start, cu
 
 
 @kernel("UniTuple(i8, 2)(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], b1, i8, "
-        "f8, f8[:], f8[:], i8[:], i8[:], i8, i8, i8, i8[:], i8, i8[:], i8[:], i8[:])")
+        "f8, f8[:], f8[:], i8[:], i8[:], i8, i8, i8, i8[:], i8, i8[:], i8[:], i8[:], i8, i8)")
 def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i, start, cum,
                             durs, fin, ctx0, waiting0, waiting_last, used1, alloc, cf1, ev,
-                            freed, cfreed):  # pragma: no cover (compiled)
+                            freed, cfreed, pre1, dec1):  # pragma: no cover (compiled)
     """Rows ``i .. i + k - 1`` of the steps columns for :meth:`Recorder.finishing_stretch`
     (written when ``write``); returns ``(most blocks used, decode tokens)`` of the steps."""
     k = durs.shape[0]
@@ -425,7 +430,7 @@ def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i,
     pk = 0
     n_dec = 0
     for s in range(1, k + 1):
-        in_step = running
+        in_step = running if s > 1 else dec1
         n_dec += in_step
         running -= leave[s]
         ctx -= leave_ctx[s]
@@ -439,7 +444,7 @@ def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i,
             d[r] = durs[s - 1]
             run[r] = running
             wait[r] = waiting0 if s < k else waiting_last
-            pre[r] = 0
+            pre[r] = 0 if s > 1 else pre1
             dec[r] = in_step
             used[r] = u
             cf[r] = c

@@ -157,19 +157,22 @@ def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, s
     """A dense decode stretch with nothing waiting goes on past requests that finish inside it
     (Simulator._finishing_stretch_end): the requests, steps and counters equal the per-step
     loop's, bit for bit, with small pools (the stretch cut by free blocks; preemptions) and a
-    closed-loop child (its parent's finish ends the stretch). The path is taken."""
-    taken = []
+    closed-loop child (its parent's finish ends the stretch); an admission step whose chunks
+    complete their prompts is the stretch's first step. Both paths are taken."""
+    finishes = []
+    admissions = []
     orig = Simulator._finishing_stretch_end
 
-    def spy(self, reqs, fin, *a, **kw):
-        taken.append(int((fin < len(a[2])).sum()))  # (a[2]: the step end times)
-        return orig(self, reqs, fin, *a, **kw)
+    def spy(self, reqs, fin, slot0, start, cum, *a):
+        finishes.append(int((fin < len(cum)).sum()))
+        admissions.append(a[-2])  # (the first step's prefill tokens)
+        return orig(self, reqs, fin, slot0, start, cum, *a)
 
     monkeypatch.setattr(Simulator, "_finishing_stretch_end", spy)
     wl = batch_workload(seed)
     a, sa, ra, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=True)
     b, sb, rb, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=False)
-    assert taken and sum(taken) > 0
+    assert sum(finishes) > 0 and sum(admissions) > 0
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     pd.testing.assert_frame_equal(sa, sb, check_exact=True)
     assert (ra.num_steps, ra.sum_decode, ra.sum_prefill, ra.peak_blocks_used, ra.preemptions) == \
@@ -297,6 +300,39 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, 
     assert n == int(keep.sum())
     assert pi[:n].tolist() == want_pi[keep][order].tolist()
     assert ps[:n].tolist() == want_ps[keep][order].tolist()
+
+
+_COST_MODELS = {}
+
+
+def _cost_model(i):
+    """The analytic cost model of Llama-3.1-8B on H100 (0) or Qwen3-8B on H200 (1), built once."""
+    if i not in _COST_MODELS:
+        cfg = compose_config([["model=llama3_1_8b", "gpu=h100"], ["model=qwen3_8b"]][i])
+        _COST_MODELS[i] = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    return _COST_MODELS[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(1, 400)), min_size=1, max_size=40),
+       st.integers(1, 400), st.floats(0, 1e5), st.floats(0.0, 3.0), st.sampled_from([0, 1]))
+def test_finishing_stretch_times_compiled_equal_the_runs_between_finishes(rows, k, start, span,
+                                                                          model):
+    """AnalyticCostModel.decode_stretch_times_finishing's compiled loop equals its fallback,
+    one decode_stretch_times per run of steps between finishes (here through the numpy step
+    times): same steps, same bits, stopped at the same step."""
+    import copy
+
+    cm = copy.copy(_cost_model(model))
+    ctx = np.asarray([r[0] for r in rows], dtype=np.int64)
+    fin = np.asarray([r[1] for r in rows], dtype=np.int64)
+    k = min(k, int(fin.max()))  # (somebody runs to the stretch's end)
+    stop = start + span if span < 2.5 else np.inf
+    d1, e1 = cm.decode_stretch_times_finishing(ctx, fin, k, start, stop)
+    cm._dense_decode_args = lambda ctx0: None  # the fallback's runs, numpy step times
+    d2, e2 = cm.decode_stretch_times_finishing(ctx, fin, k, start, stop)
+    assert d1.tolist() == d2.tolist() and e1.tolist() == e2.tolist()
+    assert len(e1) == k or (e1[-1] >= stop and (len(e1) == 1 or e1[-2] < stop))
 
 
 def test_decode_stretch_rows_equal_the_numpy_columns():
