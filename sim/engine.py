@@ -1147,7 +1147,7 @@ class Simulator:
         B = self.B
         b = len(reqs)
         fin = [r.output - r.n_generated for r in reqs]  # the step each request finishes at
-        k = min(fin)
+        k = k_first = min(fin)
         comp = self.comp
         # With nothing waiting and neither compression nor tiers, a finish changes nothing the
         # next steps depend on but the batch (the finished request leaves; its blocks join the
@@ -1223,7 +1223,7 @@ class Simulator:
                                     self.pool.num_free, alloc_per_step, pi, ps)
         if k < 2:
             return 0
-        inner = inner and bool((fin_a < k).any())  # (some request finishes before the end)
+        inner = inner and k_first < k  # (some request finishes before the end)
         general = inner or admitted is not None  # (rows: _finishing_stretch_end)
         alloc_per_step = alloc_per_step[:k + 1]
         pi = pi[:n_pairs]
@@ -1307,7 +1307,7 @@ class Simulator:
         yield from _advance_to(env, float(cum[-1]))
         now = env.now
         # commit: every request computed k tokens and sampled k tokens
-        if self.rec.record_steps:
+        if self.rec.record_steps and not general:
             # live KV tokens as the per-step loop records them (_live_tokens: computed tokens of
             # the running requests: ctx0 without compression; compressed requests' physical
             # contexts in ctx0 differ)
@@ -1355,10 +1355,15 @@ class Simulator:
             self.pool.cached_log.clear()  # issued per step by _ff_offloads
         rec = self.rec
         if general:
-            if admitted is None:
-                pre1, dec1 = 0, b
-            else:
-                pre1, dec1 = int(sum(admitted[1])), b - na
+            pre1, dec1 = 0, b
+            if admitted is not None:  # (the per-step loop's count: a re-admitted preempted
+                # request's one token after a full hit is a decode token)
+                dec1 = b - na
+                for req, n, c in zip(reqs[-na:], admitted[1], ctx0[-na:].tolist()):
+                    if c >= req.input and n == 1:
+                        dec1 += 1
+                    else:
+                        pre1 += n
             self._finishing_stretch_end(reqs, fin_a, slot0, start, cum, durs, waiting0, used1,
                                         alloc_per_step, cf1, evicted_per_step, pre1, dec1)
             return k

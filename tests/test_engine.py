@@ -152,13 +152,16 @@ def batch_workload(seed, n=40):
 
 
 @pytest.mark.parametrize("seed,num_blocks,steps", [(0, 1000, True), (1, 1000, False),
-                                                   (2, 60, True), (3, 45, False), (4, 4000, True)])
+                                                   (2, 60, True), (3, 45, False), (4, 4000, True),
+                                                   (1, 36, True), (4, 45, False)])
 def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, steps):
     """A dense decode stretch with nothing waiting goes on past requests that finish inside it
     (Simulator._finishing_stretch_end): the requests, steps and counters equal the per-step
     loop's, bit for bit, with small pools (the stretch cut by free blocks; preemptions) and a
     closed-loop child (its parent's finish ends the stretch); an admission step whose chunks
-    complete their prompts is the stretch's first step. Both paths are taken."""
+    complete their prompts is the stretch's first step (a preempted request re-admitted with
+    one token to compute counts it as a decode token, as the per-step loop does; the last two
+    cases failed without that). Both paths are taken."""
     finishes = []
     admissions = []
     orig = Simulator._finishing_stretch_end
