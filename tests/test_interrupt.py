@@ -23,9 +23,17 @@ LONG = ["policy=h2o", "policy.budget=512", "output.print_summary=false", "sim.pr
 PROGRESS = re.compile(rb"\| *([1-9]\d*)/1750 ")  # tqdm: at least one request done
 
 
+def _default_sigint() -> None:
+    # a test run started in the background by a shell without job control inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: the child gets Ctrl-C's
+    # default, as from a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(out: Path):
     return subprocess.Popen([*KVSIM, f"output.dir={out}", *LONG], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_simulating(proc, timeout=90.0) -> bytes:
