@@ -56,8 +56,8 @@ class AnalyticCostModel:
         self.attn_eff = float(cost.attention_efficiency)
         self.mbu = float(cost.mbu)
         self.overhead = float(cost.step_overhead_s)
-        self._decode_consts: dict[int, tuple] = {}  # batch size -> _dense_decode_args' constants
-        self._fixed_times = np.empty(0)  # batch size -> its constants' last (overhead + linear)
+        self._decode_consts = None  # _dense_decode_args' attention constants, at first use
+        self._fixed_times = np.empty(0)  # batch size -> step overhead + linear time (s)
         for name, v in (("cost.mfu", self.mfu), ("cost.attention_efficiency", self.attn_eff),
                         ("cost.mbu", self.mbu)):
             if not 0 < v <= 1:
@@ -180,13 +180,21 @@ class AnalyticCostModel:
         if self.win_layers:
             return None
         b = len(ctx0)
-        const = self._decode_consts.get(b)
-        if const is None:  # (fixed for a batch size: the model's constants do not change)
+        const = self._decode_consts
+        if const is None:  # (the model's constants do not change)
             const = (self.attn_flops_per_pair, float(self.full_layers), self.kv_tok,
-                     self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu,
-                     self.overhead + self.linear_time(b, b))
-            self._decode_consts[b] = const
-        return (float(np.add.reduce(ctx0, dtype=np.float64)), b) + const
+                     self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu)
+            self._decode_consts = const
+        return (float(np.add.reduce(ctx0, dtype=np.float64)), b) + const + (
+            float(self._fixed_step_times(b)[b]),)
+
+    def _fixed_step_times(self, b: int) -> np.ndarray:
+        """Step overhead + linear time (s) of a decode batch of ``n`` requests, indexed by ``n``
+        (``n`` = 1 .. at least ``b``; index 0 is NaN): a table grown on demand."""
+        if len(self._fixed_times) <= b:
+            self._fixed_times = np.array(
+                [np.nan] + [self.overhead + self.linear_time(n, n) for n in range(1, 2 * b + 1)])
+        return self._fixed_times
 
     def decode_stretch_times(self, ctx0: np.ndarray, k: int, start: float, stop: float,
                              extra_first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -231,11 +239,7 @@ class AnalyticCostModel:
         ``fin`` >= 1, some ``fin[i] >= k``."""
         args = self._dense_decode_args(ctx0)
         if args is not None:
-            b = len(ctx0)
-            fixed = self._fixed_times
-            if len(fixed) <= b:  # step overhead + linear time per batch size, up to b
-                fixed = np.array([self.overhead + self.linear_time(n, n) for n in range(2 * b + 1)])
-                self._fixed_times = fixed
+            fixed = self._fixed_step_times(len(ctx0))  # (filled by the call above)
             durs = np.empty(k, dtype=np.float64)
             ends = np.empty(k, dtype=np.float64)
             n = _dense_finishing_stretch(ctx0, fin, k, *args[2:7], fixed, float(start),

@@ -1419,9 +1419,7 @@ class Simulator:
             self._retire(group)
             freed[f] = pool.num_free - nf
             cfreed[f] = pool.num_cached_free - ncf
-        self.running = [req for req in self.running if req.status != FINISHED]
-        if self.progress is not None:
-            self.progress(self.done)
+        self._drop_finished()
         self.rec.finishing_stretch(start, cum, durs, fin, slot0, waiting0, len(self.waiting),
                                    used1, alloc, cf1, evicted, freed, cfreed, pre1, dec1)
         if self.check:
@@ -2207,6 +2205,10 @@ class Simulator:
         """Free the finished requests' blocks, record them and release their closed-loop
         children, in running order; the others stay running, in order."""
         self._retire([req for req in self.running if req.status == FINISHED])
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        """The running list without the retired (finished) requests, in order; progress."""
         self.running = [req for req in self.running if req.status != FINISHED]
         if self.progress is not None:
             self.progress(self.done)

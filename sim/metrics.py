@@ -244,13 +244,13 @@ class Recorder:
     def finishing_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray,
                           fin: np.ndarray, ctx0: np.ndarray, waiting0: int, waiting_last: int,
                           used1: int, alloc: np.ndarray, cached_free1: int, evicted: np.ndarray,
-                          freed: np.ndarray, cached_freed: np.ndarray, prefill1: int = 0,
-                          decode1: int | None = None) -> None:
+                          freed: np.ndarray, cached_freed: np.ndarray, prefill1: int,
+                          decode1: int) -> None:
         """Record the ``k = len(durs)`` steps of a fast-forward stretch whose requests leave as
         they finish, in one compiled pass (rows as :meth:`steps_rows` would write them, when
         steps are recorded; the counters and peak always): one decode token per running
         request a step, but the first step's ``prefill1`` prefill and ``decode1`` decode tokens
-        (None: every request's one; an admission step as the first).
+        (an admission step as the first, or ``0`` and ``len(fin)``).
 
         ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
         ``durs``: step durations (s); ``fin[i]``: the step request ``i`` finishes at (it runs
@@ -270,8 +270,7 @@ class Recorder:
             c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
             c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
             write, i, start, cum, durs, fin, ctx0, waiting0, waiting_last, used1, alloc,
-            cached_free1, evicted, freed, cached_freed, prefill1,
-            len(fin) if decode1 is None else decode1)
+            cached_free1, evicted, freed, cached_freed, prefill1, decode1)
         self.num_steps += k
         self.sum_decode += dec
         self.sum_prefill += prefill1
