@@ -31,7 +31,9 @@ from itertools import repeat
 
 import numpy as np
 
-from .jit import kernel
+from .jit import PREFETCH_AHEAD, kernel, prefetch
+
+D = PREFETCH_AHEAD  # (kernels fetch element i + D's lines while on element i)
 
 NO_HASH = np.iinfo(np.int64).min
 
@@ -212,7 +214,10 @@ def _pair_discard(tab, mask, shift, keys):  # pragma: no cover (compiled)
     """Delete each of ``keys`` held in the pair table ``tab`` (absent ones are skipped);
     returns how many were held."""
     n = 0
-    for i in range(keys.shape[0]):
+    m = keys.shape[0]
+    for i in range(m):
+        if i + D < m:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
         s = _pair_probe(tab, mask, shift, keys[i])
         if tab[2 * s] == keys[i]:
             _pair_delete(tab, mask, shift, s)
@@ -294,7 +299,10 @@ class PrefixTable:
 @kernel("void(i8[:], i8, i8, i8[:], i8[:])")
 def _pair_get(tab, mask, shift, q, out):  # pragma: no cover (compiled)
     """``out[i]`` = the value of ``q[i]`` in the pair table ``tab``, -1 where absent."""
-    for i in range(q.shape[0]):
+    m = q.shape[0]
+    for i in range(m):
+        if i + D < m:
+            prefetch(tab, 2 * _home(q[i + D], shift))
         s = _pair_probe(tab, mask, shift, q[i])
         out[i] = tab[2 * s + 1] if tab[2 * s] == q[i] else -1
 
@@ -305,6 +313,8 @@ def _prefix_walk(tab, mask, shift, q, limit, out):  # pragma: no cover (compiled
     ``tab``: their blocks into ``out``; returns its length (the index of the first key not
     held)."""
     for i in range(limit):
+        if i + D < limit:
+            prefetch(tab, 2 * _home(q[i + D], shift))
         s = _pair_probe(tab, mask, shift, q[i])
         if tab[2 * s] != q[i]:
             return i
@@ -325,7 +335,11 @@ def _prefix_register(tab, mask, shift, block_hash, q, v, sel):  # pragma: no cov
     n = 0
     dead = np.empty(0, dtype=np.int64)  # keys whose entries this batch deleted (rare)
     nd = 0
-    for i in range(q.shape[0]):
+    nq = q.shape[0]
+    for i in range(nq):
+        if i + D < nq:
+            prefetch(tab, 2 * _home(q[i + D], shift))
+            prefetch(block_hash, v[i + D])
         key = q[i]
         s = _pair_probe(tab, mask, shift, key)
         if tab[2 * s] == key:
@@ -375,7 +389,14 @@ def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled
     holding a hash)."""
     n_free = 0
     n_cached = 0
-    for b in blocks:
+    nb = blocks.shape[0]
+    for j in range(nb):
+        if j + D < nb:
+            a = blocks[j + D]
+            prefetch(ref_cnt, a)
+            prefetch(free_seq, a)
+            prefetch(block_hash, a)
+        b = blocks[j]
         if ref_cnt[b] == 0:
             free_seq[b] = -1
             n_free += 1
@@ -396,7 +417,15 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
     n = out.shape[0]
     i = 0
     m = 0
+    nq = q.shape[0]
+    nb = free_seq.shape[0]
     while i < n:
+        if head + D < nq:
+            a = q[head + D]
+            if 0 <= a < nb:  # (past the tail the queue array holds unset entries)
+                prefetch(free_seq, a)
+                prefetch(ref_cnt, a)
+                prefetch(block_hash, a)
         b = q[head]
         if free_seq[b] == qseq[head]:
             out[i] = b
@@ -413,6 +442,8 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
     d = 0
     if tab.shape[0]:
         for j in range(m):
+            if j + D < m:
+                prefetch(tab, 2 * _home(ev[j + D], shift))
             s = _pair_probe(tab, mask, shift, ev[j])
             if tab[2 * s] == ev[j]:
                 _pair_delete(tab, mask, shift, s)
@@ -454,7 +485,13 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
     """:meth:`BlockPool.free` on the arrays (the queue has room for every block). Returns
     (blocks released, of them holding a hash, -1) or, when a block has no reference left to drop
     (a block listed twice drops two), (0, 0, that block) with nothing changed."""
-    for j in range(blocks.shape[0]):
+    nb = blocks.shape[0]
+    for j in range(nb):
+        if j + D < nb:
+            a = blocks[j + D]
+            prefetch(ref_cnt, a)
+            prefetch(free_seq, a)
+            prefetch(block_hash, a)
         ref_cnt[blocks[j]] -= 1
         if ref_cnt[blocks[j]] < 0:
             for i in range(j + 1):  # undo

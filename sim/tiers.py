@@ -46,7 +46,9 @@ import numpy as np
 from .block_pool import NO_HASH, PrefixTable, _home, _pair_delete, _pair_discard, _pair_probe
 from .clock import exact_delays
 from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
-from .jit import kernel
+from .jit import PREFETCH_AHEAD, kernel, prefetch
+
+D = PREFETCH_AHEAD  # (kernels fetch key i + D's table slot while on key i)
 from .metrics import TransferLog
 
 CODECS = ("identity", "fp8", "nvfp4")
@@ -254,7 +256,10 @@ def _lru_use(tab, ring, st, s, key):  # pragma: no cover (compiled)
 def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no cover
     """:meth:`LRUStore.insert_many` on the arrays (the table and ring have room for every
     key): the evicted pages into ``out``; returns how many."""
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + D < n:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
         key = keys[i]
         _lru_use(tab, ring, st, _pair_probe(tab, mask, shift, key), key)
     rmask = ring.shape[0] - 1
@@ -262,6 +267,9 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
     while st[2] > cap:
         h = st[0]
         st[0] = h + 1
+        ahead = ring[(h + D) & rmask]  # (the entry D positions on: likely evicted soon)
+        if ahead != NO_HASH:
+            prefetch(tab, 2 * _home(ahead, shift))
         key = ring[h & rmask]
         if key == NO_HASH:
             continue
@@ -276,7 +284,10 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
 def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (compiled)
     """Move each held key to the most recent end, in order; the index of the first key not
     held (the touching stops there), or -1. The ring has room for every key."""
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + D < n:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
         s = _pair_probe(tab, mask, shift, keys[i])
         if tab[2 * s] != keys[i]:
             return i
@@ -286,7 +297,10 @@ def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (comp
 
 @kernel("void(i8[:], i8, i8, i8[:], b1[:])")
 def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + D < n:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
         out[i] = tab[2 * _pair_probe(tab, mask, shift, keys[i])] == keys[i]
 
 
@@ -309,7 +323,11 @@ def _locate_pages(gtab, gmask, gshift, htab, hmask, hshift, dtab, dmask, dshift,
     entries only) or -1 into ``blk`` and the fastest tier holding it (0 GPU, 1 host, 2 disk,
     -1 none) into ``code``. With ``stop`` it ends at the first key held nowhere and returns its
     index, else it returns ``len(q)``."""
-    for i in range(q.shape[0]):
+    n = q.shape[0]
+    for i in range(n):
+        if i + D < n:  # (the GPU and host slots: most keys are looked up in both)
+            prefetch(gtab, 2 * _home(q[i + D], gshift))
+            prefetch(htab, 2 * _home(q[i + D], hshift))
         key = q[i]
         b = -1
         s = _pair_probe(gtab, gmask, gshift, key)
@@ -379,7 +397,10 @@ class KeySet:
 @kernel("i8(i8[:], i8, i8, i8[:], b1[:])")
 def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
     n = 0
-    for i in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for i in range(nk):
+        if i + D < nk:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
         s = _pair_probe(tab, mask, shift, keys[i])
         new[i] = tab[2 * s] != keys[i]
         if new[i]:
@@ -393,7 +414,11 @@ def _queue_absent(htab, hmask, hshift, stab, smask, sshift, keys, out):  # pragm
     """The keys neither in the LRU table ``htab`` nor in the set table ``stab``, each added to
     the set, in order, into ``out`` (each once); returns how many (the set has room)."""
     m = 0
-    for i in range(keys.shape[0]):
+    n = keys.shape[0]
+    for i in range(n):
+        if i + D < n:
+            prefetch(htab, 2 * _home(keys[i + D], hshift))
+            prefetch(stab, 2 * _home(keys[i + D], sshift))
         key = keys[i]
         if htab[2 * _pair_probe(htab, hmask, hshift, key)] == key:
             continue
