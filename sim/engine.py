@@ -1244,6 +1244,13 @@ class Simulator:
             # per-step loop (TierManager.write_back): the stretch ends before it
             first = self._first_evicting_step(ps if n_pairs else None)
             cap = k if first is None else first - 1
+        elif (n_pairs and self.waiting and self.max_tokens > b
+              and len(self.running) + self.onboarding < self.max_seqs):
+            # The per-step loop retries the waiting head every step; the stretch ends before
+            # the first step whose new blocks evict a block of the head's prefix hit
+            # (_head_hit_step)
+            first = self._head_hit_step(ps)
+            cap = k if first is None else first - 1
         else:
             cap = k
         if cap < k:
@@ -2138,6 +2145,29 @@ class Simulator:
                     req.n_cached = full
                 else:
                     _queue_registration(req, full, reg)
+
+    def _head_hit_step(self, ps):
+        """The first fast-forward step (dense, no tiers) whose new blocks take a block of the
+        waiting head's prefix hit off the free queue, or None. ``ps``: the step of each new
+        block, in allocation order (by step; blocks are taken from the free queue's head in
+        that order).
+
+        Between such steps a pure-decode stretch can only make the head less admissible:
+        fewer free blocks, the same hit. Taking one of its hit blocks cuts its hit at that
+        block, and the hit blocks after it that are still free no longer count against the
+        free blocks (they were taken with the hit): when the head's chunk is capped (by the
+        token budget or ``long_prefill_token_threshold``) its new blocks stay as many, so it
+        may need fewer blocks than before. A hit block with free blocks after it happens when
+        requests sharing a prefix computed parts of it concurrently (one's blocks were
+        registered, the other's kept as duplicates) and freed them in another order; found by
+        a differential search with ``long_prefill_token_threshold``."""
+        head = self.waiting[0]
+        self._ensure_keys(head)
+        hit = self._prefix_hit(head)[0]
+        if not len(hit):
+            return None
+        bad = np.isin(self.pool.peek_free(len(ps)), hit)
+        return int(ps[int(np.argmax(bad))]) if bad.any() else None
 
     def _first_evicting_step(self, ps):
         """The first fast-forward step whose new blocks evict a cached block from the free

@@ -182,6 +182,49 @@ def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, s
         (rb.num_steps, rb.sum_decode, rb.sum_prefill, rb.peak_blocks_used, rb.preemptions)
 
 
+def chunk_workload(seed, n=30):
+    """Long prompts chunked over several steps while earlier requests decode: prompts of one
+    of three families share prefixes (their keys are registered by one request and looked up
+    or re-registered by others), outputs that differ (decodes finish during chunked
+    prefills), arrivals spread so the waiting queue fills and empties, and closed-loop children
+    (a finish releases one)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        inp = int(rng.integers(100, 900))
+        fam = int(rng.integers(0, 3))
+        rows.append(dict(arrival_s=float(rng.uniform(0, 3)), input_tokens=inp,
+                         output_tokens=int(rng.integers(1, 120)),
+                         prefix_ids=[fam * 1000 + j for j in range(-(-inp // 16))]))
+    rows.sort(key=lambda r: r["arrival_s"])
+    for p in (2, 11, 19):
+        inp = int(rng.integers(100, 600))
+        rows.append(dict(input_tokens=inp, output_tokens=int(rng.integers(1, 40)),
+                         parent_request_id=p, think_s=float(rng.choice([0.0, 0.01, 0.2])),
+                         session_id=p, prefix_ids=[7000 + j for j in range(-(-inp // 16))]))
+    return make_workload(rows, prefix_block_tokens=16)
+
+
+@pytest.mark.parametrize("seed,n,num_blocks,budget,thr", [(711486, 20, 60, 256, 40),
+                                                          (3, 30, 60, 256, 40),
+                                                          (5, 30, 80, 128, 32)])
+def test_decode_stretch_ends_before_it_takes_the_waiting_heads_hit(seed, n, num_blocks, budget,
+                                                                    thr):
+    """With a request waiting whose chunk is capped (here by long_prefill_token_threshold), a
+    decode stretch whose new blocks take one of the head's prefix-hit blocks off the free queue
+    ends before that step (Simulator._head_hit_step): the head's hit is cut there while hit
+    blocks after it are still free, so the head may fit where it did not. Requests and steps
+    equal the per-step loop's; the first case (found by a differential search) admitted the
+    head one step later in the stretch than in the per-step loop before the fix."""
+    wl = chunk_workload(seed, n=n)
+    o = [f"scheduler.max_num_batched_tokens={budget}",
+         f"scheduler.long_prefill_token_threshold={thr}"]
+    a, sa, ra, _ = simulate(wl, *o, num_blocks=num_blocks, fast_forward=True)
+    b, sb, rb, _ = simulate(wl, *o, num_blocks=num_blocks, fast_forward=False)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    pd.testing.assert_frame_equal(sa, sb, check_exact=True)
+
+
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 
