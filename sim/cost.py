@@ -263,6 +263,52 @@ class AnalyticCostModel:
             return durs[0], ends[0]
         return np.concatenate(durs), np.concatenate(ends)
 
+    def chunk_stretch_times(self, new_tokens: np.ndarray, ctx0: np.ndarray, samples: int,
+                            k: int, start: float, first: float,
+                            stop: float) -> tuple[list, list]:
+        """Durations and end times (s) of up to ``k`` consecutive steps of one batch whose
+        requests each compute ``new_tokens[i]`` tokens a step (a chunked prefill with decodes):
+        step ``s`` (1-based) computes them after ``ctx0[i] + (s - 1) x new_tokens[i]`` cached
+        tokens, ``samples`` requests sampling; step 1 takes ``first`` s (the engine's
+        :meth:`step_time` of it). Ends with the first step whose end is at or after ``stop``
+        (s). Each later duration is :meth:`step_time`'s for that step's arrays, bit for bit:
+        with the analytic attention its integer sums move by ``sum n_i^2`` pairs and ``sum
+        n_i`` context tokens a step (exact while below 2**53), else :meth:`step_time` is called
+        per step. Ends are ``start + first + ...`` added left to right (the per-step clock).
+        Returns two lists of floats of one length ``<= k``. ``new_tokens``, ``ctx0``: int64,
+        shape ``(b,)``."""
+        t = start + first
+        durs = [first]
+        ends = [t]
+        if k < 2 or t >= stop:
+            return durs, ends
+        sums = None
+        if (type(self).attention_time is AnalyticCostModel.attention_time
+                and type(self).step_time is AnalyticCostModel.step_time):
+            sums = self._int_attention_sums(new_tokens, ctx0)
+        if sums is not None:
+            pairs, cs, ns = (int(x) for x in sums)
+            dp = int(np.dot(new_tokens, new_tokens))
+            if pairs + (k - 1) * dp < _EXACT and cs + (k - 1) * ns < _EXACT:
+                fixed = self.overhead + self.linear_time(ns, samples)
+                attn = self._attention_from_sums
+                while len(ends) < k and t < stop:
+                    pairs += dp
+                    cs += ns
+                    d = fixed + attn(pairs, cs, ns)
+                    t = t + d
+                    durs.append(d)
+                    ends.append(t)
+                return durs, ends
+        ctx = ctx0.copy()
+        while len(ends) < k and t < stop:
+            ctx += new_tokens
+            d = self.step_time(new_tokens, ctx, samples)
+            t = t + d
+            durs.append(d)
+            ends.append(t)
+        return durs, ends
+
     @staticmethod
     def _decode_ctx_sums(ctx0: np.ndarray, k: int, first: int, shift: int):
         """``(b, steps, context sum per step)`` of :meth:`decode_step_times` (float64, exact for

@@ -976,6 +976,8 @@ class Simulator:
                     # (dense) likewise
                     stretch = self._fast_forward(sched_req, ctx_arr, 0.0,
                                                  (dt, sched_n[-self._step_admitted:]))
+                elif self._ff_admit and self._prefill_chunk_step(sched_req, sched_n):
+                    stretch = self._prefill_stretch(sched_req, n_arr, ctx_arr, dt)
                 # taken unless the next event lands inside this step
                 if stretch is not None and env.peek() > env.now + dt and (yield from stretch):
                     self._check_sim_time()
@@ -1117,6 +1119,166 @@ class Simulator:
             if (compressed and req.layout is None) or req.n_computed + n != req.input + req.n_generated:
                 return False
         return True
+
+    def _prefill_chunk_step(self, sched_req, sched_n) -> bool:
+        """True if this step is a chunked-prefill step that the next ones repeat: every running
+        request scheduled, all but the last for its one next decode token, the last for a chunk
+        of at least 2 tokens that leaves its prompt incomplete and takes the rest of the token
+        budget (so the scheduler tries no waiting request), nobody admitted or preempted.
+        Uses the counts :meth:`_schedule` kept (:meth:`_prefill_stretch`)."""
+        b = len(sched_req)
+        if not b or self._step_admitted or self._step_preempted or b != len(self.running):
+            return False
+        n = sched_n[-1]
+        if self._step_decodes != b - 1 or n < 2 or b - 1 + n != self.max_tokens:
+            return False
+        p = sched_req[-1]
+        return p.n_computed + n < p.input + p.n_generated
+
+    def _prefill_stretch(self, reqs, n_arr, ctx_arr, dt: float):
+        """Advance ``k`` steps of a chunked prefill in one SimPy timeout when it is exact
+        (dense runs without tiers; the first step, of ``dt`` s, scheduled by :meth:`_schedule`
+        and checked by :meth:`_prefill_chunk_step`).
+
+        Each step every running request but the last decodes one token and the last, ``P``,
+        computes the next ``c = max_num_batched_tokens - decodes`` tokens of its prompt: the
+        whole token budget, so the scheduler (running requests first, as vLLM's) tries no
+        waiting request. ``k`` is bounded by the step before ``P``'s last chunk (a smaller one
+        leaves budget for an admission), by the first decode finish (the stretch ends with
+        that step, as :meth:`_fast_forward` without its finishing stretch), by the next pending
+        SimPy event (the step during which it lands, :meth:`_tie_inside` as there) and by the
+        free blocks (a step that would preempt runs through the scheduler).
+
+        Each step's pool calls are the scheduler's, in its order: the decodes' new blocks (in
+        running order), then ``P``'s new blocks and the registration of its blocks now full
+        (:meth:`_grow`: ``P``'s prompt keys may be held by free blocks that a later step
+        evicts, so registrations and evictions keep their order). The blocks decode tokens fill
+        are registered in one call at the end (their keys are unique to their requests). Step
+        times are :meth:`AnalyticCostModel.step_time`'s for each step's batch
+        (:meth:`AnalyticCostModel.chunk_stretch_times`); the rows are the per-step loop's.
+        Returns ``k`` (0 = not taken, nothing changed)."""
+        env = self.env
+        pool = self.pool
+        B = self.B
+        b = len(reqs)
+        p = reqs[-1]
+        c = int(n_arr[-1])
+        cp = p.n_computed  # before step 1
+        k = (p.input + p.n_generated - cp - 1) // c  # steps with a full chunk before the last
+        dec = reqs[:-1]
+        fin = [r.output - r.n_generated for r in dec]  # the step each decode finishes at
+        if fin:
+            f = min(fin)
+            if f < k:
+                k = f
+        if k < 2:
+            return 0
+        t_next = env.peek()
+        if self.max_sim_time is not None:
+            t_next = min(t_next, float(self.max_sim_time))
+        # step times up to the step during which the next event lands: step s's batch is
+        # step 1's with every request s - 1 chunks further
+        durs, ends = self.cost.chunk_stretch_times(n_arr, ctx_arr, b - 1, k, env.now, dt, t_next)
+        k = len(ends)
+        t = ends[-1]
+        if t >= t_next:
+            j = k - 1
+            if t != t_next and self._tie_inside(float(ends[j - 1]) if j else env.now, float(t)):
+                k = j
+        if k < 2:
+            return 0
+        # new blocks: the decodes' (by step, then running order) and P's, cut to the steps
+        # whose cumulative need fits the free blocks
+        alloc = np.empty(k + 1, dtype=np.int64)
+        n_max = (b - 1) * ((k - 2) // B + 1)
+        pi = np.empty(n_max, dtype=np.int64)
+        ps = np.empty(n_max, dtype=np.int64)
+        _, n_pairs = _stretch_pairs(np.ascontiguousarray(ctx_arr[:-1]),
+                                    np.array(fin, dtype=np.int64), B, k, pool.num_free, alloc,
+                                    pi, ps)
+        alloc = alloc.tolist()
+        free = pool.num_free
+        total = 0
+        nb = -(-(cp + c) // B)  # P's blocks after step 1
+        for s in range(2, k + 1):
+            nb_s = -(-(cp + s * c) // B)
+            total += alloc[s] + nb_s - nb
+            nb = nb_s
+            if total > free:  # (steps 1 .. s - 1 fit)
+                k = s - 1
+                if k < 2:
+                    return 0
+                n_pairs = int(np.searchsorted(ps[:n_pairs], k, side="right"))
+                break
+        pi = pi[:n_pairs]
+        ps = ps[:n_pairs]
+        durs = durs[:k]
+        ends = ends[:k]
+        used = np.empty(k, dtype=np.int64)
+        cfree = np.empty(k, dtype=np.int64)
+        used[0] = pool.num_used
+        cfree[0] = pool.num_cached_free
+        blocks = np.empty(n_pairs, dtype=np.int64)
+        j = 0
+        for s in range(2, k + 1):
+            nd = alloc[s]
+            if nd:
+                pool.allocate_into(blocks[j:j + nd])
+                j += nd
+            if not self._grow(p, cp + s * c):  # (the need was checked above)
+                raise RuntimeError("allocation failed after capacity check")
+            used[s - 1] = pool.num_used
+            cfree[s - 1] = pool.num_cached_free
+        for i, blk in zip(pi.tolist(), blocks.tolist()):  # (by step: each table in order)
+            r = dec[i]
+            r.blocks[r.n_blocks] = blk
+            r.n_blocks += 1
+        start = env.now
+        waiting0 = len(self.waiting)
+        yield from _advance_to(env, float(ends[-1]))
+        now = env.now
+        # commit: the decodes computed and sampled k tokens, P computed k chunks
+        finished = False
+        reg = ([], [])
+        caching = self.caching
+        for r in dec:
+            if r.n_blocks > r.peak_blocks:
+                r.peak_blocks = r.n_blocks
+            n = r.n_computed + k
+            r.n_computed = n
+            r.n_generated += k
+            if caching and n // B > r.n_cached:
+                _queue_registration(r, n // B, reg)
+            if r.n_generated >= r.output:
+                r.status = FINISHED
+                r.finish = now
+                finished = True
+        p.n_computed = cp + k * c
+        self._flush_grow([], reg)
+        if finished:
+            self._retire_finished()
+        rec = self.rec
+        running = np.full(k, b, dtype=np.int64)
+        waiting = np.full(k, waiting0, dtype=np.int64)
+        # live KV tokens after each step: the scheduled requests' computed tokens
+        live = np.arange(1, k + 1, dtype=np.int64)
+        live *= self.max_tokens
+        live += int(np.add.reduce(ctx_arr))
+        # the last row: the state after the finished requests left
+        running[-1] = len(self.running)
+        waiting[-1] = len(self.waiting)
+        used[-1] = pool.num_used
+        cfree[-1] = pool.num_cached_free
+        live[-1] = self._live_tokens()
+        starts = np.empty(k, dtype=np.float64)
+        starts[0] = start
+        starts[1:] = ends[:-1]
+        rec.steps_rows(starts, np.array(durs, dtype=np.float64), running, waiting,
+                       np.full(k, c, dtype=np.int64), np.full(k, b - 1, dtype=np.int64), used,
+                       cfree, live)
+        if self.check:
+            self.check_invariants()
+        return k
 
     def _fast_forward(self, reqs, ctx0, extra_first: float = 0.0, admitted=None):
         """Advance ``k`` pure-decode steps in one SimPy timeout when it is exact.

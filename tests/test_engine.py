@@ -205,6 +205,35 @@ def chunk_workload(seed, n=30):
     return make_workload(rows, prefix_block_tokens=16)
 
 
+@pytest.mark.parametrize("seed,num_blocks,budget,steps", [
+    (0, 1000, 64, True), (1, 1000, 100, False), (2, 90, 64, True), (3, 70, 128, True),
+    (4, 130, 48, False), (5, 4000, 80, True), (6, 60, 32, True)])
+def test_prefill_stretches_equal_per_step(monkeypatch, seed, num_blocks, budget, steps):
+    """A chunked prefill whose chunk takes the rest of the token budget while the other running
+    requests decode is advanced several steps at once (Simulator._prefill_stretch): requests,
+    steps and counters equal the per-step loop's, bit for bit, with small pools (stretches cut
+    by the free blocks; preemptions), prompts sharing prefixes, decodes finishing at a
+    stretch's last step and closed-loop children. Stretches are taken in every case."""
+    taken = []
+    orig = Simulator._prefill_stretch
+
+    def spy(self, *a):
+        k = yield from orig(self, *a)
+        taken.append(k)
+        return k
+
+    monkeypatch.setattr(Simulator, "_prefill_stretch", spy)
+    wl = chunk_workload(seed)
+    o = [f"scheduler.max_num_batched_tokens={budget}"]
+    a, sa, ra, _ = simulate(wl, *o, num_blocks=num_blocks, steps=steps, fast_forward=True)
+    assert sum(k > 0 for k in taken) >= 3
+    b, sb, rb, _ = simulate(wl, *o, num_blocks=num_blocks, steps=steps, fast_forward=False)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    pd.testing.assert_frame_equal(sa, sb, check_exact=True)
+    assert (ra.num_steps, ra.sum_decode, ra.sum_prefill, ra.peak_blocks_used, ra.preemptions) == \
+        (rb.num_steps, rb.sum_decode, rb.sum_prefill, rb.peak_blocks_used, rb.preemptions)
+
+
 @pytest.mark.parametrize("seed,n,num_blocks,budget,thr", [(711486, 20, 60, 256, 40),
                                                           (3, 30, 60, 256, 40),
                                                           (5, 30, 80, 128, 32)])
@@ -352,9 +381,11 @@ _COST_MODELS = {}
 
 
 def _cost_model(i):
-    """The analytic cost model of Llama-3.1-8B on H100 (0) or Qwen3-8B on H200 (1), built once."""
+    """The analytic cost model of Llama-3.1-8B on H100 (0) or Qwen3-8B on H200 (1), or the
+    calibrated one of Qwen3-8B on H200 (2), built once."""
     if i not in _COST_MODELS:
-        cfg = compose_config([["model=llama3_1_8b", "gpu=h100"], ["model=qwen3_8b"]][i])
+        cfg = compose_config([["model=llama3_1_8b", "gpu=h100"], ["model=qwen3_8b"],
+                              ["model=qwen3_8b", "gpu=h200", "cost=calibrated"]][i])
         _COST_MODELS[i] = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     return _COST_MODELS[i]
 
@@ -379,6 +410,30 @@ def test_finishing_stretch_times_compiled_equal_the_runs_between_finishes(rows, 
     d2, e2 = cm.decode_stretch_times_finishing(ctx, fin, k, start, stop)
     assert d1.tolist() == d2.tolist() and e1.tolist() == e2.tolist()
     assert len(e1) == k or (e1[-1] >= stop and (len(e1) == 1 or e1[-2] < stop))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(1, 9000)), min_size=1, max_size=30),
+       st.integers(1, 60), st.floats(0, 1e5), st.floats(0.0, 3.0), st.sampled_from([0, 1, 2]))
+def test_chunk_stretch_times_equal_step_time_per_step(rows, k, start, span, model):
+    """AnalyticCostModel.chunk_stretch_times (integer sums moved a step at a time; the
+    calibrated model calls step_time per step) equals step_time called on each step's arrays,
+    added to the clock one step at a time: same bits, stopped at the first step that ends at
+    or after ``stop``."""
+    cm = _cost_model(model)
+    n = np.asarray([r[1] for r in rows], dtype=np.int64)
+    ctx = np.asarray([r[0] for r in rows], dtype=np.int64)
+    samples = int((n == 1).sum())
+    stop = start + span if span < 2.5 else np.inf
+    first = cm.step_time(n, ctx, samples)
+    d1, e1 = cm.chunk_stretch_times(n, ctx, samples, k, start, first, stop)
+    d2, e2 = [first], [start + first]
+    c = ctx.copy()
+    while len(e2) < k and e2[-1] < stop:
+        c += n
+        d2.append(cm.step_time(n, c, samples))
+        e2.append(e2[-1] + d2[-1])
+    assert d1 == d2 and e1 == e2
 
 
 def test_decode_stretch_rows_equal_the_numpy_columns():
