@@ -579,6 +579,7 @@ class BlockPool:
         self._cf = np.empty(256, dtype=bool)
         self._sel = np.empty(256, dtype=np.int64)
         self.evicted_cached_blocks = 0
+        self.uncached_blocks = 0  # hashes dropped by uncache (compression rounds)
         # when lists, allocate() appends the keys it evicts and cache_blocks() those it newly
         # registers, as int64 arrays, none empty (the tier manager's write policies read them)
         self.evict_log: list[np.ndarray] | None = None
@@ -690,15 +691,15 @@ class BlockPool:
         (eviction or compaction), so they must never serve a hit for the uncompressed text."""
         if not self.enable_caching or len(blocks) == 0:
             return
-        if self.change_log is not None or self._table:
-            h = self.block_hash[blocks]
-            h = h[h != NO_HASH]
-            if len(h):
-                if self.change_log is not None:
-                    self.change_log.append(h)
-                if self._table:
-                    idx = self.index
-                    idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
+        h = self.block_hash[blocks]
+        h = h[h != NO_HASH]
+        if len(h):
+            self.uncached_blocks += len(h)
+            if self.change_log is not None:
+                self.change_log.append(h)
+            if self._table:
+                idx = self.index
+                idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
         self.block_hash[blocks] = NO_HASH  # (a dict index's entries are now stale)
 
     # ------------------------------------------------------------------ queue ops

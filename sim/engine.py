@@ -1875,11 +1875,11 @@ class Simulator:
         pass_ev = waiting0 > 0
         ev_log: list[tuple[float, int]] = []
         # the per-step loop retries the waiting head every step; the stretch only takes blocks
-        # except where a round or a finish returns blocks (the stretch then ends at that step
-        # if the head fits: _head_fits; a finish admits it within the stretch), so between those
-        # the head can only become less admissible: an allocation never evicts a block of its hit
-        # while a deeper one stays free (tables are freed deepest block first, so descendants
-        # sit ahead in the LRU free queue), and a first round uncaches blocks that are in use
+        # except where a round or a finish returns blocks or a first round uncaches some (the
+        # stretch then ends at that step if the head fits: _head_fits; a finish admits it
+        # within the stretch), and it ends before a step whose new blocks take a block of the
+        # head's hit (_head_hit_step), so between those the head can only become less
+        # admissible (fewer free blocks, the same hit)
         admit = bool(self.waiting) and self.max_tokens > b and \
             len(self.running) + self.onboarding < self.max_seqs
         # the running requests in the stretch (indices into reqs, running order)
@@ -1931,6 +1931,20 @@ class Simulator:
                         break
                     d = d[:hi - seg + 1]
                     c = c[:hi - seg + 1]
+                if admit and self.waiting:
+                    # the per-step loop retries the head every step: the stretch ends before
+                    # the first step whose new blocks take a block of its prefix hit
+                    # (_head_hit_step; steps in allocation order)
+                    first = self._head_hit_step(np.sort(ps[ps <= hi]))
+                    if first is not None:
+                        hi = k = first - 1
+                        cut = True
+                        if hi < seg:  # the stretch ended with the last segment
+                            self._round_time = carry
+                            k = seg - 1
+                            break
+                        d = d[:hi - seg + 1]
+                        c = c[:hi - seg + 1]
             if pass_ev and c[-1] >= t_ev and t_ev < t_lim:
                 t_ev, before = yield from self._pass_arrivals(c, last, t_ev, t_lim, ev_log)
                 t_next = min(t_ev, t_lim)
@@ -1973,6 +1987,7 @@ class Simulator:
                 # the rounds at the end of step hi, in running order
                 u = pool.num_used
                 cf = pool.num_cached_free
+                unc = pool.uncached_blocks
                 while heap and heap[0][0] == hi:
                     i = heapq.heappop(heap)[1]
                     req = reqs[i]
@@ -2004,12 +2019,15 @@ class Simulator:
                 freed = u - pool.num_used
                 round_used[hi] -= freed
                 round_cf[hi] += pool.num_cached_free - cf
-                if freed > 0 and admit and self._head_fits(self.max_tokens - len(active)):
-                    # the freed blocks admit the waiting head: the next scheduling does it. If
-                    # they do not, no later step of the stretch does either until blocks are
-                    # freed again (its allocations only take free blocks: see admit above), so
-                    # the stretch goes on; the next step's scheduling, before its admission,
-                    # takes the decode blocks first and leaves fewer free
+                if (freed > 0 or pool.uncached_blocks != unc) and admit \
+                        and self._head_fits(self.max_tokens - len(active)):
+                    # the freed blocks admit the waiting head, or a first round's uncached
+                    # blocks cut its hit (hit blocks after the cut that are free then no longer
+                    # count against the free blocks): the next scheduling does it. If they do
+                    # not, no later step of the stretch does either until blocks are freed or
+                    # uncached again (see admit above), so the stretch goes on; the next step's
+                    # scheduling, before its admission, takes the decode blocks first and
+                    # leaves fewer free
                     k = hi
                     cut = True
             if hi == recheck:
@@ -2324,11 +2342,16 @@ class Simulator:
         registered, the other's kept as duplicates) and freed them in another order; found by
         a differential search with ``long_prefill_token_threshold``."""
         head = self.waiting[0]
-        self._ensure_keys(head)
-        hit = self._prefix_hit(head)[0]
-        if not len(hit):
+        max_hit = (head.num_tokens - 1) // self.B if self.caching else 0
+        if not max_hit:
             return None
-        bad = np.isin(self.pool.peek_free(len(ps)), hit)
+        self._ensure_keys(head)
+        # a block holding one of the head's first max_hit keys is that key's indexed block
+        # (a key held keeps its block; duplicates stay unregistered): a hit block, or one past
+        # its first miss (taking that one changes nothing; cutting there is merely early)
+        pool = self.pool
+        held = self._hit_index(head, max_hit).get_many(pool.block_hash[pool.peek_free(len(ps))])
+        bad = held >= 0
         return int(ps[int(np.argmax(bad))]) if bad.any() else None
 
     def _first_evicting_step(self, ps):

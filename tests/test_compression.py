@@ -207,6 +207,31 @@ def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch, case
         pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
 
 
+def test_compression_stretch_ends_before_it_takes_the_waiting_heads_hit(tmp_path):
+    """A compression run's decode stretch with a request waiting whose chunk is capped
+    (long_prefill_token_threshold) ends before the first step whose new blocks take one of the
+    head's prefix-hit blocks off the free queue (Simulator._head_hit_step): the head's hit is
+    cut there while hit blocks after it are still free, so it may fit. Requests, steps and
+    rounds equal the per-step loop's; this case (found by a differential search) admitted the
+    head one step later than the per-step loop before the fix."""
+    from conftest import chunk_workload
+
+    wl = chunk_workload(187030, n=26)
+    out = {}
+    for ff in ("true", "false"):
+        cfg = compose_config(["scheduler.max_num_batched_tokens=100", "cache.num_gpu_blocks=40",
+                              "policy=random", "policy.budget=32", "policy.beta=16",
+                              "scheduler.long_prefill_token_threshold=40",
+                              "scheduler.max_num_seqs=8", "sim.progress=false",
+                              "sim.check_invariants=true", f"sim.fast_forward={ff}"])
+        run_simulation(cfg, tmp_path / ff, workload=wl)
+        out[ff] = {t: pd.read_parquet(tmp_path / ff / f"{t}.parquet")
+                   for t in ("requests", "steps", "rounds")}
+    assert len(out["true"]["rounds"]) > 0
+    for t in ("requests", "steps", "rounds"):
+        pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
+
+
 @pytest.mark.parametrize("compaction,mode", [("forward_pack", "union"), ("hole_fill", "per_head"),
                                              ("none", "per_layer_per_head")])
 def test_end_live_tokens_without_applying_pending_tokens(compaction, mode):

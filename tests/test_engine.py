@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import make_workload
+from conftest import chunk_workload, make_workload
 from sim.cost import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
@@ -180,29 +180,6 @@ def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, s
     pd.testing.assert_frame_equal(sa, sb, check_exact=True)
     assert (ra.num_steps, ra.sum_decode, ra.sum_prefill, ra.peak_blocks_used, ra.preemptions) == \
         (rb.num_steps, rb.sum_decode, rb.sum_prefill, rb.peak_blocks_used, rb.preemptions)
-
-
-def chunk_workload(seed, n=30):
-    """Long prompts chunked over several steps while earlier requests decode: prompts of one
-    of three families share prefixes (their keys are registered by one request and looked up
-    or re-registered by others), outputs that differ (decodes finish during chunked
-    prefills), arrivals spread so the waiting queue fills and empties, and closed-loop children
-    (a finish releases one)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        inp = int(rng.integers(100, 900))
-        fam = int(rng.integers(0, 3))
-        rows.append(dict(arrival_s=float(rng.uniform(0, 3)), input_tokens=inp,
-                         output_tokens=int(rng.integers(1, 120)),
-                         prefix_ids=[fam * 1000 + j for j in range(-(-inp // 16))]))
-    rows.sort(key=lambda r: r["arrival_s"])
-    for p in (2, 11, 19):
-        inp = int(rng.integers(100, 600))
-        rows.append(dict(input_tokens=inp, output_tokens=int(rng.integers(1, 40)),
-                         parent_request_id=p, think_s=float(rng.choice([0.0, 0.01, 0.2])),
-                         session_id=p, prefix_ids=[7000 + j for j in range(-(-inp // 16))]))
-    return make_workload(rows, prefix_block_tokens=16)
 
 
 @pytest.mark.parametrize("seed,num_blocks,budget,steps", [
