@@ -383,6 +383,14 @@ def _count_free(ref_cnt, blocks):  # pragma: no cover (compiled)
     return c
 
 
+@kernel("void(i4[:], i8[:], i8[:], i8)")
+def _prefetch_block(ref_cnt, free_seq, block_hash, b):  # pragma: no cover (compiled)
+    """Fetch block ``b``'s entries of the pool's per-block arrays (:func:`sim.jit.prefetch`)."""
+    prefetch(ref_cnt, b)
+    prefetch(free_seq, b)
+    prefetch(block_hash, b)
+
+
 @kernel("UniTuple(i8, 2)(i4[:], i8[:], i8[:], i8[:])")
 def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled)
     """:meth:`BlockPool.touch` on the arrays: returns (blocks taken off the free queue, of them
@@ -392,10 +400,7 @@ def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled
     nb = blocks.shape[0]
     for j in range(nb):
         if j + D < nb:
-            a = blocks[j + D]
-            prefetch(ref_cnt, a)
-            prefetch(free_seq, a)
-            prefetch(block_hash, a)
+            _prefetch_block(ref_cnt, free_seq, block_hash, blocks[j + D])
         b = blocks[j]
         if ref_cnt[b] == 0:
             free_seq[b] = -1
@@ -423,9 +428,7 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
         if head + D < nq:
             a = q[head + D]
             if 0 <= a < nb:  # (past the tail the queue array holds unset entries)
-                prefetch(free_seq, a)
-                prefetch(ref_cnt, a)
-                prefetch(block_hash, a)
+                _prefetch_block(ref_cnt, free_seq, block_hash, a)
         b = q[head]
         if free_seq[b] == qseq[head]:
             out[i] = b
@@ -488,10 +491,7 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
     nb = blocks.shape[0]
     for j in range(nb):
         if j + D < nb:
-            a = blocks[j + D]
-            prefetch(ref_cnt, a)
-            prefetch(free_seq, a)
-            prefetch(block_hash, a)
+            _prefetch_block(ref_cnt, free_seq, block_hash, blocks[j + D])
         ref_cnt[blocks[j]] -= 1
         if ref_cnt[blocks[j]] < 0:
             for i in range(j + 1):  # undo
