@@ -1411,7 +1411,7 @@ class Simulator:
             # The per-step loop retries the waiting head every step; the stretch ends before
             # the first step whose new blocks evict a block of the head's prefix hit
             # (_head_hit_step)
-            first = self._head_hit_step(ps)
+            first = self._head_hit_step(ps, self.max_tokens - b)
             cap = k if first is None else first - 1
         else:
             cap = k
@@ -1935,7 +1935,8 @@ class Simulator:
                     # the per-step loop retries the head every step: the stretch ends before
                     # the first step whose new blocks take a block of its prefix hit
                     # (_head_hit_step; steps in allocation order)
-                    first = self._head_hit_step(np.sort(ps[ps <= hi]))
+                    first = self._head_hit_step(np.sort(ps[ps <= hi]),
+                                                self.max_tokens - len(active))
                     if first is not None:
                         hi = k = first - 1
                         cut = True
@@ -2326,11 +2327,16 @@ class Simulator:
                 else:
                     _queue_registration(req, full, reg)
 
-    def _head_hit_step(self, ps):
-        """The first fast-forward step (dense, no tiers) whose new blocks take a block of the
-        waiting head's prefix hit off the free queue, or None. ``ps``: the step of each new
-        block, in allocation order (by step; blocks are taken from the free queue's head in
-        that order).
+    def _head_hit_step(self, ps, budget: int):
+        """The first fast-forward step (no tiers) whose new blocks take a block of the waiting
+        head's prefix hit off the free queue and after which the head fits, or None: the
+        per-step loop admits it in that step's scheduling. ``ps``: the step of each new block,
+        in allocation order (by step; blocks are taken from the free queue's head in that
+        order, none freed between); ``budget``: the tokens the step's decodes leave.
+
+        At such a step the head is checked as :meth:`_admission_plan` checks it: its hit cut at
+        the first block taken, the free blocks among the hit blocks before it (none of them
+        taken), its chunk, and the free blocks after that step's new blocks.
 
         Between such steps a pure-decode stretch can only make the head less admissible:
         fewer free blocks, the same hit. Taking one of its hit blocks cuts its hit at that
@@ -2351,8 +2357,26 @@ class Simulator:
         # its first miss (taking that one changes nothing; cutting there is merely early)
         pool = self.pool
         held = self._hit_index(head, max_hit).get_many(pool.block_hash[pool.peek_free(len(ps))])
-        bad = held >= 0
-        return int(ps[int(np.argmax(bad))]) if bad.any() else None
+        bad = np.flatnonzero(held >= 0)
+        if not len(bad):
+            return None
+        hit = pool.lookup_prefix(head.keys, max_hit)
+        cut = len(hit)
+        B = self.B
+        free0 = pool.num_free
+        for i in bad.tolist():  # (allocation order)
+            j = int(held[i])
+            if j >= cut:
+                continue  # past the hit, or behind an earlier cut: the hit stays as short
+            cut = j
+            s = int(ps[i])
+            n = self._chunk(head.num_tokens - j * B, budget)
+            if n < 0:
+                continue
+            need = -(-(j * B + n) // B) - j + pool.blocks_needed_for_touch(hit[:j])
+            if need <= free0 - int(np.searchsorted(ps, s, side="right")):
+                return s
+        return None
 
     def _first_evicting_step(self, ps):
         """The first fast-forward step whose new blocks evict a cached block from the free
