@@ -106,14 +106,16 @@ def _pair_fill(first, B, cnt, pi, ps):  # pragma: no cover (compiled)
             k += 1
 
 
-@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8, i8[:], i8[:], i8[:])")
-def _stretch_pairs(slot0, last, B, k, free, alloc, pi, ps):  # pragma: no cover (compiled)
+@kernel("UniTuple(i8, 2)(i8[:], i8[:], i8, i8, i8, i8[:], i8[:], i8[:], i8[:])")
+def _stretch_pairs(slot0, last, B, k, free, extra, alloc, pi, ps):  # pragma: no cover (compiled)
     """The new blocks of a dense decode stretch of ``k`` steps: request ``i``'s token at step
     ``s`` (index ``slot0[i] + s - 1``) starts a block at steps ``s0 = 2 + (-(slot0[i] + 1)) mod
     B``, ``s0 + B``, ... up to its last step ``last[i]`` (it finishes there) or ``k`` (step 1's
     block came with its scheduling). Fills ``alloc[s]`` (blocks needed at step ``s``, shape
     ``(k + 1,)``) and the pairs (``pi``: request, ``ps``: step; room for ``len(slot0) x ((k -
-    2) // B + 1)``) in allocation order: by step, then request. When they exceed ``free``
+    2) // B + 1)``) in allocation order: by step, then request. ``extra`` (empty, or shape
+    ``(k + 1,)``) holds blocks other requests take at each step (a prefill chunk's): counted
+    against ``free``, not in ``alloc`` or the pairs. When the cumulative need exceeds ``free``
     blocks, ``k`` is cut to the last step whose cumulative need fits. Returns ``(k, number of
     pairs)``."""
     b = slot0.shape[0]
@@ -126,12 +128,16 @@ def _stretch_pairs(slot0, last, B, k, free, alloc, pi, ps):  # pragma: no cover 
             alloc[s] += 1
             s += B
     total = 0
+    n = 0
     kk = k
+    more = extra.shape[0] > 0
     for s in range(k + 1):
-        if total + alloc[s] > free:
+        need = alloc[s] + extra[s] if more else alloc[s]
+        if total + need > free:
             kk = s - 1
             break
-        total += alloc[s]
+        total += need
+        n += alloc[s]
     if kk < 2:
         return kk, 0
     # counting sort by step: each step's pairs start at the steps before it; requests in order
@@ -149,7 +155,10 @@ def _stretch_pairs(slot0, last, B, k, free, alloc, pi, ps):  # pragma: no cover 
             ps[j] = s
             pos[s] = j + 1
             s += B
-    return kk, total
+    return kk, n
+
+
+_NO_EXTRA = np.empty(0, dtype=np.int64)  # (_stretch_pairs: no other request's blocks)
 
 
 def _flat(log: list) -> list:
@@ -1187,29 +1196,25 @@ class Simulator:
                 k = j
         if k < 2:
             return 0
-        # new blocks: the decodes' (by step, then running order) and P's, cut to the steps
-        # whose cumulative need fits the free blocks
+        # new blocks: the decodes' (by step, then running order) and P's (``extra``: its
+        # blocks after step s less those after step s - 1), cut to the steps whose cumulative
+        # need fits the free blocks
         alloc = np.empty(k + 1, dtype=np.int64)
         n_max = (b - 1) * ((k - 2) // B + 1)
         pi = np.empty(n_max, dtype=np.int64)
         ps = np.empty(n_max, dtype=np.int64)
-        _, n_pairs = _stretch_pairs(np.ascontiguousarray(ctx_arr[:-1]),
-                                    np.array(fin, dtype=np.int64), B, k, pool.num_free, alloc,
-                                    pi, ps)
+        nb = np.arange(k + 1, dtype=np.int64)
+        nb *= c
+        nb += cp + B - 1
+        nb //= B  # (ceil((cp + s c) / B): P's blocks after step s)
+        extra = np.zeros(k + 1, dtype=np.int64)
+        extra[2:] = nb[2:] - nb[1:-1]
+        k, n_pairs = _stretch_pairs(np.ascontiguousarray(ctx_arr[:-1]),
+                                    np.array(fin, dtype=np.int64), B, k, pool.num_free, extra,
+                                    alloc, pi, ps)
+        if k < 2:
+            return 0
         alloc = alloc.tolist()
-        free = pool.num_free
-        total = 0
-        nb = -(-(cp + c) // B)  # P's blocks after step 1
-        for s in range(2, k + 1):
-            nb_s = -(-(cp + s * c) // B)
-            total += alloc[s] + nb_s - nb
-            nb = nb_s
-            if total > free:  # (steps 1 .. s - 1 fit)
-                k = s - 1
-                if k < 2:
-                    return 0
-                n_pairs = int(np.searchsorted(ps[:n_pairs], k, side="right"))
-                break
         pi = pi[:n_pairs]
         ps = ps[:n_pairs]
         durs = durs[:k]
@@ -1238,21 +1243,8 @@ class Simulator:
         yield from _advance_to(env, float(ends[-1]))
         now = env.now
         # commit: the decodes computed and sampled k tokens, P computed k chunks
-        finished = False
         reg = ([], [])
-        caching = self.caching
-        for r in dec:
-            if r.n_blocks > r.peak_blocks:
-                r.peak_blocks = r.n_blocks
-            n = r.n_computed + k
-            r.n_computed = n
-            r.n_generated += k
-            if caching and n // B > r.n_cached:
-                _queue_registration(r, n // B, reg)
-            if r.n_generated >= r.output:
-                r.status = FINISHED
-                r.finish = now
-                finished = True
+        finished = self._commit_decodes(dec, fin, k, ends, now, reg)
         p.n_computed = cp + k * c
         self._flush_grow([], reg)
         if finished:
@@ -1382,7 +1374,7 @@ class Simulator:
         pi = np.empty(n_max, dtype=np.int64)
         ps = np.empty(n_max, dtype=np.int64)
         k, n_pairs = _stretch_pairs(np.ascontiguousarray(slot0, dtype=np.int64), fin_a, B, k,
-                                    self.pool.num_free, alloc_per_step, pi, ps)
+                                    self.pool.num_free, _NO_EXTRA, alloc_per_step, pi, ps)
         if k < 2:
             return 0
         inner = inner and k_first < k  # (some request finishes before the end)
@@ -1483,7 +1475,6 @@ class Simulator:
             live0 = int(np.add.reduce(ctx0)) if comp is None else sum(r.n_computed for r in reqs)
         finished = False
         reg = ([], [])  # decode-filled blocks: keys unique to their requests, one registration
-        caching = self.caching
         if comp is None:  # dense requests only: the loop below without its layout branches
             if admitted is not None:
                 # their chunks (computed at step 1) and first tokens (sampled at its end)
@@ -1492,19 +1483,7 @@ class Simulator:
                     req.n_computed += n - 1  # (+ 1 a step below)
                     if req.n_generated == 0:
                         req.first_token = t1
-            for req, f in zip(reqs, fin):
-                if req.n_blocks > req.peak_blocks:
-                    req.peak_blocks = req.n_blocks
-                n = k if f > k else f  # (steps it ran: it finished at step f <= k)
-                c = req.n_computed + n
-                req.n_computed = c
-                req.n_generated += n
-                if caching and c // B > req.n_cached:
-                    _queue_registration(req, c // B, reg)
-                if req.n_generated >= req.output:
-                    req.status = FINISHED
-                    req.finish = now if n == k else float(cum[n - 1])
-                    finished = True
+            finished = self._commit_decodes(reqs, fin, k, cum, now, reg)
         else:
             if nb_all is None:  # new blocks per request
                 nb_all = np.bincount(pi, minlength=b)
@@ -1559,6 +1538,31 @@ class Simulator:
         if self.check:
             self.check_invariants()
         return k
+
+    def _commit_decodes(self, reqs, fin, k: int, ends, now: float, reg: tuple) -> bool:
+        """Commit a dense stretch of ``k`` steps to the decoding requests ``reqs``: request
+        ``i`` ran ``min(fin[i], k)`` steps (it finishes at step ``fin[i]``), each computing and
+        sampling one token; its peak blocks are updated, its blocks now full are queued on
+        ``reg`` for one registration (:func:`_queue_registration`), and a finished one is marked
+        so, at the end of its last step (``ends[n - 1]``, s; ``now`` for the stretch's last).
+        Returns whether any finished."""
+        B = self.B
+        caching = self.caching
+        finished = False
+        for req, f in zip(reqs, fin):
+            if req.n_blocks > req.peak_blocks:
+                req.peak_blocks = req.n_blocks
+            n = k if f > k else f  # (steps it ran: it finished at step f <= k)
+            c = req.n_computed + n
+            req.n_computed = c
+            req.n_generated += n
+            if caching and c // B > req.n_cached:
+                _queue_registration(req, c // B, reg)
+            if req.n_generated >= req.output:
+                req.status = FINISHED
+                req.finish = now if n == k else float(ends[n - 1])
+                finished = True
+        return finished
 
     def _finishing_stretch_end(self, reqs, fin, slot0, start: float, cum, durs, waiting0: int,
                                used1: int, alloc, cf1: int, evicted, pre1: int, dec1: int) -> None:

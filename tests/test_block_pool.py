@@ -338,3 +338,24 @@ def test_first_repeated_id_is_the_first_row_with_a_repeat(rows, sort):
     off = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
     val = np.array([x for r in rows for x in r], dtype=np.int64)
     assert first_repeated_id(off, val) == want
+
+
+@pytest.mark.parametrize("index", ["table", "dict"])
+def test_bench_pool_runs_small_and_rejects_bad_sizes(capsys, index):
+    """The block-pool micro-benchmark (BENCHMARKS.md) runs on a small pool with either prefix
+    index and prints its per-block growth and free times; sizes it cannot run (a zero count, more
+    held chunks than the pool holds) are usage errors naming the flags."""
+    from experiments import bench_pool
+
+    assert bench_pool.main(["--blocks", "300", "--chunk", "16", "--calls", "60", "--held", "5",
+                            "--index", index, "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["growth", "free"]
+    for line in out:
+        times = line.split(":")[1].split("ns/block")[0].split()
+        assert len(times) == 2 and all(float(t) > 0 for t in times)
+    for bad in (["--calls", "0"], ["--blocks", "100", "--chunk", "50", "--held", "2"]):
+        with pytest.raises(SystemExit) as e:
+            bench_pool.main(bad)
+        assert e.value.code == 2
+    assert "exceed the pool's 100 blocks" in capsys.readouterr().err

@@ -319,14 +319,16 @@ def test_block_pairs_equal_the_numpy_expansion(first, last, B):
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 250)), min_size=1, max_size=30),
-       st.integers(2, 200), st.integers(1, 32), st.integers(0, 400))
-def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, free):
+       st.integers(2, 200), st.integers(1, 32), st.integers(0, 400),
+       st.none() | st.tuples(st.integers(0, 3000), st.integers(2, 600)))
+def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, free, chunk):
     """The compiled layout of a decode stretch's new blocks (sim.engine._stretch_pairs) equals
     the numpy one it replaced: request i's pairs at steps s0, s0 + B, ... up to k or its last
     step (s0 = 2 + (-(slot0 + 1)) mod B), blocks per step, k cut to the last step whose
     cumulative need fits ``free``, the pairs in allocation order (a stable sort of the
-    request-major pairs by step)."""
-    from sim.engine import _block_pairs, _stretch_pairs
+    request-major pairs by step). ``chunk = (computed, c)``: a prefill computing ``c`` more
+    prompt tokens a step also takes its new blocks from ``free`` (``extra``)."""
+    from sim.engine import _NO_EXTRA, _block_pairs, _stretch_pairs
 
     s = np.asarray([r[0] for r in rows], dtype=np.int64)
     last = np.asarray([r[1] for r in rows], dtype=np.int64)
@@ -336,7 +338,13 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, 
     mine = want_ps <= last[want_pi]  # (a request takes no block after its last step)
     want_pi, want_ps = want_pi[mine], want_ps[mine]
     alloc = np.bincount(want_ps, minlength=k + 1)
+    extra = _NO_EXTRA
     cum = np.cumsum(alloc)
+    if chunk is not None:  # the prefill's blocks after step s, less those after step s - 1
+        cp, c = chunk
+        nb = [-(-(cp + s_ * c) // B) for s_ in range(k + 1)]
+        extra = np.asarray([0, 0] + [nb[s_] - nb[s_ - 1] for s_ in range(2, k + 1)], dtype=np.int64)
+        cum = np.cumsum(alloc + extra)
     want_k = k if cum[k] <= free else int(np.searchsorted(cum, free, side="right")) - 1
     keep = want_ps <= want_k
     order = np.argsort(want_ps[keep], kind="stable")
@@ -344,7 +352,7 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, 
     got_alloc = np.empty(k + 1, dtype=np.int64)
     pi = np.empty(n_max, dtype=np.int64)
     ps = np.empty(n_max, dtype=np.int64)
-    got_k, n = _stretch_pairs(s, last, B, k, free, got_alloc, pi, ps)
+    got_k, n = _stretch_pairs(s, last, B, k, free, extra, got_alloc, pi, ps)
     assert got_k == want_k
     if want_k < 2:
         return  # (the stretch is not taken)
