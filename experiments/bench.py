@@ -10,6 +10,11 @@ median peak RSS, engine steps, steps per wall second, and simulated tokens (prom
 of finished requests) per wall second. ``--json`` writes the raw and median numbers, with the git
 commit, so two commits can be compared.
 
+The same code's walls differ between machines and between spells of one machine (BENCHMARKS.md:
+up to 3.5x here). Before and after the runs the benchmark measures the machine's SimPy event rate
+(:func:`simpy_rate`) and prints it beside the rate of the machine the targets were set on
+(:data:`REFERENCE_SIMPY_RATE`), so a table can be read against the targets' machine.
+
 ``--trace-cache warm`` (the default) measures what a sweep's runs after its first see: each case's
 trace is parsed once, untimed, into a parsed-trace cache of the benchmark's own (a temporary
 folder, removed at the end; ``traces.cache``), and every timed run loads it from there.
@@ -68,6 +73,33 @@ def target_met(row: dict, target: tuple) -> bool:
 
 class CaseFailed(RuntimeError):
     """A benchmark case's kvsim run exited with an error (its stderr tail in the message)."""
+
+
+# SimPy timeout events per second, one process, on the machine the issue's targets were set on
+# (issue "Simulation speed", its reference points: "about 1.45 M timeout events/s")
+REFERENCE_SIMPY_RATE = 1.45e6
+
+
+def simpy_rate(events: int = 500_000, repeats: int = 3) -> float:
+    """This machine's speed at the event loop kvsim runs on: SimPy timeout events per second
+    of one process yielding ``events`` timeouts of 1 s, the median of ``repeats`` runs (about
+    0.25 s each on a machine at the reference rate). The table's times compare across machines
+    (or slow spells of one) in proportion to it; :data:`REFERENCE_SIMPY_RATE` is the rate of the
+    machine the targets were set on."""
+    import simpy
+
+    def proc(env):
+        for _ in range(events):
+            yield env.timeout(1)
+
+    rates = []
+    for _ in range(repeats):
+        env = simpy.Environment()
+        env.process(proc(env))
+        t0 = time.perf_counter()
+        env.run()
+        rates.append(events / (time.perf_counter() - t0))
+    return statistics.median(rates)
 
 
 def run_case(overrides: list[str]) -> dict:
@@ -152,14 +184,18 @@ def _run(a, cases: dict, cache_dir) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     results = {}
+    host = {"reference_simpy_timeouts_per_s": REFERENCE_SIMPY_RATE,
+            "simpy_timeouts_per_s_before": simpy_rate()}
 
     def save(complete: bool) -> None:
         if a.json:
             Path(a.json).write_text(json.dumps({"commit": commit, "repeats": a.repeats,
-                                                "trace_cache": a.trace_cache,
+                                                "trace_cache": a.trace_cache, "host": host,
                                                 "complete": complete, "cases": results}, indent=2))
     print(f"kvsim bench, commit {commit}, {a.repeats} repeat(s), median reported, trace cache "
           f"{a.trace_cache}", flush=True)
+    print(f"host speed before the runs: {host['simpy_timeouts_per_s_before'] / 1e6:.2f} M SimPy "
+          f"timeouts/s (the targets' machine: {REFERENCE_SIMPY_RATE / 1e6:.2f} M/s)", flush=True)
     if cache_dir is not None:
         for name, ov in cases.items():
             prime(ov)
@@ -226,6 +262,10 @@ def _run(a, cases: dict, cache_dir) -> int:
         ratio = results['pool_10x']['median_wall_s'] / results['linear_1x']['median_wall_s']
         print(f"pool 10x: {ratio:.2f} x the 1x wall (target <= 1.10: "
               f"{'met' if ratio <= 1.10 else 'NOT met'})")
+    host["simpy_timeouts_per_s_after"] = after = simpy_rate()
+    lo, hi = sorted(r / REFERENCE_SIMPY_RATE for r in (host["simpy_timeouts_per_s_before"], after))
+    print(f"host speed after the runs: {after / 1e6:.2f} M SimPy timeouts/s; scaled by this "
+          f"rate, the walls on the targets' machine would be about {lo:.2f}-{hi:.2f} x these")
     save(True)
     return 0
 

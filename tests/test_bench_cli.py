@@ -1,17 +1,24 @@
 """The benchmark command's argument checks (issue "Simulation speed"): bad arguments stop it
 before any case runs, with argparse's exit status 2 and a message naming the argument."""
 
+import itertools
+
 import pytest
 
 from experiments import bench
+
+SIMPY_RATE = bench.simpy_rate  # (the probe itself; the fixture below fakes it for main)
 
 
 @pytest.fixture(autouse=True)
 def primed(monkeypatch):
     """The cases' traces the benchmark would parse into its trace cache (``bench.prime``,
-    recorded instead of parsed: the tests below fake the runs)."""
+    recorded instead of parsed: the tests below fake the runs); the host-speed probe reads
+    2.9 M then 2.175 M SimPy timeouts/s (2x and 1.5x the targets' machine)."""
     calls = []
     monkeypatch.setattr(bench, "prime", lambda ov: calls.append(list(ov)))
+    rates = itertools.cycle([2.9e6, 2.175e6])
+    monkeypatch.setattr(bench, "simpy_rate", lambda: next(rates))
     return calls
 
 
@@ -183,3 +190,28 @@ def test_table_says_whether_each_target_is_met(tmp_path, monkeypatch, capsys):
     assert "pool 10x: 1.05 x the 1x wall (target <= 1.10: met)" in lines
     d = json.loads(out.read_text())["cases"]
     assert d["azure_conv"]["target_met"] is False and d["linear_1x"]["target_met"] is None
+
+
+def test_host_speed_is_measured_around_the_runs(tmp_path, monkeypatch, capsys):
+    """The machine's SimPy event rate, read before and after the runs, is printed beside the
+    targets' machine's and kept in the JSON, with the range the walls scale by."""
+    import json
+
+    monkeypatch.setattr(bench, "run_case", lambda ov: {
+        "wall_s": 1.0, "process_s": 1.5, "peak_rss_mb": 100.0, "steps": 10, "load_s": 0.1,
+        "simulate_s": 0.8, "requests": 5, "sim_tokens": 1000})
+    out = tmp_path / "b.json"
+    assert bench.main(["--quick", "--repeats", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "host speed before the runs: 2.90 M SimPy timeouts/s (the targets' machine: 1.45 M/s)" in text
+    assert "would be about 1.50-2.00 x these" in text
+    host = json.loads(out.read_text())["host"]
+    assert host == {"reference_simpy_timeouts_per_s": 1.45e6, "simpy_timeouts_per_s_before": 2.9e6,
+                    "simpy_timeouts_per_s_after": 2.175e6}
+
+
+def test_simpy_rate_counts_events_per_second():
+    """The probe itself: a positive rate, within two orders of magnitude of the targets'
+    machine's."""
+    r = SIMPY_RATE(events=2000, repeats=1)
+    assert bench.REFERENCE_SIMPY_RATE / 100 < r < 100 * bench.REFERENCE_SIMPY_RATE
