@@ -190,6 +190,21 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
 ALWAYS_ANALYTIC = ("lm_head", "prefill_attention", "step_overhead", "disk_read_write")
 
 
+_UNKNOWN = object()  # (is_complete then finds no finished run to skip: the run goes ahead)
+
+
+def _trace_input(trace_cfg):
+    """The trace's content fingerprint (:func:`traces.input_fingerprint`) for
+    ``output.skip_completed``; when the trace cannot be read or configured, a value no finished
+    run matches, so the run goes ahead and its loader names the problem."""
+    from traces import TraceError, input_fingerprint
+
+    try:
+        return input_fingerprint(trace_cfg)
+    except (TraceError, OSError, ValueError, TypeError):
+        return _UNKNOWN
+
+
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
@@ -241,7 +256,7 @@ def app(cfg: DictConfig) -> None:
                 return
             if out_dir.resolve() != job_dir.resolve():
                 (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
-    if cfg.output.skip_completed and is_complete(out_dir, overrides):
+    if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace)):
         log.info("skipping %s: already complete", out_dir)
         return
     from traces import TraceError

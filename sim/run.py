@@ -131,10 +131,15 @@ def _clean_nan(x):
     return x
 
 
-def is_complete(out_dir, overrides: list[str] | None = None) -> bool:
+_ANY = object()
+
+
+def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -> bool:
     """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker) and,
     when ``overrides`` is given, that run was made with exactly these Hydra overrides (so a
-    reused sweep directory with a changed grid is rerun, not skipped)."""
+    reused sweep directory with a changed grid is rerun, not skipped), and when ``trace_input``
+    is given (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a
+    trace with exactly that content (an edited or replaced trace file is rerun)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
         return False
@@ -144,7 +149,9 @@ def is_complete(out_dir, overrides: list[str] | None = None) -> bool:
         return False
     if not s.get("complete"):
         return False
-    return overrides is None or list(s.get("overrides") or []) == list(overrides)
+    if overrides is not None and list(s.get("overrides") or []) != list(overrides):
+        return False
+    return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
 
 def transfers_frame(tm) -> pd.DataFrame:
@@ -338,6 +345,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         "trace_warnings": [str(w) for w in (getattr(wl, "warnings", None) or [])],
         "seed": int(cfg.seed),
         "overrides": list(overrides) if overrides is not None else None,
+        # the trace's files as read ([[name, bytes, xxh3-128], ...]; None: generated)
+        "trace_input": (getattr(wl, "notes", None) or {}).get("trace_input"),
     }
     tm = sim.tiers
     extra["codec"] = cfg.codec.name

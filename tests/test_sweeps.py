@@ -548,3 +548,28 @@ def test_relative_paths_with_hydra_job_chdir(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert s["requests_total"] == 40 and s["trace_source"] == str(tmp_path / "m.jsonl")
+
+
+def test_skip_completed_reruns_a_run_whose_trace_changed(tmp_path):
+    """``output.skip_completed=true`` skips a finished run only if its trace's content is the
+    one it was made from (summary.json's trace_input: each file's name, size and xxh3-128): the
+    same file is skipped; the file edited in place (same path, same overrides) is rerun."""
+    src = REPO / "traces" / "data" / "mooncake_conversation_10min.jsonl"
+    trace = tmp_path / "t.jsonl"
+    lines = src.read_text().splitlines(keepends=True)[:60]
+    trace.write_text("".join(lines))
+    out = tmp_path / "run"
+    args = ["trace=mooncake_conversation_10min", f"trace.path={trace}", "trace.cache=false",
+            f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}", *QUIET,
+            "output.skip_completed=true"]
+    _kvsim(*args)
+    s1 = json.loads((out / "summary.json").read_text())
+    assert s1["trace_input"] == [["t.jsonl", trace.stat().st_size, s1["trace_input"][0][2]]]
+    assert s1["requests_total"] == 60
+    mt = (out / "summary.json").stat().st_mtime_ns
+    _kvsim(*args)  # unchanged: skipped
+    assert (out / "summary.json").stat().st_mtime_ns == mt
+    trace.write_text("".join(lines[:40]))  # edited in place: rerun from the new content
+    _kvsim(*args)
+    s2 = json.loads((out / "summary.json").read_text())
+    assert s2["requests_total"] == 40 and s2["trace_input"] != s1["trace_input"]

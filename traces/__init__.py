@@ -17,12 +17,14 @@ a timestamp evenly over the bucket in file order (``keep``: as recorded; ``jitte
 uniform offsets, sorted to keep file order).
 """
 from .config import PRESET_PATHS, TRACE_FORMATS, TraceConfig, traces_dir
+from .cache import input_fingerprint
 from .errors import TraceError
 from .loader import load_workload
 from .workload import WORKLOAD_SCHEMA, Workload
 
 __all__ = [
     "load_workload",
+    "input_fingerprint",
     "Workload",
     "TraceConfig",
     "TraceError",

@@ -370,7 +370,9 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
     ``trace.cache=false``, an input the cache does not take, a result it may not store, an input
     that changed while it was parsed),
     ``entry`` (the entry folder, or None) and ``warnings`` (an unreadable entry, a failed write,
-    an input that could not be fingerprinted, entries removed by the size cap).
+    an input that could not be fingerprinted, entries removed by the size cap), and where the
+    input was fingerprinted and did not change while parsed, ``input``
+    (:func:`input_fingerprint`'s list).
 
     Raises whatever ``parse`` raises (a TraceError on a bad trace: nothing is stored then), and
     TraceError for a malformed ``KVSIM_CACHE_MAX_GIB``.
@@ -395,7 +397,7 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
         entry = root / key
         try:
             return _read(entry, key, sink), {"status": "hit", "entry": str(entry),
-                                             "warnings": []}
+                                             "warnings": [], "input": material["input"]}
         except FileNotFoundError:
             pass
         except _Unreadable as e:
@@ -412,6 +414,7 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
         return pr, {"status": "off", "entry": None, "warnings": [
             f"trace cache: {path} changed while it was parsed; the result was not stored"]}
     key, stored = free if free is not None and not seed_used() else seeded
+    info_input = material["input"]
     entry = root / key
     placed = False
     try:
@@ -428,7 +431,22 @@ def parse_cached(cfg: Any, path: Path, seed: int, sink: ErrorSink,
             " (the entry could not be replaced: it stays as it is)" if bad.exists() else ""
         warnings.insert(0, f"trace cache entry {bad} could not be read back ({why}); parsed "
                            f"the trace again{done}")
-    return pr, {"status": "miss", "entry": str(entry), "warnings": warnings}
+    return pr, {"status": "miss", "entry": str(entry), "warnings": warnings, "input": info_input}
+
+
+def input_fingerprint(cfg: Any) -> Optional[list]:
+    """What a run of the trace config ``cfg`` (a :class:`~traces.config.TraceConfig`, DictConfig
+    or dict) reads, as ``[[file name, size in bytes, xxh3-128 hex], ...]``: the trace file, or a
+    ServeGen folder's ``chunk-N-*`` files; None for a generated trace or an input that is not a
+    regular file (or folder, for ServeGen). Recorded in a run's ``summary.json``
+    (``trace_input``), so that ``output.skip_completed`` reruns a run whose trace changed.
+    Raises TraceError when the trace file is missing (as the loader would), OSError when it
+    cannot be read."""
+    from .config import coerce_config, resolve_path
+
+    c = coerce_config(cfg)
+    path = resolve_path(c)
+    return None if path is None else _input_fingerprint(c.format, path)
 
 
 from ._source import note_source as _note_source  # noqa: E402

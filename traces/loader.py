@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ._common import MAX_ARRIVAL_S, Parsed
-from .cache import parse_cached
+from .cache import _input_fingerprint, parse_cached
 from .config import TraceConfig, coerce_config, resolve_path
 from .errors import ErrorSink, TraceError
 from .workload import Workload, build_table
@@ -193,6 +193,14 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
         warnings.append(f"{sink.count} bad rows skipped (on_error=skip)")
     allnotes = dict(pr.notes)
     allnotes.update(notes)
+    # what was read (summary.json's trace_input; output.skip_completed compares it)
+    if "input" in cached:
+        allnotes["trace_input"] = cached["input"]
+    else:
+        try:
+            allnotes["trace_input"] = None if path is None else _input_fingerprint(c.format, path)
+        except OSError:  # (it was parsed, so this is a race with a change: unknown input)
+            allnotes["trace_input"] = None
     allnotes["trace_cache"] = cached["status"]
     allnotes["trace_cache_entry"] = cached["entry"]
     allnotes["load_s"] = round(time.perf_counter() - t0, 3)
