@@ -76,7 +76,8 @@ directory that is not a collection. ``--tables`` names must be tables some run w
 name is an error listing the tables there are).
 
 Runs that failed are listed on stderr with a warning line (how many, and the path of
-``failed_runs.csv``) and on stdout's summary; the exit status stays 0 unless ``--strict``.
+``failed_runs.csv``) and on stdout's summary; the exit status stays 0 unless ``--strict``, or
+unless no run completed (exit status 1: there is nothing to analyse).
 """
 
 from __future__ import annotations
@@ -825,8 +826,9 @@ def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = Tr
 
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs and runs
-    with an unreadable table are listed with a warning on stderr, not fatal), 1 with ``--strict``
-    when some run failed (the collection is still written), 2 bad sweep directory (message names
+    with an unreadable table are listed with a warning on stderr, not fatal), 1 when no run
+    completed, or with ``--strict`` when some run failed (the collection is still written, its
+    failed runs listed), 2 bad sweep directory (message names
     the path), an ``--out`` that :func:`check_out_dir` refuses, an unknown ``--tables`` name, or a
     column whose types differ between runs (message names the table, column, types and runs)."""
     ap = argparse.ArgumentParser(
@@ -860,6 +862,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  runs.parquet; tables: {written}; override columns: {', '.join(res.override_keys) or '-'}")
     if res.failed:
         print(f"  {len(res.failed)} failed run(s) left out: see {res.out_dir / 'failed_runs.csv'}")
+    if not n_ok:
+        print(f"kvsim-collect: error: no run in {args.sweep_dir} completed; there is nothing to "
+              f"analyse (the failed runs are listed in {res.out_dir / 'failed_runs.csv'})",
+              file=sys.stderr)
+        return 1
     return 1 if (args.strict and res.failed) else 0
 
 

@@ -205,6 +205,72 @@ def _trace_input(trace_cfg):
         return _UNKNOWN
 
 
+def _bad_output_dir(out: Path) -> str | None:
+    """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
+    are not a kvsim run's (:func:`sim.config.foreign_folder`), or one that cannot be created;
+    None when it can (a file in the way is named by :func:`sim.run.run_simulation`)."""
+    from .config import foreign_folder, uncreatable_folder
+
+    names = foreign_folder(out)
+    if names is not None:
+        shown = ", ".join(names[:5]) + (f", ... ({len(names)} entries)" if len(names) > 5 else "")
+        return (f"output.dir={out}: the folder holds files that are not a kvsim run's ({shown}); "
+                f"expected a new or empty folder, or an earlier kvsim run's results folder (whose "
+                f"results a run replaces)")
+    why = uncreatable_folder(out)
+    if why is not None:
+        return f"output.dir={out}: cannot create the folder ({why}); expected a folder kvsim can create and write"
+    return None
+
+
+def _drop_rejected_run_dir(hc) -> None:
+    """Remove Hydra's temporary run folder of a single run whose ``output.dir`` was rejected
+    (:func:`sim.config._run_dir` sent Hydra's log there), so nothing is left behind."""
+    rejected = Path(hc.runtime.output_dir)
+    if rejected.name.startswith(REJECTED_RUN_PREFIX):
+        import shutil
+
+        logging.shutdown()
+        shutil.rmtree(rejected, ignore_errors=True)
+
+
+def _log_sizes() -> dict:
+    """Bytes in each of the job's log files now (Hydra's ``cli.log``, opened for appending):
+    what an earlier run into the same folder left there."""
+    import os
+
+    out = {}
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler) and os.path.exists(h.baseFilename):
+            out[h.baseFilename] = os.path.getsize(h.baseFilename)
+    return out
+
+
+def _drop_earlier_logs(sizes: dict) -> None:
+    """Cut from each job log file the first ``sizes[file]`` bytes (an earlier run's record,
+    :func:`_log_sizes`), once this run has replaced that run's results: ``cli.log`` is the
+    record of the results beside it."""
+    for h in logging.getLogger().handlers:
+        n = sizes.get(getattr(h, "baseFilename", None))
+        if not n or not isinstance(h, logging.FileHandler):
+            continue
+        h.flush()
+        with open(h.baseFilename, "r+b") as f:
+            rest = f.read()[n:]
+            f.seek(0)
+            f.write(rest)
+            f.truncate()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a single run (``kill``, a scheduler's time limit): handled as Ctrl-C is,
+    with its own message and exit status 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
@@ -230,6 +296,20 @@ def app(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     multirun = hc.mode == RunMode.MULTIRUN
+    bad = _bad_output_dir(out_dir) if cfg.output.dir else None
+    if bad is not None:
+        print(f"kvsim: error: {bad}", file=sys.stderr)
+        _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
+        if multirun:  # (the sweep's failure report lists the job; the others go on)
+            from .callbacks import failure_marker
+
+            job_dir = Path(hc.runtime.output_dir)
+            job_dir.mkdir(parents=True, exist_ok=True)
+            (job_dir / "INCOMPLETE").write_text(failure_marker(bad, overrides))
+            return
+        _drop_rejected_run_dir(hc)
+        sys.exit(2)
+    log_starts = {} if multirun else _log_sizes()
     if multirun:
         # this job belongs to the sweep now running (sim.callbacks: stale jobs of an earlier
         # sweep into the same directory keep another id)
@@ -270,12 +350,21 @@ def app(cfg: DictConfig) -> None:
         print(msg, file=sys.stderr)
         record.info(msg)
 
+    import signal
+    import threading
+
+    # a single run stopped by SIGTERM marks its folder and says so, as for Ctrl-C (a sweep's
+    # jobs leave SIGTERM to their launcher: submitit requeues on it)
+    sigterm = None
+    if not multirun and threading.current_thread() is threading.main_thread():
+        sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # (a sweep's jobs hold their folders by the sweep's claims instead: a job requeued on
         # another host, SLURM's preemption, must not find its own killed run's lock in the way)
         summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
                                  progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
                                  else bool(cfg.sim.progress), hold=not multirun)
+        _drop_earlier_logs(log_starts)
     except OutputDirBusy as e:  # (a single run's: the folder is another run's, left alone)
         say(f"kvsim: error: {e}")
         sys.exit(2)
@@ -286,17 +375,14 @@ def app(cfg: DictConfig) -> None:
         elif mark_failed(out_dir, str(e), overrides):
             say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
                 f"with this error)")
-        rejected = Path(hc.runtime.output_dir)
-        if not multirun and blocking_file(out_dir) is not None \
-                and rejected.name.startswith(REJECTED_RUN_PREFIX):
-            # (sim.config._run_dir: Hydra's log went to a temporary folder, not left behind)
-            import shutil
-
-            logging.shutdown()
-            shutil.rmtree(rejected, ignore_errors=True)
+        if not multirun and blocking_file(out_dir) is not None:
+            _drop_rejected_run_dir(hc)
         if multirun:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)
+    except Terminated:
+        say(f"kvsim: stopped by SIGTERM; {out_dir} is marked INCOMPLETE (no summary.json)")
+        sys.exit(143)
     except KeyboardInterrupt:
         say(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)")
         sys.exit(130)
@@ -317,6 +403,9 @@ def app(cfg: DictConfig) -> None:
         say(f"kvsim: error: {msg}; {out_dir} is marked INCOMPLETE with it (please report it "
             f"with the traceback below)")
         raise
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     if not multirun:
         # (a sweep job's marks, when a sweep used this folder before: this run replaced its
         # results, and a pointer left in that job's Hydra folder must not lead to them)

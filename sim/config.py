@@ -212,19 +212,62 @@ REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.
 def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
-    An ``output.dir`` naming an existing file, or a path under one, gives a folder under the
-    system's temporary
-    directory instead, so Hydra can create its run directory (and log file) without leaving a
-    folder where the user ran ``kvsim``; the job then reports the bad ``output.dir`` itself (one
-    clear line, exit 2)."""
+    An ``output.dir`` naming an existing file or a path under one, a folder holding files that
+    are not a kvsim run's (:func:`foreign_folder`) or a folder that cannot be created
+    (:func:`uncreatable_folder`) gives a folder under the system's temporary directory instead,
+    so Hydra can create its run directory (and log file) without writing into or beside it; the
+    job then reports the bad ``output.dir`` itself (one clear line, exit 2)."""
     if output_dir is None or str(output_dir) == "":
         return default
     import os
     import tempfile
 
-    if blocking_file(Path(str(output_dir))) is not None:
+    p = Path(str(output_dir))
+    if blocking_file(p) is not None or foreign_folder(p) is not None \
+            or uncreatable_folder(p) is not None:
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
+
+
+# what kvsim and Hydra write into a run's results folder (sim.run, sim.cli, sim.callbacks and
+# Hydra's log); the first three mark a folder a run has used
+RUN_FOLDER_MARKS = ("summary.json", "INCOMPLETE", ".kvsim_running")
+RUN_FOLDER_NAMES = RUN_FOLDER_MARKS + (
+    "cli.log", ".hydra", "config.yaml", "requests.parquet", "steps.parquet", "rounds.parquet",
+    "transfers.parquet", "ops.jsonl", ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
+
+
+def foreign_folder(path: Path) -> Optional[list]:
+    """The names in ``path`` when it is an existing folder whose content is not a kvsim run's:
+    it holds something other than :data:`RUN_FOLDER_NAMES` and none of
+    :data:`RUN_FOLDER_MARKS` (a sweep folder, a checkout, a ``kvsim-collect`` output, a folder
+    of other files). A run writing its results there would mix them with those files, and
+    ``kvsim-collect`` would take the folder for one run. None for a missing or empty folder, a
+    run's folder, or a path that is not a folder (:func:`blocking_file` names that)."""
+    import os
+
+    try:
+        if not path.is_dir():
+            return None
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    if any(n in RUN_FOLDER_MARKS for n in names) or all(n in RUN_FOLDER_NAMES for n in names):
+        return None
+    return names
+
+
+def uncreatable_folder(path: Path) -> Optional[str]:
+    """Why the folder ``path`` cannot be created (``"PermissionError: ..."``), creating it (and
+    its parents) when it can; None when it exists or was created, or when a file is in the way
+    (:func:`blocking_file` names that)."""
+    if blocking_file(path) is not None:
+        return None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
 
 
 def blocking_file(path: Path) -> Optional[Path]:

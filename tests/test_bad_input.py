@@ -327,6 +327,74 @@ def test_cli_output_dir_that_is_a_file(tmp_path):
     assert list(tmp.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["files", "sweep"])
+def test_cli_output_dir_holding_other_files_is_refused(tmp_path, kind):
+    """An output.dir that holds files that are not a kvsim run's (a folder of the user's own,
+    a sweep folder: a newcomer's run landed beside a sweep's jobs, and kvsim-collect then took
+    the folder for one run and left the jobs out): one clear error (exit 2) naming the folder
+    and what it holds; the folder untouched; no run folder left in the temporary folder."""
+    d = tmp_path / "d"
+    if kind == "files":
+        d.mkdir()
+        (d / "notes.txt").write_text("mine")
+    else:  # a sweep's folder: its record and a job's folder
+        (d / "0").mkdir(parents=True)
+        (d / "multirun.yaml").write_text("hydra: {}\n")
+        (d / "0" / "summary.json").write_text("{}")
+    before = sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+    tmp = tmp_path.parent / (tmp_path.name + "-tmp")
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp))
+    r = subprocess.run([*KVSIM, f"output.dir={d}", "sim.progress=false", "trace.max_requests=5"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert f"output.dir={d}: the folder holds files that are not a kvsim run's" in r.stderr
+    assert ("notes.txt" if kind == "files" else "0, multirun.yaml") in r.stderr
+    assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and list(tmp.iterdir()) == []
+
+
+def test_cli_output_dir_that_cannot_be_created(tmp_path):
+    """An output.dir that cannot be created (under /proc): one clear error naming it and the
+    reason, exit 2, no traceback (a newcomer got a FileNotFoundError traceback)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp))
+    r = subprocess.run([*KVSIM, "output.dir=/proc/kvsim-test/x", "sim.progress=false",
+                        "trace.max_requests=5"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "output.dir=/proc/kvsim-test/x: cannot create the folder (" in r.stderr
+    assert list(tmp.iterdir()) == []
+
+
+def test_cli_log_is_the_record_of_the_run_beside_it(tmp_path):
+    """A run into an earlier run's folder replaces its results, and its cli.log then holds this
+    run's record only (Hydra appends to the file; a newcomer found the earlier run's summary
+    first); a run rejected by the checks keeps the earlier results and adds its error to their
+    record."""
+    out = tmp_path / "res"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def kvsim(*ov):
+        return subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false",
+                               "trace.max_requests=5", *ov],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+
+    assert kvsim("cache.block_size=32").returncode == 0
+    first = (out / "cli.log").read_text()
+    assert "cache.block_size=32 -> " in first
+    assert kvsim("tiers.host_gib=-1").returncode == 2  # rejected: the first run's results stay
+    log = (out / "cli.log").read_text()
+    assert log.startswith(first) and "tiers.host_gib" in log[len(first):]
+    assert kvsim("cache.block_size=64").returncode == 0
+    log = (out / "cli.log").read_text()
+    assert "cache.block_size=64" in log and "cache.block_size=32" not in log
+    assert "tiers.host_gib" not in log and log.count("summary") == first.count("summary")
+
+
 # ------------------------------------------------------------------------------ invariants
 POLICY_OVERRIDES = {
     "full": lambda d: [],

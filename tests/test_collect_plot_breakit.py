@@ -215,6 +215,20 @@ def test_failed_runs_exit_0_with_a_warning_naming_how_many_and_where(sweep, tmp_
     assert _cli(capsys, sweep, "--out", out, "--strict")[0] == 1
 
 
+def test_no_complete_run_exits_1_naming_the_failed_runs_list(sweep, tmp_path, capsys):
+    """A sweep none of whose runs completed leaves nothing to analyse: exit 1 (without
+    ``--strict``) and an error line naming the sweep and the failed runs' list, still written."""
+    for job in ("0", "1"):
+        (sweep / job / "INCOMPLETE").write_text("x\n")
+    out = tmp_path / "c"
+    rc, stdout, err = _cli(capsys, sweep, "--out", out)
+    assert rc == 1
+    assert "collected 0 complete run(s) of 2" in stdout
+    errors = [ln for ln in err.splitlines() if ln.startswith("kvsim-collect: error: ")]
+    assert len(errors) == 1 and str(sweep) in errors[0]
+    assert str(out / "failed_runs.csv") in errors[0] and (out / "failed_runs.csv").is_file()
+
+
 # --- 4. --x equal to --hue, --agg outside its choices -------------------------------------------
 
 

@@ -75,8 +75,13 @@ def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert rc != 0
+    assert rc == (130 if sig == signal.SIGINT else 143)
+    err = proc.stderr.read().decode()
+    assert ("kvsim: interrupted; " if sig == signal.SIGINT else "kvsim: stopped by SIGTERM; ") \
+        + f"{out} is marked INCOMPLETE" in err
+    assert "Traceback" not in err
     _assert_incomplete(out)
+    assert not (out / ".kvsim_running").exists()  # (the run's lock is let go)
 
 
 def test_crash_mid_simulation_leaves_incomplete_dir(tmp_path):
