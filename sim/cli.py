@@ -205,13 +205,18 @@ def _trace_input(trace_cfg):
         return _UNKNOWN
 
 
-def _bad_output_dir(out: Path) -> str | None:
+def _bad_output_dir(out: Path, job_dir: Path) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
-    are not a kvsim run's (:func:`sim.config.foreign_folder`), or one that cannot be created;
-    None when it can (a file in the way is named by :func:`sim.run.run_simulation`)."""
+    are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
+    ``job_dir`` aside, where ``hydra.run.dir`` puts it inside ``out``), or one that cannot be
+    created; None when it can (a file in the way is named by :func:`sim.run.run_simulation`)."""
     from .config import foreign_folder, uncreatable_folder
 
-    names = foreign_folder(out)
+    try:
+        inner = job_dir.resolve().relative_to(out.resolve()).parts[:1]
+    except (ValueError, OSError):
+        inner = ()
+    names = foreign_folder(out, inner)
     if names is not None:
         shown = ", ".join(names[:5]) + (f", ... ({len(names)} entries)" if len(names) > 5 else "")
         return (f"output.dir={out}: the folder holds files that are not a kvsim run's ({shown}); "
@@ -296,7 +301,7 @@ def app(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     multirun = hc.mode == RunMode.MULTIRUN
-    bad = _bad_output_dir(out_dir) if cfg.output.dir else None
+    bad = _bad_output_dir(out_dir, Path(hc.runtime.output_dir)) if cfg.output.dir else None
     if bad is not None:
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)

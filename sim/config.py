@@ -237,19 +237,20 @@ RUN_FOLDER_NAMES = RUN_FOLDER_MARKS + (
     "transfers.parquet", "ops.jsonl", ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
 
 
-def foreign_folder(path: Path) -> Optional[list]:
+def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
     """The names in ``path`` when it is an existing folder whose content is not a kvsim run's:
     it holds something other than :data:`RUN_FOLDER_NAMES` and none of
     :data:`RUN_FOLDER_MARKS` (a sweep folder, a checkout, a ``kvsim-collect`` output, a folder
     of other files). A run writing its results there would mix them with those files, and
     ``kvsim-collect`` would take the folder for one run. None for a missing or empty folder, a
-    run's folder, or a path that is not a folder (:func:`blocking_file` names that)."""
+    run's folder, or a path that is not a folder (:func:`blocking_file` names that). Names in
+    ``ignore`` are left out (the job's own Hydra folder, when ``hydra.run.dir`` is inside)."""
     import os
 
     try:
         if not path.is_dir():
             return None
-        names = sorted(os.listdir(path))
+        names = sorted(n for n in os.listdir(path) if n not in ignore)
     except OSError:
         return None
     if any(n in RUN_FOLDER_MARKS for n in names) or all(n in RUN_FOLDER_NAMES for n in names):
