@@ -859,7 +859,9 @@ def test_integers_past_64_bits_are_named(tmp_path):
     big = 2**63 + 5
     cases = [({"input_length": 600, "hash_ids": [1, big]}, f"'hash_ids': found element {big}"),
              ({"input_length": 600, "hash_ids": [1, 2**70]}, f"'hash_ids': found element {2**70}"),
-             ({"input_length": big, "hash_ids": [1]}, f"'input_length': found {big}, expected an integer that fits 64 bits")]
+             ({"input_length": big, "hash_ids": [1]}, f"'input_length': found {big}, expected an integer that fits 64 bits"),
+             # a whole float too large is shown as written (it was shown as its integer value)
+             ({"input_length": 1e30, "hash_ids": [1]}, "'input_length': found 1e+30 (float), expected an integer that fits 64 bits")]
     for fields, msg in cases:
         p = tmp_path / "b.jsonl"
         p.write_text(json.dumps({"timestamp": 0, "output_length": 4, **fields}) + "\n")

@@ -92,16 +92,17 @@ def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[in
     if key not in obj:
         raise TraceError("missing field", path=path, where=where, field=key,
                          found="nothing", expected="an integer")
-    v = obj[key]
-    if isinstance(v, float) and v.is_integer():
+    raw = v = obj[key]
+    if isinstance(v, float) and v.is_integer():  # (a whole number written 6760.0 or 1e3)
         v = int(v)
     if not is_int(v):
         raise TraceError(path=path, where=where, field=key, found=_shown(v),
                          expected="an integer")
     if minimum is not None and v < minimum:
         raise TraceError(path=path, where=where, field=key, found=v, expected=f">= {minimum}")
-    if not -INT64_LIMIT <= v < INT64_LIMIT:
-        raise TraceError(path=path, where=where, field=key, found=v,
+    if not -INT64_LIMIT <= v < INT64_LIMIT:  # (a float is shown as written: 1e+30 (float))
+        raise TraceError(path=path, where=where, field=key,
+                         found=_shown(raw) if isinstance(raw, float) else v,
                          expected="an integer that fits 64 bits (below 2**63)")
     return v
 
