@@ -789,7 +789,8 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     if failed and not quiet:
         print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
               f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
-              f"exit status 0 unless --strict):", file=sys.stderr)
+              + ("exit status 0 unless --strict):" if len(failed) < len(runs) else
+                 "none completed: exit status 1):"), file=sys.stderr)
         for r in failed:
             print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
     return CollectResult(out, runs_table.to_pandas(), failed, written, keys)

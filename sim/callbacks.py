@@ -73,23 +73,43 @@ class FailedRunsExit(Callback):
         sweep = Path(str(config.hydra.sweep.dir))
         failed = []
         # job directories nested by hydra.sweep.subdir too
+        def rejected(folder: Path):
+            """The error of a run ``folder`` marked INCOMPLETE by a rejection, else None."""
+            marker = folder / "INCOMPLETE"
+            try:
+                text = marker.read_text(errors="replace").strip().splitlines()[:1] or [""]
+            except OSError:
+                return None
+            return text[0][len(FAILED_PREFIX):].strip() if text[0].startswith(FAILED_PREFIX) else None
+
+        # job directories nested by hydra.sweep.subdir too
         for marker in sorted(sweep.rglob("INCOMPLETE")):
             if marker.parent == sweep or stale_job(marker.parent):
                 continue
-            text = marker.read_text(errors="replace").strip().splitlines()[:1] or [""]
-            if text[0].startswith(FAILED_PREFIX):
-                failed.append((marker.parent.relative_to(sweep).as_posix(),
-                               text[0][len(FAILED_PREFIX):].strip()))
+            why = rejected(marker.parent)
+            if why is not None:
+                failed.append((marker.parent.relative_to(sweep).as_posix(), why))
+        # jobs whose output.dir put their results elsewhere: the job folder points there
+        for ptr in sorted(sweep.rglob(RESULTS_POINTER)):
+            job = ptr.parent
+            name = job.relative_to(sweep).as_posix()
+            if stale_job(job) or any(n == name for n, _ in failed):
+                continue
+            why = rejected(Path(ptr.read_text().strip()))
+            if why is not None:
+                failed.append((name, why))
+        root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
+        jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
+                and p.read_text().strip() == root_id]
         if not failed:
-            root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
-            jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
-                    and p.read_text().strip() == root_id]
             print(f"kvsim: sweep done: {len(jobs)} job(s) in {sweep}; collect their results with "
                   f"`kvsim-collect {sweep}`", file=sys.stderr)
         if failed:
             for name, why in failed:
                 print(f"kvsim: sweep job {name} failed: {why}", file=sys.stderr)
-            print(f"kvsim: {len(failed)} sweep job(s) failed; the other jobs completed (their job "
-                  f"folders are in {sweep}; their results too unless output.dir put them elsewhere)",
+            names = {j.relative_to(sweep).as_posix() for j in jobs} | {n for n, _ in failed}
+            rest = "no job completed" if len(failed) >= len(names) else "the other jobs completed"
+            print(f"kvsim: {len(failed)} sweep job(s) failed; {rest} (their job folders are in "
+                  f"{sweep}; their results too unless output.dir put them elsewhere)",
                   file=sys.stderr)
             sys.exit(2)

@@ -224,7 +224,8 @@ def _bad_output_dir(out: Path, job_dir: Path) -> str | None:
                 f"results a run replaces)")
     why = uncreatable_folder(out)
     if why is not None:
-        return f"output.dir={out}: cannot create the folder ({why}); expected a folder kvsim can create and write"
+        return (f"output.dir={out}: cannot create or write the folder ({why}); expected a "
+                f"folder kvsim can create and write")
     return None
 
 
@@ -274,6 +275,10 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum, frame):
     raise Terminated()
+
+
+def _on_sweep_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
 
 
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
@@ -704,12 +709,26 @@ def main() -> None:
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sweep = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+    if sweep:
+        # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
+        # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
+        signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     err = duplicate_override_key(sys.argv[1:]) or unknown_group_option(sys.argv[1:]) or \
         unknown_override_key(sys.argv[1:]) or missing_launcher_plugin(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)
-    app()
+    if not sweep:
+        app()
+        return
+    try:
+        app()
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
+        print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
+              f"same command with output.skip_completed=true runs only those", file=sys.stderr)
+        sys.exit(143 if how == "SIGTERM" else 130)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
     An ``output.dir`` naming an existing file or a path under one, a folder holding files that
-    are not a kvsim run's (:func:`foreign_folder`) or a folder that cannot be created
+    are not a kvsim run's (:func:`foreign_folder`) or a folder that cannot be created or written
     (:func:`uncreatable_folder`) gives a folder under the system's temporary directory instead,
     so Hydra can create its run directory (and log file) without writing into or beside it; the
     job then reports the bad ``output.dir`` itself (one clear line, exit 2)."""
@@ -230,42 +230,49 @@ def _run_dir(output_dir, default: str) -> str:
 
 
 # what kvsim and Hydra write into a run's results folder (sim.run, sim.cli, sim.callbacks and
-# Hydra's log); the first three mark a folder a run has used
-RUN_FOLDER_MARKS = ("summary.json", "INCOMPLETE", ".kvsim_running")
-RUN_FOLDER_NAMES = RUN_FOLDER_MARKS + (
-    "cli.log", ".hydra", "config.yaml", "requests.parquet", "steps.parquet", "rounds.parquet",
-    "transfers.parquet", "ops.jsonl", ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
+# Hydra's log); a results file's ``<name>.tmp`` is its atomic write in progress
+RUN_FOLDER_NAMES = (
+    "summary.json", "INCOMPLETE", ".kvsim_running", "cli.log", ".hydra", "config.yaml",
+    "requests.parquet", "steps.parquet", "rounds.parquet", "transfers.parquet", "ops.jsonl",
+    ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
 
 
 def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
-    """The names in ``path`` when it is an existing folder whose content is not a kvsim run's:
-    it holds something other than :data:`RUN_FOLDER_NAMES` and none of
-    :data:`RUN_FOLDER_MARKS` (a sweep folder, a checkout, a ``kvsim-collect`` output, a folder
-    of other files). A run writing its results there would mix them with those files, and
-    ``kvsim-collect`` would take the folder for one run. None for a missing or empty folder, a
-    run's folder, or a path that is not a folder (:func:`blocking_file` names that). Names in
-    ``ignore`` are left out (the job's own Hydra folder, when ``hydra.run.dir`` is inside)."""
+    """The names in the folder ``path`` that are not a kvsim run's (:data:`RUN_FOLDER_NAMES`
+    and their ``.tmp`` files), sorted, when there are any: a sweep folder, a checkout, a
+    ``kvsim-collect`` output, a folder of other files. A run writing its results there would mix
+    them with those files (and replace any of them named like its own), and ``kvsim-collect``
+    would take the folder for one run. None for a missing or empty folder, a run's folder, or a
+    path that is not a folder (:func:`blocking_file` names that). Names in ``ignore`` are left
+    out (the job's own Hydra folder, when ``hydra.run.dir`` is inside)."""
     import os
 
     try:
         if not path.is_dir():
             return None
-        names = sorted(n for n in os.listdir(path) if n not in ignore)
+        names = os.listdir(path)
     except OSError:
         return None
-    if any(n in RUN_FOLDER_MARKS for n in names) or all(n in RUN_FOLDER_NAMES for n in names):
-        return None
-    return names
+    other = sorted(n for n in names if n not in ignore and n not in RUN_FOLDER_NAMES
+                   and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES))
+    return other or None
 
 
 def uncreatable_folder(path: Path) -> Optional[str]:
-    """Why the folder ``path`` cannot be created (``"PermissionError: ..."``), creating it (and
-    its parents) when it can; None when it exists or was created, or when a file is in the way
-    (:func:`blocking_file` names that)."""
+    """Why the folder ``path`` cannot be created or written (``"PermissionError: ..."``),
+    creating it (and its parents) when it can, and probing it with a file made and removed at
+    once; None when it can take files, or when a file is in the way (:func:`blocking_file`
+    names that)."""
+    import os
+    import tempfile
+
     if blocking_file(path) is not None:
         return None
     try:
         path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".kvsim-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
     return None

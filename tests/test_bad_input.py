@@ -327,7 +327,7 @@ def test_cli_output_dir_that_is_a_file(tmp_path):
     assert list(tmp.iterdir()) == []
 
 
-@pytest.mark.parametrize("kind", ["files", "sweep"])
+@pytest.mark.parametrize("kind", ["files", "sweep", "summary"])
 def test_cli_output_dir_holding_other_files_is_refused(tmp_path, kind):
     """An output.dir that holds files that are not a kvsim run's (a folder of the user's own,
     a sweep folder: a newcomer's run landed beside a sweep's jobs, and kvsim-collect then took
@@ -336,6 +336,10 @@ def test_cli_output_dir_holding_other_files_is_refused(tmp_path, kind):
     d = tmp_path / "d"
     if kind == "files":
         d.mkdir()
+        (d / "notes.txt").write_text("mine")
+    elif kind == "summary":  # (break-it pass: a summary.json of one's own made it a run folder)
+        (d / "src").mkdir(parents=True)
+        (d / "summary.json").write_text("{}")
         (d / "notes.txt").write_text("mine")
     else:  # a sweep's folder: its record and a job's folder
         (d / "0").mkdir(parents=True)
@@ -350,7 +354,8 @@ def test_cli_output_dir_holding_other_files_is_refused(tmp_path, kind):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert f"output.dir={d}: the folder holds files that are not a kvsim run's" in r.stderr
-    assert ("notes.txt" if kind == "files" else "0, multirun.yaml") in r.stderr
+    assert {"files": "(notes.txt)", "summary": "(notes.txt, src)",
+            "sweep": "(0, multirun.yaml)"}[kind] in r.stderr
     assert sorted(str(p.relative_to(d)) for p in d.rglob("*")) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and list(tmp.iterdir()) == []
 
@@ -366,8 +371,43 @@ def test_cli_output_dir_that_cannot_be_created(tmp_path):
                        env=env, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
-    assert "output.dir=/proc/kvsim-test/x: cannot create the folder (" in r.stderr
+    assert "output.dir=/proc/kvsim-test/x: cannot create or write the folder (" in r.stderr
     assert list(tmp.iterdir()) == []
+
+
+def test_output_folder_that_exists_but_takes_no_file_is_named(tmp_path, monkeypatch):
+    """An existing folder no file can be made in (read-only, immutable) is named with the
+    reason: a break-it pass got Hydra's traceback for its log file there."""
+    import tempfile
+
+    from sim.config import uncreatable_folder
+
+    assert uncreatable_folder(tmp_path) is None and list(tmp_path.iterdir()) == []
+
+    def refuse(**kw):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert uncreatable_folder(tmp_path) == "PermissionError: Operation not permitted"
+
+
+def test_cli_output_dir_that_takes_no_file(tmp_path):
+    """The CLI on an immutable folder (chattr +i; skipped where the filesystem has no such
+    flag): one error line, exit 2, no traceback."""
+    d = tmp_path / "imm"
+    d.mkdir()
+    if subprocess.run(["chattr", "+i", str(d)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        r = subprocess.run([*KVSIM, f"output.dir={d}", "sim.progress=false",
+                            "trace.max_requests=5"], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=120)
+    finally:
+        subprocess.run(["chattr", "-i", str(d)], capture_output=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert f"output.dir={d}: cannot create or write the folder (PermissionError" in r.stderr
 
 
 def test_cli_log_is_the_record_of_the_run_beside_it(tmp_path):

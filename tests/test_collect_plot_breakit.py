@@ -227,6 +227,8 @@ def test_no_complete_run_exits_1_naming_the_failed_runs_list(sweep, tmp_path, ca
     errors = [ln for ln in err.splitlines() if ln.startswith("kvsim-collect: error: ")]
     assert len(errors) == 1 and str(sweep) in errors[0]
     assert str(out / "failed_runs.csv") in errors[0] and (out / "failed_runs.csv").is_file()
+    warn = [ln for ln in err.splitlines() if ln.startswith("kvsim-collect: warning: ")]
+    assert len(warn) == 1 and "none completed: exit status 1" in warn[0] and "--strict" not in warn[0]
 
 
 # --- 4. --x equal to --hue, --agg outside its choices -------------------------------------------

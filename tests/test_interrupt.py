@@ -84,6 +84,47 @@ def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
     assert not (out / ".kvsim_running").exists()  # (the run's lock is let go)
 
 
+def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
+    """Break-it pass: SIGTERM to `kvsim -m` killed the launcher and left its joblib workers
+    running, orphaned, writing into job folders that a resumed sweep ran again alongside them.
+    Now the sweep stops as on Ctrl-C: one line, exit 143, every process of the group gone, the
+    unfinished jobs marked INCOMPLETE."""
+    sweep = tmp_path / "sw"
+    proc = subprocess.Popen([*KVSIM, "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2",
+                             f"hydra.sweep.dir={sweep}", "cache.block_size=16,32",
+                             "sim.progress=false", *LONG[:3]], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((sweep / j / MARKER).exists() for j in ("0", "1")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the sweep's jobs did not start (rc={proc.poll()})")
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        gone = time.monotonic() + 15  # (no worker left in the process group, once reaped)
+        while True:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < gone, "the sweep's workers outlived it"
+            time.sleep(0.2)
+    finally:
+        try:  # (workers left would hold the stderr pipe open: read it after they are gone)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    err = proc.stderr.read().decode()
+    assert rc == 143, err[-2000:]
+    assert "kvsim: sweep stopped (SIGTERM); its unfinished jobs are marked INCOMPLETE" in err
+    assert "Traceback" not in err
+    for j in ("0", "1"):
+        _assert_incomplete(sweep / j)
+
+
 def test_crash_mid_simulation_leaves_incomplete_dir(tmp_path):
     """An exception raised inside the engine (here: the simulated-time limit) ends the process
     non-zero with the directory still marked."""

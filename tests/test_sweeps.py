@@ -465,6 +465,27 @@ def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_pa
     assert f.run_id == "0" and "cache.block_size=7; expected a power of two" in f.failure
 
 
+def test_multirun_with_per_job_output_dirs_reports_a_rejected_job(tmp_path):
+    """Break-it pass: with per-job output.dir folders a rejected job's INCOMPLETE marker sits in
+    its output.dir, outside the sweep folder, and the sweep said "sweep done" with exit 0. The
+    sweep's report follows each job folder's pointer to its results: exit 2 naming the job. With
+    every job rejected it says that no job completed."""
+    sweep = tmp_path / "sw"
+    per_job = str(tmp_path / "res" / "${hydra:job.num}")
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+               "trace.max_requests=20", "cache.block_size=16,7", f"output.dir={per_job}", *QUIET,
+               check=False)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "sweep job 1 failed: cache.block_size=7" in r.stderr
+    assert "1 sweep job(s) failed; the other jobs completed" in r.stderr
+    assert (tmp_path / "res" / "0" / "summary.json").is_file()
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1",
+               f"hydra.sweep.dir={tmp_path / 'sw2'}", "trace.max_requests=20",
+               "cache.block_size=7,9", f"output.dir={str(tmp_path / 'res2' / '${hydra:job.num}')}",
+               *QUIET, check=False)
+    assert r.returncode == 2 and "2 sweep job(s) failed; no job completed" in r.stderr, r.stderr[-2000:]
+
+
 # --- output.dir across jobs and runs ---------------------------------------------------------------
 
 def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
