@@ -72,7 +72,7 @@ class FailedRunsExit(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
         failed = []
-        # job directories nested by hydra.sweep.subdir too
+
         def rejected(folder: Path):
             """The error of a run ``folder`` marked INCOMPLETE by a rejection, else None."""
             marker = folder / "INCOMPLETE"
@@ -95,7 +95,11 @@ class FailedRunsExit(Callback):
             name = job.relative_to(sweep).as_posix()
             if stale_job(job) or any(n == name for n, _ in failed):
                 continue
-            why = rejected(Path(ptr.read_text().strip()))
+            try:
+                target = Path(ptr.read_text().strip())
+            except OSError:
+                continue
+            why = rejected(target)
             if why is not None:
                 failed.append((name, why))
         root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None

@@ -209,7 +209,8 @@ def _bad_output_dir(out: Path, job_dir: Path) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
     are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
     ``job_dir`` aside, where ``hydra.run.dir`` puts it inside ``out``), or one that cannot be
-    created; None when it can (a file in the way is named by :func:`sim.run.run_simulation`)."""
+    created or written; None when it can (a file in the way is named by
+    :func:`sim.run.run_simulation`)."""
     from .config import foreign_folder, uncreatable_folder
 
     try:

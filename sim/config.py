@@ -237,6 +237,9 @@ RUN_FOLDER_NAMES = (
     ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
 
 
+PROBE_PREFIX = ".kvsim-probe-"  # (uncreatable_folder's test file, removed at once)
+
+
 def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
     """The names in the folder ``path`` that are not a kvsim run's (:data:`RUN_FOLDER_NAMES`
     and their ``.tmp`` files), sorted, when there are any: a sweep folder, a checkout, a
@@ -254,7 +257,8 @@ def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
     except OSError:
         return None
     other = sorted(n for n in names if n not in ignore and n not in RUN_FOLDER_NAMES
-                   and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES))
+                   and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES)
+                   and not n.startswith(PROBE_PREFIX))  # (another job's probe, for a moment)
     return other or None
 
 
@@ -270,7 +274,7 @@ def uncreatable_folder(path: Path) -> Optional[str]:
         return None
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".kvsim-probe-", dir=path)
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
