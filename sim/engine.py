@@ -1119,8 +1119,7 @@ class Simulator:
             return False
         if len(sched_req) - na != self._step_decodes:
             return False
-        if self.waiting and self.max_tokens > len(sched_req) \
-                and len(self.running) + self.onboarding < self.max_seqs:
+        if self._head_retried(len(sched_req)):
             # the head may have been stopped by the token budget this step's prefill chunks
             # took: the next step has it again, so the per-step loop may admit the head there
             return False
@@ -1128,6 +1127,13 @@ class Simulator:
             if (compressed and req.layout is None) or req.n_computed + n != req.input + req.n_generated:
                 return False
         return True
+
+    def _head_retried(self, b: int) -> bool:
+        """Whether the scheduler tries the waiting head in a step whose ``b`` running requests
+        take one token each: a request waits, the token budget has room after them, and the
+        running and onboarding requests are below ``max_num_seqs``."""
+        return bool(self.waiting) and self.max_tokens > b and \
+            len(self.running) + self.onboarding < self.max_seqs
 
     def _prefill_chunk_step(self, sched_req, sched_n) -> bool:
         """True if this step is a chunked-prefill step that the next ones repeat: every running
@@ -1383,8 +1389,7 @@ class Simulator:
         pi = pi[:n_pairs]
         ps = ps[:n_pairs]
         tiers = self.tiers
-        if (tiers is not None and self.waiting and self.max_tokens > b
-                and len(self.running) + self.onboarding < self.max_seqs):
+        if tiers is not None and self._head_retried(b):
             # The per-step loop retries the waiting head every step. Without tiers a pure-decode
             # stretch can only make it less admissible (fewer free blocks, shorter hits); with
             # tiers a GPU eviction can cut its hit before host/disk pages (a blocking onboard
@@ -1398,8 +1403,7 @@ class Simulator:
             # per-step loop (TierManager.write_back): the stretch ends before it
             first = self._first_evicting_step(ps if n_pairs else None)
             cap = k if first is None else first - 1
-        elif (n_pairs and self.waiting and self.max_tokens > b
-              and len(self.running) + self.onboarding < self.max_seqs):
+        elif n_pairs and self._head_retried(b):
             # The per-step loop retries the waiting head every step; the stretch ends before
             # the first step whose new blocks evict a block of the head's prefix hit
             # (_head_hit_step)
@@ -1736,8 +1740,7 @@ class Simulator:
         if len(self.running) != len(reqs):
             return 2
         head = self.waiting[0] if self.waiting else None
-        if head is not None and self.max_tokens > len(reqs) \
-                and len(self.running) + self.onboarding < self.max_seqs:
+        if head is not None and self._head_retried(len(reqs)):
             kt = self._head_key_table(head)
             logs = pool.change_log + self.tiers.change_log
             if kt is not None and not (logs and (kt.get_many(np.concatenate(logs)) >= 0).any()):
@@ -1884,8 +1887,7 @@ class Simulator:
         # within the stretch), and it ends before a step whose new blocks take a block of the
         # head's hit (_head_hit_step), so between those the head can only become less
         # admissible (fewer free blocks, the same hit)
-        admit = bool(self.waiting) and self.max_tokens > b and \
-            len(self.running) + self.onboarding < self.max_seqs
+        admit = self._head_retried(b)
         # the running requests in the stretch (indices into reqs, running order)
         active = list(range(b))
         live_base = sum(nc0)  # live tokens after step s: live_base + s x len(active)
@@ -2072,8 +2074,7 @@ class Simulator:
                 t_ev = env.peek()  # released closed-loop requests scheduled their arrivals
                 t_next = min(t_ev, t_lim)
                 pass_ev = bool(self.waiting)
-                admit = bool(self.waiting) and self.max_tokens > len(active) and \
-                    len(self.running) + self.onboarding < self.max_seqs
+                admit = self._head_retried(len(active))
                 if step_time is not None:
                     step_time += self._round_time  # the finish step's round costs
                     self._round_time = 0.0
@@ -2191,8 +2192,7 @@ class Simulator:
         stop = (False, first_row, live_base, nxt, anchor, None, [])
         if len(self.waiting) != n_wait or not (b or self.waiting):
             return stop
-        if not (self.waiting and self.max_tokens > b
-                and len(self.running) + self.onboarding < self.max_seqs):
+        if not self._head_retried(b):
             return (True, first_row, live_base, nxt, anchor, None, [])  # no admission
         s = f + 1
         cnt, pi, ps = _block_pairs(nxt, s, B)
