@@ -598,13 +598,15 @@ class Simulator:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            rem = req.input + req.n_generated - req.n_computed
+            c = req.n_computed  # (neither it nor the layout changes in this pass)
+            g = req.n_generated
+            rem = req.input + g - c
             n = rem
             if long_thr and n > long_thr:
                 n = long_thr
             if n > budget:
                 n = budget
-            upto = req.n_computed + n
+            upto = c + n
             lay = req.layout
             if len(defer) < free and (n == 1 if lay is None else ff_layout and upto - req.n_placed == 1):
                 # the fast path (most decode steps): one new token whose slot exists, or whose
@@ -651,10 +653,10 @@ class Simulator:
             sched_n.append(n)
             if n == rem:
                 samples += 1
-                if n == 1 and req.n_generated:
+                if n == 1 and g:
                     decodes += 1
-            if req.layout is None:
-                sched_ctx.append(req.n_computed)
+            if lay is None:
+                sched_ctx.append(c)
             elif plain_ctx:  # = Compression.physical_context without read-factor or Quest
                 ctx = req.phys_base + req.pending if req.compressed else req.n_placed
                 sched_ctx.append(max(0, ctx - n))
@@ -1019,30 +1021,35 @@ class Simulator:
             prefill_tokens = 0
             live = 0  # computed tokens of the scheduled requests that stay running
             n_done = 0
+            comp = self.comp
             for req, n in zip(sched_req, sched_n):
-                if req.n_computed >= req.input and n == 1:
+                c = req.n_computed
+                if c >= req.input and n == 1:
                     decode_tokens += 1
                 else:
                     prefill_tokens += n
-                req.n_computed += n
-                if self.comp is not None and req.layout is not None and req.n_computed >= req.input:
+                c += n
+                req.n_computed = c
+                if comp is not None and req.layout is not None and c >= req.input:
                     # Compression.due is False unless the prefill ended now or the cached round
                     # point is reached: test those here before the call
-                    pd = req.n_computed - n < req.input
-                    if (pd or (req.next_round is not None and req.n_computed >= req.next_round)) \
-                            and self.comp.due(req, pd):
-                        self._round(req)
-                if req.n_computed == req.input + req.n_generated:
-                    req.n_generated += 1
-                    if req.n_generated == 1:
+                    pd = c - n < req.input
+                    if (pd or (req.next_round is not None and c >= req.next_round)) \
+                            and comp.due(req, pd):
+                        self._round(req)  # (it changes no token count)
+                g = req.n_generated
+                if c == req.input + g:
+                    g += 1
+                    req.n_generated = g
+                    if g == 1:
                         req.first_token = now
-                    if req.n_generated >= req.output:
+                    if g >= req.output:
                         req.status = FINISHED
                         req.finish = now
                         finished = True
                         n_done += 1
                         continue
-                live += req.n_computed
+                live += c
             if finished:
                 self._retire_finished()
             if self.tiers is not None:
@@ -2440,7 +2447,8 @@ class Simulator:
             pool.change_log.clear()
             tiers.change_log.clear()
         if pool.cached_log:
-            tiers.on_gpu_cached(np.concatenate(pool.cached_log))
+            if tiers.write_policy == "write_through":  # (the only policy copying them now)
+                tiers.on_gpu_cached(np.concatenate(pool.cached_log))
             pool.cached_log.clear()
         tiers.flush()
 

@@ -120,9 +120,10 @@ class LRUStore:
 
     Using a page appends it at the ring's tail and blanks its older entry (``NO_HASH``), so each
     held page has exactly one entry, at the position its table slot records; eviction pops the
-    head, skipping blanks. When the ring fills it is rewritten with the held pages only (grown
-    when they fill over half of it), so the rewrite costs O(1) amortised per use. A table slot is
-    the pair (key, position) in adjacent int64s.
+    head, skipping blanks. The ring has twice the table's slots (at least four entries per page
+    held); when it fills it is rewritten with the held pages only (grown when they fill over
+    half the table), so the rewrite costs O(1) amortised per use. A table slot is the pair (key,
+    position) in adjacent int64s.
 
     Why a ring: a disk tier holds millions of pages, far beyond the CPU caches. An insert that
     evicts touches two random table slots (the new page's and the evicted page's) and otherwise
@@ -131,29 +132,33 @@ class LRUStore:
 
     def __init__(self, capacity_pages: int):
         self.capacity = int(capacity_pages)
-        self.peak = 0
         # st: ring position of the head (oldest entry), of the tail (next entry), pages held,
-        # pages the table is sized for
-        self._st = np.zeros(4, dtype=np.int64)
+        # pages the table is sized for, most pages held after an insert (the peak)
+        self._st = np.zeros(5, dtype=np.int64)
         self._alloc(256, np.empty(0, dtype=np.int64))
 
+    @property
+    def peak(self) -> int:
+        """The most pages held at once (after an insert's evictions)."""
+        return int(self._st[4])
+
     def _alloc(self, room: int, order: np.ndarray) -> None:
-        """(Re)build for ``room`` pages: a table of >= 2 x ``room`` slots and a ring of as many
-        entries, holding the pages ``order`` (least recently used first)."""
+        """(Re)build for ``room`` pages: a table of >= 2 x ``room`` slots and a ring of twice as
+        many entries, holding the pages ``order`` (least recently used first)."""
         bits = max(10, int(2 * room - 1).bit_length())
         self._tab = np.empty(2 << bits, dtype=np.int64)
         self._tab[0::2] = NO_HASH
         self._mask = (1 << bits) - 1
         self._shift = 64 - bits
-        self._ring = np.empty(1 << bits, dtype=np.int64)
-        self._st[:] = (0, 0, 0, room)
+        self._ring = np.empty(2 << bits, dtype=np.int64)
+        self._st[:4] = (0, 0, 0, room)
         if len(order):
             self._insert(order)
 
     def _room(self, n: int, held_too: bool = True) -> None:
         """Make room for ``n`` more ring entries and, with ``held_too``, ``n`` more pages held:
         grow (held pages beyond the sized room) or rewrite the ring with the held pages only
-        (ring full; the ring then has at least twice ``max(room, n)`` entries)."""
+        (ring full; the ring then has at least four times ``max(room, n)`` entries)."""
         held = int(self._st[2])
         room = int(self._st[3])
         if held_too and held + n > room:
@@ -162,12 +167,13 @@ class LRUStore:
             self._alloc(max(room, n), self.lru_order())
 
     def _insert(self, keys: np.ndarray) -> np.ndarray:
-        self._room(len(keys))
         out = np.empty(len(keys), dtype=np.int64)  # at most the batch is evicted (held <= cap)
         m = _lru_insert_many(self._tab, self._mask, self._shift, self._ring, self._st,
                              self.capacity, keys, out)
-        if self._st[2] > self.peak:
-            self.peak = int(self._st[2])
+        if m < 0:  # (no room: the kernel changed nothing)
+            self._room(len(keys))
+            m = _lru_insert_many(self._tab, self._mask, self._shift, self._ring, self._st,
+                                 self.capacity, keys, out)
         return out[:m]
 
     def __contains__(self, key: int) -> bool:
@@ -220,9 +226,8 @@ class LRUStore:
 
     def not_held(self, keys: np.ndarray) -> np.ndarray:
         """The keys not held, in order (``keys``: int64 array; int64 array)."""
-        out = np.empty(len(keys), dtype=bool)
-        _lru_contains(self._tab, self._mask, self._shift, keys, out)
-        return keys[~out]
+        out = np.empty(len(keys), dtype=np.int64)
+        return out[:_lru_absent(self._tab, self._mask, self._shift, keys, out)]
 
     def insert_array(self, keys: np.ndarray) -> np.ndarray:
         """:meth:`insert_many` on an int64 array; returns the evicted pages as an int64 array."""
@@ -254,9 +259,12 @@ def _lru_use(tab, ring, st, s, key):  # pragma: no cover (compiled)
 
 @kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8, i8[:], i8[:])")
 def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no cover
-    """:meth:`LRUStore.insert_many` on the arrays (the table and ring have room for every
-    key): the evicted pages into ``out``; returns how many."""
+    """:meth:`LRUStore.insert_many` on the arrays: the evicted pages into ``out``; returns how
+    many, or -1 (nothing changed) when the table or the ring lacks room for every key
+    (:meth:`LRUStore._room` makes it). Keeps the peak of the pages held in ``st[4]``."""
     n = keys.shape[0]
+    if st[2] + n > st[3] or st[1] - st[0] + n > ring.shape[0]:
+        return -1
     for i in range(n):
         if i + D < n:
             prefetch(tab, 2 * _home(keys[i + D], shift))
@@ -277,6 +285,8 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
         st[2] -= 1
         out[m] = key
         m += 1
+    if st[2] > st[4]:
+        st[4] = st[2]
     return m
 
 
@@ -302,6 +312,20 @@ def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
         if i + D < n:
             prefetch(tab, 2 * _home(keys[i + D], shift))
         out[i] = tab[2 * _pair_probe(tab, mask, shift, keys[i])] == keys[i]
+
+
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:])")
+def _lru_absent(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
+    """The keys absent from the table, in order, into ``out``; returns how many."""
+    n = keys.shape[0]
+    m = 0
+    for i in range(n):
+        if i + D < n:
+            prefetch(tab, 2 * _home(keys[i + D], shift))
+        if tab[2 * _pair_probe(tab, mask, shift, keys[i])] != keys[i]:
+            out[m] = keys[i]
+            m += 1
+    return m
 
 
 @kernel("void(i8[:], i8[:], i8[:])")
@@ -858,11 +882,14 @@ class TierManager:
         """Call ``fn(*args)`` when the clock reaches exactly ``end`` (>= now), through the
         timeouts of :func:`sim.clock.exact_delays` (one, or two when ``now + (end - now)``
         misses ``end``)."""
-        delays = exact_delays(self.env.now, end)
-        if len(delays) == 1:
-            self.env.timeout(delays[0]).callbacks.append(lambda _e: fn(*args))
+        env = self.env
+        now = env.now
+        d = end - now
+        if now + d == end:  # (exact_delays's first case, inline: a landing per batch)
+            env.timeout(d).callbacks.append(lambda _e: fn(*args))
         else:
-            self.env.timeout(delays[0]).callbacks.append(lambda _e: self._at(end, fn, *args))
+            env.timeout(exact_delays(now, end)[0]).callbacks.append(
+                lambda _e: self._at(end, fn, *args))
 
     def _offload(self, keys) -> None:
         """Issue one D2H batch now: it queues on the link and lands in the host store at its

@@ -243,6 +243,7 @@ def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
     s = LRUStore(cap)
     ref: OrderedDict[int, None] = OrderedDict()
     seen: list[int] = []
+    peak = 0
     for is_touch, keys in ops:
         if is_touch:
             held = [k for k in keys if k in ref] or list(ref)[:3]
@@ -252,8 +253,10 @@ def test_lru_store_matches_an_ordered_dict_while_growing(ops, cap):
         else:
             assert s.insert_many(keys) == _lru_reference_insert(ref, keys, cap)
             seen.extend(keys)
+            peak = max(peak, len(ref))
         assert s.lru_order().tolist() == list(ref)
         assert len(s) == len(ref)
+        assert s.peak == peak  # (the most held after an insert, across table rebuilds)
         probe = seen[-500:] + [5, 1 << 40]
         assert s.missing(probe) == [k for k in probe if k not in ref]
     with pytest.raises(KeyError):
