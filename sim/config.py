@@ -272,6 +272,11 @@ def uncreatable_folder(path: Path) -> Optional[str]:
 
     if blocking_file(path) is not None:
         return None
+    for p in (path, *path.parents):  # (mkdir would say "File exists" of a dangling link)
+        if p.is_symlink() and not p.exists():
+            return f"{p} is a symbolic link to {os.readlink(p)}, which does not exist"
+        if p.exists():
+            break
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)

@@ -135,11 +135,12 @@ _ANY = object()
 
 
 def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -> bool:
-    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker) and,
-    when ``overrides`` is given, that run was made with exactly these Hydra overrides (so a
-    reused sweep directory with a changed grid is rerun, not skipped), and when ``trace_input``
-    is given (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a
-    trace with exactly that content (an edited or replaced trace file is rerun)."""
+    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
+    every file its ``output_files`` lists still there with the size written) and, when
+    ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
+    sweep directory with a changed grid is rerun, not skipped), and when ``trace_input`` is given
+    (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
+    exactly that content (an edited or replaced trace file is rerun)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
         return False
@@ -151,6 +152,12 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -
         return False
     if overrides is not None and list(s.get("overrides") or []) != list(overrides):
         return False
+    for f in s.get("output_files") or []:  # (absent in summaries of kvsim before it was kept)
+        try:
+            if (p / str(f[0])).stat().st_size != f[1]:
+                return False
+        except (OSError, TypeError, IndexError):
+            return False
     return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
 
@@ -401,15 +408,22 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     summary["prefix_index"] = sim.prefix_index  # the backend sim.prefix_index resolved to
     summary = _clean_nan(summary)
     if out is not None:
+        written = ["requests.parquet", "transfers.parquet", "rounds.parquet"]
         _write_parquet(req, out / "requests.parquet")
         if cfg.output.write_steps:
             _write_parquet(rec.steps_frame(), out / "steps.parquet")
+            written.append("steps.parquet")
         _write_parquet(transfers_frame(tm), out / "transfers.parquet")
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
             summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))
+            written.append("ops.jsonl")
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            written.append("config.yaml")
+        # the files this run wrote, with their sizes: output.skip_completed reruns a run whose
+        # tables were deleted or truncated since (is_complete)
+        summary["output_files"] = [[f, (out / f).stat().st_size] for f in sorted(written)]
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
         summary["wall"]["peak_rss_mb"] = _peak()
         _write_json(summary, out / "summary.json")

@@ -391,6 +391,20 @@ def test_output_folder_that_exists_but_takes_no_file_is_named(tmp_path, monkeypa
     assert uncreatable_folder(tmp_path) == "PermissionError: Operation not permitted"
 
 
+def test_output_folder_behind_a_dangling_symlink_is_named(tmp_path):
+    """Break-it pass: an output.dir that is (or lies under) a symbolic link to a missing target
+    was reported as "FileExistsError: File exists"; the link and its target are named."""
+    from sim.config import uncreatable_folder
+
+    (tmp_path / "out").symlink_to(tmp_path / "gone" / "x")
+    want = f"{tmp_path / 'out'} is a symbolic link to {tmp_path / 'gone' / 'x'}, which does not exist"
+    assert uncreatable_folder(tmp_path / "out") == want
+    assert uncreatable_folder(tmp_path / "out" / "sub" / "run") == want
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    (tmp_path / "gone" / "x").mkdir(parents=True)  # the target made: the folder is usable
+    assert uncreatable_folder(tmp_path / "out" / "sub") is None
+
+
 def test_cli_output_dir_that_takes_no_file(tmp_path):
     """The CLI on an immutable folder (chattr +i; skipped where the filesystem has no such
     flag): one error line, exit 2, no traceback."""

@@ -74,8 +74,13 @@ def test_a_parsed_trace_cache_hit_gives_identical_results(tmp_path):
         assert wall["load_cache"] == name
     digests = [{k: v for k, v in r["digests"].items() if k != "summary.json"} for r in runs.values()]
     assert digests[0] == digests[1] == digests[2]
-    summaries = [{k: v for k, v in r["summary"].items() if k != "overrides"} for r in runs.values()]
+    # (the runs' overrides differ, and so does the config.yaml each wrote: its size is in
+    # output_files; the tables' sizes there are equal)
+    summaries = [{k: v for k, v in r["summary"].items() if k not in ("overrides", "output_files")}
+                 for r in runs.values()]
     assert summaries[0] == summaries[1] == summaries[2]
+    sizes = [[f for f in r["summary"]["output_files"] if f[0] != "config.yaml"] for r in runs.values()]
+    assert len(sizes[0]) == 4 and sizes[0] == sizes[1] == sizes[2]
 
 
 def test_time_stretched_trace_needs_no_more_memory(tmp_path):

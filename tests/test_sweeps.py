@@ -594,3 +594,34 @@ def test_skip_completed_reruns_a_run_whose_trace_changed(tmp_path):
     _kvsim(*args)
     s2 = json.loads((out / "summary.json").read_text())
     assert s2["requests_total"] == 40 and s2["trace_input"] != s1["trace_input"]
+
+
+def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
+    """Break-it pass: ``output.skip_completed=true`` trusted summary.json alone, so a run whose
+    tables were deleted or truncated since was skipped and stayed without them. summary.json
+    lists the files the run wrote with their sizes (``output_files``); a run missing one, or
+    with one of another size, is rerun; an untouched one is still skipped."""
+    from sim.run import is_complete
+
+    out = tmp_path / "run"
+    args = ["trace.max_requests=30", f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}",
+            *QUIET, "output.skip_completed=true"]
+    _kvsim(*args)
+    s = json.loads((out / "summary.json").read_text())
+    names = [f for f, _ in s["output_files"]]
+    assert {"requests.parquet", "steps.parquet", "transfers.parquet", "rounds.parquet"} <= set(names)
+    assert all((out / f).stat().st_size == n for f, n in s["output_files"])
+    assert is_complete(out)
+    mt = (out / "summary.json").stat().st_mtime_ns
+    _kvsim(*args)  # untouched: skipped
+    assert (out / "summary.json").stat().st_mtime_ns == mt
+    (out / "steps.parquet").unlink()
+    assert not is_complete(out)
+    _kvsim(*args)  # a table deleted: rerun, the table is back
+    assert (out / "steps.parquet").is_file() and is_complete(out)
+    with open(out / "requests.parquet", "r+b") as f:  # truncated
+        f.truncate(100)
+    assert not is_complete(out)
+    _kvsim(*args)
+    pd.read_parquet(out / "requests.parquet")  # (rewritten whole)
+    assert is_complete(out)
