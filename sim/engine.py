@@ -211,7 +211,7 @@ class Request:
         "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
-        "next_round",
+        "next_round", "prefill_end",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -232,6 +232,7 @@ class Request:
         self.finish = np.nan
         self.hit_tokens = 0
         self.computed_prompt_tokens = 0
+        self.prefill_end = 0  # the tokens the prefill of its latest admission reaches
         self.preemptions = 0
         self.reason = ""
         self.total_blocks = 0
@@ -558,6 +559,8 @@ class Simulator:
         req.n_cached = 0
 
     def _preempt(self, req: Request) -> None:
+        if req.n_computed < req.prefill_end:  # the prompt tokens it will not compute now
+            req.computed_prompt_tokens -= req.prefill_end - req.n_computed
         req.gen += 1
         req.load_event = None
         if req.layout is not None:
@@ -726,7 +729,8 @@ class Simulator:
             if tiers is not None and len(gpu_blocks):
                 keys = req.keys[:len(hit)]
                 tiers.on_gpu_hit(keys[hit >= 0] if n_tier else keys)
-            req.computed_prompt_tokens += num_tokens - hit_tokens
+            req.computed_prompt_tokens += num_tokens - hit_tokens  # (less, if preempted, what
+            req.prefill_end = num_tokens                           # it had not computed yet)
             self._step_admitted += 1
             if n_tier:
                 self._start_onboard(req, tier_pos, tier_keys, tier_codes, blocking)

@@ -7,8 +7,10 @@ Tables (written as Parquet by :mod:`sim.results`):
   tpot_s ((finish - first token) / (output_tokens - 1), NaN for 1-token outputs), e2e_s
   (finish - arrival), queue_s (first scheduled - arrival), input_tokens, output_tokens,
   prefix_hit_tokens (GPU prefix-cache hit at first admission, a multiple of the block size),
-  computed_prompt_tokens (prompt tokens actually prefilled, including recomputation after
-  preemption), preemptions, status (finished | rejected), reject_reason.
+  computed_prompt_tokens (prompt tokens actually prefilled: each admission's tokens past its
+  prefix hit, a recompute after preemption prefilling the tokens generated so far too, less the
+  part of a prefill that a preemption cut before it ran), preemptions, status (finished |
+  rejected), reject_reason.
 
 ``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
   prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens (sum of the

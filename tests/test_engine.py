@@ -85,6 +85,25 @@ def test_preemption_by_recompute_and_rejection():
     assert (steps.blocks_used <= 6).all()
 
 
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_computed_prompt_tokens_count_what_was_prefilled_through_preemptions(fast_forward):
+    """Break-it pass: a request preempted in the middle of its chunked prefill kept the whole
+    prompt counted as computed, and counted it again at its re-admission (one request reported
+    3,060 computed prompt tokens of a 1,500-token prompt). Preemption takes back the part its
+    prefill had not reached, so the requests' counts add up to the steps' prefill tokens and
+    none exceeds prompt + output (a recompute prefills the tokens generated so far too)."""
+    wl = make_workload([dict(arrival_s=0.0, input_tokens=1500, output_tokens=200)] * 6)
+    req, steps, rec, sim = simulate(wl, "scheduler.max_num_batched_tokens=512",
+                                    "cache.enable_prefix_caching=false", num_blocks=200,
+                                    fast_forward=fast_forward)
+    assert rec.preemptions >= 3 and (req.status == "finished").all()
+    assert req.computed_prompt_tokens.sum() == steps.prefill_tokens.sum() == rec.sum_prefill
+    assert (req.computed_prompt_tokens >= req.input_tokens).all()
+    assert (req.computed_prompt_tokens <= (req.input_tokens + req.output_tokens)
+            * (1 + req.preemptions)).all()
+    assert (req.computed_prompt_tokens[req.preemptions == 0] == 1500).all()
+
+
 def test_max_model_len_rejection():
     wl = make_workload([dict(arrival_s=0.0, input_tokens=100, output_tokens=28)])
     req, *_ = simulate(wl, "model.max_model_len=127")
