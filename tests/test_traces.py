@@ -83,6 +83,47 @@ def test_mooncake_nonmonotonic_error():
         load_workload(cfg(name="x", path=str(DATA / "mooncake_nonmono.jsonl")), 0)
 
 
+def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
+    """Break-it pass: a Mooncake-format file with Unix-epoch millisecond timestamps ran with its
+    first arrival at ~1.7e9 s, and throughput came out near 0 tok/s, without a word. Arrivals
+    are counted from the first row's timestamp, with a warning naming it; a file starting at 0
+    (the real ones) loads as before, without one."""
+    rows = [{"timestamp": 1_700_000_000_000 + d, "input_length": 600, "output_length": 10,
+             "hash_ids": [i, 100 + i]} for i, d in enumerate((0, 1500, 1500, 4000))]
+    f = tmp_path / "epoch.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
+    assert w.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0]
+    assert any("timestamps start at 1700000000000 ms (line 1)" in m for m in w.warnings)
+    for r in rows:
+        r["timestamp"] -= 1_700_000_000_000
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w0 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
+    assert w0.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0] and not w0.warnings
+
+
+def test_mooncake_spread_over_a_long_gap_is_named(tmp_path):
+    """Break-it pass: 10 requests sharing timestamp 0 followed by one an hour later were spread
+    over the hour (timestamp_spread=even, the default) without a word. The spread is for the
+    real files' ~3 s buckets; one over a gap longer than 30 s (or 10x the median gap) is named
+    in a warning pointing to timestamp_spread=keep, which keeps the burst as recorded."""
+    rows = [{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [i, 100 + i]}
+            for i in range(10)]
+    rows.append({"timestamp": 3_600_000, "input_length": 600, "output_length": 10,
+                 "hash_ids": [50, 51]})
+    f = tmp_path / "burst.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = load_workload(cfg(name="x", path=str(f)), 0)
+    assert w.arrival_s[:3].tolist() == [0.0, 360.0, 720.0]
+    assert len(w.warnings) == 1
+    assert "10 requests at 0 ms spread over 3600 s" in w.warnings[0]
+    assert "trace.timestamp_spread=keep" in w.warnings[0]
+    k = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
+    assert k.arrival_s[:10].tolist() == [0.0] * 10 and not k.warnings
+    assert not load_workload(cfg(name="x", path=str(REPO / "traces" / "data" /
+                                                    "mooncake_conversation_10min.jsonl")), 0).warnings
+
+
 def test_mooncake_mixed_fail_and_skip():
     p = str(DATA / "mooncake_mixed.jsonl")
     with pytest.raises(TraceError, match=r"line 2, field 'input_length': missing field"):
@@ -364,3 +405,15 @@ def test_servegen_flat_pmf_literal_reads_as_python_does(pairs, sep, trailing):
     got = _literal_dict(text)
     assert list(got.items()) == list(want.items())
     assert [(type(k), type(v)) for k, v in got.items()] == [(type(k), type(v)) for k, v in want.items()]
+
+
+def test_null_hash_ids_is_named_as_found(tmp_path):
+    """Break-it pass: ``"hash_ids": null`` was reported as a missing field that found nothing;
+    it is named as found (null), and an absent field is still a missing one."""
+    f = tmp_path / "n.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": null}\n')
+    with pytest.raises(TraceError, match=r"line 1, field 'hash_ids': found null, expected a list"):
+        load_workload(cfg(name="x", path=str(f), cache=False), 0)
+    f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 10}\n')
+    with pytest.raises(TraceError, match=r"field 'hash_ids': missing field, found nothing"):
+        load_workload(cfg(name="x", path=str(f), cache=False), 0)

@@ -3,6 +3,8 @@
 block may be partial).
 
 Open loop: every row is a root. Timestamps must be non-decreasing (the real files are).
+arrival_s = (timestamp - first row's timestamp) / 1000: the real files start at 0; a file on
+another clock (Unix epoch milliseconds) starts at 0 too, with a warning naming the offset.
 
 Timestamp buckets (``timestamp_spread``): the conversation trace records arrivals quantised into
 ~3 s buckets (up to ~30 requests share one timestamp). ``keep`` uses them as recorded (bursts);
@@ -104,9 +106,10 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             n_out = need_int(obj, "output_length", path=p, where=where, minimum=0)
             h = obj.get("hash_ids")
             if not isinstance(h, list):
-                raise TraceError("missing field" if h is None else None, path=p, where=where,
-                                 field="hash_ids", found=repr(h)[:40] if h is not None else "nothing",
-                                 expected="a list of non-negative integers")
+                absent = "hash_ids" not in obj
+                raise TraceError("missing field" if absent else None, path=p, where=where,
+                                 field="hash_ids", expected="a list of non-negative integers",
+                                 found="nothing" if absent else "null" if h is None else repr(h)[:40])
             want = -(-n_in // BLOCK_TOKENS)
             if len(h) != want:
                 raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
@@ -139,7 +142,11 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     offs_a = np.asarray(offs, dtype=np.int64)
     del vals, offs
     _check_chained(vals_a, offs_a, lines, p)
-    t_s = np.asarray(ts, dtype=np.float64) / 1000.0
+    t_ms = np.asarray(ts, dtype=np.float64)
+    origin = float(t_ms[0])  # (the smallest: non-decreasing; exact for integer ms < 2**53)
+    if origin:
+        t_ms = t_ms - origin
+    t_s = t_ms / 1000.0
     late = np.flatnonzero(t_s > MAX_ARRIVAL_S)
     if late.size:  # (before the spread moves other rows next to it)
         raise TraceError(path=p, where=f"line {lines[int(late[0])]}", field="timestamp",
@@ -150,6 +157,13 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     arrival = spread_timestamps(t_s, cfg.timestamp_spread, rng)
     n = len(ts)
     warnings = []
+    wide = _wide_spreads(t_s) if cfg.timestamp_spread != "keep" else None
+    if wide:
+        warnings.append(wide)
+    if origin:
+        warnings.append(f"timestamps start at {origin:.17g} ms (line {lines[0]}), not 0: arrival "
+                        f"times are counted from there (arrival_s = (timestamp - {origin:.17g}) "
+                        f"/ 1000)")
     if zero[0]:
         warnings.append(f"{zero[0]} rows had output_length 0; loaded as 1 (zero_output=as_one)")
     return Parsed(
@@ -168,6 +182,27 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
         notes={"rows_read": rows, "zero_output_rows": zero[0],
                "distinct_timestamps": int(np.unique(t_s).size)},
     )
+
+
+def _wide_spreads(t_s: np.ndarray) -> str | None:
+    """A warning when ``timestamp_spread`` spreads requests sharing a timestamp over a gap longer
+    than 30 s or 10x the file's median gap between distinct timestamps (``t_s``: seconds,
+    non-decreasing): a burst followed by a quiet spell, it seems, not the ~3 s quantisation the
+    spread is for (the real Mooncake files have no such gap); None otherwise."""
+    uniq, counts = np.unique(t_s, return_counts=True)
+    if uniq.size < 2:
+        return None
+    gaps = np.diff(uniq)
+    med = float(np.median(gaps))
+    wide = np.flatnonzero((counts[:-1] > 1) & ((gaps > 10 * med) | (gaps > 30.0)))
+    if not wide.size:
+        return None
+    i = int(wide[0])
+    return (f"{wide.size} timestamp(s) shared by several requests are followed by a gap longer "
+            f"than 30 s or 10x the file's median gap ({med:g} s), and timestamp_spread="
+            f"even/jitter spreads their requests over it (first: {int(counts[i])} requests at "
+            f"{uniq[i] * 1000:.17g} ms spread over {gaps[i]:g} s); if they are bursts, "
+            f"trace.timestamp_spread=keep keeps them")
 
 
 def _check_chained(vals: np.ndarray, offs: np.ndarray, lines: list[int], p: str) -> None:

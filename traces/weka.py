@@ -227,9 +227,10 @@ def _check_request(r: dict, p: str, where: str, zero_output: str,
     n_out = need_int(r, "out", path=p, where=where, minimum=0)
     h = r.get("hash_ids")
     if not isinstance(h, list):
-        raise TraceError("missing field" if h is None else None, path=p, where=where,
-                         field="hash_ids", found=repr(h)[:40] if h is not None else "nothing",
-                         expected="a list of non-negative integers")
+        absent = "hash_ids" not in r
+        raise TraceError("missing field" if absent else None, path=p, where=where,
+                         field="hash_ids", expected="a list of non-negative integers",
+                         found="nothing" if absent else "null" if h is None else repr(h)[:40])
     want = n_in // BLOCK_TOKENS
     if len(h) != want:
         raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
