@@ -28,7 +28,8 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
 
 * ``failed_runs.csv`` and ``failed_runs.json``: every run directory that is not a completed run
   (``INCOMPLETE`` marker present, no ``summary.json``, unreadable summary, ``complete`` not
-  true) or whose per-run table cannot be read (a truncated or corrupt ``requests.parquet``, ...;
+  true, a file its ``summary.json`` lists in ``output_files`` deleted since the run) or whose
+  per-run table cannot be read (a truncated or corrupt ``requests.parquet``, ...;
   only the tables being collected are read), with the reason (for a table: the file and the
   Parquet error). These runs are in no other output; the other runs are collected. Both files are
   always written (empty when every run completed).
@@ -38,7 +39,8 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
   the same directory (a larger grid's extra jobs; see ``sim.callbacks``), and
   ``runs_without_config``: collected runs that had no config file (see below), and
   ``runs_missing_tables``: for each table some complete runs lack (``steps`` with
-  ``output.write_steps=false``, or a deleted file), those runs (also a note on stderr).
+  ``output.write_steps=false``, or a file deleted from a run of a kvsim that kept no
+  ``output_files``), those runs (also a note on stderr).
 
 Runs with missing or inconsistent files:
 
@@ -219,6 +221,21 @@ def check_out_dir(sweep_dir, out_dir) -> None:
                            f"files: choose a new or empty directory")
 
 
+def _changed_files(run_dir: Path, summary: dict) -> str | None:
+    """The first file the run's ``summary.json`` lists in ``output_files`` (kvsim >= b5d3cad;
+    none listed in older summaries) that is gone: a table deleted since the run makes it
+    incomplete, as ``output.skip_completed`` reruns it (a truncated or corrupt one is found
+    when its table is read, with the Parquet error); None when all are there."""
+    for f in summary.get("output_files") or []:
+        try:
+            name, size = str(f[0]), int(f[1])
+        except (TypeError, ValueError, IndexError):
+            return f"summary.json's output_files entry {f!r} is not [file name, bytes]"
+        if not (Path(run_dir) / name).is_file():
+            return f"{name} is missing (the run wrote it, {size:,} bytes)"
+    return None
+
+
 def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
     """Run directories under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``,
     ``summary.json``, an ``INCOMPLETE`` marker, or the pointer a multirun job leaves when its
@@ -345,6 +362,8 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = "summary.json is not a JSON object"
             elif summary.get("complete") is not True:
                 info.failure = f"summary.json has complete={summary.get('complete')!r}"
+            elif (gone := _changed_files(run_dir, summary)) is not None:
+                info.failure = gone
             else:
                 info.summary = summary
                 ov = summary.get("overrides")
@@ -727,7 +746,9 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     except OSError as e:
-        raise CollectError(f"{tmp}: cannot create the output directory: {_one_line(e)}") from e
+        why = getattr(e, "strerror", None) or _one_line(e)  # (the error names the temporary name)
+        raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
+                           f"{why})") from e
     try:
         while True:  # a table that fails past its footer drops its run; write again without it
             done = [r for r in runs if r.complete]

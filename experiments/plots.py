@@ -21,7 +21,8 @@ Units on the axes: seconds for times, GiB / MiB for bytes (2**30 / 2**20), ratio
 
 Run-level figures (``hit-by-tier``, ``disk-share``, ``ttft-vs``) draw one run per (``--x``,
 ``--hue``) cell: ``--x`` and ``--hue`` must differ, and runs sharing a cell (another parameter
-varies) are an error unless ``--agg`` (mean, median, min or max of their values) combines them.
+varies) are an error unless ``--agg`` (mean, median, min or max of their values) combines them
+(a warning says how many).
 The per-request / per-round / per-step figures draw one curve (bar) per ``--by`` group; when a
 group holds runs that differ in another override key, it is drawn pooled and a warning names
 the key and how many runs each group pools (``--where KEY=VALUE`` or ``--by ...,KEY`` separates
@@ -280,7 +281,12 @@ def _one_per_cell(runs: pd.DataFrame, keys: list[str], agg: str | None, what: st
                 cli=f"{same}keep one value of the other parameter with --where COL=VALUE, or "
                     f"pool them with --agg mean (or median, min, max). Runs:\n{ex}")
         num = runs.select_dtypes("number").columns.difference(keys)
-        return runs.groupby(keys, as_index=False, dropna=False)[list(num)].agg(agg)
+        out = runs.groupby(keys, as_index=False, dropna=False)[list(num)].agg(agg)
+        warnings.warn(f"{what}: agg={agg} combines {int(dup.sum())} runs that share their "
+                      f"{' / '.join(keys)} cell (another parameter varies) into "
+                      f"{int(dup.sum()) - (len(runs) - len(out))} points; --where COL=VALUE "
+                      f"keeps one value of it instead", PlotWarning, stacklevel=3)
+        return out
     return runs
 
 

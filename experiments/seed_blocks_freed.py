@@ -98,6 +98,23 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(x) for x in cells])
 
 
+def _unwritable(path: str) -> str | None:
+    """Why the file ``path`` cannot be written (a folder there, a missing or unwritable parent
+    folder), checked before the table is computed; None when it can be."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return "is a folder; expected a file name"
+    parent = p.parent
+    if not parent.is_dir():
+        return f"its folder {parent} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"its folder {parent} is not writable"
+    return None
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -105,6 +122,10 @@ def main(argv=None) -> None:
     ap.add_argument("--csv", default=None, help="write the table as CSV")
     ap.add_argument("--parquet", default=None, help="write the table as Parquet")
     args = ap.parse_args(argv)
+    for flag, path in (("--csv", args.csv), ("--parquet", args.parquet)):
+        bad = _unwritable(path) if path else None
+        if bad:
+            ap.error(f"argument {flag}: {path}: {bad}")
     rows = seed_rows(seed=args.seed, prompt_len=args.prompt_len)
     print(format_table(rows))
     if args.csv or args.parquet:

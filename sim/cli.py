@@ -135,6 +135,26 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
 
 
+# policy option -> the policies that read it (policies.eviction; policy=full reads none, noted
+# apart; mode, protect_prompt, seed and the importance model's options are left out)
+POLICY_READERS = {
+    "budget": ("random", "h2o", "tova", "triattention", "r_kv", "snapkv", "pyramidkv", "ada_kv",
+               "quest"),
+    "beta": ("random", "streaming_llm", "h2o", "tova", "triattention", "r_kv"),
+    "sink_tokens": ("streaming_llm",),
+    "recent_window": ("streaming_llm", "h2o", "triattention"),
+    "heavy_ratio": ("h2o",),
+    "observation_window": ("r_kv", "snapkv", "pyramidkv", "ada_kv"),
+    "pooling_kernel": ("snapkv", "pyramidkv", "ada_kv"),
+    "pooling": ("snapkv", "pyramidkv", "ada_kv"),
+    "layer_budget_ratio": ("pyramidkv",),
+    "ada_floor": ("ada_kv",),
+    "rkv_lambda": ("r_kv",),
+    "redundancy_window": ("r_kv",),
+    "top_k_pages": ("quest",),
+    "dense_layers": ("quest",),
+}
+
 # compaction option -> the compactions that read it (policies.compaction; pin_prompt only when
 # Compactor.apply is called without the engine's pinned_len)
 COMPACTION_READERS = {"position_index_bytes": ("hole_fill",), "position_index_per_group": ("hole_fill",),
@@ -173,6 +193,9 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                 or key == "compaction" and compaction != "none" and policy == "full":
             notes.append(f"{key} applies to a compression policy's rounds; policy=full keeps "
                          f"every token and runs none: it changes nothing")
+        elif group == "policy" and field in POLICY_READERS and policy not in POLICY_READERS[field]:
+            notes.append(f"{key} is read by policy={', '.join(POLICY_READERS[field])}; this run's "
+                         f"policy is {policy}: it changes nothing")
         elif group == "compaction" and field in COMPACTION_READERS \
                 and compaction not in COMPACTION_READERS[field]:
             readers = COMPACTION_READERS[field]
@@ -453,12 +476,17 @@ def app(cfg: DictConfig) -> None:
                 f"budget (policy.budget={cfg.policy.budget} tokens), and no prompt of this trace "
                 f"was (long outputs do not start it; use longer prompts or a lower "
                 f"policy.budget)")
-        else:
-            say(f"kvsim: note: policy={summary['policy']} ran no compression round: its rounds "
-                f"start once a request holds more than policy.budget={cfg.policy.budget} "
-                f"{'decode ' if pol.budget_scope == 'decode' else ''}tokens, and no request of "
-                f"this trace did before it finished (a reasoning trace such as "
-                f"trace=servegen_r1 has long outputs; or lower policy.budget)")
+        elif hasattr(pol, "_threshold"):  # (the periodic policies: policies.eviction._Periodic)
+            thr, beta = pol._threshold(), pol._period()
+            first = -(-(thr + 1) // beta) * beta
+            what = ("policy.sink_tokens + policy.recent_window" if summary["policy"] ==
+                    "streaming_llm" else "policy.budget")
+            unit = "decode tokens" if pol.budget_scope == "decode" else "tokens"
+            say(f"kvsim: note: policy={summary['policy']} ran no compression round: its first "
+                f"round comes at the first multiple of policy.beta={beta} past {what}={thr} "
+                f"{unit} ({first:,} {unit}), and no request of this trace reached it before "
+                f"it finished (a reasoning trace such as trace=servegen_r1 has long outputs; or "
+                f"lower {what} or policy.beta)")
     n_cap = (summary.get("rejected_by_reason") or {}).get("kv_capacity", 0)
     if n_cap and frees:
         say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
@@ -585,9 +613,16 @@ def unknown_override_key(args: list[str]) -> str | None:
             cls = node_type(hints[part])
             if cls is None:  # a leaf or a free-form node: Hydra checks the rest
                 if i == len(parts) - 1:
-                    err = _scalar_error(key, a.split("=", 1)[1], hints[part])
+                    value = a.split("=", 1)[1]
+                    err = _scalar_error(key, value, hints[part])
                     if err:
                         return err
+                    for v in (_sweep_values(a) or []) if "," in value else []:
+                        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                            err = _scalar_error(key, str(v), hints[part])
+                            if err:
+                                return (f"{key}={value}: the sweep's value {v}: expected "
+                                        f"{err.split(': expected ', 1)[1]}")
                 break
     return None
 
@@ -675,6 +710,49 @@ def duplicate_override_key(args: list[str]) -> str | None:
     return None
 
 
+def unparsable_override(args: list[str]) -> str | None:
+    """The error for the first ``key=value`` argument Hydra's override grammar cannot parse
+    (``cache.block_size=16,,32``; an unquoted ``~``, or a character outside ASCII, in a path),
+    or a sweep ``hydra.launcher.n_jobs=0`` (joblib ends with a traceback), with how to write
+    it; None when every one parses. Hydra exits 1 with its grammar error otherwise. Arguments
+    without ``=`` (options and their values) are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = None
+    for a in args:
+        if a.startswith("-") or "=" not in a:
+            continue
+        key, value = a.split("=", 1)
+        if key.lstrip("+") == "hydra.launcher.n_jobs" and value.strip() in ("0", "+0", "-0"):
+            return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, or "
+                    f"-1 for every core")
+        parser = parser or OverridesParser.create()
+        try:
+            parser.parse_override(a)
+        except Exception as e:  # noqa: BLE001 - (Hydra's grammar errors have several types)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            odd = [c for c in value if c == "~" or c == " " or not c.isascii()]
+            hint = (f"; a value with {odd[0]!r} needs quotes inside the argument: "
+                    f"\"{key}='{value}'\"" if odd else
+                    "; a sweep's values are separated by single commas (key=a,b,c), and a value "
+                    "with Hydra's special characters needs quotes: \"key='a,b'\"")
+            return f"{a}: not an override Hydra can parse ({why}){hint}"
+    return None
+
+
+def _sweep_values(arg: str) -> list | None:
+    """The values of a comma-separated sweep override (``seed=1,2,3``), or None when ``arg`` is
+    not one (a single value, ``range(...)``, ``glob(...)``, a list, or not parsable)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    try:
+        v = OverridesParser.create().parse_override(arg).value()
+    except Exception:  # noqa: BLE001 - (unparsable_override reports those)
+        return None
+    return list(v.list) if isinstance(v, ChoiceSweep) else None
+
+
 def _scalar_error(key: str, value: str, t) -> str | None:
     """The error for a plain value that cannot become the int / float / bool field ``key`` of
     type ``t`` (Optional allowed), or None. Sweeps, interpolations, Hydra functions, lists and
@@ -715,8 +793,9 @@ def main() -> None:
         # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
-    err = duplicate_override_key(sys.argv[1:]) or unknown_group_option(sys.argv[1:]) or \
-        unknown_override_key(sys.argv[1:]) or missing_launcher_plugin(sys.argv[1:])
+    err = unparsable_override(sys.argv[1:]) or duplicate_override_key(sys.argv[1:]) or \
+        unknown_group_option(sys.argv[1:]) or unknown_override_key(sys.argv[1:]) or \
+        missing_launcher_plugin(sys.argv[1:])
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -202,7 +202,6 @@ class KvsimConfig:
     sim: SimConfig = field(default_factory=SimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     seed: int = 0
-    experiment: Optional[Any] = None
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"  # the Hydra configs
@@ -245,7 +244,8 @@ def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
     and their ``.tmp`` files), sorted, when there are any: a sweep folder, a checkout, a
     ``kvsim-collect`` output, a folder of other files. A run writing its results there would mix
     them with those files (and replace any of them named like its own), and ``kvsim-collect``
-    would take the folder for one run. None for a missing or empty folder, a run's folder, or a
+    would take the folder for one run. None for a missing or empty folder, a run's folder (with
+    or without the ``collected`` folder ``kvsim-collect RUN_DIR`` makes there), or a
     path that is not a folder (:func:`blocking_file` names that). Names in ``ignore`` are left
     out (the job's own Hydra folder, when ``hydra.run.dir`` is inside)."""
     import os
@@ -258,8 +258,23 @@ def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
         return None
     other = sorted(n for n in names if n not in ignore and n not in RUN_FOLDER_NAMES
                    and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES)
-                   and not n.startswith(PROBE_PREFIX))  # (another job's probe, for a moment)
+                   and not n.startswith(PROBE_PREFIX)  # (another job's probe, for a moment)
+                   and not (n == "collected" and _is_collection(path / n)))
     return other or None
+
+
+def _is_collection(path: Path) -> bool:
+    """Whether ``path`` is a ``kvsim-collect`` output (its ``manifest.json``; the default
+    ``RUN_DIR/collected`` of ``kvsim-collect RUN_DIR``, which a later run into ``RUN_DIR``
+    leaves in place); the test of ``experiments.collect.is_collection``, which sim does not
+    import."""
+    import json
+
+    try:
+        m = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
 
 
 def uncreatable_folder(path: Path) -> Optional[str]:

@@ -599,6 +599,9 @@ def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     err = unknown_override_key(["trace.max_request=200"])
     assert "unknown config key 'trace.max_request'" in err and "did you mean trace.max_requests?" in err
     assert "did you mean" not in unknown_override_key(["sim.zzz=1"])
+    # (break-it pass: a free-form "experiment" key took anything and was used by nothing)
+    assert unknown_override_key(["experiment=hit_by_tier"]).startswith(
+        "unknown config key 'experiment': the config has no field 'experiment'")
     assert unknown_override_key(["+trace.max_request=1", "hydra/launcher=joblib", "-m",
                                  "trace=weka_agentic", "trace.max_requests=1,2"]) is None
 
@@ -616,6 +619,39 @@ def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
         assert unknown_override_key([f"{k}=1" for k in keys]) is None
     r = _kvsim(Path(tempfile.mkdtemp()) / "r", "trace.max_request=200")
     assert r.returncode == 2 and "did you mean trace.max_requests?" in r.stderr, r.stderr
+
+
+def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
+    """Break-it pass: overrides Hydra's grammar rejects (an unquoted '~' or non-ASCII character
+    in a path, '16,,32'), a sweep value of the wrong type and a sweep on 0 joblib workers gave
+    Hydra's error (exit 1) or joblib's traceback. Each is one kvsim error line naming the
+    argument, with how to write it, exit 2, before any folder is made; a quoted path, sweeps,
+    ranges, lists and interpolations still parse."""
+    from sim.cli import unknown_override_key, unparsable_override
+
+    err = unparsable_override(["trace.path=~/x.jsonl"])
+    assert err.startswith("trace.path=~/x.jsonl: not an override Hydra can parse (")
+    assert "needs quotes inside the argument: \"trace.path='~/x.jsonl'\"" in err
+    assert "'ü' needs quotes" in unparsable_override(["trace.path=/tmp/ü.jsonl"])
+    assert "separated by single commas" in unparsable_override(["cache.block_size=16,,32"])
+    assert "0 workers" in unparsable_override(["-m", "hydra.launcher.n_jobs=0"])
+    assert unparsable_override(["-m", "trace.path='~/x b ü.jsonl'", "seed=range(1,3)", "a=[1,2]",
+                                "trace.path=${oc.env:HOME}/x", "--cfg", "job", "--info",
+                                "config", "hydra.launcher.n_jobs=2", "seed=1,2"]) is None
+    err = unknown_override_key(["trace.max_requests=10,abc"])
+    assert err == "trace.max_requests=10,abc: the sweep's value abc: expected an integer"
+    assert "expected a number" in unknown_override_key(["tiers.host_gib=1,x"])
+    assert unknown_override_key(["trace.max_requests=10,20", "tiers.host_gib=1,2.5",
+                                 "trace.max_requests=range(1,3)"]) is None
+    for args in (["-m", "trace.max_requests=10,abc"], ["trace.path=~/x.jsonl"],
+                 ["-m", "hydra.launcher.n_jobs=0", "seed=1,2"]):
+        r = subprocess.run([*KVSIM, *args, f"hydra.sweep.dir={tmp_path / 'sw'}",
+                            f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert r.returncode == 2, (args, r.stderr[-1500:])
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("kvsim: error: ") and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
@@ -700,6 +736,38 @@ def test_weka_ids_not_prefix_chained_are_an_error_naming_both_requests(tmp_path)
     with pytest.raises(TraceError, match=r"sub-agent request 0\), field 'hash_ids': ids not prefix-chained, "
                                          r"found id 1 follows id 9 \(position 1\)"):
         load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+
+
+def test_policy_options_the_policy_does_not_read_get_a_note(tmp_path):
+    """Break-it pass: policy.budget under streaming_llm (whose limit is sink_tokens +
+    recent_window), policy.heavy_ratio under triattention and policy.pooling_kernel under
+    streaming_llm changed nothing without a word; and a run whose rounds never started blamed
+    policy.budget where streaming_llm's threshold is its sinks and window. Each such option gets
+    a note naming the policies that read it; the no-round note names the real threshold."""
+    from policies.registry import POLICIES
+    from sim.cli import POLICY_READERS, inert_override_notes
+
+    notes = inert_override_notes(["policy.budget=100", "policy.pooling_kernel=5",
+                                  "policy.sink_tokens=8", "policy.beta=64"], "mooncake",
+                                 "gpu_only", policy="streaming_llm")
+    assert [n.split(" is read by ")[0] for n in notes] == ["policy.budget", "policy.pooling_kernel"]
+    assert notes[0].endswith("this run's policy is streaming_llm: it changes nothing")
+    assert inert_override_notes(["policy.heavy_ratio=0.3"], "mooncake", "gpu_only",
+                                policy="triattention") == [
+        "policy.heavy_ratio is read by policy=h2o; this run's policy is triattention: it changes "
+        "nothing"]
+    assert inert_override_notes(["policy.heavy_ratio=0.3", "policy.budget=9"], "mooncake",
+                                "gpu_only", policy="h2o") == []
+    assert set(n for r in POLICY_READERS.values() for n in r) <= set(POLICIES) - {"full"}
+    r = subprocess.run([*KVSIM, "trace=synthetic_reasoning", "trace.num_sessions=2",
+                        "policy=streaming_llm", "policy.sink_tokens=100000", "sim.progress=false",
+                        "output.print_summary=false", f"output.dir={tmp_path / 'o'}",
+                        f"hydra.run.dir={tmp_path / 'h'}"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("its first round comes at the first multiple of policy.beta=1 past "
+            "policy.sink_tokens + policy.recent_window=102044 tokens (102,045 tokens)") in r.stderr
+    assert "policy.budget=" not in r.stderr
 
 
 def test_inert_overrides_get_a_note():
@@ -792,8 +860,9 @@ def test_cli_notes_a_policy_that_ran_no_round(tmp_path):
     r = _kvsim(tmp_path / "r", "trace.max_requests=20", "policy=triattention",
                "output.print_summary=false")
     assert r.returncode == 0, r.stderr
-    assert ("kvsim: note: policy=triattention ran no compression round: its rounds start once a "
-            "request holds more than policy.budget=2048 decode tokens") in r.stderr
+    assert ("kvsim: note: policy=triattention ran no compression round: its first round comes "
+            "at the first multiple of policy.beta=128 past policy.budget=2048 decode tokens "
+            "(2,176 decode tokens)") in r.stderr
     r = _kvsim(tmp_path / "q", "trace.max_requests=20", "policy=quest", "output.print_summary=false")
     assert r.returncode == 0, r.stderr
     assert "ran no compression round" not in r.stderr

@@ -273,8 +273,12 @@ def test_agg_outside_the_documented_choices_is_a_usage_error(seeds, tmp_path, ca
 
 
 def test_agg_max_draws_the_largest_value_of_the_runs_of_a_cell(seeds, tmp_path):
+    """(And, break-it pass: the runs --agg combines are said in a warning, as the per-request
+    figures say what they pool.)"""
     runs = pd.read_parquet(seeds / "runs.parquet")
-    fig = P.plot_ttft_vs(runs, x="cache.block_size", hue="trace", agg="max")
+    with pytest.warns(P.PlotWarning, match=r"plot_ttft_vs: agg=max combines \d+ runs that share "
+                                           r"their cache\.block_size / trace cell"):
+        fig = P.plot_ttft_vs(runs, x="cache.block_size", hue="trace", agg="max")
     want = runs.groupby("cache.block_size")["ttft_s.p50"].max().to_numpy()
     (line,) = fig.axes[0].get_lines()
     assert np.allclose(line.get_ydata(), want)

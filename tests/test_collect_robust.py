@@ -243,11 +243,32 @@ def test_pool_fragmentation_with_block_size_as_the_grouping(base_sweep, tmp_path
 
 def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
     """Break-it pass: a run whose steps.parquet was missing (the other run had one) was collected
-    without a word, its steps silently absent. It is still collected (output.write_steps=false
-    writes no steps table), with a note on stderr and the manifest's runs_missing_tables."""
+    without a word, its steps silently absent. A table the run wrote (its summary.json's
+    output_files) and that is gone makes the run failed, with the file named; a run that lists
+    none (output.write_steps=false writes no steps table; kvsim before output_files) is still
+    collected, with a note on stderr and the manifest's runs_missing_tables."""
     (sweep / "0" / "steps.parquet").unlink()
+    res = C.collect(sweep, tmp_path / "c0")
+    assert sorted(res.runs["run_id"]) == ["1"]
+    (failed,) = json.loads((res.out_dir / "failed_runs.json").read_text())
+    assert failed["run_id"] == "0" and failed["reason"].startswith("steps.parquet is missing (")
+    capsys.readouterr()
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    s["output_files"] = [f for f in s["output_files"] if f[0] != "steps.parquet"]
+    (sweep / "0" / "summary.json").write_text(json.dumps(s))
     res = C.collect(sweep, tmp_path / "c")
     man = json.loads((res.out_dir / "manifest.json").read_text())
     assert man["runs_missing_tables"] == {"steps": ["0"]} and man["runs_failed"] == 0
     assert "1 complete run(s) wrote no steps.parquet" in capsys.readouterr().err
     assert set(pd.read_parquet(res.out_dir / "steps")["run_id"].astype(str)) == {"1"}
+
+
+def test_out_that_cannot_be_created_names_it_not_the_temporary(base_sweep, tmp_path):
+    """Break-it pass: ``--out`` where no folder can be made was reported under the collection's
+    temporary name (``/proc/.xx.tmp-4629``); the error names --out's path and the reason."""
+    out = Path("/proc/kvsim-test-collect")  # (no folder can be made in /proc, even as root)
+    with pytest.raises(C.CollectError) as ei:
+        C.collect(base_sweep, out, quiet=True)
+    msg = str(ei.value)
+    assert msg.startswith(f"{out}: cannot create the output directory (in {out.parent}: ")
+    assert ".tmp-" not in msg

@@ -650,3 +650,17 @@ def test_importance_compiled_scores_equal_the_numpy_path(monkeypatch):
                 m.setattr(ImportanceModel, "_fused", property(lambda self: False))
                 want = plain._scores(5, pos, G, step, seq, None, 0)
             assert np.array_equal(got, want)
+
+
+def test_seed_blocks_freed_refuses_an_unwritable_output_before_computing(tmp_path, capsys):
+    """Break-it pass: ``--csv`` in a missing folder, or ``--parquet`` naming a folder, ended with
+    a traceback after the table was computed; each is a usage error (exit 2) naming the path."""
+    from experiments.seed_blocks_freed import main
+
+    for args, part in ((["--csv", str(tmp_path / "no" / "x.csv")], "does not exist"),
+                       (["--parquet", str(tmp_path)], "is a folder")):
+        with pytest.raises(SystemExit) as ei:
+            main(args)
+        assert ei.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {args[0]}: {args[1]}: " in err and part in err

@@ -625,3 +625,24 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     _kvsim(*args)
     pd.read_parquet(out / "requests.parquet")  # (rewritten whole)
     assert is_complete(out)
+
+
+def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):
+    """Break-it pass: ``kvsim-collect RUN_DIR`` writes its default ``RUN_DIR/collected``, and a
+    later run into RUN_DIR was then refused ("holds files that are not a kvsim run's
+    (collected)"). The collection is a kvsim file there; a folder named so that is not a
+    collection is still refused."""
+    out = tmp_path / "run"
+    args = ["trace.max_requests=20", f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}", *QUIET]
+    _kvsim(*args)
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "collected" / "manifest.json").is_file()
+    _kvsim(*args, "seed=1")  # accepted: replaces the run's results
+    assert json.loads((out / "summary.json").read_text())["seed"] == 1
+    shutil.rmtree(out / "collected")
+    (out / "collected").mkdir()
+    (out / "collected" / "notes.txt").write_text("mine")
+    r = _kvsim(*args, check=False)
+    assert r.returncode == 2 and "not a kvsim run's (collected)" in r.stderr
