@@ -224,15 +224,19 @@ def check_out_dir(sweep_dir, out_dir) -> None:
 def _changed_files(run_dir: Path, summary: dict) -> str | None:
     """The first file the run's ``summary.json`` lists in ``output_files`` (kvsim >= b5d3cad;
     none listed in older summaries) that is gone: a table deleted since the run makes it
-    incomplete, as ``output.skip_completed`` reruns it (a truncated or corrupt one is found
-    when its table is read, with the Parquet error); None when all are there."""
-    for f in summary.get("output_files") or []:
-        try:
-            name, size = str(f[0]), int(f[1])
-        except (TypeError, ValueError, IndexError):
-            return f"summary.json's output_files entry {f!r} is not [file name, bytes]"
-        if not (Path(run_dir) / name).is_file():
-            return f"{name} is missing (the run wrote it, {size:,} bytes)"
+    incomplete, as ``output.skip_completed`` reruns it. Sizes are not compared here (unlike
+    ``output.skip_completed``): a truncated or corrupt table is found when it is read, with the
+    Parquet error, and a table rewritten since, if it reads, is collected as it is. None when
+    all are there; a malformed ``output_files`` is named."""
+    files = summary.get("output_files")
+    if files is not None and not isinstance(files, list):
+        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes]"
+    for f in files or []:
+        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
+                and isinstance(f[1], int) and not isinstance(f[1], bool)):
+            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes]"
+        if not (Path(run_dir) / f[0]).is_file():
+            return f"{f[0]} is missing (the run wrote it, {f[1]:,} bytes)"
     return None
 
 

@@ -136,8 +136,10 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
 
 
 # policy option -> the policies that read it (policies.eviction; policy=full reads none, noted
-# apart; mode, protect_prompt, seed and the importance model's options are left out)
+# apart; mode, seed and the importance model's options are left out; protect_prompt: the
+# policies whose protects_prompt is not fixed, policies.eviction)
 POLICY_READERS = {
+    "protect_prompt": ("random", "h2o", "tova", "triattention", "r_kv"),
     "budget": ("random", "h2o", "tova", "triattention", "r_kv", "snapkv", "pyramidkv", "ada_kv",
                "quest"),
     "beta": ("random", "streaming_llm", "h2o", "tova", "triattention", "r_kv"),
@@ -471,11 +473,15 @@ def app(cfg: DictConfig) -> None:
     if frees and summary.get("rounds") == 0 and summary["requests_finished"]:
         pol = POLICIES[summary["policy"]](cfg.policy)
         if pol.budget_scope == "prompt":  # (snapkv, pyramidkv, ada_kv: one round at prefill end)
+            pol.num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
+            thr = pol._min_budget()  # (pyramidkv: its smallest layer budget)
+            what = (f"its smallest layer budget, policy.budget / policy.layer_budget_ratio with "
+                    f"policy.observation_window as a floor = {thr:,} tokens"
+                    if summary["policy"] == "pyramidkv" else f"policy.budget={thr:,} tokens")
             say(f"kvsim: note: policy={summary['policy']} ran no compression round: it "
-                f"compresses a prompt once, at prefill end, when the prompt is longer than its "
-                f"budget (policy.budget={cfg.policy.budget} tokens), and no prompt of this trace "
-                f"was (long outputs do not start it; use longer prompts or a lower "
-                f"policy.budget)")
+                f"compresses a prompt once, at prefill end, when the prompt is longer than "
+                f"{what}, and no prompt of this trace was (long outputs do not start it; use "
+                f"longer prompts or a lower policy.budget)")
         elif hasattr(pol, "_threshold"):  # (the periodic policies: policies.eviction._Periodic)
             thr, beta = pol._threshold(), pol._period()
             first = -(-(thr + 1) // beta) * beta
@@ -598,6 +604,8 @@ def unknown_override_key(args: list[str]) -> str | None:
         if a.startswith("-") or "=" not in a:
             continue
         key = a.split("=", 1)[0]
+        if key.startswith("++"):  # (set, added if absent: an existing key is checked as one)
+            key, a = key[2:], a[2:]
         if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or "/" in key:
             continue
         cls = KvsimConfig
@@ -617,8 +625,10 @@ def unknown_override_key(args: list[str]) -> str | None:
                     err = _scalar_error(key, value, hints[part])
                     if err:
                         return err
-                    for v in (_sweep_values(a) or []) if "," in value else []:
-                        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                    sweepish = "," in value or value.strip().startswith("choice(")
+                    for v in (_sweep_values(a) or []) if sweepish else []:
+                        v = getattr(v, "text", v)  # (a quoted value: Hydra's QuotedString)
+                        if isinstance(v, (str, int, float)):
                             err = _scalar_error(key, str(v), hints[part])
                             if err:
                                 return (f"{key}={value}: the sweep's value {v}: expected "
@@ -710,12 +720,31 @@ def duplicate_override_key(args: list[str]) -> str | None:
     return None
 
 
-def unparsable_override(args: list[str]) -> str | None:
+def command_line_overrides(argv: list[str]) -> list[str]:
+    """The overrides among the command's arguments, as Hydra's own argument parser separates
+    them from its options and their values (``--config-dir DIR``, ``--cfg job``, ``--info
+    config``); none for shell completion (``-sc install=bash``: Hydra's, not overrides) or
+    arguments Hydra's parser rejects (Hydra prints its usage error)."""
+    from hydra._internal.utils import get_args_parser
+
+    import contextlib
+    import io
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            ns = get_args_parser().parse_args(argv)
+    except SystemExit:  # (--version, or an option Hydra's parser rejects: Hydra says so)
+        return []
+    return [] if ns.shell_completion else list(ns.overrides)
+
+
+def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
     """The error for the first ``key=value`` argument Hydra's override grammar cannot parse
     (``cache.block_size=16,,32``; an unquoted ``~``, or a character outside ASCII, in a path),
-    or a sweep ``hydra.launcher.n_jobs=0`` (joblib ends with a traceback), with how to write
-    it; None when every one parses. Hydra exits 1 with its grammar error otherwise. Arguments
-    without ``=`` (options and their values) are left to Hydra."""
+    or, in a ``sweep``, ``hydra.launcher.n_jobs`` 0 (joblib ends with a traceback), with how to
+    write it; None when every one parses. Hydra exits 1 with its grammar error otherwise.
+    ``args``: the overrides (:func:`command_line_overrides`); arguments without ``=`` are left
+    to Hydra."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = None
@@ -723,17 +752,20 @@ def unparsable_override(args: list[str]) -> str | None:
         if a.startswith("-") or "=" not in a:
             continue
         key, value = a.split("=", 1)
-        if key.lstrip("+") == "hydra.launcher.n_jobs" and value.strip() in ("0", "+0", "-0"):
-            return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, or "
-                    f"-1 for every core")
         parser = parser or OverridesParser.create()
         try:
-            parser.parse_override(a)
+            o = parser.parse_override(a)
+            if sweep and key.lstrip("+") == "hydra.launcher.n_jobs" and not o.is_sweep_override() \
+                    and str(o.value()).strip().lstrip("+-").lstrip("0") == "":
+                return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, "
+                        f"or -1 for every core")
         except Exception as e:  # noqa: BLE001 - (Hydra's grammar errors have several types)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             odd = [c for c in value if c == "~" or c == " " or not c.isascii()]
             hint = (f"; a value with {odd[0]!r} needs quotes inside the argument: "
-                    f"\"{key}='{value}'\"" if odd else
+                    f"\"{key}='{value}'\"" if odd and "'" not in value else
+                    f"; a value with {odd[0]!r} needs quotes inside the argument (Hydra's quoted "
+                    f"string, key='...', with \\' for a quote in it)" if odd else
                     "; a sweep's values are separated by single commas (key=a,b,c), and a value "
                     "with Hydra's special characters needs quotes: \"key='a,b'\"")
             return f"{a}: not an override Hydra can parse ({why}){hint}"
@@ -793,9 +825,9 @@ def main() -> None:
         # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
-    err = unparsable_override(sys.argv[1:]) or duplicate_override_key(sys.argv[1:]) or \
-        unknown_group_option(sys.argv[1:]) or unknown_override_key(sys.argv[1:]) or \
-        missing_launcher_plugin(sys.argv[1:])
+    args = command_line_overrides(sys.argv[1:])
+    err = unparsable_override(args, sweep) or duplicate_override_key(args) or \
+        unknown_group_option(args) or unknown_override_key(args) or missing_launcher_plugin(args)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

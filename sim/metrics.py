@@ -9,8 +9,10 @@ Tables (written as Parquet by :mod:`sim.results`):
   prefix_hit_tokens (GPU prefix-cache hit at first admission, a multiple of the block size),
   computed_prompt_tokens (prompt tokens actually prefilled: each admission's tokens past its
   prefix hit, a recompute after preemption prefilling the tokens generated so far too, less the
-  part of a prefill that a preemption cut before it ran), preemptions, status (finished |
-  rejected), reject_reason.
+  part of a prefill that a preemption cut before it ran; their sum is the steps' prefill_tokens
+  but for one token per recompute whose chunk is a single generated token, e.g. after a hit of
+  all but it: the step counts that one as decode, as it computes one generated token and
+  samples, as a decode step does), preemptions, status (finished | rejected), reject_reason.
 
 ``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
   prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens (sum of the

@@ -148,15 +148,21 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -
         s = json.loads((p / "summary.json").read_text())
     except (OSError, ValueError):
         return False
-    if not s.get("complete"):
+    if not isinstance(s, dict) or s.get("complete") is not True:
         return False
     if overrides is not None and list(s.get("overrides") or []) != list(overrides):
         return False
-    for f in s.get("output_files") or []:  # (absent in summaries of kvsim before it was kept)
+    files = s.get("output_files")  # (absent in summaries of kvsim before it was kept)
+    if files is not None and not isinstance(files, list):
+        return False
+    for f in files or []:
+        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
+                and isinstance(f[1], int) and not isinstance(f[1], bool)):
+            return False
         try:
-            if (p / str(f[0])).stat().st_size != f[1]:
+            if (p / f[0]).stat().st_size != f[1]:
                 return False
-        except (OSError, TypeError, IndexError):
+        except OSError:
             return False
     return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 

@@ -643,6 +643,23 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     assert "expected a number" in unknown_override_key(["tiers.host_gib=1,x"])
     assert unknown_override_key(["trace.max_requests=10,20", "tiers.host_gib=1,2.5",
                                  "trace.max_requests=range(1,3)"]) is None
+    # (second pass: choice(), quoted values, booleans and ++ were let through to Hydra's error;
+    # the 0-worker check missed 00 and '0' and refused n_jobs=0 outside a sweep; an option's
+    # value was parsed as an override; shell completion's words were refused as keys)
+    for a, v in (("trace.max_requests=choice(abc)", "abc"), ("trace.max_requests='10','abc'", "abc"),
+                 ("trace.max_requests=10,true", "True"), ("++trace.max_requests=10,abc", "abc")):
+        assert f"the sweep's value {v}: expected an integer" in unknown_override_key([a]), a
+    assert unknown_override_key(["trace.max_requests='10','20'", "sim.fast_forward=true,false",
+                                 "trace.path='a','b'"]) is None
+    for a in ("hydra.launcher.n_jobs=00", "hydra.launcher.n_jobs='0'", "hydra.launcher.n_jobs=-0"):
+        assert "0 workers" in unparsable_override([a], sweep=True), a
+    assert unparsable_override(["hydra.launcher.n_jobs=0"], sweep=False) is None
+    assert "with \\' for a quote" in unparsable_override(["trace.path=~/it's.jsonl"])
+    from sim.cli import command_line_overrides
+
+    assert command_line_overrides(["--config-dir", "/x/cfg=1", "--cfg", "job", "-m", "seed=1,2",
+                                   "--info", "config"]) == ["seed=1,2"]
+    assert command_line_overrides(["-sc", "install=bash"]) == []
     for args in (["-m", "trace.max_requests=10,abc"], ["trace.path=~/x.jsonl"],
                  ["-m", "hydra.launcher.n_jobs=0", "seed=1,2"]):
         r = subprocess.run([*KVSIM, *args, f"hydra.sweep.dir={tmp_path / 'sw'}",
@@ -744,6 +761,7 @@ def test_policy_options_the_policy_does_not_read_get_a_note(tmp_path):
     streaming_llm changed nothing without a word; and a run whose rounds never started blamed
     policy.budget where streaming_llm's threshold is its sinks and window. Each such option gets
     a note naming the policies that read it; the no-round note names the real threshold."""
+    from policies.config import PolicyConfig
     from policies.registry import POLICIES
     from sim.cli import POLICY_READERS, inert_override_notes
 
@@ -758,6 +776,14 @@ def test_policy_options_the_policy_does_not_read_get_a_note(tmp_path):
         "nothing"]
     assert inert_override_notes(["policy.heavy_ratio=0.3", "policy.budget=9"], "mooncake",
                                 "gpu_only", policy="h2o") == []
+    # (second pass: streaming_llm and the snapkv family never protect the prompt)
+    for pol in ("streaming_llm", "snapkv", "pyramidkv", "ada_kv"):
+        (note,) = inert_override_notes(["policy.protect_prompt=true"], "mooncake", "gpu_only",
+                                       policy=pol)
+        assert note.startswith("policy.protect_prompt is read by policy=random, h2o")
+        assert not POLICIES[pol](PolicyConfig(name=pol, protect_prompt=True)).protects_prompt
+    assert inert_override_notes(["policy.protect_prompt=false"], "mooncake", "gpu_only",
+                                policy="h2o") == []
     assert set(n for r in POLICY_READERS.values() for n in r) <= set(POLICIES) - {"full"}
     r = subprocess.run([*KVSIM, "trace=synthetic_reasoning", "trace.num_sessions=2",
                         "policy=streaming_llm", "policy.sink_tokens=100000", "sim.progress=false",
@@ -875,9 +901,16 @@ def test_cli_note_for_a_prompt_policy_that_ran_no_round_names_the_prompt(tmp_pat
                "output.print_summary=false")
     assert r.returncode == 0, r.stderr
     assert ("kvsim: note: policy=snapkv ran no compression round: it compresses a prompt once, "
-            "at prefill end, when the prompt is longer than its budget (policy.budget=200000 "
-            "tokens), and no prompt of this trace was") in r.stderr
+            "at prefill end, when the prompt is longer than policy.budget=200,000 tokens, and no "
+            "prompt of this trace was") in r.stderr
     assert "long outputs do not start it" in r.stderr
+    # (second pass: pyramidkv's threshold is its smallest layer budget, not policy.budget)
+    r = _kvsim(tmp_path / "p", "trace.max_requests=5", "policy=pyramidkv", "policy.budget=150000",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert ("when the prompt is longer than its smallest layer budget, policy.budget / "
+            "policy.layer_budget_ratio with policy.observation_window as a floor = 7,500 tokens"
+            ) in r.stderr
 
 
 def test_summary_table_small_rates_and_tensor_parallel_title():

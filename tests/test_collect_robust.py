@@ -254,6 +254,11 @@ def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
     assert failed["run_id"] == "0" and failed["reason"].startswith("steps.parquet is missing (")
     capsys.readouterr()
     s = json.loads((sweep / "0" / "summary.json").read_text())
+    for bad, why in ((5, "output_files is '5', not a list"), ([{"a": 1}], "entry \"{'a': 1}\" is")):
+        (sweep / "0" / "summary.json").write_text(json.dumps({**s, "output_files": bad}))
+        res = C.collect(sweep, tmp_path / "cb", quiet=True)  # (a traceback, second pass)
+        (failed,) = json.loads((res.out_dir / "failed_runs.json").read_text())
+        assert failed["run_id"] == "0" and why in failed["reason"], failed["reason"]
     s["output_files"] = [f for f in s["output_files"] if f[0] != "steps.parquet"]
     (sweep / "0" / "summary.json").write_text(json.dumps(s))
     res = C.collect(sweep, tmp_path / "c")

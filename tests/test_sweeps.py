@@ -625,6 +625,18 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     _kvsim(*args)
     pd.read_parquet(out / "requests.parquet")  # (rewritten whole)
     assert is_complete(out)
+    # a hand-edited summary.json (second break-it pass: tracebacks) is not a complete run
+    good = (out / "summary.json").read_text()
+    for bad in (5, True, "abc", {"a": 1}, [{"a": 1}], [["steps.parquet", "x"]], [[1, 2]],
+                [["steps.parquet", True]], [["steps.parquet"]]):
+        (out / "summary.json").write_text(json.dumps({**json.loads(good), "output_files": bad}))
+        assert not is_complete(out), bad
+    for bad in ([], "x", 3):
+        (out / "summary.json").write_text(json.dumps(bad))
+        assert not is_complete(out)
+    (out / "summary.json").write_text(json.dumps({**json.loads(good), "output_files": 5}))
+    r = _kvsim(*args)  # rerun, no traceback
+    assert "Traceback" not in r.stderr and is_complete(out)
 
 
 def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):

@@ -95,11 +95,24 @@ def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
     w = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
     assert w.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0]
     assert any("timestamps start at 1700000000000 ms (line 1)" in m for m in w.warnings)
+    win = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep", start_s=1.0,
+                            duration_s=2.0), 0)  # (the window counts from the first row too)
+    assert win.arrival_s.tolist() == [0.5, 0.5]
     for r in rows:
         r["timestamp"] -= 1_700_000_000_000
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w0 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
     assert w0.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0] and not w0.warnings
+    for r in rows:  # a slice of a real file (first row at 300 s) keeps its clock, as before
+        r["timestamp"] += 300_000
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w3 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
+    assert w3.arrival_s.tolist() == [300.0, 301.5, 301.5, 304.0] and not w3.warnings
+    for r in rows:  # nanoseconds for ms: still the unit mix-up error, not a shifted clock
+        r["timestamp"] = 1_700_000_000_000_000_000 + r["timestamp"] * 1_000_000
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=r"field 'timestamp'.*unit mix-up \(ns for ms\)"):
+        load_workload(cfg(name="x", path=str(f)), 0)
 
 
 def test_mooncake_spread_over_a_long_gap_is_named(tmp_path):

@@ -3,8 +3,9 @@
 block may be partial).
 
 Open loop: every row is a root. Timestamps must be non-decreasing (the real files are).
-arrival_s = (timestamp - first row's timestamp) / 1000: the real files start at 0; a file on
-another clock (Unix epoch milliseconds) starts at 0 too, with a warning naming the offset.
+arrival_s = timestamp / 1000 (the real files start at 0); a file whose first timestamp is a
+wall clock (>= 1e9 ms, ~11.6 days; Unix-epoch milliseconds are ~1.7e12) is counted from its
+first row instead (``trace.start_s`` too), with a warning naming the offset.
 
 Timestamp buckets (``timestamp_spread``): the conversation trace records arrivals quantised into
 ~3 s buckets (up to ~30 requests share one timestamp). ``keep`` uses them as recorded (bursts);
@@ -26,6 +27,10 @@ from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
 BLOCK_TOKENS = 512
+# a first timestamp at or past this (ms, ~11.6 days) is a wall clock (Unix-epoch ms are ~1.7e12):
+# the file is counted from its first row; an earlier one is taken as written (the real files
+# start at 0, and a slice of them keeps its clock for trace.start_s)
+EPOCH_ORIGIN_MS = 1e9
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
@@ -143,11 +148,13 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     del vals, offs
     _check_chained(vals_a, offs_a, lines, p)
     t_ms = np.asarray(ts, dtype=np.float64)
+    late = np.flatnonzero(t_ms / 1000.0 > MAX_ARRIVAL_S)
     origin = float(t_ms[0])  # (the smallest: non-decreasing; exact for integer ms < 2**53)
-    if origin:
-        t_ms = t_ms - origin
+    if origin >= EPOCH_ORIGIN_MS and not late.size:
+        t_ms = t_ms - origin  # (a wall clock: counted from the first row)
+    else:
+        origin = 0.0
     t_s = t_ms / 1000.0
-    late = np.flatnonzero(t_s > MAX_ARRIVAL_S)
     if late.size:  # (before the spread moves other rows next to it)
         raise TraceError(path=p, where=f"line {lines[int(late[0])]}", field="timestamp",
                          found=f"{ts[int(late[0])]:g} ms",
@@ -161,9 +168,10 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     if wide:
         warnings.append(wide)
     if origin:
-        warnings.append(f"timestamps start at {origin:.17g} ms (line {lines[0]}), not 0: arrival "
-                        f"times are counted from there (arrival_s = (timestamp - {origin:.17g}) "
-                        f"/ 1000)")
+        warnings.append(f"timestamps start at {origin:.17g} ms (line {lines[0]}), a wall clock "
+                        f"it seems: arrival times, trace.start_s and trace.duration_s are counted "
+                        f"from there (arrival_s = (timestamp - {origin:.17g}) / 1000; timestamps "
+                        f"are read as milliseconds)")
     if zero[0]:
         warnings.append(f"{zero[0]} rows had output_length 0; loaded as 1 (zero_output=as_one)")
     return Parsed(
@@ -198,8 +206,8 @@ def _wide_spreads(t_s: np.ndarray) -> str | None:
     if not wide.size:
         return None
     i = int(wide[0])
-    return (f"{wide.size} timestamp(s) shared by several requests are followed by a gap longer "
-            f"than 30 s or 10x the file's median gap ({med:g} s), and timestamp_spread="
+    return (f"{wide.size} timestamp(s) of the file shared by several requests are followed by "
+            f"a gap longer than 30 s or 10x the file's median gap ({med:g} s), and timestamp_spread="
             f"even/jitter spreads their requests over it (first: {int(counts[i])} requests at "
             f"{uniq[i] * 1000:.17g} ms spread over {gaps[i]:g} s); if they are bursts, "
             f"trace.timestamp_spread=keep keeps them")
