@@ -745,6 +745,8 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
     write it; None when every one parses. Hydra exits 1 with its grammar error otherwise.
     ``args``: the overrides (:func:`command_line_overrides`); arguments without ``=`` are left
     to Hydra."""
+    import re
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = None
@@ -756,7 +758,7 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
         try:
             o = parser.parse_override(a)
             if sweep and key.lstrip("+") == "hydra.launcher.n_jobs" and not o.is_sweep_override() \
-                    and str(o.value()).strip().lstrip("+-").lstrip("0") == "":
+                    and re.fullmatch(r"[+-]?0+", str(o.value()).strip()):
                 return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, "
                         f"or -1 for every core")
         except Exception as e:  # noqa: BLE001 - (Hydra's grammar errors have several types)
@@ -826,8 +828,10 @@ def main() -> None:
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     args = command_line_overrides(sys.argv[1:])
+    # (unknown_group_option reads the options too: with another config folder it checks nothing)
     err = unparsable_override(args, sweep) or duplicate_override_key(args) or \
-        unknown_group_option(args) or unknown_override_key(args) or missing_launcher_plugin(args)
+        (unknown_group_option(sys.argv[1:]) if args else None) or unknown_override_key(args) or \
+        missing_launcher_plugin(args)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1222,6 +1222,23 @@ def test_summary_and_progress_off_a_terminal(tmp_path):
     assert "30/30" in r.stderr, r.stderr[-500:]
 
 
+def test_group_option_from_another_config_folder_is_left_to_hydra(tmp_path):
+    """An option that only a --config-dir folder holds is not refused by kvsim's check (which
+    reads the command's options as well as its overrides), nor is that folder's path, with '='
+    in it, taken for an override."""
+    import shutil
+
+    d = tmp_path / "cfg=1" / "trace"
+    d.mkdir(parents=True)
+    shutil.copy(REPO / "experiments" / "conf" / "trace" / "mooncake_conversation_10min.yaml",
+                d / "mine.yaml")
+    r = subprocess.run([*KVSIM, "--config-dir", str(tmp_path / "cfg=1"), "trace=mine", "--cfg",
+                        "job"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "mooncake_conversation_10min" in r.stdout
+
+
 def test_unknown_group_option_is_one_line_with_a_hint():
     """Newcomer pass: `kvsim trace=mooncake_conversaton` printed Hydra's option list, search path
     and HYDRA_FULL_ERROR hint, exit 1; a typo'd key already got one line with a hint."""
