@@ -101,7 +101,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from sim.callbacks import FAILED_PREFIX, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID, stale_job
+from sim.callbacks import (FAILED_PREFIX, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
+                           is_collection, output_files_problem, stale_job)
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 
@@ -167,17 +168,6 @@ def results_dir(run_dir: Path) -> tuple[Path, str | None]:
     return target, None
 
 
-def is_collection(path) -> bool:
-    """Whether ``path`` is a directory written by ``kvsim-collect``: it holds a ``manifest.json``
-    that is a JSON object with the keys every collection's manifest has (``sweep_dir``,
-    ``runs_total``, ``tables``)."""
-    try:
-        m = json.loads((Path(path) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
-
-
 def check_out_dir(sweep_dir, out_dir) -> None:
     """Raise CollectError (one line naming ``out_dir``) unless ``out_dir`` may receive a
     collection of ``sweep_dir``: a directory that does not exist yet, an empty one, or an
@@ -219,25 +209,6 @@ def check_out_dir(sweep_dir, out_dir) -> None:
         raise CollectError(f"{what}: is a non-empty directory that is not a kvsim-collect output "
                            f"(no kvsim-collect manifest.json); it would be replaced, deleting its "
                            f"files: choose a new or empty directory")
-
-
-def _changed_files(run_dir: Path, summary: dict) -> str | None:
-    """The first file the run's ``summary.json`` lists in ``output_files`` (kvsim >= b5d3cad;
-    none listed in older summaries) that is gone: a table deleted since the run makes it
-    incomplete, as ``output.skip_completed`` reruns it. Sizes are not compared here (unlike
-    ``output.skip_completed``): a truncated or corrupt table is found when it is read, with the
-    Parquet error, and a table rewritten since, if it reads, is collected as it is. None when
-    all are there; a malformed ``output_files`` is named."""
-    files = summary.get("output_files")
-    if files is not None and not isinstance(files, list):
-        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes]"
-    for f in files or []:
-        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
-                and isinstance(f[1], int) and not isinstance(f[1], bool)):
-            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes]"
-        if not (Path(run_dir) / f[0]).is_file():
-            return f"{f[0]} is missing (the run wrote it, {f[1]:,} bytes)"
-    return None
 
 
 def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
@@ -366,7 +337,9 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = "summary.json is not a JSON object"
             elif summary.get("complete") is not True:
                 info.failure = f"summary.json has complete={summary.get('complete')!r}"
-            elif (gone := _changed_files(run_dir, summary)) is not None:
+            elif (gone := output_files_problem(run_dir, summary, sizes=False)) is not None:
+                # (sizes are not compared: a truncated or corrupt table is found when it is
+                # read, with the Parquet error; one rewritten since is collected if it reads)
                 info.failure = gone
             else:
                 info.summary = summary

@@ -31,6 +31,41 @@ FAILED_PREFIX = "this run failed:"
 OVERRIDES_PREFIX = "overrides: "
 
 
+def is_collection(path) -> bool:
+    """Whether ``path`` is a directory written by ``kvsim-collect``: it holds a ``manifest.json``
+    that is a JSON object with the keys every collection's manifest has (``sweep_dir``,
+    ``runs_total``, ``tables``)."""
+    import json
+
+    try:
+        m = json.loads((Path(path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
+
+
+def output_files_problem(run_dir, summary: dict, sizes: bool = True) -> str | None:
+    """What is wrong with the files a run's ``summary.json`` (``summary``, a dict) lists in
+    ``output_files`` (``[[file name, bytes], ...]``, written by :func:`sim.run.run_simulation`;
+    absent in summaries of kvsim before b5d3cad, which pass): a malformed list, a file gone,
+    or, with ``sizes``, one of another size than written. None when all are as written.
+    ``output.skip_completed`` (:func:`sim.run.is_complete`) reruns such a run; ``kvsim-collect``
+    lists it as failed (without ``sizes``: it reads the tables themselves)."""
+    files = summary.get("output_files")
+    if files is not None and not isinstance(files, list):
+        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes]"
+    for f in files or []:
+        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
+                and isinstance(f[1], int) and not isinstance(f[1], bool)):
+            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes]"
+        p = Path(run_dir) / f[0]
+        if not p.is_file():
+            return f"{f[0]} is missing (the run wrote it, {f[1]:,} bytes)"
+        if sizes and p.stat().st_size != f[1]:
+            return f"{f[0]} is {p.stat().st_size:,} bytes, the run wrote {f[1]:,}"
+    return None
+
+
 def failure_marker(msg: str, overrides: list[str]) -> str:
     """The text of the INCOMPLETE marker of a run rejected with ``msg``: two lines, the error
     (``msg``: one line) and the run's ``overrides`` as a JSON list."""

@@ -20,6 +20,8 @@ from omegaconf import MISSING, OmegaConf
 from policies import CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
+from .callbacks import is_collection
+
 
 @dataclass
 class ModelConfig:
@@ -259,22 +261,8 @@ def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
     other = sorted(n for n in names if n not in ignore and n not in RUN_FOLDER_NAMES
                    and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES)
                    and not n.startswith(PROBE_PREFIX)  # (another job's probe, for a moment)
-                   and not (n == "collected" and _is_collection(path / n)))
+                   and not (n == "collected" and is_collection(path / n)))
     return other or None
-
-
-def _is_collection(path: Path) -> bool:
-    """Whether ``path`` is a ``kvsim-collect`` output (its ``manifest.json``; the default
-    ``RUN_DIR/collected`` of ``kvsim-collect RUN_DIR``, which a later run into ``RUN_DIR``
-    leaves in place); the test of ``experiments.collect.is_collection``, which sim does not
-    import."""
-    import json
-
-    try:
-        m = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
 
 
 def uncreatable_folder(path: Path) -> Optional[str]:

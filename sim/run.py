@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from traces import load_workload
 
+from .callbacks import output_files_problem
 from .compression import ROUND_COLUMNS, Compression
 from .config import CONF_DIR, blocking_file
 from .cost import build_cost_model
@@ -152,18 +153,8 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -
         return False
     if overrides is not None and list(s.get("overrides") or []) != list(overrides):
         return False
-    files = s.get("output_files")  # (absent in summaries of kvsim before it was kept)
-    if files is not None and not isinstance(files, list):
+    if output_files_problem(p, s) is not None:
         return False
-    for f in files or []:
-        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
-                and isinstance(f[1], int) and not isinstance(f[1], bool)):
-            return False
-        try:
-            if (p / f[0]).stat().st_size != f[1]:
-                return False
-        except OSError:
-            return False
     return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
 

@@ -120,10 +120,9 @@ class LRUStore:
 
     Using a page appends it at the ring's tail and blanks its older entry (``NO_HASH``), so each
     held page has exactly one entry, at the position its table slot records; eviction pops the
-    head, skipping blanks. The ring has twice the table's slots (at least four entries per page
-    held); when it fills it is rewritten with the held pages only (grown when they fill over
-    half the table), so the rewrite costs O(1) amortised per use. A table slot is the pair (key,
-    position) in adjacent int64s.
+    head, skipping blanks. When the ring fills it is rewritten with the held pages only (grown
+    when they fill over half of it), so the rewrite costs O(1) amortised per use. A table slot is
+    the pair (key, position) in adjacent int64s.
 
     Why a ring: a disk tier holds millions of pages, far beyond the CPU caches. An insert that
     evicts touches two random table slots (the new page's and the evicted page's) and otherwise
@@ -143,14 +142,14 @@ class LRUStore:
         return int(self._st[4])
 
     def _alloc(self, room: int, order: np.ndarray) -> None:
-        """(Re)build for ``room`` pages: a table of >= 2 x ``room`` slots and a ring of twice as
-        many entries, holding the pages ``order`` (least recently used first)."""
+        """(Re)build for ``room`` pages: a table of >= 2 x ``room`` slots and a ring of as many
+        entries, holding the pages ``order`` (least recently used first)."""
         bits = max(10, int(2 * room - 1).bit_length())
         self._tab = np.empty(2 << bits, dtype=np.int64)
         self._tab[0::2] = NO_HASH
         self._mask = (1 << bits) - 1
         self._shift = 64 - bits
-        self._ring = np.empty(2 << bits, dtype=np.int64)
+        self._ring = np.empty(1 << bits, dtype=np.int64)
         self._st[:4] = (0, 0, 0, room)
         if len(order):
             self._insert(order)
@@ -158,7 +157,7 @@ class LRUStore:
     def _room(self, n: int, held_too: bool = True) -> None:
         """Make room for ``n`` more ring entries and, with ``held_too``, ``n`` more pages held:
         grow (held pages beyond the sized room) or rewrite the ring with the held pages only
-        (ring full; the ring then has at least four times ``max(room, n)`` entries)."""
+        (ring full; the ring then has at least twice ``max(room, n)`` entries)."""
         held = int(self._st[2])
         room = int(self._st[3])
         if held_too and held + n > room:
