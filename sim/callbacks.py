@@ -101,7 +101,16 @@ class FailedRunsExit(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
-        sweep.mkdir(parents=True, exist_ok=True)
+        try:
+            sweep.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # (Hydra's sweeper ended with a traceback from its own mkdir)
+            import sys
+
+            why = e.strerror or type(e).__name__
+            print(f"kvsim: error: hydra.sweep.dir={sweep}: cannot create the sweep folder "
+                  f"({why}: {e.filename or sweep}); expected a folder kvsim can create and write",
+                  file=sys.stderr)
+            sys.exit(2)
         (sweep / SWEEP_ID).write_text(f"{time.time_ns()}-{os.getpid()}\n")
 
     def on_multirun_end(self, config, **kwargs) -> None:

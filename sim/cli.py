@@ -315,6 +315,21 @@ def app(cfg: DictConfig) -> None:
     from .run import OutputDirBusy, is_complete, run_simulation
 
     hc = HydraConfig.get()
+    from omegaconf import OmegaConf
+
+    # the overrides as given (an interpolation in one is not resolved here)
+    task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+    bad = unresolvable_interpolation(cfg, task)
+    if bad is not None:
+        from hydra.types import RunMode
+
+        print(f"kvsim: error: {bad}", file=sys.stderr)
+        _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
+        # nothing ran: the job's folder holds the error (a sweep's failure report lists it)
+        mark_failed(Path(hc.runtime.output_dir), bad, task)
+        if hc.mode == RunMode.MULTIRUN:
+            return
+        sys.exit(2)
     if hc.job.chdir:
         # Hydra moved into the run folder: relative paths on the command line name files from
         # the folder kvsim was started in (hydra.runtime.cwd), as without hydra.job.chdir
@@ -326,7 +341,7 @@ def app(cfg: DictConfig) -> None:
                 node[key] = to_absolute_path(str(node[key]))
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
     # the overrides that define this run (the resume flag itself excluded)
-    overrides = [o for o in hc.overrides.task
+    overrides = [o for o in task
                  if not o.startswith(("output.skip_completed", "output.dir", "sim.progress",
                                       "output.print_summary"))]
     from hydra.types import RunMode
@@ -625,13 +640,15 @@ def unknown_override_key(args: list[str]) -> str | None:
                     err = _scalar_error(key, value, hints[part])
                     if err:
                         return err
-                    sweepish = "," in value or value.strip().startswith("choice(")
+                    sweepish = "," in value or value.strip().startswith(("choice(", "range("))
                     for v in (_sweep_values(a) or []) if sweepish else []:
                         v = getattr(v, "text", v)  # (a quoted value: Hydra's QuotedString)
                         if isinstance(v, (str, int, float)):
                             err = _scalar_error(key, str(v), hints[part])
                             if err:
-                                return (f"{key}={value}: the sweep's value {v}: expected "
+                                what = ("the range's bound or step" if value.strip()
+                                        .startswith("range(") else "the sweep's value")
+                                return (f"{key}={value}: {what} {v}: expected "
                                         f"{err.split(': expected ', 1)[1]}")
                 break
     return None
@@ -720,6 +737,30 @@ def duplicate_override_key(args: list[str]) -> str | None:
     return None
 
 
+def unresolvable_interpolation(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """The error for the first ``${...}`` interpolation of the composed run config ``cfg`` that
+    cannot be resolved (``cache.block_size=${nope}``: no such key; an unknown resolver), naming
+    the override that set it when one did (``overrides``: the command line's); None when all
+    resolve. Hydra ended with a traceback from OmegaConf otherwise."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "")
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        given = next((o for o in overrides if key and o.lstrip("+").split("=", 1)[0] == key),
+                     None)
+        if given is not None:  # (a sweep's job gets its value with Hydra's escapes: $\{nope\})
+            import re
+
+            given = re.sub(r"\\(.)", r"\1", given)
+        return (f"{given or key}: cannot resolve the interpolation ({why}); expected a value, "
+                f"or an interpolation of an existing key (e.g. {key or 'key'}=${{model.max_model_len}})")
+    return None
+
+
 def command_line_overrides(argv: list[str]) -> list[str]:
     """The overrides among the command's arguments, as Hydra's own argument parser separates
     them from its options and their values (``--config-dir DIR``, ``--cfg job``, ``--info
@@ -775,15 +816,18 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
 
 
 def _sweep_values(arg: str) -> list | None:
-    """The values of a comma-separated sweep override (``seed=1,2,3``), or None when ``arg`` is
-    not one (a single value, ``range(...)``, ``glob(...)``, a list, or not parsable)."""
+    """The values of a comma-separated sweep override (``seed=1,2,3``), the start, stop and
+    step of a ``range(...)`` sweep, or None when ``arg`` is neither (a single value,
+    ``glob(...)``, a list, or not parsable)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
     try:
         v = OverridesParser.create().parse_override(arg).value()
     except Exception:  # noqa: BLE001 - (unparsable_override reports those)
         return None
+    if isinstance(v, RangeSweep):  # (its start, stop and step: each must be of the field's type)
+        return [x for x in (v.start, v.stop, v.step) if x is not None]
     return list(v.list) if isinstance(v, ChoiceSweep) else None
 
 

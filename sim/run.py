@@ -103,16 +103,27 @@ def validate_config(cfg) -> None:
 
 
 def _write_parquet(df, path: Path) -> None:
+    """Write ``df`` to ``path`` through ``path.tmp`` (renamed when whole; removed when the write
+    stops: an error, Ctrl-C or SIGTERM leaves no half-written file)."""
     tmp = path.with_name(path.name + ".tmp")
-    df.to_parquet(tmp, index=False)
+    try:
+        df.to_parquet(tmp, index=False)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
 def _write_json(obj, path: Path) -> None:
+    """Write ``obj`` as JSON to ``path`` through ``path.tmp``, as :func:`_write_parquet`."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False, default=_json_default)
-        f.write("\n")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False, default=_json_default)
+            f.write("\n")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

@@ -1356,3 +1356,63 @@ def test_weka_blank_line_and_truncated_xz_are_named_plainly(tmp_path):
     xz.write_bytes(lzma.compress(((json.dumps(s) + "\n") * 200).encode())[:40])
     with pytest.raises(TraceError, match=r"cut\.jsonl\.xz before its first line: unreadable xz stream"):
         load_workload(TraceConfig(name="x", path=str(xz)), 0)
+
+
+def test_interpolation_sweep_dir_and_range_errors(tmp_path):
+    """Low-severity findings of the break-it passes: an unresolvable interpolation in an
+    override (``cache.block_size=${nope}``) ended in OmegaConf's traceback (exit 1), a sweep
+    folder that cannot be created in Hydra's sweeper's traceback, and a wrong-type
+    ``range(...)`` sweep in Hydra's merge error (exit 1). Each is now one kvsim error line."""
+    from sim.cli import unknown_override_key, unresolvable_interpolation
+
+    assert unknown_override_key(["cache.block_size=range(1.5,3)"]) == \
+        "cache.block_size=range(1.5,3): the range's bound or step 1.5: expected an integer"
+    assert "step 0.5: expected an integer" in unknown_override_key(["seed=range(1,9,0.5)"])
+    assert unknown_override_key(["cache.block_size=range(1,3)", "seed=range(4)",
+                                 "tiers.host_gib=range(0.5,2,0.5)"]) is None
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"a": {"b": "${nope}", "c": "${a.d}", "d": 3}})
+    assert unresolvable_interpolation(cfg, ["++a.b=$\\{nope\\}"]).startswith(
+        "++a.b=${nope}: cannot resolve the interpolation (Interpolation key 'nope' not found)")
+    assert unresolvable_interpolation(OmegaConf.create({"a": {"c": "${a.d}", "d": 3}}), []) is None
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = tmp_path / "run"
+    r = subprocess.run([*KVSIM, "cache.block_size=${nope}", f"hydra.run.dir={run}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr[-1500:]
+    assert r.stderr.strip() == (
+        "kvsim: error: cache.block_size=${nope}: cannot resolve the interpolation (Interpolation "
+        "key 'nope' not found); expected a value, or an interpolation of an existing key (e.g. "
+        "cache.block_size=${model.max_model_len})")
+    assert (run / MARKER).read_text().startswith("this run failed: cache.block_size=${nope}")
+    assert not (run / "summary.json").exists()
+    (tmp_path / "afile").write_text("x")
+    r = subprocess.run([*KVSIM, "-m", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'afile' / 'sw'}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+    assert r.returncode == 2, r.stderr[-1500:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"kvsim: error: hydra.sweep.dir={tmp_path / 'afile' / 'sw'}: cannot "
+                           f"create the sweep folder (Not a directory")
+
+
+def test_interrupted_write_leaves_no_tmp_file(tmp_path, monkeypatch):
+    """Break-it finding: SIGTERM (or Ctrl-C, or an error) during a table's write left
+    ``requests.parquet.tmp`` beside the INCOMPLETE marker; the half-written file is removed."""
+    from sim import run as run_mod
+
+    def stop(self, path, **kw):
+        Path(path).write_bytes(b"PAR1 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_mod._write_parquet(pd.DataFrame({"a": [1]}), tmp_path / "t.parquet")
+
+    def bad(o):
+        raise TypeError("not JSON serialisable")
+
+    monkeypatch.setattr(run_mod, "_json_default", bad)
+    with pytest.raises(TypeError):
+        run_mod._write_json({"x": object()}, tmp_path / "s.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
