@@ -745,7 +745,16 @@ def image_formats() -> list[str]:
 
 
 def _out_problem(path) -> str | None:
-    """Why ``path`` cannot be written as an image (no or unknown extension), or None if it can."""
+    """Why ``path`` cannot be written as an image (no or unknown extension, a folder there, or
+    a file where a folder above it would be), or None if it can."""
+    from sim.config import blocking_file
+
+    p = Path(path)
+    if p.is_dir():
+        return f"{str(path)!r} is a folder; expected an image file's path"
+    f = blocking_file(p.parent)
+    if f is not None:
+        return f"{str(path)!r}: {f} is a file, not a folder; expected a path kvsim-plot can create"
     ext = Path(path).suffix.lower().lstrip(".")
     formats = image_formats()
     shown = ", ".join(f".{f}" for f in formats)
@@ -779,7 +788,11 @@ def save(fig, path) -> Path:
 
 
 def _filter_runs(runs: pd.DataFrame, where: list[str]) -> pd.DataFrame:
-    """Apply ``col=value`` filters (value compared as the column's type)."""
+    """Apply ``col=value`` filters (value compared as the column's type). PlotError when no run
+    is left (or there was none: every run of the collection failed)."""
+    if runs.empty:
+        raise PlotError("the collection holds no completed run (kvsim-collect lists the failed "
+                        "ones in failed_runs.csv); expected at least one")
     for w in where:
         if "=" not in w:
             raise PlotError(f"--where {w!r}: expected COLUMN=VALUE")

@@ -94,23 +94,79 @@ def stale_job(job_dir: Path) -> bool:
     return mine.read_text().strip() != (root / SWEEP_ID).read_text().strip()
 
 
+def interpolation_error(key: str, exc: Exception, overrides: list[str]) -> str:
+    """The one-line error for the config key ``key`` whose ``${...}`` interpolation could not
+    be resolved (``exc``: OmegaConf's error), naming the override among ``overrides`` (the
+    command line's, as given) that set it when one did."""
+    import re
+
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    given = next((o for o in overrides if key and o.lstrip("+").split("=", 1)[0] == key), None)
+    if given is not None:  # (a sweep's job gets its value with Hydra's escapes: $\{nope\})
+        given = re.sub(r"\\(.)", r"\1", given)
+    return (f"{given or key}: cannot resolve the interpolation ({why}); expected a value, or an "
+            f"interpolation of an existing key (kvsim --cfg job lists them) or environment "
+            f"variable")
+
+
+def _path_problem(config, keys: tuple, what: str) -> str | None:
+    """The error for the first of the Hydra config's path ``keys`` that Hydra resolves before
+    kvsim's job runs (its run or sweep folder, the job's ``output.dir``) whose interpolation
+    does not resolve, or (the last key, the folder Hydra makes: ``what``) that names a path
+    kvsim cannot create; None when all are fine. Hydra ended with OmegaConf's traceback, or
+    its own from ``mkdir``, otherwise."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    from omegaconf.errors import (InterpolationToMissingValueError, MissingMandatoryValue,
+                                  OmegaConfBaseException)
+
+    from .config import blocking_file, uncreatable_folder
+
+    HydraConfig.instance().set_config(config)  # (the hydra: resolver reads it; Hydra sets it too)
+    given = [str(o) for o in [*OmegaConf.to_container(config.hydra.overrides.task, resolve=False),
+                              *OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)]]
+    value = None
+    for key in keys:
+        try:
+            value = OmegaConf.select(config, key)
+        except (InterpolationToMissingValueError, MissingMandatoryValue):
+            return None  # (a value only a job has, ${hydra:job.num}: its job resolves it)
+        except OmegaConfBaseException as e:
+            return interpolation_error(key, e, given)
+    folder = Path(str(value))
+    f = blocking_file(folder)
+    why = (("exists and is not a folder" if f == folder else f"{f} is a file, not a folder")
+           if f is not None else uncreatable_folder(folder))
+    if why is not None:
+        return (f"{keys[-1]}={folder}: cannot create the {what} ({why}); expected a folder kvsim "
+                f"can create and write")
+    return None
+
+
+def _exit_with(msg: str) -> None:
+    print(f"kvsim: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 class FailedRunsExit(Callback):
-    """``on_multirun_start``: give the sweep a new id (see the module doc).
-    ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2; when
-    none was rejected, say on stderr how many jobs ran and how to collect them."""
+    """``on_run_start`` / ``on_multirun_start``: check the folders Hydra is about to make (an
+    interpolation that does not resolve, a path that cannot be created: one kvsim error line,
+    exit status 2, where Hydra ended with a traceback); give a sweep a new id (see the module
+    doc). ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2;
+    when none was rejected, say on stderr how many jobs ran and how to collect them."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        bad = _path_problem(config, ("output.dir", "hydra.output_subdir", "hydra.run.dir"),
+                            "run folder")
+        if bad is not None:
+            _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        bad = _path_problem(config, ("output.dir", "hydra.sweep.dir"), "sweep folder")
+        if bad is not None:
+            _exit_with(bad)
         sweep = Path(str(config.hydra.sweep.dir))
-        try:
-            sweep.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # (Hydra's sweeper ended with a traceback from its own mkdir)
-            import sys
-
-            why = e.strerror or type(e).__name__
-            print(f"kvsim: error: hydra.sweep.dir={sweep}: cannot create the sweep folder "
-                  f"({why}: {e.filename or sweep}); expected a folder kvsim can create and write",
-                  file=sys.stderr)
-            sys.exit(2)
+        sweep.mkdir(parents=True, exist_ok=True)
         (sweep / SWEEP_ID).write_text(f"{time.time_ns()}-{os.getpid()}\n")
 
     def on_multirun_end(self, config, **kwargs) -> None:

@@ -230,13 +230,20 @@ def _trace_input(trace_cfg):
         return _UNKNOWN
 
 
-def _bad_output_dir(out: Path, job_dir: Path) -> str | None:
+def _bad_output_dir(out: Path, job_dir: Path, blocked: bool = False) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
     are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
-    ``job_dir`` aside, where ``hydra.run.dir`` puts it inside ``out``), or one that cannot be
-    created or written; None when it can (a file in the way is named by
-    :func:`sim.run.run_simulation`)."""
+    ``job_dir`` aside, where ``hydra.run.dir`` puts it inside ``out``), one that cannot be
+    created or written, or, with ``blocked`` (a sweep's job, which makes the folder before
+    simulating), a file in the way; None when it can (a single run's
+    :func:`sim.run.run_simulation` names a file in the way)."""
     from .config import foreign_folder, uncreatable_folder
+
+    f = blocking_file(out) if blocked else None
+    if f is not None:
+        return (f"output.dir={out}: " + ("exists and is not a folder" if f == out else
+                                         f"{f} is a file, not a folder")
+                + "; expected a folder for the results (or a path to create)")
 
     try:
         inner = job_dir.resolve().relative_to(out.resolve()).parts[:1]
@@ -347,7 +354,8 @@ def app(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     multirun = hc.mode == RunMode.MULTIRUN
-    bad = _bad_output_dir(out_dir, Path(hc.runtime.output_dir)) if cfg.output.dir else None
+    bad = _bad_output_dir(out_dir, Path(hc.runtime.output_dir), multirun) if cfg.output.dir \
+        else None
     if bad is not None:
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
@@ -646,9 +654,7 @@ def unknown_override_key(args: list[str]) -> str | None:
                         if isinstance(v, (str, int, float)):
                             err = _scalar_error(key, str(v), hints[part])
                             if err:
-                                what = ("the range's bound or step" if value.strip()
-                                        .startswith("range(") else "the sweep's value")
-                                return (f"{key}={value}: {what} {v}: expected "
+                                return (f"{key}={value}: the sweep's value {v}: expected "
                                         f"{err.split(': expected ', 1)[1]}")
                 break
     return None
@@ -731,33 +737,30 @@ def duplicate_override_key(args: list[str]) -> str | None:
         key = a.split("=", 1)[0].lstrip("+")
         if key in seen:
             v1, v2 = seen[key].split("=", 1)[1], a.split("=", 1)[1]
+            both = ("" if "(" in v1 + v2 else  # (a comma list cannot hold range() or choice())
+                    f" (for a sweep over both: kvsim -m {key}={v1},{v2})")
             return (f"override key '{key}' given twice ({seen[key]}, {a}); expected one value "
-                    f"per key (for a sweep over both: kvsim -m {key}={v1},{v2})")
+                    f"per key{both}")
         seen[key] = a
     return None
 
 
 def unresolvable_interpolation(cfg: DictConfig, overrides: list[str]) -> str | None:
     """The error for the first ``${...}`` interpolation of the composed run config ``cfg`` that
-    cannot be resolved (``cache.block_size=${nope}``: no such key; an unknown resolver), naming
-    the override that set it when one did (``overrides``: the command line's); None when all
-    resolve. Hydra ended with a traceback from OmegaConf otherwise."""
+    cannot be resolved (``cache.block_size=${nope}``: no such key; an unknown resolver; an
+    unset environment variable), naming the override that set it when one did (``overrides``:
+    the command line's, as given; :func:`sim.callbacks.interpolation_error`); None when all
+    resolve. Hydra ended with a traceback from OmegaConf otherwise. (The folders Hydra makes
+    before the job runs are checked by :class:`sim.callbacks.FailedRunsExit`.)"""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from .callbacks import interpolation_error
 
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "")
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        given = next((o for o in overrides if key and o.lstrip("+").split("=", 1)[0] == key),
-                     None)
-        if given is not None:  # (a sweep's job gets its value with Hydra's escapes: $\{nope\})
-            import re
-
-            given = re.sub(r"\\(.)", r"\1", given)
-        return (f"{given or key}: cannot resolve the interpolation ({why}); expected a value, "
-                f"or an interpolation of an existing key (e.g. {key or 'key'}=${{model.max_model_len}})")
+        return interpolation_error(str(getattr(e, "full_key", "") or ""), e, overrides)
     return None
 
 
@@ -802,6 +805,9 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
                     and re.fullmatch(r"[+-]?0+", str(o.value()).strip()):
                 return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, "
                         f"or -1 for every core")
+            bad = _sweep_problem(a, o, sweep)
+            if bad is not None:
+                return bad
         except Exception as e:  # noqa: BLE001 - (Hydra's grammar errors have several types)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             odd = [c for c in value if c == "~" or c == " " or not c.isascii()]
@@ -815,19 +821,56 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
     return None
 
 
+def _sweep_problem(arg: str, o, sweep: bool) -> str | None:
+    """The error for the parsed override ``o`` (``arg`` as given) when it is a sweep that Hydra
+    would end with a traceback or a usage error: several values without ``-m`` (Hydra's
+    "Ambiguous value"), a comma list holding a ``range()`` / ``choice()`` / ``glob()``
+    (Hydra's sweeper failed on it), a ``range()`` with step 0 or no values (0 jobs, exit 0);
+    None otherwise."""
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, Sweep
+
+    if not o.is_sweep_override():
+        return None
+    if not sweep:
+        return (f"{arg}: a sweep (several values) runs with kvsim -m, one job per value; "
+                f"expected kvsim -m {arg} ..., or a single value (a value holding commas is "
+                f"quoted: key='a,b')")
+    v = o.value()
+    if isinstance(v, ChoiceSweep) and any(isinstance(x, (Sweep, Glob)) for x in v.list):
+        return (f"{arg}: a sweep's comma list cannot hold range(), choice(), interval() or "
+                f"glob(); expected one of them alone, or the values listed: key=1,2,5")
+    if isinstance(v, RangeSweep):
+        import itertools
+
+        try:
+            first = list(itertools.islice(o.sweep_iterator(), 1))
+        except ValueError as e:
+            return f"{arg}: {e}; expected range(start, stop) or range(start, stop, step), step not 0"
+        if not first:
+            return (f"{arg}: the range has no values (it stops before its first); expected "
+                    f"start < stop for a positive step (start > stop for a negative one)")
+    return None
+
+
 def _sweep_values(arg: str) -> list | None:
-    """The values of a comma-separated sweep override (``seed=1,2,3``), the start, stop and
-    step of a ``range(...)`` sweep, or None when ``arg`` is neither (a single value,
-    ``glob(...)``, a list, or not parsable)."""
+    """The values of a comma-separated sweep override (``seed=1,2,3``) or of a ``range(...)``
+    sweep (its first 1,000), or None when ``arg`` is neither (a single value, ``glob(...)``, a
+    list, or not parsable)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
     try:
-        v = OverridesParser.create().parse_override(arg).value()
+        o = OverridesParser.create().parse_override(arg)
+        v = o.value()
     except Exception:  # noqa: BLE001 - (unparsable_override reports those)
         return None
-    if isinstance(v, RangeSweep):  # (its start, stop and step: each must be of the field's type)
-        return [x for x in (v.start, v.stop, v.step) if x is not None]
+    if isinstance(v, RangeSweep):  # (its first 1,000 values; _sweep_problem reports step 0)
+        import itertools
+
+        try:
+            return list(itertools.islice(o.sweep_iterator(), 1000))
+        except ValueError:
+            return None
     return list(v.list) if isinstance(v, ChoiceSweep) else None
 
 

@@ -1366,10 +1366,11 @@ def test_interpolation_sweep_dir_and_range_errors(tmp_path):
     from sim.cli import unknown_override_key, unresolvable_interpolation
 
     assert unknown_override_key(["cache.block_size=range(1.5,3)"]) == \
-        "cache.block_size=range(1.5,3): the range's bound or step 1.5: expected an integer"
-    assert "step 0.5: expected an integer" in unknown_override_key(["seed=range(1,9,0.5)"])
+        "cache.block_size=range(1.5,3): the sweep's value 1.5: expected an integer"
+    assert "value 1.0: expected an integer" in unknown_override_key(["seed=range(1,9,0.5)"])
     assert unknown_override_key(["cache.block_size=range(1,3)", "seed=range(4)",
-                                 "tiers.host_gib=range(0.5,2,0.5)"]) is None
+                                 "tiers.host_gib=range(0.5,2,0.5)",
+                                 "sim.fast_forward=range(0,2)"]) is None  # (values 0, 1)
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create({"a": {"b": "${nope}", "c": "${a.d}", "d": 3}})
@@ -1383,8 +1384,8 @@ def test_interpolation_sweep_dir_and_range_errors(tmp_path):
     assert r.returncode == 2, r.stderr[-1500:]
     assert r.stderr.strip() == (
         "kvsim: error: cache.block_size=${nope}: cannot resolve the interpolation (Interpolation "
-        "key 'nope' not found); expected a value, or an interpolation of an existing key (e.g. "
-        "cache.block_size=${model.max_model_len})")
+        "key 'nope' not found); expected a value, or an interpolation of an existing key (kvsim "
+        "--cfg job lists them) or environment variable")
     assert (run / MARKER).read_text().startswith("this run failed: cache.block_size=${nope}")
     assert not (run / "summary.json").exists()
     (tmp_path / "afile").write_text("x")
@@ -1393,7 +1394,7 @@ def test_interpolation_sweep_dir_and_range_errors(tmp_path):
     assert r.returncode == 2, r.stderr[-1500:]
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith(f"kvsim: error: hydra.sweep.dir={tmp_path / 'afile' / 'sw'}: cannot "
-                           f"create the sweep folder (Not a directory")
+                           f"create the sweep folder ({tmp_path / 'afile'} is a file, not a folder)")
 
 
 def test_interrupted_write_leaves_no_tmp_file(tmp_path, monkeypatch):
@@ -1416,3 +1417,59 @@ def test_interrupted_write_leaves_no_tmp_file(tmp_path, monkeypatch):
     with pytest.raises(TypeError):
         run_mod._write_json({"x": object()}, tmp_path / "s.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_folders_hydra_makes_and_sweep_forms(tmp_path):
+    """Third break-it pass: Hydra resolves and creates its run and sweep folders before kvsim's
+    job runs, so an unresolvable interpolation in ``output.dir`` / ``hydra.run.dir`` /
+    ``hydra.sweep.dir`` or a run folder that cannot be created ended in a traceback (exit 1); a
+    sweep job's ``output.dir`` under a file too. ``range(1,3,0)`` and ``range(1,3),5`` ended in
+    tracebacks, an empty ``range(5,1)`` ran 0 jobs with exit 0, ``seed=1,2`` without ``-m`` got
+    Hydra's "Ambiguous value" (exit 1), and the duplicate-key hint suggested ``range(1,3),5``."""
+    from sim.cli import duplicate_override_key, unparsable_override
+
+    assert "range() arg 3 must not be zero" in unparsable_override(["seed=range(1,3,0)"])
+    for a in ("seed=range(5,1)", "seed=range(0,0)", "seed=range(1,2,-1)"):
+        assert "the range has no values" in unparsable_override([a]), a
+    assert "comma list cannot hold range()" in unparsable_override(["seed=range(1,3),5"])
+    assert "runs with kvsim -m" in unparsable_override(["seed=1,2"], sweep=False)
+    assert "runs with kvsim -m" in unparsable_override(["seed=range(1,3)"], sweep=False)
+    assert unparsable_override(["seed=range(5,1,-1)", "seed=choice(1,2)", "gpu=glob(h*)",
+                                "seed=1,2"], sweep=True) is None
+    assert unparsable_override(["seed=3", "trace.path='a,b'"], sweep=False) is None
+    err = duplicate_override_key(["seed=range(1,3)", "seed=5"])
+    assert err == ("override key 'seed' given twice (seed=range(1,3), seed=5); expected one "
+                   "value per key")
+    from experiments.plots import _out_problem
+
+    (tmp_path / "afile").write_text("x")
+    assert "is a file, not a folder" in _out_problem(tmp_path / "afile" / "x.png")
+    assert "is a folder" in _out_problem(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def kvsim(*args):
+        r = subprocess.run([*KVSIM, *args], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=180, env=env)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        return r.stderr
+
+    env.pop("KVSIM_NOT_SET", None)
+    err = kvsim("output.dir=${oc.env:KVSIM_NOT_SET}")
+    assert err.strip().splitlines() == [
+        "kvsim: error: output.dir=${oc.env:KVSIM_NOT_SET}: cannot resolve the interpolation "
+        "(KeyError raised while resolving interpolation: \"Environment variable 'KVSIM_NOT_SET' "
+        "not found\"); expected a value, or an interpolation of an existing key (kvsim --cfg job "
+        "lists them) or environment variable"]
+    assert "kvsim: error: hydra.run.dir=${nope}: cannot resolve" in kvsim("hydra.run.dir=${nope}")
+    sub = tmp_path / "afile" / "sub"
+    assert kvsim(f"hydra.run.dir={sub}").strip() == (
+        f"kvsim: error: hydra.run.dir={sub}: cannot create the run folder ({tmp_path / 'afile'} "
+        f"is a file, not a folder); expected a folder kvsim can create and write")
+    assert "hydra.sweep.dir=${nope}: cannot resolve" in kvsim("-m", "seed=1,2", "hydra.sweep.dir=${nope}")
+    err = kvsim("-m", "trace.max_requests=20", f"output.dir={sub}", "seed=1,2",
+                f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert f"kvsim: sweep job 1 failed: output.dir={sub}: {tmp_path / 'afile'} is a file" in err
+    assert "2 sweep job(s) failed" in err
+    assert kvsim("-m", "seed=range(5,1)", f"hydra.sweep.dir={tmp_path / 'sw2'}").count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "sw"]
