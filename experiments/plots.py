@@ -749,6 +749,8 @@ def _out_problem(path) -> str | None:
     a file where a folder above it would be), or None if it can."""
     from sim.config import blocking_file
 
+    if not str(path).strip():
+        return "an empty path; expected an image file's path"
     p = Path(path)
     if p.is_dir():
         return f"{str(path)!r} is a folder; expected an image file's path"
@@ -777,9 +779,14 @@ def save(fig, path) -> Path:
         plt.close(fig)
         raise PlotError(f"cannot save figure: {problem}")
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=150, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    except OSError as e:
+        raise PlotError(f"cannot save figure to {str(path)!r}: {e.strerror or e}; expected a "
+                        f"path kvsim-plot can create and write") from None
+    finally:
+        plt.close(fig)
     return p
 
 

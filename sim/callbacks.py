@@ -104,43 +104,97 @@ def interpolation_error(key: str, exc: Exception, overrides: list[str]) -> str:
     given = next((o for o in overrides if key and o.lstrip("+").split("=", 1)[0] == key), None)
     if given is not None:  # (a sweep's job gets its value with Hydra's escapes: $\{nope\})
         given = re.sub(r"\\(.)", r"\1", given)
-    return (f"{given or key}: cannot resolve the interpolation ({why}); expected a value, or an "
-            f"interpolation of an existing key (kvsim --cfg job lists them) or environment "
-            f"variable")
+    if "recursion" in why.lower():
+        hint = (f"expected an interpolation that does not lead back to {key or 'its key'} "
+                f"(hydra:job.override_dirname holds every override, this one too: "
+                f"hydra.job.config.override_dirname.exclude_keys=[{key or 'KEY'}] leaves it out)")
+    else:
+        hint = ("expected a value, or an interpolation of an existing key (kvsim --cfg job lists "
+                "them) or environment variable")
+    return f"{given or key}: cannot resolve the interpolation ({why}); {hint}"
 
 
-def _path_problem(config, keys: tuple, what: str) -> str | None:
-    """The error for the first of the Hydra config's path ``keys`` that Hydra resolves before
-    kvsim's job runs (its run or sweep folder, the job's ``output.dir``) whose interpolation
-    does not resolve, or (the last key, the folder Hydra makes: ``what``) that names a path
-    kvsim cannot create; None when all are fine. Hydra ended with OmegaConf's traceback, or
-    its own from ``mkdir``, otherwise."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
+def first_unresolvable(config) -> tuple[str, Exception] | None:
+    """The dotted key and OmegaConf error of the first interpolation in ``config`` (a whole
+    Hydra config, its ``hydra`` node included) that cannot be resolved, or None. Values only a
+    job has (``${hydra:job.num}`` before the sweep's jobs exist: a missing value) are left to
+    the job."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import (InterpolationToMissingValueError, MissingMandatoryValue,
                                   OmegaConfBaseException)
 
+    def walk(node, prefix):
+        keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+        if not prefix and "hydra" in keys:  # (the run's own keys first: they name the cause)
+            keys = [k for k in keys if k != "hydra"] + ["hydra"]
+        for k in keys:
+            key = f"{prefix}{k}"
+            if key in ("hydra.overrides", "hydra.job.override_dirname"):
+                continue  # (the command line's text, not interpolations Hydra resolves)
+            try:
+                if OmegaConf.is_interpolation(node, k):
+                    node[k]
+                    continue
+                child = node._get_node(k)
+            except (InterpolationToMissingValueError, MissingMandatoryValue):
+                continue
+            except OmegaConfBaseException as e:
+                return key, e
+            if isinstance(child, (DictConfig, ListConfig)) and not child._is_none() \
+                    and not child._is_missing():
+                found = walk(child, key + ".")
+                if found is not None:
+                    return found
+        return None
+
+    return walk(config, "")
+
+
+def _folder_problem(folder: Path, key: str, what: str) -> str | None:
+    """The error for the folder ``folder`` (set by ``key``) that kvsim cannot create or write
+    (a file in the way, no permission, a system folder); None when it can."""
     from .config import blocking_file, uncreatable_folder
 
-    HydraConfig.instance().set_config(config)  # (the hydra: resolver reads it; Hydra sets it too)
-    given = [str(o) for o in [*OmegaConf.to_container(config.hydra.overrides.task, resolve=False),
-                              *OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)]]
-    value = None
-    for key in keys:
-        try:
-            value = OmegaConf.select(config, key)
-        except (InterpolationToMissingValueError, MissingMandatoryValue):
-            return None  # (a value only a job has, ${hydra:job.num}: its job resolves it)
-        except OmegaConfBaseException as e:
-            return interpolation_error(key, e, given)
-    folder = Path(str(value))
     f = blocking_file(folder)
     why = (("exists and is not a folder" if f == folder else f"{f} is a file, not a folder")
            if f is not None else uncreatable_folder(folder))
-    if why is not None:
-        return (f"{keys[-1]}={folder}: cannot create the {what} ({why}); expected a folder kvsim "
-                f"can create and write")
-    return None
+    if why is None:
+        return None
+    return (f"{key}={folder}: cannot create the {what} ({why}); expected a folder kvsim can "
+            f"create and write")
+
+
+def _hydra_problem(config, run: bool) -> str | None:
+    """What Hydra would end with a traceback on before kvsim's job runs: an interpolation
+    anywhere in the config (``output.dir``, ``hydra.run.dir``, ``hydra.sweep.dir``, ``hydra.job
+    .name``, ...) that cannot be resolved, or the run folder (with ``run``: and its
+    ``hydra.output_subdir``) or sweep folder that cannot be created. None when neither."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    HydraConfig.instance().set_config(config)  # (the hydra: resolver reads it; Hydra sets it too)
+    found = first_unresolvable(config)
+    if found is not None:
+        given = [str(o) for o in [
+            *OmegaConf.to_container(config.hydra.overrides.task, resolve=False),
+            *OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)]]
+        return interpolation_error(found[0], found[1], given)
+    if not run:
+        return _folder_problem(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir",
+                               "sweep folder")
+    run_dir = Path(str(config.hydra.run.dir))
+    sub = config.hydra.output_subdir
+    record = None if sub is None else run_dir / str(sub)  # (an absolute subdir: itself)
+    what = "folder of Hydra's record"
+    if record is not None and Path(str(sub)).is_absolute():
+        # (checked first: one that fails leaves no run folder made by the probe)
+        bad = _folder_problem(record, "hydra.output_subdir", what)
+        if bad is not None:
+            return bad
+    bad = _folder_problem(run_dir, "hydra.run.dir", "run folder")
+    if bad is None and record is not None and not Path(str(sub)).is_absolute():
+        bad = _folder_problem(record, "hydra.output_subdir", what)
+    return bad
 
 
 def _exit_with(msg: str) -> None:
@@ -149,20 +203,20 @@ def _exit_with(msg: str) -> None:
 
 
 class FailedRunsExit(Callback):
-    """``on_run_start`` / ``on_multirun_start``: check the folders Hydra is about to make (an
-    interpolation that does not resolve, a path that cannot be created: one kvsim error line,
-    exit status 2, where Hydra ended with a traceback); give a sweep a new id (see the module
-    doc). ``on_multirun_end``: list the sweep's rejected jobs on stderr and exit with status 2;
-    when none was rejected, say on stderr how many jobs ran and how to collect them."""
+    """``on_run_start`` / ``on_multirun_start``: check what Hydra resolves and makes before the
+    job runs (an interpolation that does not resolve, a run or sweep folder that cannot be
+    created: one kvsim error line, exit status 2, where Hydra ended with a traceback); give a
+    sweep a new id (see the module doc). ``on_multirun_end``: list the sweep's rejected jobs on
+    stderr and exit with status 2 (also when the sweep ran no job at all); when none was
+    rejected, say on stderr how many jobs ran and how to collect them."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        bad = _path_problem(config, ("output.dir", "hydra.output_subdir", "hydra.run.dir"),
-                            "run folder")
+        bad = _hydra_problem(config, run=True)
         if bad is not None:
             _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        bad = _path_problem(config, ("output.dir", "hydra.sweep.dir"), "sweep folder")
+        bad = _hydra_problem(config, run=False)
         if bad is not None:
             _exit_with(bad)
         sweep = Path(str(config.hydra.sweep.dir))
@@ -171,6 +225,8 @@ class FailedRunsExit(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
+        if not sweep.is_absolute():  # (from the folder kvsim started in, whatever chdir did)
+            sweep = Path(str(config.hydra.runtime.cwd)) / sweep
         failed = []
 
         def rejected(folder: Path):
@@ -205,6 +261,9 @@ class FailedRunsExit(Callback):
         root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
         jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
                 and p.read_text().strip() == root_id]
+        if not failed and not jobs:  # (Hydra ran a sweep of no job with exit status 0)
+            _exit_with(f"the sweep into {sweep} ran no job: a swept key has no values (a glob() "
+                       f"matching no option?); expected at least one value per swept key")
         if not failed:
             print(f"kvsim: sweep done: {len(jobs)} job(s) in {sweep}; collect their results with "
                   f"`kvsim-collect {sweep}`", file=sys.stderr)

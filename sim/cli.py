@@ -374,7 +374,10 @@ def app(cfg: DictConfig) -> None:
         # sweep into the same directory keep another id)
         from .callbacks import RESULTS_POINTER, SWEEP_ID, failure_marker
 
-        sid = Path(hc.sweep.dir) / SWEEP_ID
+        sweep_dir = Path(hc.sweep.dir)
+        if not sweep_dir.is_absolute():  # (hydra.job.chdir=true: the job runs in its folder)
+            sweep_dir = Path(hc.runtime.cwd) / sweep_dir
+        sid = sweep_dir / SWEEP_ID
         job_dir = Path(hc.runtime.output_dir)
         if sid.is_file():
             for d in {out_dir, job_dir}:
@@ -382,7 +385,7 @@ def app(cfg: DictConfig) -> None:
                 (d / SWEEP_ID).write_text(sid.read_text())
         if cfg.output.dir:
             other = claim_output_dir(out_dir, sid.read_text().strip() if sid.is_file()
-                                     else str(hc.sweep.dir), int(hc.job.num))
+                                     else str(sweep_dir), int(hc.job.num))
             if other is not None:
                 msg = (f"output.dir={cfg.output.dir} is also the output folder of job {other} of "
                        f"this multirun; expected a folder per job, e.g. "
@@ -782,17 +785,21 @@ def command_line_overrides(argv: list[str]) -> list[str]:
     return [] if ns.shell_completion else list(ns.overrides)
 
 
-def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
+def unparsable_override(args: list[str], sweep: bool = True, single: bool | None = None) -> str | None:
     """The error for the first ``key=value`` argument Hydra's override grammar cannot parse
     (``cache.block_size=16,,32``; an unquoted ``~``, or a character outside ASCII, in a path),
     or, in a ``sweep``, ``hydra.launcher.n_jobs`` 0 (joblib ends with a traceback), with how to
     write it; None when every one parses. Hydra exits 1 with its grammar error otherwise.
     ``args``: the overrides (:func:`command_line_overrides`); arguments without ``=`` are left
-    to Hydra."""
+    to Hydra. ``single`` (default: not ``sweep``): a single run, where a sweep's values are an
+    error (:func:`_sweep_problem`)."""
     import re
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    if single is None:
+        single = not sweep
+    sweeper = not any(a.lstrip("+").startswith("hydra/sweeper=") for a in args)
     parser = None
     for a in args:
         if a.startswith("-") or "=" not in a:
@@ -805,13 +812,15 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
                     and re.fullmatch(r"[+-]?0+", str(o.value()).strip()):
                 return (f"{a}: joblib cannot run a sweep on 0 workers; expected a positive count, "
                         f"or -1 for every core")
-            bad = _sweep_problem(a, o, sweep)
+            bad = _sweep_problem(a, o, single, sweeper)
             if bad is not None:
                 return bad
         except Exception as e:  # noqa: BLE001 - (Hydra's grammar errors have several types)
             why = (str(e).strip().splitlines() or [type(e).__name__])[0]
             odd = [c for c in value if c == "~" or c == " " or not c.isascii()]
-            hint = (f"; a value with {odd[0]!r} needs quotes inside the argument: "
+            hint = ("; expected range(start, stop) or range(start, stop, step), step not 0"
+                    if value.strip().startswith("range(") and not odd else
+                    f"; a value with {odd[0]!r} needs quotes inside the argument: "
                     f"\"{key}='{value}'\"" if odd and "'" not in value else
                     f"; a value with {odd[0]!r} needs quotes inside the argument (Hydra's quoted "
                     f"string, key='...', with \\' for a quote in it)" if odd else
@@ -821,21 +830,26 @@ def unparsable_override(args: list[str], sweep: bool = True) -> str | None:
     return None
 
 
-def _sweep_problem(arg: str, o, sweep: bool) -> str | None:
+def _sweep_problem(arg: str, o, single: bool, basic_sweeper: bool = True) -> str | None:
     """The error for the parsed override ``o`` (``arg`` as given) when it is a sweep that Hydra
-    would end with a traceback or a usage error: several values without ``-m`` (Hydra's
+    would end with a traceback or a usage error: several values in a ``single`` run (Hydra's
     "Ambiguous value"), a comma list holding a ``range()`` / ``choice()`` / ``glob()``
-    (Hydra's sweeper failed on it), a ``range()`` with step 0 or no values (0 jobs, exit 0);
-    None otherwise."""
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, Sweep
+    (Hydra's sweeper failed on it), a ``range()`` with step 0 or no values (0 jobs, exit 0),
+    or, with Hydra's basic sweeper (``basic_sweeper``: no ``hydra/sweeper=`` override), an
+    ``interval()``, which only a sampling sweeper takes; None otherwise."""
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, IntervalSweep, RangeSweep, Sweep
 
     if not o.is_sweep_override():
         return None
-    if not sweep:
+    if single:
         return (f"{arg}: a sweep (several values) runs with kvsim -m, one job per value; "
                 f"expected kvsim -m {arg} ..., or a single value (a value holding commas is "
                 f"quoted: key='a,b')")
     v = o.value()
+    if isinstance(v, IntervalSweep) and basic_sweeper:
+        return (f"{arg}: interval() is sampled by a sampling sweeper (hydra/sweeper=optuna, "
+                f"nevergrad), not Hydra's basic sweeper, which runs listed values; expected "
+                f"range(), choice() or a comma list")
     if isinstance(v, ChoiceSweep) and any(isinstance(x, (Sweep, Glob)) for x in v.list):
         return (f"{arg}: a sweep's comma list cannot hold range(), choice(), interval() or "
                 f"glob(); expected one of them alone, or the values listed: key=1,2,5")
@@ -909,14 +923,29 @@ def main() -> None:
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sweep = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+    argv = sys.argv[1:]
+    import re
+
+    # a multirun: -m, or Hydra's other spelling, the override hydra.mode=MULTIRUN
+    sweep = any(a in ("-m", "--multirun") or re.fullmatch(r"\+*hydra\.mode=['\"]?multirun['\"]?", a,
+                                                           re.IGNORECASE) for a in argv)
+    # options that print something instead of running (sweep values are Hydra's to report)
+    info = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc",
+                     "--shell-completion") or a.startswith(("--cfg=", "--info="))
+               for a in argv)
+    if any(a in ("-m", "--multirun") for a in argv) and \
+            any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv):  # (Hydra's traceback)
+        print("kvsim: error: -m runs a sweep and --cfg prints one run's config; expected one of "
+              "them (kvsim --cfg job KEY=VALUE ... prints a run's config)", file=sys.stderr)
+        sys.exit(2)
     if sweep:
         # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     args = command_line_overrides(sys.argv[1:])
     # (unknown_group_option reads the options too: with another config folder it checks nothing)
-    err = unparsable_override(args, sweep) or duplicate_override_key(args) or \
+    err = unparsable_override(args, sweep, single=not sweep and not info) or \
+        duplicate_override_key(args) or \
         (unknown_group_option(sys.argv[1:]) if args else None) or unknown_override_key(args) or \
         missing_launcher_plugin(args)
     if err is not None:

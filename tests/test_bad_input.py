@@ -1386,8 +1386,19 @@ def test_interpolation_sweep_dir_and_range_errors(tmp_path):
         "kvsim: error: cache.block_size=${nope}: cannot resolve the interpolation (Interpolation "
         "key 'nope' not found); expected a value, or an interpolation of an existing key (kvsim "
         "--cfg job lists them) or environment variable")
-    assert (run / MARKER).read_text().startswith("this run failed: cache.block_size=${nope}")
-    assert not (run / "summary.json").exists()
+    assert not run.exists()  # (checked before Hydra makes the run folder)
+    # a sweep's job whose swept value does not resolve is a failed job of the sweep
+    r = subprocess.run([*KVSIM, "-m", "trace.max_requests=20", "cache.block_size=16,${nope}",
+                        f"hydra.sweep.dir={tmp_path / 'sv'}"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=180, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    assert "kvsim: sweep job 1 failed: cache.block_size=${nope}: cannot resolve" in r.stderr
+    assert (tmp_path / "sv" / "1" / MARKER).read_text().startswith(
+        "this run failed: cache.block_size=${nope}")
+    assert (tmp_path / "sv" / "0" / "summary.json").exists()
+    import shutil
+
+    shutil.rmtree(tmp_path / "sv")
     (tmp_path / "afile").write_text("x")
     r = subprocess.run([*KVSIM, "-m", "seed=1,2", f"hydra.sweep.dir={tmp_path / 'afile' / 'sw'}"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
@@ -1473,3 +1484,52 @@ def test_folders_hydra_makes_and_sweep_forms(tmp_path):
     assert "2 sweep job(s) failed" in err
     assert kvsim("-m", "seed=range(5,1)", f"hydra.sweep.dir={tmp_path / 'sw2'}").count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "sw"]
+
+
+def test_fourth_break_it_pass_cli(tmp_path):
+    """Fourth break-it pass: ``hydra.mode=MULTIRUN`` (Hydra's other spelling of ``-m``) was
+    refused as a sweep without ``-m`` (a regression of the previous pass); an unresolvable
+    interpolation in any other Hydra key (``hydra.job.name``) or a ``hydra.output_subdir``
+    that cannot be made, ``interval()`` under the basic sweeper and ``-m --cfg job`` ended in
+    tracebacks; a ``glob()`` matching nothing ran 0 jobs with exit 0; with
+    ``hydra.job.chdir=true`` the jobs were not stamped with the sweep's id (0 jobs reported);
+    an ``output.dir`` leading back to itself through ``hydra:job.override_dirname`` was told to
+    use an existing key; ``kvsim-plot --out`` in /proc ended in a traceback."""
+    from experiments.plots import PlotError, _out_problem, save
+    from sim.cli import unparsable_override
+
+    assert "interval() is sampled by a sampling sweeper" in unparsable_override(["seed=interval(1,2)"])
+    assert unparsable_override(["seed=interval(1,2)", "hydra/sweeper=optuna"]) is None
+    assert "step not 0" in unparsable_override(["seed=range(0.5,2.0,0.0)"])
+    assert unparsable_override(["seed=1,2"], sweep=False, single=False) is None  # (--cfg job)
+    assert _out_problem("") == "an empty path; expected an image file's path"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(PlotError, match="cannot save figure to '/proc/kvsim_no/x.png': "):
+        save(plt.figure(), "/proc/kvsim_no/x.png")  # (mkdir fails: /proc takes no folders)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def kvsim(*args, rc=2):
+        r = subprocess.run([*KVSIM, *args, "trace.max_requests=20"], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=180, env=env)
+        assert r.returncode == rc, (args, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        return r.stderr
+
+    err = kvsim("hydra.mode=MULTIRUN", "seed=1,2", "hydra.sweep.dir=mr", rc=0)
+    assert "kvsim: sweep done: 2 job(s)" in err
+    err = kvsim("-m", "seed=1,2", "hydra.job.chdir=true", "hydra.sweep.dir=cd", rc=0)
+    assert "kvsim: sweep done: 2 job(s)" in err
+    assert kvsim("hydra.job.name=${nope}").strip().startswith(
+        "kvsim: error: hydra.job.name=${nope}: cannot resolve the interpolation")
+    err = kvsim(f"output.dir={tmp_path / 'o'}/${{hydra:job.override_dirname}}")
+    assert "exclude_keys=[output.dir] leaves it out" in err
+    assert "cannot create the folder of Hydra's record" in kvsim("hydra.output_subdir=/proc/x")
+    assert "-m runs a sweep and --cfg prints" in kvsim("-m", "--cfg", "job", "seed=1,2")
+    err = kvsim("-m", "gpu=glob(zzz*)", "hydra.sweep.dir=g")
+    assert "ran no job: a swept key has no values" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "cd", "g", "mr"]
