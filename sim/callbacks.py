@@ -114,11 +114,12 @@ def interpolation_error(key: str, exc: Exception, overrides: list[str]) -> str:
     return f"{given or key}: cannot resolve the interpolation ({why}); {hint}"
 
 
-def first_unresolvable(config) -> tuple[str, Exception] | None:
+def first_unresolvable(config, skip: tuple = ()) -> tuple[str, Exception] | None:
     """The dotted key and OmegaConf error of the first interpolation in ``config`` (a whole
     Hydra config, its ``hydra`` node included) that cannot be resolved, or None. Values only a
     job has (``${hydra:job.num}`` before the sweep's jobs exist: a missing value) are left to
-    the job."""
+    the job, as are the keys in ``skip`` (a sweep's run folder, which Hydra never resolves
+    there: resolving it probes the pre-job ``output.dir``, making that folder)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import (InterpolationToMissingValueError, MissingMandatoryValue,
                                   OmegaConfBaseException)
@@ -129,7 +130,7 @@ def first_unresolvable(config) -> tuple[str, Exception] | None:
             keys = [k for k in keys if k != "hydra"] + ["hydra"]
         for k in keys:
             key = f"{prefix}{k}"
-            if key in ("hydra.overrides", "hydra.job.override_dirname"):
+            if key in ("hydra.overrides", "hydra.job.override_dirname") or key in skip:
                 continue  # (the command line's text, not interpolations Hydra resolves)
             try:
                 if OmegaConf.is_interpolation(node, k):
@@ -173,7 +174,7 @@ def _hydra_problem(config, run: bool) -> str | None:
     from omegaconf import OmegaConf
 
     HydraConfig.instance().set_config(config)  # (the hydra: resolver reads it; Hydra sets it too)
-    found = first_unresolvable(config)
+    found = first_unresolvable(config, () if run else ("hydra.run.dir", "hydra.output_subdir"))
     if found is not None:
         given = [str(o) for o in [
             *OmegaConf.to_container(config.hydra.overrides.task, resolve=False),
@@ -261,6 +262,18 @@ class FailedRunsExit(Callback):
         root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
         jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
                 and p.read_text().strip() == root_id]
+        # (a job folder is found inside the sweep folder unless hydra.sweep.subdir puts it
+        # elsewhere: an absolute path, an environment variable, a resolver)
+        from omegaconf import OmegaConf
+
+        sub = str(OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir", ""))
+        inside = not sub.startswith(("/", "~", "${hydra:", "${oc.", "${now:")) and \
+            not os.path.isabs(sub)
+        if not inside and not failed:
+            print(f"kvsim: sweep done into {sweep} (its job folders are where hydra.sweep.subdir="
+                  f"{sub} puts them); collect their results with kvsim-collect on that folder",
+                  file=sys.stderr)
+            return
         if not failed and not jobs:  # (Hydra ran a sweep of no job with exit status 0)
             _exit_with(f"the sweep into {sweep} ran no job: a swept key has no values (a glob() "
                        f"matching no option?); expected at least one value per swept key")

@@ -1533,3 +1533,23 @@ def test_fourth_break_it_pass_cli(tmp_path):
     err = kvsim("-m", "gpu=glob(zzz*)", "hydra.sweep.dir=g")
     assert "ran no job: a swept key has no values" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "cd", "g", "mr"]
+
+
+def test_sweep_checks_make_no_folders_and_count_jobs_elsewhere(tmp_path):
+    """Regression check of the fourth pass: the sweep-level check resolved ``hydra.run.dir``,
+    whose resolver probes (makes) the pre-job ``output.dir`` (an empty ``results/None`` beside
+    the jobs' ``results/0`` and ``results/1``); a sweep whose ``hydra.sweep.subdir`` puts the
+    jobs outside the sweep folder was reported as having run no job (exit 2)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([*KVSIM, "-m", "trace.max_requests=20", "output.dir=results/${hydra:job.num}",
+                        "seed=1,2", "hydra.sweep.dir=sw"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["0", "1"]
+    out = tmp_path / "elsewhere"
+    r = subprocess.run([*KVSIM, "-m", "trace.max_requests=20", "seed=1,2", "hydra.sweep.dir=sw2",
+                        f"hydra.sweep.subdir={out}/${{hydra.job.num}}"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "kvsim: sweep done into" in r.stderr and "ran no job" not in r.stderr
+    assert all((out / j / "summary.json").exists() for j in ("0", "1"))
