@@ -154,11 +154,9 @@ def first_unresolvable(config, skip: tuple = ()) -> tuple[str, Exception] | None
 def _folder_problem(folder: Path, key: str, what: str) -> str | None:
     """The error for the folder ``folder`` (set by ``key``) that kvsim cannot create or write
     (a file in the way, no permission, a system folder); None when it can."""
-    from .config import blocking_file, uncreatable_folder
+    from .config import blocked_folder, uncreatable_folder
 
-    f = blocking_file(folder)
-    why = (("exists and is not a folder" if f == folder else f"{f} is a file, not a folder")
-           if f is not None else uncreatable_folder(folder))
+    why = blocked_folder(folder) or uncreatable_folder(folder)
     if why is None:
         return None
     return (f"{key}={folder}: cannot create the {what} ({why}); expected a folder kvsim can "
@@ -271,8 +269,8 @@ class FailedRunsExit(Callback):
             not os.path.isabs(sub)
         if not inside and not failed:
             print(f"kvsim: sweep done into {sweep} (its job folders are where hydra.sweep.subdir="
-                  f"{sub} puts them); collect their results with kvsim-collect on that folder",
-                  file=sys.stderr)
+                  f"{sub} puts them); collect their results with kvsim-collect on the folder "
+                  f"holding them", file=sys.stderr)
             return
         if not failed and not jobs:  # (Hydra ran a sweep of no job with exit status 0)
             _exit_with(f"the sweep into {sweep} ran no job: a swept key has no values (a glob() "

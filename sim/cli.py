@@ -237,13 +237,11 @@ def _bad_output_dir(out: Path, job_dir: Path, blocked: bool = False) -> str | No
     created or written, or, with ``blocked`` (a sweep's job, which makes the folder before
     simulating), a file in the way; None when it can (a single run's
     :func:`sim.run.run_simulation` names a file in the way)."""
-    from .config import foreign_folder, uncreatable_folder
+    from .config import blocked_folder, foreign_folder, uncreatable_folder
 
-    f = blocking_file(out) if blocked else None
-    if f is not None:
-        return (f"output.dir={out}: " + ("exists and is not a folder" if f == out else
-                                         f"{f} is a file, not a folder")
-                + "; expected a folder for the results (or a path to create)")
+    why = blocked_folder(out) if blocked else None
+    if why is not None:
+        return f"output.dir={out}: {why}; expected a folder for the results (or a path to create)"
 
     try:
         inner = job_dir.resolve().relative_to(out.resolve()).parts[:1]

@@ -299,6 +299,16 @@ def blocking_file(path: Path) -> Optional[Path]:
     return None
 
 
+def blocked_folder(path: Path) -> Optional[str]:
+    """Why ``path`` cannot become a folder because of a file (:func:`blocking_file`): "exists
+    and is not a folder", or "<file> is a file, not a folder" for a file above it; None when no
+    file is in the way."""
+    f = blocking_file(path)
+    if f is None:
+        return None
+    return "exists and is not a folder" if f == path else f"{f} is a file, not a folder"
+
+
 def _output_subdir(output_dir) -> Optional[str]:
     """``${kvsim_output_subdir:${output.dir}}``: Hydra's ``.hydra/`` record of the job, none
     with ``output.dir`` (the run writes its own ``config.yaml``, and a rejected re-run must

@@ -27,7 +27,7 @@ from traces import load_workload
 
 from .callbacks import output_files_problem
 from .compression import ROUND_COLUMNS, Compression
-from .config import CONF_DIR, blocking_file
+from .config import CONF_DIR, blocked_folder
 from .cost import build_cost_model
 from .engine import Simulator
 from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
@@ -263,11 +263,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     """
     wall0 = time.perf_counter()
     out = Path(out_dir) if out_dir is not None else None
-    f = blocking_file(out) if out is not None else None
-    if f is not None:
-        raise ConfigError(f"output.dir={out}: " + ("exists and is not a folder" if f == out else
-                                                   f"{f} is a file, not a folder")
-                          + "; expected a folder for the results (or a path to create)")
+    why = blocked_folder(out) if out is not None else None
+    if why is not None:
+        raise ConfigError(f"output.dir={out}: {why}; expected a folder for the results (or a "
+                          f"path to create)")
     # every config and trace check runs before the results directory is touched, so a
     # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
