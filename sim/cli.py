@@ -320,19 +320,20 @@ def app(cfg: DictConfig) -> None:
     from .run import OutputDirBusy, is_complete, run_simulation
 
     hc = HydraConfig.get()
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    multirun = hc.mode == RunMode.MULTIRUN
     # the overrides as given (an interpolation in one is not resolved here)
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
+    # (a sweep's job: its swept values are not in the config the Hydra callback checked)
     bad = unresolvable_interpolation(cfg, task)
     if bad is not None:
-        from hydra.types import RunMode
-
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
         # nothing ran: the job's folder holds the error (a sweep's failure report lists it)
         mark_failed(Path(hc.runtime.output_dir), bad, task)
-        if hc.mode == RunMode.MULTIRUN:
+        if multirun:
             return
         sys.exit(2)
     if hc.job.chdir:
@@ -349,9 +350,6 @@ def app(cfg: DictConfig) -> None:
     overrides = [o for o in task
                  if not o.startswith(("output.skip_completed", "output.dir", "sim.progress",
                                       "output.print_summary"))]
-    from hydra.types import RunMode
-
-    multirun = hc.mode == RunMode.MULTIRUN
     bad = _bad_output_dir(out_dir, Path(hc.runtime.output_dir), multirun) if cfg.output.dir \
         else None
     if bad is not None:
@@ -753,16 +751,10 @@ def unresolvable_interpolation(cfg: DictConfig, overrides: list[str]) -> str | N
     the command line's, as given; :func:`sim.callbacks.interpolation_error`); None when all
     resolve. Hydra ended with a traceback from OmegaConf otherwise. (The folders Hydra makes
     before the job runs are checked by :class:`sim.callbacks.FailedRunsExit`.)"""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from .callbacks import first_unresolvable, interpolation_error
 
-    from .callbacks import interpolation_error
-
-    try:
-        OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException as e:
-        return interpolation_error(str(getattr(e, "full_key", "") or ""), e, overrides)
-    return None
+    found = first_unresolvable(cfg)
+    return None if found is None else interpolation_error(found[0], found[1], overrides)
 
 
 def command_line_overrides(argv: list[str]) -> list[str]:
@@ -852,10 +844,8 @@ def _sweep_problem(arg: str, o, single: bool, basic_sweeper: bool = True) -> str
         return (f"{arg}: a sweep's comma list cannot hold range(), choice(), interval() or "
                 f"glob(); expected one of them alone, or the values listed: key=1,2,5")
     if isinstance(v, RangeSweep):
-        import itertools
-
         try:
-            first = list(itertools.islice(o.sweep_iterator(), 1))
+            first = _range_values(o, 1)
         except ValueError as e:
             return f"{arg}: {e}; expected range(start, stop) or range(start, stop, step), step not 0"
         if not first:
@@ -876,14 +866,20 @@ def _sweep_values(arg: str) -> list | None:
         v = o.value()
     except Exception:  # noqa: BLE001 - (unparsable_override reports those)
         return None
-    if isinstance(v, RangeSweep):  # (its first 1,000 values; _sweep_problem reports step 0)
-        import itertools
-
+    if isinstance(v, RangeSweep):  # (_sweep_problem reports step 0)
         try:
-            return list(itertools.islice(o.sweep_iterator(), 1000))
+            return _range_values(o, 1000)
         except ValueError:
             return None
     return list(v.list) if isinstance(v, ChoiceSweep) else None
+
+
+def _range_values(o, limit: int) -> list:
+    """The first ``limit`` values of the parsed ``range(...)`` override ``o``, as Hydra's
+    sweeper lists them (ValueError for step 0)."""
+    import itertools
+
+    return list(itertools.islice(o.sweep_iterator(), limit))
 
 
 def _scalar_error(key: str, value: str, t) -> str | None:
@@ -924,15 +920,15 @@ def main() -> None:
     argv = sys.argv[1:]
     import re
 
+    dash_m = any(a in ("-m", "--multirun") for a in argv)
     # a multirun: -m, or Hydra's other spelling, the override hydra.mode=MULTIRUN
-    sweep = any(a in ("-m", "--multirun") or re.fullmatch(r"\+*hydra\.mode=['\"]?multirun['\"]?", a,
-                                                           re.IGNORECASE) for a in argv)
+    sweep = dash_m or any(re.fullmatch(r"\+*hydra\.mode=['\"]?multirun['\"]?", a, re.IGNORECASE)
+                          for a in argv)
     # options that print something instead of running (sweep values are Hydra's to report)
     info = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc",
                      "--shell-completion") or a.startswith(("--cfg=", "--info="))
                for a in argv)
-    if any(a in ("-m", "--multirun") for a in argv) and \
-            any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv):  # (Hydra's traceback)
+    if dash_m and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv):  # (Hydra's traceback)
         print("kvsim: error: -m runs a sweep and --cfg prints one run's config; expected one of "
               "them (kvsim --cfg job KEY=VALUE ... prints a run's config)", file=sys.stderr)
         sys.exit(2)
@@ -940,11 +936,11 @@ def main() -> None:
         # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
-    args = command_line_overrides(sys.argv[1:])
+    args = command_line_overrides(argv)
     # (unknown_group_option reads the options too: with another config folder it checks nothing)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
         duplicate_override_key(args) or \
-        (unknown_group_option(sys.argv[1:]) if args else None) or unknown_override_key(args) or \
+        (unknown_group_option(argv) if args else None) or unknown_override_key(args) or \
         missing_launcher_plugin(args)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)

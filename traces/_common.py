@@ -107,6 +107,18 @@ def need_int(obj: dict, key: str, *, path: str, where: str, minimum: Optional[in
     return v
 
 
+def need_list(obj: dict, key: str, *, path: str, where: str, expected: str) -> list:
+    """Return ``obj[key]`` when it is a JSON array, or raise a TraceError naming the field
+    (missing, ``null``, or another value: its first 40 characters)."""
+    v = obj.get(key)
+    if isinstance(v, list):
+        return v
+    absent = key not in obj
+    raise TraceError("missing field" if absent else None, path=path, where=where, field=key,
+                     expected=expected,
+                     found="nothing" if absent else "null" if v is None else repr(v)[:40])
+
+
 def need_num(obj: dict, key: str, *, path: str, where: str, minimum: Optional[float] = None) -> float:
     """Return ``obj[key]`` as a finite float, or raise a TraceError naming the field."""
     if key not in obj:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int,
-                      json_error_found, loads, need_int, need_num, output_len, short_repr)
+                      json_error_found, loads, need_int, need_list, need_num, output_len, short_repr)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -109,12 +109,8 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             t = need_num(obj, "timestamp", path=p, where=where, minimum=0)
             n_in = need_int(obj, "input_length", path=p, where=where, minimum=1)
             n_out = need_int(obj, "output_length", path=p, where=where, minimum=0)
-            h = obj.get("hash_ids")
-            if not isinstance(h, list):
-                absent = "hash_ids" not in obj
-                raise TraceError("missing field" if absent else None, path=p, where=where,
-                                 field="hash_ids", expected="a list of non-negative integers",
-                                 found="nothing" if absent else "null" if h is None else repr(h)[:40])
+            h = need_list(obj, "hash_ids", path=p, where=where,
+                          expected="a list of non-negative integers")
             want = -(-n_in // BLOCK_TOKENS)
             if len(h) != want:
                 raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",

@@ -65,7 +65,7 @@ from pathlib import Path
 import numpy as np
 
 from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, is_num,
-                      json_error_found, loads, need_int, need_num, output_len)
+                      json_error_found, loads, need_int, need_list, need_num, output_len)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -225,12 +225,8 @@ def _check_request(r: dict, p: str, where: str, zero_output: str,
     _need_t(r, p, where)
     n_in = need_int(r, "in", path=p, where=where, minimum=1)
     n_out = need_int(r, "out", path=p, where=where, minimum=0)
-    h = r.get("hash_ids")
-    if not isinstance(h, list):
-        absent = "hash_ids" not in r
-        raise TraceError("missing field" if absent else None, path=p, where=where,
-                         field="hash_ids", expected="a list of non-negative integers",
-                         found="nothing" if absent else "null" if h is None else repr(h)[:40])
+    h = need_list(r, "hash_ids", path=p, where=where,
+                  expected="a list of non-negative integers")
     want = n_in // BLOCK_TOKENS
     if len(h) != want:
         raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
