@@ -49,12 +49,10 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     """A rich table of the headline numbers of a summary dict."""
     from rich.table import Table
 
-    def times(d):
-        """p50 / p90 / p99 in ms, or in s when one of them reaches 10 s (an overloaded run's
-        queueing), with the unit."""
-        vals = [d.get(k) for k in ("p50", "p90", "p99")]
-        scale, unit = (1.0, "s") if max((v for v in vals if v is not None), default=0) >= 10 else (1e3, "ms")
-        return unit, " / ".join("-" if v is None else f"{v * scale:,.1f}" for v in vals)
+    def times(d, scale, digits):
+        """p50 / p90 / p99 of a latency dict (seconds) times ``scale``, to ``digits`` decimals."""
+        return " / ".join("-" if d.get(k) is None else f"{d[k] * scale:,.{digits}f}"
+                          for k in ("p50", "p90", "p99"))
 
     src = s.get("trace_source") or ""
     trace = s.get("trace")
@@ -71,17 +69,20 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     # what the command line changed (the run's outputs and progress bar aside)
     shown = [o for o in s.get("overrides") or []
              if not o.lstrip("+~").startswith(("output.", "hydra.", "sim.progress"))]
+    # (rich wraps a title to the table's width: the table is made as wide as its title)
     t = Table(title=title, caption=f"overrides: {' '.join(shown)}" if shown else None,
-              show_header=True)
+              show_header=True, min_width=len(title))
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("requests (finished / rejected / total)",
               f"{s['requests_finished']:,} / {s['requests_rejected']:,} / {s['requests_total']:,}")
     if s.get("rejected_by_reason"):
         t.add_row("rejected by reason", ", ".join(f"{k}: {v:,}" for k, v in s["rejected_by_reason"].items()))
-    for name in ("ttft_s", "tpot_s", "e2e_s"):
-        unit, vals = times(s[name])
-        t.add_row(f"{name[:-2].upper()} {unit}  p50 / p90 / p99", vals)
+    # one unit per row, whatever the values (a sweep's tables compare line by line): TTFT and
+    # E2E in s to the ms (an overloaded run queues for minutes), TPOT in ms
+    for name, unit, scale, digits in (("ttft_s", "s", 1.0, 3), ("tpot_s", "ms", 1e3, 1),
+                                      ("e2e_s", "s", 1.0, 3)):
+        t.add_row(f"{name[:-2].upper()} {unit}  p50 / p90 / p99", times(s[name], scale, digits))
     thr = s.get("throughput_tokens_per_s")
     othr = s.get("output_throughput_tokens_per_s")
     t.add_row("throughput tok/s (total / output)",
@@ -555,12 +556,12 @@ def app(cfg: DictConfig) -> None:
         buf = io.StringIO()
         Console(file=buf, width=110, color_system=None).print(table)
         record.info("summary\n%s", buf.getvalue().rstrip())
-    record.info("results: %s", out_dir)
+    record.info("results: %s", out_dir.absolute())
     if cfg.output.print_summary:
         # (rich fits a table to 80 columns when stdout is not a terminal, cutting the labels
         # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
         Console(stderr=False, width=None if sys.stdout.isatty() else 110).print(table)
-        print(f"results: {out_dir}")
+    print(f"results: {out_dir.absolute()}")  # (without the table too: where the run went)
 
 
 def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:

@@ -540,10 +540,11 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
     assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])
 
 
-def test_summary_table_gives_long_latencies_in_seconds():
-    """The printed summary gives a latency row in ms, or in s once one of its percentiles
-    reaches 10 s (an overloaded run's TTFT read as 409,794.9 ms before); a compression run gets
-    a row of its rounds, evicted tokens and freed blocks."""
+def test_summary_table_gives_each_latency_in_one_unit():
+    """The printed summary gives TTFT and E2E in s (to the ms) and TPOT in ms, whatever the
+    values: an overloaded run's TTFT read as 409,794.9 ms once, and rows that switched unit with
+    their values were misread side by side (newcomer pass); a long title is not wrapped; a
+    compression run gets a row of its rounds, evicted tokens and freed blocks."""
     import io
 
     from rich.console import Console
@@ -558,9 +559,20 @@ def test_summary_table_gives_long_latencies_in_seconds():
     buf = io.StringIO()
     Console(file=buf, width=120, color_system=None).print(format_summary(s))
     text = buf.getvalue()
-    assert "TTFT s  p50 / p90 / p99" in text and "2.5 / 9.0 / 409.8" in text
+    assert "TTFT s  p50 / p90 / p99" in text and "2.500 / 9.000 / 409.795" in text
     assert "TPOT ms  p50 / p90 / p99" in text and "12.3 / 20.0 / 31.0" in text
-    assert "E2E ms  p50 / p90 / p99" in text and "- / - / -" in text
+    assert "E2E s  p50 / p90 / p99" in text and "- / - / -" in text
+    s2 = dict(s, ttft_s={"p50": 0.0185, "p90": 0.0365, "p99": 1.2359})
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s2))
+    assert "TTFT s  p50 / p90 / p99" in buf.getvalue() and "0.018 / 0.036 / 1.236" in buf.getvalue()
+    long = dict(s, trace="weka_agentic_slice", trace_source="/x/weka_agentic_trace_0002.jsonl.xz",
+                model="Qwen3-8B", gpu="H200", policy="triattention", compaction="forward_pack")
+    buf = io.StringIO()
+    Console(file=buf, width=110, color_system=None).print(format_summary(long))
+    title = buf.getvalue().splitlines()[0].strip()
+    assert title == ("kvsim: weka_agentic_slice (weka_agentic_trace_0002.jsonl.xz) | Qwen3-8B on "
+                     "H200 | triattention + forward_pack"), buf.getvalue()
     assert "compression rounds" not in text  # no policy: no row
     s.update(policy="triattention", rounds=53564, tokens_evicted_total=6856192,
              blocks_freed_total=428512)
