@@ -290,7 +290,9 @@ def validate_config(cfg) -> None:
 
 
 def validate_workload(cfg, workload) -> None:
-    """Checks that need the workload: prefix ids lie in ``[0, (2**63 - 1 - G) // (G + 1)]``
+    """Checks that need the workload: every request has >= 1 prompt and >= 1 output token
+    (TraceError naming the request: the workload schema's contract, traces/workload.py); prefix
+    ids lie in ``[0, (2**63 - 1 - G) // (G + 1)]``
     (``G``: the trace's prefix granularity; a block key ``id x (G + 1) + offset`` must not wrap)
     and no request repeats one (TraceError naming the file, the request and the id: trace ids
     are prefix-chained, see :mod:`sim.keys`); a policy
@@ -308,6 +310,15 @@ def validate_workload(cfg, workload) -> None:
 
     from .keys import first_repeated_id
 
+    for col, lo in (("input_tokens", 1), ("output_tokens", 1)):
+        a = np.asarray(getattr(workload, col))
+        if len(a) and int(a.min()) < lo:  # (every loader checks its rows; this is the contract)
+            row = int(np.argmax(a < lo))
+            raise TraceError(
+                f"{col} out of range", path=workload.source,
+                where=f"request {int(workload.request_id[row])} (session "
+                      f"{int(workload.session_id[row])}, turn {int(workload.turn[row])})",
+                field=col, found=int(a[row]), expected=f">= {lo} tokens")
     G = int(workload.prefix_block_tokens)
     vals = np.asarray(workload.prefix_values())
     if G > 0 and len(vals):

@@ -581,6 +581,32 @@ def test_summary_table_gives_each_latency_in_one_unit():
     assert "53,564 / 6,856,192 / 428,512" in buf.getvalue()
 
 
+@pytest.mark.parametrize("over", ["output_mean=1e25", "input_mean=1e25", "turn_input_mean=1e25",
+                                  "max_context_tokens=134217729"])
+def test_synthetic_lengths_beyond_int_range_are_an_error(over):
+    """A synthetic mean whose draws pass 2**27 tokens, or a larger max_context_tokens, is a
+    TraceError naming the field; before, output_mean=1e25 wrapped int64 to negative lengths and
+    ended in an internal error (break-it pass), and shared_prefix_tokens=1e10 with a larger
+    max_context_tokens listed block ids until memory ran out."""
+    fmt = "synthetic_multiturn" if over.startswith("turn_") else "synthetic_reasoning"
+    cfg = _cfg(f"trace={fmt}", "trace.num_sessions=5", f"trace.{over}")
+    field = over.split("=")[0]
+    with pytest.raises(TraceError, match=re.escape(f"trace.{field}")):
+        load_workload(cfg.trace, seed=0)
+    cfg = _cfg(f"trace={fmt}", "trace.num_sessions=5", "trace.max_context_tokens=134217728")
+    assert len(load_workload(cfg.trace, seed=0)) >= 5  # (the bound itself is allowed)
+
+
+@pytest.mark.parametrize("col", ["input_tokens", "output_tokens"])
+def test_workload_with_a_length_below_one_is_rejected(col):
+    """validate_workload holds every loader to the workload schema's lengths (>= 1 prompt and
+    output token), naming the request."""
+    rows = [dict(input_tokens=10, output_tokens=5), dict(input_tokens=10, output_tokens=5)]
+    rows[1][col] = -3
+    with pytest.raises(TraceError, match=rf"request 1 .*{col}.*found -3, expected >= 1 tokens"):
+        validate_workload(_cfg(), make_workload(rows))
+
+
 @pytest.mark.parametrize("bad", [8935703513288155120, 2 ** 63 - 1, (2 ** 63 - 1 - 512) // 513 + 1])
 def test_prefix_id_too_large_for_exact_block_keys_is_rejected(tmp_path, bad):
     """A prefix id whose block key (id x (G + 1) + offset) would wrap int64 is a TraceError
@@ -1368,6 +1394,38 @@ def test_weka_blank_line_and_truncated_xz_are_named_plainly(tmp_path):
     xz.write_bytes(lzma.compress(((json.dumps(s) + "\n") * 200).encode())[:40])
     with pytest.raises(TraceError, match=r"cut\.jsonl\.xz before its first line: unreadable xz stream"):
         load_workload(TraceConfig(name="x", path=str(xz)), 0)
+    # a .xz or .gz name on other content (break-it pass: "line 1: invalid JSON")
+    xz.write_text(json.dumps(s) + "\n")
+    with pytest.raises(TraceError, match=r"cut\.jsonl\.xz: not an xz stream, found first bytes "
+                                         r".* \(uncompressed data\?\), expected xz-compressed"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(xz)), 0)
+    gz = tmp_path / "w.jsonl.gz"
+    gz.write_bytes(lzma.compress((json.dumps(s) + "\n").encode()))
+    with pytest.raises(TraceError, match=r"w\.jsonl\.gz: not a gzip stream, .*\(an xz stream\)"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(gz)), 0)
+
+
+def test_weka_session_fields_and_azure_dates_are_named(tmp_path):
+    """Break-it pass, low severity: a Weka session id that is a list gave "malformed session,
+    found TypeError: unhashable type"; system_tokens false or "" was read as 0; an Azure
+    TIMESTAMP of the right form naming no date (2023-02-30) was told to have that form."""
+    req = [{"t": 0.0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]
+    p = tmp_path / "w.jsonl"
+    for bad, field, found in (({"id": [1]}, "id", "[1]"),
+                              ({"id": "a", "system_tokens": False}, "system_tokens/tool_tokens",
+                               "False/0"),
+                              ({"id": "a", "tool_tokens": ""}, "system_tokens/tool_tokens", "0/''")):
+        p.write_text(json.dumps(dict(bad, requests=req)) + "\n")
+        with pytest.raises(TraceError, match=re.escape(f"w.jsonl line 1, field '{field}': found {found}")):
+            load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    a = tmp_path / "a.csv"
+    for ts in ("2023-02-30 00:00:00", "2023-11-16 18:17:60.5"):
+        a.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{ts},  100 ,5\n")
+        with pytest.raises(TraceError, match=r"a\.csv line 2, field 'TIMESTAMP': found .*expected "
+                                             r"a real date and time"):
+            load_workload(TraceConfig(name="x", format="azure", path=str(a)), 0)
+    a.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-02-28 00:00:00,  100 ,5\n")
+    assert load_workload(TraceConfig(name="x", format="azure", path=str(a)), 0).input_tokens[0] == 100
 
 
 def test_interpolation_sweep_dir_and_range_errors(tmp_path):

@@ -23,7 +23,8 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     it is not a record.
 
     Raises:
-        TraceError: empty file; corrupt or truncated compressed stream (names the last good line);
+        TraceError: empty file; a name ending .xz or .gz on other content; corrupt or truncated
+            compressed stream (names the last good line);
             a CR byte inside a line (a file with CR-only line endings reads as one line).
     """
     path = Path(path)
@@ -40,6 +41,15 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         opener, kind = gzip.open, "gzip"
     else:
         opener, kind = open, None
+    named = {".xz": "xz", ".gz": "gzip"}.get(path.suffix.lower())
+    if named is not None and kind != named:
+        # (read by its content, the file would fail as a row: say what it is instead)
+        an = {"xz": "an xz", "gzip": "a gzip"}
+        raise TraceError(f"not {an[named]} stream", path=str(path),
+                         found=f"first bytes {magic!r}"
+                               + (f" ({an[kind]} stream)" if kind else " (uncompressed data?)"),
+                         expected=f"{named}-compressed data, as the name's {path.suffix} says "
+                                  f"(or a name without {path.suffix} for a plain file)")
     lineno = 0
     nonblank = 0
     blank: list[int] = []  # blank lines since the last row (yielded if a row follows)

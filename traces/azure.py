@@ -5,8 +5,8 @@ Format rules (a row breaking one is a TraceError naming the file line and field;
 ``on_error=skip`` the row is skipped and counted): the header (line 1) names each column once (a
 repeated name is an error naming it; extra columns are allowed and not read); the file is UTF-8;
 TIMESTAMP is ``YYYY-MM-DD HH:MM:SS`` optionally followed by ``.`` and 1 to 7 fraction digits,
-ASCII digits only (surrounding blanks allowed); token counts are ASCII integers (optional sign)
-within 64 bits; a field longer than ``csv.field_size_limit()`` (131,072 characters) is an error
+ASCII digits only, a real date and time; token counts are ASCII integers (optional sign) within
+64 bits; blanks around a field are allowed (CSV padding); a field longer than ``csv.field_size_limit()`` (131,072 characters) is an error
 naming its column.
 
 Mapping: arrival_s = TIMESTAMP - first row's TIMESTAMP (exact to 100 ns, computed in integer
@@ -45,12 +45,19 @@ def _parse_ts(s: str, cache: dict) -> int:
     head, frac = m.groups()
     base = cache.get(head)
     if base is None:
-        dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        try:
+            dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+        except ValueError:  # (the form is right: 2023-02-30, 25:00:00, :60 seconds)
+            raise _NoSuchTime(head) from None
         base = int(dt.timestamp()) * _TICKS
         cache[head] = base
     if frac:
         return base + int(frac.ljust(7, "0"))
     return base
+
+
+class _NoSuchTime(ValueError):
+    """A TIMESTAMP of the right form that names no date and time (2023-02-30, 25:00:00)."""
 
 
 _INT_RE = re.compile(r"[+-]?[0-9]+")
@@ -123,6 +130,11 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
                                  expected=f"{len(header)} fields ({', '.join(header)})")
             try:
                 tk = _parse_ts(rec[idx["TIMESTAMP"]], cache)
+            except _NoSuchTime:
+                raise TraceError(path=p, where=where, field="TIMESTAMP",
+                                 found=short_repr(rec[idx["TIMESTAMP"]]),
+                                 expected="a real date and time (month 01-12, a day the month "
+                                          "has, hour 00-23, minute and second 00-59)") from None
             except ValueError:
                 raise TraceError(path=p, where=where, field="TIMESTAMP",
                                  found=short_repr(rec[idx["TIMESTAMP"]]),

@@ -141,7 +141,15 @@ def _input_fingerprint(fmt: str, path: Path) -> Optional[list]:
         if not stat.S_ISREG(path.stat().st_mode):
             return None
         files = [path]
-    return [[q.name, q.stat().st_size, _file_digest(q)] for q in files]
+    return [file_fingerprint(q) for q in files]
+
+
+def file_fingerprint(p: Path) -> list:
+    """``[name, size in bytes, xxh3-128 hex]`` of the regular file ``p`` (a trace file, a
+    calibration or an importance-score file a run read). Raises OSError when it cannot be
+    read."""
+    p = Path(p)
+    return [p.name, p.stat().st_size, _file_digest(p)]
 
 
 def _code_fingerprint() -> str:

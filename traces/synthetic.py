@@ -17,7 +17,10 @@ input) fits by construction: the first input is drawn from its lognormal truncat
 above it is redrawn from the truncated distribution: workloads that never reach the cap are
 unchanged by it). ``max_context_tokens`` must exceed ``shared_prefix_tokens``. Lengths are
 lognormal: ``*_mean`` is the mean in tokens (before that truncation), ``*_sigma`` the sigma of the
-underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1.
+underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1. A draw beyond
+:data:`MAX_LENGTH` tokens is an error naming its mean and sigma (a unit slip; it would also wrap
+the int64 token counts), and ``max_context_tokens`` is at most that: the generator lists a prefix
+id per block of every prompt.
 
 * ``synthetic_agentic``: large shared system+tool prompt, many turns, short think (tool runs),
   each turn adds a tool output.
@@ -36,6 +39,10 @@ from ._common import Parsed
 from .errors import ErrorSink, TraceError
 
 #: Per-format defaults for every ``None`` synthetic field of TraceConfig.
+# the longest length (tokens) a synthetic prompt or output may reach: 2**27, 13x the longest
+# context window offered (10 M tokens, Llama 4 Scout, Meta 2025)
+MAX_LENGTH = 2 ** 27
+
 SYNTHETIC_DEFAULTS: dict[str, dict] = {
     "synthetic_agentic": dict(
         num_sessions=50, turns_min=10, turns_max=40, arrival_rate_per_s=0.1,
@@ -73,7 +80,9 @@ def synthetic_params(cfg) -> dict:
         ("think_time_mean_s", d["think_time_mean_s"] >= 0, ">= 0"),
         ("shared_prefix_tokens", d["shared_prefix_tokens"] >= 0, ">= 0"),
         ("block_tokens", d["block_tokens"] >= 1, ">= 1"),
-        ("max_context_tokens", d["max_context_tokens"] >= 1, ">= 1"),
+        ("max_context_tokens", 1 <= d["max_context_tokens"] <= MAX_LENGTH,
+         f"1 .. {MAX_LENGTH:,} (2**27 tokens: the generator lists a prefix id per block of "
+         f"every prompt; the longest context windows offered are 10 M tokens)"),
         # (the first prompt holds the shared prefix and at least one input token)
         ("max_context_tokens", d["max_context_tokens"] > d["shared_prefix_tokens"],
          f"> shared_prefix_tokens={d['shared_prefix_tokens']} (every prompt holds the shared "
@@ -88,12 +97,25 @@ def synthetic_params(cfg) -> dict:
     return d
 
 
-def _lognormal(rng, mean: float, sigma: float, size: int) -> np.ndarray:
+def _lognormal(rng, mean: float, sigma: float, size: int, name: str = "input") -> np.ndarray:
+    """``size`` lengths (tokens, int64 array): lognormal draws of mean ``mean``, sigma ``sigma``
+    (the module docstring's rule), rounded, at least 1.
+
+    Raises:
+        TraceError: a draw beyond :data:`MAX_LENGTH` (fields ``trace.<name>_mean`` /
+            ``trace.<name>_sigma``)."""
     mu = math.log(mean) - sigma * sigma / 2.0
-    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size))).astype(np.int64)
+    x = rng.lognormal(mu, sigma, size)
+    if size and not float(x.max()) <= MAX_LENGTH:  # (not <=: inf, and nan from an inf mean)
+        raise TraceError(field=f"trace.{name}_mean / trace.{name}_sigma",
+                         found=f"mean {mean:g}, sigma {sigma:g}: a draw of {float(x.max()):.3g} "
+                               f"tokens",
+                         expected=f"lengths up to {MAX_LENGTH:,} tokens (2**27; the longest "
+                                  f"context windows offered are 10 M tokens)")
+    return np.maximum(1, np.rint(x)).astype(np.int64)
 
 
-def _first_input(rng, mean: float, sigma: float, cap: int) -> int:
+def _first_input(rng, mean: float, sigma: float, cap: int, name: str = "input") -> int:
     """One first input length (tokens): ``_lognormal`` conditioned on being at most ``cap`` (>= 1),
     i.e. the lognormal truncated to ``rint(x) <= cap``. A draw within the cap is kept as drawn
     (so a workload that never reaches the cap is the one drawn without it); a draw above it is
@@ -103,7 +125,7 @@ def _first_input(rng, mean: float, sigma: float, cap: int) -> int:
     Raises:
         TraceError: the lognormal has (numerically) no mass at or below ``cap``.
     """
-    x = int(_lognormal(rng, mean, sigma, 1)[0])
+    x = int(_lognormal(rng, mean, sigma, 1, name)[0])
     if x <= cap:
         return x
     mu = math.log(mean) - sigma * sigma / 2.0
@@ -146,8 +168,8 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
         first_in = int(d["shared_prefix_tokens"]) + _first_input(
             rng, d["input_mean"], d["input_sigma"],
             int(d["max_context_tokens"]) - int(d["shared_prefix_tokens"]))
-        new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T)
-        outs = _lognormal(rng, d["output_mean"], d["output_sigma"], T)
+        new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T, "turn_input")
+        outs = _lognormal(rng, d["output_mean"], d["output_sigma"], T, "output")
         thinks = rng.exponential(d["think_time_mean_s"], T) if d["think_time_mean_s"] > 0 else np.zeros(T)
         stream: list[int] = []  # global id per full block of the stream
         prompt = first_in

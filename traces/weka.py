@@ -253,6 +253,9 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
     if sid is None:
         raise TraceError("missing field", path=p, where=where0, field="id", found="nothing",
                          expected="a session id")
+    if not isinstance(sid, (str, int)) or isinstance(sid, bool):
+        raise TraceError(path=p, where=where0, field="id", found=repr(sid)[:40],
+                         expected="a session id: a string or an integer")
     bs = s.get("block_size", BLOCK_TOKENS)
     if bs != BLOCK_TOKENS:
         raise TraceError(path=p, where=where0, field="block_size", found=repr(bs),
@@ -266,8 +269,8 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         raise TraceError(path=p, where=where0, field="requests",
                          found=repr(reqs)[:40] if reqs is not None else "nothing",
                          expected="a non-empty list")
-    sys_tok = s.get("system_tokens", 0) or 0
-    tool_tok = s.get("tool_tokens", 0) or 0
+    sys_tok = s.get("system_tokens", 0)  # (absent: 0; null, false or "" is an error below)
+    tool_tok = s.get("tool_tokens", 0)
     if not (is_int(sys_tok) and is_int(tool_tok)) or sys_tok < 0 or tool_tok < 0:
         raise TraceError(path=p, where=where0, field="system_tokens/tool_tokens",
                          found=f"{sys_tok!r}/{tool_tok!r}", expected="non-negative integers")
@@ -331,7 +334,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                             think = 0.0
                         parent = prev_main[0]
                     if cfg.share_system_prefix:
-                        a, b = r.get("system_tokens") or 0, r.get("tool_tokens") or 0
+                        a, b = r.get("system_tokens", 0), r.get("tool_tokens", 0)
                         if not (is_int(a) and is_int(b)) or a < 0 or b < 0:
                             raise TraceError(path=p, where=where, field="system_tokens/tool_tokens",
                                              found=f"{a!r}/{b!r}",
