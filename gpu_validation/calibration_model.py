@@ -141,6 +141,13 @@ class Calibration:
                 if not (0 <= v < float("inf")):
                     raise CalibrationError(f"{p}: ops.{name}.{f} = {v!r}; expected a finite "
                                            f"coefficient >= 0")
+            o = self.ops[name]
+            if o.overhead_s == 0 and o.per_item_s == 0 and o.bandwidth_Bps == 0:
+                # (bandwidth_Bps 0 is the fit's "no byte term": with the others 0, no time)
+                raise CalibrationError(f"{p}: ops.{name}: overhead_s, per_item_s and "
+                                       f"bandwidth_Bps are all 0, so the op would take no time; "
+                                       f"expected a fitted cost (bandwidth_Bps 0 means no byte "
+                                       f"term, so overhead_s or per_item_s must then be > 0)")
         self._attn = None
         if "decode_attention" in data:
             a = data["decode_attention"]
@@ -253,7 +260,7 @@ def load_calibration(path) -> Calibration:
     if not p.is_file():
         raise CalibrationError(f"calibration file not found: {p}")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8-sig"))  # (a BOM, as traces allow one)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CalibrationError(f"{p}: not readable as JSON ({e})") from e
     if not isinstance(data, dict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -231,6 +232,18 @@ def _trace_input(trace_cfg):
         return _UNKNOWN
 
 
+def _input_files(cfg):
+    """The calibration and importance files' fingerprints (:func:`sim.run.input_files`) for
+    ``output.skip_completed``; when one cannot be read, a value no finished run matches (the run
+    goes ahead and names the problem)."""
+    from .run import input_files
+
+    try:
+        return input_files(cfg)
+    except (OSError, ValueError, TypeError):
+        return _UNKNOWN
+
+
 def _bad_output_dir(out: Path, job_dir: Path, blocked: bool = False) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
     are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
@@ -395,7 +408,8 @@ def app(cfg: DictConfig) -> None:
                 return
             if out_dir.resolve() != job_dir.resolve():
                 (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
-    if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace)):
+    if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace),
+                                                 _input_files(cfg)):
         log.info("skipping %s: already complete", out_dir)
         return
     from traces import TraceError
@@ -417,6 +431,7 @@ def app(cfg: DictConfig) -> None:
     sigterm = None
     if not multirun and threading.current_thread() is threading.main_thread():
         sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    before = _summary_stamp(out_dir)  # (an interrupt then tells whose results the folder holds)
     try:
         # (a sweep's jobs hold their folders by the sweep's claims instead: a job requeued on
         # another host, SLURM's preemption, must not find its own killed run's lock in the way)
@@ -440,10 +455,10 @@ def app(cfg: DictConfig) -> None:
             return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
         sys.exit(2)
     except Terminated:
-        say(f"kvsim: stopped by SIGTERM; {out_dir} is marked INCOMPLETE (no summary.json)")
+        say(f"kvsim: stopped by SIGTERM; {_interrupted_state(out_dir, before)}")
         sys.exit(143)
     except KeyboardInterrupt:
-        say(f"\nkvsim: interrupted; {out_dir} is marked INCOMPLETE (no summary.json)")
+        say(f"\nkvsim: interrupted; {_interrupted_state(out_dir, before)}")
         sys.exit(130)
     except Exception as e:
         # a failure kvsim did not foresee (a bug): the folder is marked failed with it, as for
@@ -562,6 +577,41 @@ def app(cfg: DictConfig) -> None:
         # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
         Console(stderr=False, width=None if sys.stdout.isatty() else 110).print(table)
     print(f"results: {out_dir.absolute()}")  # (without the table too: where the run went)
+
+
+def _summary_stamp(out_dir: Path):
+    """``out_dir``'s summary.json as (inode, size, mtime ns), None when there is none."""
+    try:
+        st = (out_dir / "summary.json").stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _interrupted_state(out_dir: Path, before) -> str:
+    """What the results folder ``out_dir`` holds after a single run was stopped (Ctrl-C,
+    SIGTERM), for its closing line: this run's complete results (stopped after writing them),
+    an earlier complete run (stopped before touching it; ``before``: the summary's
+    :func:`_summary_stamp` when the run started), this run's INCOMPLETE marker, or nothing.
+    Removes this process's run lock (``sim.run.RUN_LOCK``) when the stop came before
+    :func:`sim.run.run_simulation` removed it."""
+    import socket
+
+    from .run import MARKER, RUN_LOCK, is_complete
+
+    lock = out_dir / RUN_LOCK
+    try:
+        if lock.read_text().split() == [socket.gethostname(), str(os.getpid())]:
+            lock.unlink(missing_ok=True)
+    except OSError:
+        pass
+    if is_complete(out_dir):
+        if _summary_stamp(out_dir) != before:
+            return f"this run had completed: its results in {out_dir} are complete"
+        return f"nothing was written; {out_dir} keeps an earlier complete run"
+    if (out_dir / MARKER).exists():
+        return f"{out_dir} is marked INCOMPLETE (no summary.json)"
+    return f"nothing was written to {out_dir}"
 
 
 def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:

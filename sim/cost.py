@@ -418,6 +418,8 @@ def resolve_calibration_path(cost, gpu) -> Path:
     else:
         p = Path(str(cost.file)).expanduser()
         tried = [p] if p.is_absolute() else [Path.cwd() / p, CALIBRATION_DIR.parent.parent / p]
+        if len(tried) == 2 and tried[0].resolve() == tried[1].resolve():
+            tried = tried[:1]  # (run from the repository root: one path)
     for p in tried:
         if p.is_file():
             return p

@@ -146,13 +146,40 @@ def _clean_nan(x):
 _ANY = object()
 
 
-def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -> bool:
+def input_files(cfg) -> dict:
+    """The files besides the trace that a run of ``cfg`` reads, each as
+    :func:`traces.cache.file_fingerprint` (``[name, bytes, xxh3-128]``, None when the file is
+    not there), by the field that names it: ``cost.file`` (the calibration, with
+    ``cost.kind=calibrated``; :func:`sim.cost.resolve_calibration_path`, its default included)
+    and ``policy.importance_file`` (with ``policy.importance_source=recorded``). Recorded in
+    ``summary.json`` (``input_files``), so that ``output.skip_completed`` reruns a run whose
+    calibration or recorded scores changed. Raises OSError when a file cannot be read."""
+    from traces.cache import file_fingerprint
+
+    from .cost import resolve_calibration_path
+
+    out = {}
+    if str(cfg.cost.kind) == "calibrated":
+        try:
+            out["cost.file"] = file_fingerprint(resolve_calibration_path(cfg.cost, cfg.gpu))
+        except ConfigError:  # (not there: the cost model's own error, or its fallback note)
+            out["cost.file"] = None
+    if str(cfg.policy.get("importance_source", "")) == "recorded" and cfg.policy.importance_file:
+        p = Path(str(cfg.policy.importance_file))
+        out["policy.importance_file"] = file_fingerprint(p) if p.is_file() else None
+    return out
+
+
+def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
+                inputs=_ANY) -> bool:
     """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
     every file its ``output_files`` lists still there with the size written) and, when
     ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
     sweep directory with a changed grid is rerun, not skipped), and when ``trace_input`` is given
     (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
-    exactly that content (an edited or replaced trace file is rerun)."""
+    exactly that content (an edited or replaced trace file is rerun), and when ``inputs`` is
+    given (:func:`input_files`' dict), with a calibration and importance file of exactly that
+    content (a re-calibrated GPU is rerun)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
         return False
@@ -165,6 +192,8 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY) -
     if overrides is not None and list(s.get("overrides") or []) != list(overrides):
         return False
     if output_files_problem(p, s) is not None:
+        return False
+    if inputs is not _ANY and s.get("input_files", {}) != inputs:
         return False
     return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
@@ -270,6 +299,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     # every config and trace check runs before the results directory is touched, so a
     # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
+    inputs = input_files(cfg)  # (before they are read: a file changed during the run reruns)
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     t_load = time.perf_counter()
@@ -288,14 +318,14 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     lock = hold_output_dir(out) if out is not None and hold else None
     try:
         return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
-                              progress_bar, overrides, hydra_record, wall0, t_load)
+                              progress_bar, overrides, hydra_record, wall0, t_load, inputs)
     finally:
         if lock is not None:
             lock.unlink(missing_ok=True)
 
 
 def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
-                   overrides, hydra_record, wall0, t_load) -> dict:
+                   overrides, hydra_record, wall0, t_load, inputs=None) -> dict:
     """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
     None) is held by this run: simulate, then write the results."""
     if out is not None:
@@ -361,6 +391,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         "overrides": list(overrides) if overrides is not None else None,
         # the trace's files as read ([[name, bytes, xxh3-128], ...]; None: generated)
         "trace_input": (getattr(wl, "notes", None) or {}).get("trace_input"),
+        # the calibration and importance files read (input_files: {field: [name, bytes, xxh3]})
+        "input_files": input_files(cfg) if inputs is None else inputs,
     }
     tm = sim.tiers
     extra["codec"] = cfg.codec.name

@@ -57,6 +57,17 @@ def test_errors_name_file_and_key(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(CalibrationError, match="bad.json"):
         load_calibration(tmp_path / "bad.json")
+    # all three coefficients 0: a copy of any size would take no time (break-it pass: accepted,
+    # and the h2d copies of a tiered run took 0 s); bandwidth 0 alone is the fit's "no byte term"
+    d = _doc()
+    d["ops"]["d2h"].update(overhead_s=0, per_item_s=0, bandwidth_Bps=0)
+    with pytest.raises(CalibrationError, match=r"cal\.json: ops\.d2h: .* all 0, so the op would take no time"):
+        load_calibration(_write(tmp_path, d))
+    d["ops"]["d2h"]["per_item_s"] = 2e-6
+    assert load_calibration(_write(tmp_path, d)).op_time("d2h", 10**9, 3) == pytest.approx(6e-6)
+    # a UTF-8 byte-order mark (an editor's save) is not data, as in trace files
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(_doc()).encode())
+    assert load_calibration(tmp_path / "bom.json").op_time("d2h", 0, 1) == pytest.approx(1.2e-5)
 
 
 def test_fit_affine_recovers_coefficients():

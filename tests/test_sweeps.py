@@ -596,6 +596,43 @@ def test_skip_completed_reruns_a_run_whose_trace_changed(tmp_path):
     assert s2["requests_total"] == 40 and s2["trace_input"] != s1["trace_input"]
 
 
+def test_skip_completed_reruns_a_run_whose_calibration_changed(tmp_path):
+    """Break-it pass: ``output.skip_completed=true`` compared only the trace's content, so a run
+    whose calibration file was re-measured (or whose recorded importance scores were rewritten)
+    was skipped with stale results. summary.json's input_files holds each such file's name,
+    size and xxh3-128; an unchanged file is skipped, an edited one rerun."""
+    from sim.run import compose_config, input_files
+
+    cal = tmp_path / "cal.json"
+    doc = json.loads((REPO / "gpu_validation" / "calibrations" / "h200.json").read_text())
+    cal.write_text(json.dumps(doc))
+    out = tmp_path / "run"
+    args = ["trace.max_requests=20", "cost=calibrated", f"cost.file={cal}", f"output.dir={out}",
+            f"hydra.run.dir={tmp_path / 'h'}", *QUIET, "output.skip_completed=true"]
+    _kvsim(*args)
+    s1 = json.loads((out / "summary.json").read_text())
+    assert s1["input_files"] == {"cost.file": ["cal.json", cal.stat().st_size,
+                                               s1["input_files"]["cost.file"][2]]}
+    mt = (out / "summary.json").stat().st_mtime_ns
+    _kvsim(*args)  # unchanged: skipped
+    assert (out / "summary.json").stat().st_mtime_ns == mt
+    cal.write_text(json.dumps(doc, indent=1))  # re-written (same values): rerun
+    _kvsim(*args)
+    s2 = json.loads((out / "summary.json").read_text())
+    assert (out / "summary.json").stat().st_mtime_ns != mt
+    assert s2["input_files"]["cost.file"] != s1["input_files"]["cost.file"]
+    # recorded importance scores count the same way; the analytic cost model reads no file
+    scores = tmp_path / "scores.parquet"
+    scores.write_bytes(b"not yet parquet")
+    cfg = compose_config(["policy=h2o", "policy.importance_source=recorded",
+                          f"policy.importance_file={scores}"])
+    a = input_files(cfg)
+    assert a == {"policy.importance_file": ["scores.parquet", 15, a["policy.importance_file"][2]]}
+    scores.write_bytes(b"not yet parquet!")
+    assert input_files(cfg) != a
+    assert input_files(compose_config([])) == {}
+
+
 def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     """Break-it pass: ``output.skip_completed=true`` trusted summary.json alone, so a run whose
     tables were deleted or truncated since was skipped and stayed without them. summary.json
