@@ -355,10 +355,18 @@ def app(cfg: DictConfig) -> None:
         # the folder kvsim was started in (hydra.runtime.cwd), as without hydra.job.chdir
         from hydra.utils import to_absolute_path
 
+        given = str(cfg.cost.file) if cfg.cost.file else None
         for node, key in ((cfg.trace, "path"), (cfg.trace, "cache_dir"), (cfg.cost, "file"),
                           (cfg.policy, "importance_file"), (cfg.output, "dir")):
             if node[key]:
                 node[key] = to_absolute_path(str(node[key]))
+        if given and not Path(given).is_absolute() and not Path(cfg.cost.file).exists():
+            # (a relative cost.file is looked up in the start folder, then in the repository
+            # root, sim.cost.resolve_calibration_path: the same two places with chdir)
+            from .cost import CALIBRATION_DIR
+
+            if (CALIBRATION_DIR.parent.parent / given).is_file():
+                cfg.cost.file = str(CALIBRATION_DIR.parent.parent / given)
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
     # the overrides that define this run (the resume flag itself excluded)
     overrides = [o for o in task
@@ -410,7 +418,8 @@ def app(cfg: DictConfig) -> None:
                 (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
     if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace),
                                                  _input_files(cfg)):
-        log.info("skipping %s: already complete", out_dir)
+        log.info("skipping %s: already complete", os.path.abspath(out_dir))
+        print(f"results: {os.path.abspath(out_dir)}")  # (those of the earlier run)
         return
     from traces import TraceError
 
@@ -565,18 +574,21 @@ def app(cfg: DictConfig) -> None:
         say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad rows (first: {ex}); "
             f"see summary.json trace_skipped_rows")
     table = format_summary(summary)
+    # (a log file's or a pipe's width: 110 columns, or the title's when longer, so that it
+    # stays on one line; a terminal narrower than the title wraps it)
+    wide = max(110, len(str(table.title)))
     if record.handlers:
         import io
 
         buf = io.StringIO()
-        Console(file=buf, width=110, color_system=None).print(table)
+        Console(file=buf, width=wide, color_system=None).print(table)
         record.info("summary\n%s", buf.getvalue().rstrip())
-    record.info("results: %s", out_dir.absolute())
+    record.info("results: %s", os.path.abspath(out_dir))
     if cfg.output.print_summary:
         # (rich fits a table to 80 columns when stdout is not a terminal, cutting the labels
         # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
-        Console(stderr=False, width=None if sys.stdout.isatty() else 110).print(table)
-    print(f"results: {out_dir.absolute()}")  # (without the table too: where the run went)
+        Console(stderr=False, width=None if sys.stdout.isatty() else wide).print(table)
+    print(f"results: {os.path.abspath(out_dir)}")  # (without the table too: where the run went)
 
 
 def _summary_stamp(out_dir: Path):

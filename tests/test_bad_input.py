@@ -581,20 +581,27 @@ def test_summary_table_gives_each_latency_in_one_unit():
     assert "53,564 / 6,856,192 / 428,512" in buf.getvalue()
 
 
-@pytest.mark.parametrize("over", ["output_mean=1e25", "input_mean=1e25", "turn_input_mean=1e25",
-                                  "max_context_tokens=134217729"])
+@pytest.mark.parametrize("over", ["output_mean=1e25", "max_context_tokens=134217729"])
 def test_synthetic_lengths_beyond_int_range_are_an_error(over):
-    """A synthetic mean whose draws pass 2**27 tokens, or a larger max_context_tokens, is a
+    """An output mean whose draws pass 2**27 tokens, or a larger max_context_tokens, is a
     TraceError naming the field; before, output_mean=1e25 wrapped int64 to negative lengths and
     ended in an internal error (break-it pass), and shared_prefix_tokens=1e10 with a larger
-    max_context_tokens listed block ids until memory ran out."""
-    fmt = "synthetic_multiturn" if over.startswith("turn_") else "synthetic_reasoning"
+    max_context_tokens listed block ids until memory ran out. Input draws are bounded by
+    max_context_tokens instead (regression pass: a huge draw the cap removes was refused): a
+    first input above it is redrawn below it, a turn input above it ends the session."""
+    fmt = "synthetic_reasoning"
     cfg = _cfg(f"trace={fmt}", "trace.num_sessions=5", f"trace.{over}")
-    field = over.split("=")[0]
-    with pytest.raises(TraceError, match=re.escape(f"trace.{field}")):
+    with pytest.raises(TraceError, match=re.escape(f"trace.{over.split('=')[0]}")):
         load_workload(cfg.trace, seed=0)
     cfg = _cfg(f"trace={fmt}", "trace.num_sessions=5", "trace.max_context_tokens=134217728")
     assert len(load_workload(cfg.trace, seed=0)) >= 5  # (the bound itself is allowed)
+    # heavy-tailed inputs: draws of ~1e9 tokens, redrawn or ending sessions as before
+    cfg = _cfg("trace=synthetic_agentic", "trace.num_sessions=300", "trace.input_mean=5e5",
+               "trace.input_sigma=3.5", "trace.turn_input_mean=1e5", "trace.turn_input_sigma=3.5")
+    wl = load_workload(cfg.trace, seed=0)
+    assert int(wl.input_tokens.max()) <= 131072 and any("ended early" in w for w in wl.warnings)
+    cfg = _cfg("trace=synthetic_multiturn", "trace.num_sessions=5", "trace.turn_input_mean=1e25")
+    assert all(load_workload(cfg.trace, seed=0).turn == 0)  # (every second turn overflows)
 
 
 @pytest.mark.parametrize("col", ["input_tokens", "output_tokens"])
@@ -1411,7 +1418,7 @@ def test_weka_session_fields_and_azure_dates_are_named(tmp_path):
     TIMESTAMP of the right form naming no date (2023-02-30) was told to have that form."""
     req = [{"t": 0.0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]
     p = tmp_path / "w.jsonl"
-    for bad, field, found in (({"id": [1]}, "id", "[1]"),
+    for bad, field, found in (({"id": [1]}, "id", "[1]"), ({"id": None}, "id", "null"),
                               ({"id": "a", "system_tokens": False}, "system_tokens/tool_tokens",
                                "False/0"),
                               ({"id": "a", "tool_tokens": ""}, "system_tokens/tool_tokens", "0/''")):

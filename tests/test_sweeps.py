@@ -633,6 +633,33 @@ def test_skip_completed_reruns_a_run_whose_calibration_changed(tmp_path):
     assert input_files(compose_config([])) == {}
 
 
+def test_chdir_relative_calibration_results_line_and_wide_title(tmp_path):
+    """Regression pass: with hydra.job.chdir=true a relative cost.file was looked up only in the
+    start folder, not in the repository root as without chdir; a run skipped by
+    output.skip_completed printed no results line, and the line kept '..' parts; a title longer
+    than 110 columns wrapped in a pipe. Each now as without chdir / one normalised absolute
+    line / one title line."""
+    run = tmp_path / "a" / ".." / "res"
+    args = ["trace.max_requests=10", "cost=calibrated",
+            "cost.file=gpu_validation/calibrations/h200.json", "hydra.job.chdir=true",
+            f"hydra.run.dir={tmp_path / 'h'}", f"output.dir={run}", "sim.progress=false",
+            "tiers=gpu_host_disk", "codec=nvfp4", "policy=triattention", "compaction=forward_pack",
+            "model=llama3_1_70b", "cost.tensor_parallel_size=4", "output.skip_completed=true"]
+    r = subprocess.run([*KVSIM, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert s["input_files"]["cost.file"][0] == "h200.json"
+    lines = r.stdout.splitlines()
+    assert lines[0].strip().startswith("kvsim: mooncake_conversation_10min | Llama-3.1-70B on 4 x "
+                                       "H200 | triattention + forward_pack | tiers gpu_host_disk, "
+                                       "codec nvfp4"), r.stdout
+    assert lines[-1] == f"results: {tmp_path / 'res'}"
+    r = subprocess.run([*KVSIM, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == f"results: {tmp_path / 'res'}", r.stdout
+    assert f"skipping {tmp_path / 'res'}: already complete" in r.stdout
+
+
 def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     """Break-it pass: ``output.skip_completed=true`` trusted summary.json alone, so a run whose
     tables were deleted or truncated since was skipped and stayed without them. summary.json

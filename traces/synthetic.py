@@ -17,10 +17,11 @@ input) fits by construction: the first input is drawn from its lognormal truncat
 above it is redrawn from the truncated distribution: workloads that never reach the cap are
 unchanged by it). ``max_context_tokens`` must exceed ``shared_prefix_tokens``. Lengths are
 lognormal: ``*_mean`` is the mean in tokens (before that truncation), ``*_sigma`` the sigma of the
-underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1. A draw beyond
+underlying normal (mu = ln(mean) - sigma^2/2), rounded, at least 1. An output draw beyond
 :data:`MAX_LENGTH` tokens is an error naming its mean and sigma (a unit slip; it would also wrap
-the int64 token counts), and ``max_context_tokens`` is at most that: the generator lists a prefix
-id per block of every prompt.
+the int64 token counts; an input draw beyond ``max_context_tokens`` is redrawn or ends its
+session, as above), and ``max_context_tokens`` is at most that: the generator lists a prefix id
+per block of every prompt.
 
 * ``synthetic_agentic``: large shared system+tool prompt, many turns, short think (tool runs),
   each turn adds a tool output.
@@ -97,15 +98,20 @@ def synthetic_params(cfg) -> dict:
     return d
 
 
-def _lognormal(rng, mean: float, sigma: float, size: int, name: str = "input") -> np.ndarray:
+def _lognormal(rng, mean: float, sigma: float, size: int, name: str = "input",
+               cap: int | None = None) -> np.ndarray:
     """``size`` lengths (tokens, int64 array): lognormal draws of mean ``mean``, sigma ``sigma``
-    (the module docstring's rule), rounded, at least 1.
+    (the module docstring's rule), rounded, at least 1. With ``cap`` (an input's: a draw above
+    it is redrawn, or ends its session, whatever its size) a draw above ``cap`` is returned as
+    ``cap + 1``; without, a draw must be at most :data:`MAX_LENGTH`.
 
     Raises:
-        TraceError: a draw beyond :data:`MAX_LENGTH` (fields ``trace.<name>_mean`` /
-            ``trace.<name>_sigma``)."""
+        TraceError: without ``cap``, a draw beyond :data:`MAX_LENGTH` (fields
+            ``trace.<name>_mean`` / ``trace.<name>_sigma``)."""
     mu = math.log(mean) - sigma * sigma / 2.0
     x = rng.lognormal(mu, sigma, size)
+    if cap is not None:
+        return np.maximum(1, np.rint(np.minimum(x, cap + 1))).astype(np.int64)
     if size and not float(x.max()) <= MAX_LENGTH:  # (not <=: inf, and nan from an inf mean)
         raise TraceError(field=f"trace.{name}_mean / trace.{name}_sigma",
                          found=f"mean {mean:g}, sigma {sigma:g}: a draw of {float(x.max()):.3g} "
@@ -125,7 +131,7 @@ def _first_input(rng, mean: float, sigma: float, cap: int, name: str = "input") 
     Raises:
         TraceError: the lognormal has (numerically) no mass at or below ``cap``.
     """
-    x = int(_lognormal(rng, mean, sigma, 1, name)[0])
+    x = int(_lognormal(rng, mean, sigma, 1, name, cap)[0])
     if x <= cap:
         return x
     mu = math.log(mean) - sigma * sigma / 2.0
@@ -168,7 +174,8 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
         first_in = int(d["shared_prefix_tokens"]) + _first_input(
             rng, d["input_mean"], d["input_sigma"],
             int(d["max_context_tokens"]) - int(d["shared_prefix_tokens"]))
-        new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T, "turn_input")
+        new_in = _lognormal(rng, d["turn_input_mean"], d["turn_input_sigma"], T, "turn_input",
+                            int(d["max_context_tokens"]))  # (more ends the session)
         outs = _lognormal(rng, d["output_mean"], d["output_sigma"], T, "output")
         thinks = rng.exponential(d["think_time_mean_s"], T) if d["think_time_mean_s"] > 0 else np.zeros(T)
         stream: list[int] = []  # global id per full block of the stream

@@ -251,6 +251,9 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         raise TraceError(path=p, where=where0, found=type(s).__name__, expected="a JSON object")
     sid = s.get("id")
     if sid is None:
+        if "id" in s:
+            raise TraceError(path=p, where=where0, field="id", found="null",
+                             expected="a session id: a string or an integer")
         raise TraceError("missing field", path=p, where=where0, field="id", found="nothing",
                          expected="a session id")
     if not isinstance(sid, (str, int)) or isinstance(sid, bool):
