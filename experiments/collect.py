@@ -49,7 +49,9 @@ Runs with missing or inconsistent files:
   own ``config.yaml`` when there is one. Without a config file its config columns come from its
   overrides only (values typed as Hydra would: ``20`` -> int, ``0.5`` -> float, ``true`` ->
   bool), other config columns are null. Its group columns (``model``, ``codec``, ...) hold the
-  options its overrides choose (``codec=nvfp4``), null for groups its overrides do not name.
+  options its ``summary.json`` records (``config_choices``: every group, written by the CLI);
+  for a summary without them (an older kvsim, a programmatic run) the options its overrides
+  choose (``codec=nvfp4``), null for groups its overrides do not name.
   Runs with no config file at all are listed on stderr and in the manifest's
   ``runs_without_config``; they are not failures (``--strict`` does not count them).
 * A column whose types differ between runs and cannot be unified (e.g. ``ttft_s`` stored as
@@ -311,17 +313,17 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
     summary_path = run_dir / "summary.json"
     if (run_dir / MARKER).exists():
         text = (run_dir / MARKER).read_text(errors="replace").strip()
+        lines = text.splitlines() or [""]
+        if lines[-1].startswith(OVERRIDES_PREFIX):  # the run's overrides (kvsim's markers)
+            try:
+                ov = json.loads(lines[-1][len(OVERRIDES_PREFIX):])
+            except ValueError:
+                ov = None
+            if isinstance(ov, list):
+                lines.pop()
+                if not info.overrides:
+                    info.overrides = [str(o) for o in ov]
         if text.startswith(FAILED_PREFIX):  # the CLI's record of a rejected config/trace
-            lines = text.splitlines()
-            if lines[-1].startswith(OVERRIDES_PREFIX):  # (and of the run's overrides)
-                try:
-                    ov = json.loads(lines[-1][len(OVERRIDES_PREFIX):])
-                except ValueError:
-                    ov = None
-                if isinstance(ov, list):
-                    lines.pop()
-                    if not info.overrides:
-                        info.overrides = [str(o) for o in ov]
             info.failure = f"INCOMPLETE marker: {' '.join(lines)}"
         else:
             info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
@@ -333,6 +335,11 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
         except (OSError, ValueError) as e:
             info.failure = f"summary.json unreadable: {e}"
         else:
+            if isinstance(summary, dict) and not info.overrides \
+                    and isinstance(summary.get("overrides"), list):
+                # a run with output.dir has no .hydra/ record: summary.json keeps its overrides
+                # (also those of a run that fails a check below: the failed-runs list names them)
+                info.overrides = [str(o) for o in summary["overrides"]]
             if not isinstance(summary, dict):
                 info.failure = "summary.json is not a JSON object"
             elif summary.get("complete") is not True:
@@ -343,10 +350,11 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = gone
             else:
                 info.summary = summary
-                ov = summary.get("overrides")
-                if not info.overrides and isinstance(ov, list):
-                    # a run with output.dir has no .hydra/ record: summary.json keeps its overrides
-                    info.overrides = [str(o) for o in ov]
+                cc = summary.get("config_choices")
+                if not info.has_hydra and isinstance(cc, dict):
+                    # (and the option of each config group, those its overrides do not name too)
+                    info.choices = {str(k): str(v) for k, v in cc.items()
+                                    if not str(k).startswith("hydra/") and v is not None}
     return info
 
 

@@ -173,7 +173,10 @@ def _labels(df: pd.DataFrame, by: list[str]) -> pd.Series:
     """One label per row from the ``by`` columns (``"nvfp4"`` or ``"h2o / forward_pack"``)."""
     if not by:
         return pd.Series(["all"] * len(df), index=df.index)
-    return df[by].astype(str).agg(" / ".join, axis=1)
+    # (object first: a categorical column, as a hive-partitioned table reads, keeps a null as a
+    # float NaN through astype(str); a null is labelled "null", the run did not record a value)
+    cols = df[by].astype(object)
+    return cols.where(cols.notna(), "null").astype(str).agg(" / ".join, axis=1)
 
 
 def _label_order(df: pd.DataFrame, by: list[str]) -> list[str]:
@@ -944,7 +947,15 @@ def main(argv: list[str] | None = None) -> int:
         if name == "fragmentation":
             p.add_argument("--request-id", type=int, default=None,
                            help="request to follow (default: the one with most rounds)")
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # (the figure's usage, not the top level's: the options are the figure's)
+        why = f"unrecognized arguments: {' '.join(extra)}"
+        if any(a.split("=", 1)[0] in ("--agg", "--x", "--hue") for a in extra):
+            why += (f" ({', '.join(k for k, v in FIGURES.items() if v[0] == 'runs')} take --x, "
+                    f"--hue and --agg: figures of runs.parquet)")
+        elif any(a.split("=", 1)[0] == "--by" for a in extra):
+            why += " (figures of runs.parquet take --x and --hue instead of --by)"
+        parsers[args.figure].error(why)
     problem = _out_problem(args.out)
     if problem is not None:  # before any work; argparse prints usage + one line and exits 2
         parsers[args.figure].error(f"argument --out: {problem}")

@@ -41,6 +41,43 @@ def trim(lines: list[dict], per_kind: int) -> list[dict]:
     return [lines[i] for i in sorted(keep)]
 
 
+def read_ops(path) -> list[dict]:
+    """The ops-file lines of ``path`` (blank lines skipped), each a JSON object with an ``op``.
+
+    Raises ValueError naming the file and the 1-based line number of a line that is not JSON or
+    not an object with a string ``op``, and naming the file when it holds no operation (no line
+    but ``model`` lines: an empty file is not a run's ops); OSError when it cannot be read."""
+    lines: list[dict] = []
+    with open(path) as f:
+        for n, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            try:
+                op = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {n}: not JSON ({e.msg} at column {e.colno}); "
+                                 f"expected one JSON object per line") from None
+            if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+                raise ValueError(f"{path}: line {n}: expected a JSON object with an \"op\" "
+                                 f"name (model, compaction_move, d2h, h2d), got "
+                                 f"{text.strip()[:80]}")
+            lines.append(op)
+    if not any(op["op"] != "model" for op in lines):
+        raise ValueError(f"{path}: no operation ({len(lines)} model line(s), nothing to trim); "
+                         f"expected an ops file written by kvsim output.write_ops=true")
+    return lines
+
+
+def read_ops_or_exit(path) -> list[dict]:
+    """:func:`read_ops`, or exit with its one-line error (the command-line tools' reading)."""
+    try:
+        return read_ops(path)
+    except OSError as e:
+        sys.exit(f"{path}: cannot read ops file ({e.strerror or e})")
+    except ValueError as e:
+        sys.exit(str(e))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src")
@@ -49,11 +86,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.per_kind < 1:
         ap.error(f"--per-kind {args.per_kind}: expected >= 1 (ops kept per kind)")
-    try:
-        with open(args.src) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"{args.src}: cannot read ops file ({e})")
+    lines = read_ops_or_exit(args.src)
     out = trim(lines, args.per_kind)
     with open(args.dst, "w") as f:
         for op in out:

@@ -312,10 +312,23 @@ def main(argv=None):
     ap.add_argument("--ops", default=None, help="JSONL ops file (default: generated set)")
     ap.add_argument("--report", default="gpu_validation/REPORT.md")
     ap.add_argument("--json", default=None, help="write per-op rows here")
-    ap.add_argument("--dump-ops", default=None, help="write the generated default ops as JSONL")
+    ap.add_argument("--dump-ops", default=None,
+                    help="write the generated default ops as JSONL (without --ops; on a machine "
+                         "without torch or a CUDA GPU it only writes them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--note", default="", help="how the ops file was produced (goes into the report)")
     args = ap.parse_args(argv)
+    if args.dump_ops and args.ops:
+        ap.error("--dump-ops writes the generated default ops; with --ops FILE they are not used")
+    if args.dump_ops:  # (the ops are generated without torch: written before the GPU checks)
+        generated = gen_default_ops(args.seed)
+        with open(args.dump_ops, "w") as f:
+            for o in generated:
+                f.write(json.dumps(o) + "\n")
+        if _MISSING is not None or not torch.cuda.is_available():
+            print(f"wrote {args.dump_ops} ({len(generated)} ops, seed {args.seed}); nothing "
+                  f"replayed: {'torch and triton are missing' if _MISSING else 'no CUDA GPU'}")
+            return
     if _MISSING is not None:
         sys.exit(f"validate needs torch and triton ({_MISSING}); install them with "
                  f"pip install -e '.[gpu]' (a CUDA build of torch on the GPU machine)")
@@ -323,8 +336,9 @@ def main(argv=None):
         sys.exit("validate needs a CUDA GPU")
     cal = load_calibration(args.calibration)
     if args.ops:
-        with open(args.ops) as f:
-            ops = [json.loads(l) for l in f if l.strip()]
+        from .trim_ops import read_ops_or_exit
+
+        ops = read_ops_or_exit(args.ops)
         note = f"from ops file `{args.ops}` ({len(ops)} lines). {args.note}".strip()
         src = "file"
     else:
@@ -335,10 +349,6 @@ def main(argv=None):
                 "batches of 1-256 pages of 32 tokens: NVFP4 fused and unfused, FP8 fused, raw bf16; Qwen3-8B "
                 "shapes (36 layers, 8 KV heads, d=128, bf16)." % args.seed)
         src = "generated"
-        if args.dump_ops:
-            with open(args.dump_ops, "w") as f:
-                for o in ops:
-                    f.write(json.dumps(o) + "\n")
     cmd = "python -m gpu_validation.validate " + " ".join(argv if argv is not None else sys.argv[1:])
     results = run(ops, cal, src)
     print(report(results, cal, cmd, args.report, note))

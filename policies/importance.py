@@ -558,8 +558,10 @@ class RecordedImportance:
     hold groups 0..num_groups-1.
 
     Raises (at construction) FileNotFoundError if the file is missing, ValueError naming the file and
-    column when a required column is missing or has a non-numeric type, or naming the first row
-    of a NaN or infinite score (or a null); (at query) KeyError naming
+    column when a required column is missing or has a non-numeric type, naming the first row
+    of a null in any column, of a NaN or infinite score, or of a score beyond float32's range,
+    and naming the rows of a repeated (request_id, group, position[, step]) key (one score per
+    key: the file does not say which of two is meant); (at query) KeyError naming
     the file, request and group / first missing positions when they are not recorded.
     """
 
@@ -585,8 +587,16 @@ class RecordedImportance:
             if not ok:
                 raise ValueError(f"importance file {self.path}: column {col!r} has type {t}, "
                                  f"expected {'float' if col == 'score' else 'integer'}")
-        bad = np.flatnonzero(~np.isfinite(table.column("score").to_numpy(zero_copy_only=False)
-                                          .astype(np.float64)))
+        for col in cols:
+            nulls = table.column(col).null_count
+            if nulls:
+                k = int(np.flatnonzero(table.column(col).is_null().to_numpy(
+                    zero_copy_only=False))[0])
+                raise ValueError(f"importance file {self.path}: row {k}: column {col!r} is null "
+                                 f"(null rows: {nulls}), expected "
+                                 f"{'a finite score' if col == 'score' else 'an integer'}")
+        score64 = table.column("score").to_numpy(zero_copy_only=False).astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(score64))
         if bad.size:
             k = int(bad[0])
             raise ValueError(f"importance file {self.path}: row {k}: score "
@@ -597,11 +607,33 @@ class RecordedImportance:
         rid = table.column("request_id").to_numpy().astype(np.int64)
         grp = table.column("group").to_numpy().astype(np.int64)
         pos = table.column("position").to_numpy().astype(np.int64)
-        sc = table.column("score").to_numpy().astype(np.float32)
+        with np.errstate(over="ignore"):
+            sc = score64.astype(np.float32)
+        big = np.flatnonzero(~np.isfinite(sc))
+        if big.size:  # (a float64 score beyond float32's range would be read as +-inf)
+            k = int(big[0])
+            raise ValueError(f"importance file {self.path}: row {k}: score {float(score64[k])!r} "
+                             f"(request_id {int(rid[k])}, position {int(pos[k])}) is beyond "
+                             f"float32's range (|score| <= {float(np.finfo(np.float32).max):.4g}; "
+                             f"rows beyond it: {big.size}), expected scores that fit float32")
         self.has_step = "step" in names
         stp = table.column("step").to_numpy().astype(np.int64) if self.has_step else np.zeros_like(pos)
         order = np.lexsort((stp, pos, grp, rid))
         rid, grp, pos, sc, stp = rid[order], grp[order], pos[order], sc[order], stp[order]
+        if rid.size > 1:
+            # one score per key: a repeated key would be read as whichever row sorted last
+            same = ((rid[1:] == rid[:-1]) & (grp[1:] == grp[:-1]) & (pos[1:] == pos[:-1])
+                    & (stp[1:] == stp[:-1]))
+            dup = np.flatnonzero(same)
+            if dup.size:
+                i = int(dup[0])
+                rows = sorted(int(order[j]) for j in np.flatnonzero(
+                    (rid == rid[i]) & (grp == grp[i]) & (pos == pos[i]) & (stp == stp[i])))
+                key = (f"request_id {int(rid[i])}, group {int(grp[i])}, position {int(pos[i])}"
+                       + (f", step {int(stp[i])}" if self.has_step else ""))
+                raise ValueError(f"importance file {self.path}: rows {rows[:8]} repeat the key "
+                                 f"({key}); expected one score per (request_id, group, position"
+                                 f"{', step' if self.has_step else ''}) (rows repeating a key: {dup.size})")
         self._index = {}
         if rid.size:
             keys = np.stack([rid, grp], axis=1)

@@ -326,6 +326,18 @@ def _on_sweep_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
+def write_line(stream, text: str) -> None:
+    """Write ``text`` and its newline to ``stream`` in one write, flushed before and after.
+
+    A sweep's parallel jobs (the joblib launcher's workers) share one stdout and stderr:
+    ``print`` writes the text and the newline apart, so two jobs' lines could join on one line
+    (``results: /a/0results: /a/1``). One write of a line under the pipe's atomic size
+    (PIPE_BUF, 4,096 bytes on Linux) reaches the pipe whole."""
+    stream.flush()
+    stream.write(text + "\n")
+    stream.flush()
+
+
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
@@ -419,7 +431,7 @@ def app(cfg: DictConfig) -> None:
     if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace),
                                                  _input_files(cfg)):
         log.info("skipping %s: already complete", os.path.abspath(out_dir))
-        print(f"results: {os.path.abspath(out_dir)}")  # (those of the earlier run)
+        write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")  # (the earlier run's)
         return
     from traces import TraceError
 
@@ -429,7 +441,7 @@ def app(cfg: DictConfig) -> None:
     record.info("kvsim %s -> %s", " ".join(overrides) or "(defaults)", out_dir)
 
     def say(msg: str) -> None:  # a note, warning or error: to stderr and to the record
-        print(msg, file=sys.stderr)
+        write_line(sys.stderr, msg)
         record.info(msg)
 
     import signal
@@ -444,7 +456,10 @@ def app(cfg: DictConfig) -> None:
     try:
         # (a sweep's jobs hold their folders by the sweep's claims instead: a job requeued on
         # another host, SLURM's preemption, must not find its own killed run's lock in the way)
+        choices = {str(k): str(v) for k, v in hc.runtime.choices.items()
+                   if not str(k).startswith("hydra/") and v is not None}
         summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
+                                 config_choices=choices,
                                  progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
                                  else bool(cfg.sim.progress), hold=not multirun)
         _drop_earlier_logs(log_starts)
@@ -504,6 +519,15 @@ def app(cfg: DictConfig) -> None:
                 continue
             say(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
                 + (f" ({why[term]})" if why.get(term) else ""))
+    mem = summary.get("memory_gib") or {}
+    if cfg.cache.num_gpu_blocks is not None and mem:
+        left = (mem["budget"] - mem["weights"] - mem["activation_reserve"]
+                - mem["sliding_window_reserve"])
+        if mem["kv_pool"] > left:
+            say(f"kvsim: note: cache.num_gpu_blocks={int(cfg.cache.num_gpu_blocks):,} is a "
+                f"{mem['kv_pool']:,.1f} GiB KV pool, beyond the {max(left, 0.0):,.1f} GiB that "
+                f"{summary.get('gpu')} has left after weights and reserves (a what-if pool, "
+                f"as vLLM's num_gpu_blocks_override; summary.json memory_gib)")
     if summary.get("tiers_preset") not in (None, summary.get("tiers")):
         say(f"kvsim: note: tiers={summary['tiers_preset']} with tiers.host_gib={cfg.tiers.host_gib}"
             f" and tiers.disk_gib={cfg.tiers.disk_gib} runs as {summary['tiers']}")
@@ -550,6 +574,11 @@ def app(cfg: DictConfig) -> None:
             f"{summary.get('rounds', 0):,} compaction rounds are not in ops.jsonl: the GPU replay's "
             f"mover is single-group forward packing (compaction=forward_pack, one selection "
             f"group); rounds of several groups or of hole filling are left out")
+    disk = summary.get("ops_transfers_left_out") or {}
+    if any(disk.values()):
+        say(f"kvsim: note: output.write_ops: {disk.get('host_to_disk', 0):,} host-to-disk and "
+            f"{disk.get('disk_to_host', 0):,} disk-to-host copies are not in ops.jsonl: the GPU "
+            f"replay times GPU-host copies (d2h, h2d) only (summary.json ops_transfers_left_out)")
     over = {k: summary.get(f"ops_{k}_over_limit", 0) for k in ("rounds", "transfers")}
     if any(over.values()):
         say(f"kvsim: note: output.ops_limit={cfg.output.ops_limit}: ops.jsonl holds the first "
@@ -571,7 +600,8 @@ def app(cfg: DictConfig) -> None:
     skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
     if skipped:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
-        say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad rows (first: {ex}); "
+        say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad "
+            f"row{'s' * (skipped != 1)} (first: {ex}); "
             f"see summary.json trace_skipped_rows")
     table = format_summary(summary)
     # (a log file's or a pipe's width: 110 columns, or the title's when longer, so that it
@@ -588,7 +618,8 @@ def app(cfg: DictConfig) -> None:
         # (rich fits a table to 80 columns when stdout is not a terminal, cutting the labels
         # of a sweep's, a pipe's or a CI log's table: those get the log file's width)
         Console(stderr=False, width=None if sys.stdout.isatty() else wide).print(table)
-    print(f"results: {os.path.abspath(out_dir)}")  # (without the table too: where the run went)
+    # (without the table too: where the run went)
+    write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")
 
 
 def _summary_stamp(out_dir: Path):

@@ -5,7 +5,8 @@ Tables (written as Parquet by :mod:`sim.results`):
 ``requests`` — one row per request (times in simulated seconds, NaN where not reached):
   request_id, session_id, arrival_s, first_token_s, finish_s, ttft_s (first token - arrival),
   tpot_s ((finish - first token) / (output_tokens - 1), NaN for 1-token outputs), e2e_s
-  (finish - arrival), queue_s (first scheduled - arrival), input_tokens, output_tokens,
+  (finish - arrival; a request is rejected on arrival, so a rejected one has finish_s =
+  arrival_s, e2e_s 0 and NaN TTFT and TPOT), queue_s (first scheduled - arrival), input_tokens, output_tokens,
   prefix_hit_tokens (GPU prefix-cache hit at first admission, a multiple of the block size),
   computed_prompt_tokens (prompt tokens actually prefilled: each admission's tokens past its
   prefix hit, a recompute after preemption prefilling the tokens generated so far too, less the

@@ -211,17 +211,21 @@ def transfers_frame(tm) -> pd.DataFrame:
 def _write_ops(cfg, comp, tm, path: Path) -> dict:
     """Write the run's compaction rounds and tier transfers as a gpu_validation ops file
     (schema: gpu_validation/README.md), at most ``output.ops_limit`` of each kind. Returns the
-    counts for ``summary.json``: rounds and transfers written, those past the limit, and the
-    rounds no ops line can hold (several selection groups, hole filling)."""
+    counts for ``summary.json``: rounds and transfers written, those past the limit, the
+    rounds no ops line can hold (several selection groups, hole filling), and the disk copies
+    (``ops_transfers_left_out``: ``host_to_disk`` and ``disk_to_host`` batches; the GPU replay
+    times GPU-host copies only, a disk copy involves no GPU)."""
     m = cfg.model
     lines = [{"op": "model", "num_layers": int(m.num_layers), "num_kv_heads": int(m.num_kv_heads),
               "head_dim": int(m.head_dim), "dtype": str(m.dtype)}]
     lines += comp.ops or []
     n_tr = tr_over = 0  # host copies written, past the limit
+    disk = {"host_to_disk": 0, "disk_to_host": 0}  # copies no ops line holds (no GPU op)
     if tm is not None:
         codec = {"identity": "none"}.get(tm.codec, tm.codec)
         for (t, direction, tier, pages, nbytes, dur, q, c) in tm.records:
             if direction not in ("d2h", "h2d"):
+                disk[direction] += 1
                 continue
             if n_tr < int(cfg.output.ops_limit):
                 lines.append({"op": direction, "codec": codec, "fused": True, "pages": int(pages),
@@ -237,7 +241,8 @@ def _write_ops(cfg, comp, tm, path: Path) -> dict:
     os.replace(tmp, path)
     return {"ops_rounds_written": len(comp.ops or []), "ops_rounds_over_limit": comp.ops_over_limit,
             "ops_rounds_left_out": comp.ops_left_out,
-            "ops_transfers_written": n_tr, "ops_transfers_over_limit": tr_over}
+            "ops_transfers_written": n_tr, "ops_transfers_over_limit": tr_over,
+            "ops_transfers_left_out": disk}
 
 
 def _tiers_factory(cfg, plan, calibration=None):
@@ -274,14 +279,17 @@ def _tiers_factory(cfg, plan, calibration=None):
 
 def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None,
                    overrides: list[str] | None = None, hydra_record: bool = False,
-                   hold: bool = True) -> dict:
+                   hold: bool = True, config_choices: dict[str, str] | None = None) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
 
     ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
     programmatic use and tests). ``hydra_record``: ``out_dir/.hydra/`` is Hydra's record of this
     very run (the CLI without ``output.dir``); otherwise a ``.hydra/`` there is an earlier run's
     and is removed with its other results (kvsim-collect reads the run's settings from it), and
-    the run writes its own ``config.yaml``.
+    the run writes its own ``config.yaml``. ``config_choices``: the option chosen for each config
+    group (``{"codec": "identity", "tiers": "gpu_host", ...}``, Hydra's ``runtime.choices``; the
+    CLI passes them), recorded as the summary's ``config_choices`` so that ``kvsim-collect``
+    knows the groups of a run that has no ``.hydra/`` folder (an ``output.dir`` run).
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
     the config or trace is invalid; the results directory is then not touched (an earlier
@@ -318,19 +326,25 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     lock = hold_output_dir(out) if out is not None and hold else None
     try:
         return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
-                              progress_bar, overrides, hydra_record, wall0, t_load, inputs)
+                              progress_bar, overrides, hydra_record, wall0, t_load, inputs,
+                              config_choices)
     finally:
         if lock is not None:
             lock.unlink(missing_ok=True)
 
 
 def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
-                   overrides, hydra_record, wall0, t_load, inputs=None) -> dict:
+                   overrides, hydra_record, wall0, t_load, inputs=None,
+                   config_choices=None) -> dict:
     """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
     None) is held by this run: simulate, then write the results."""
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / MARKER).write_text("this run has not completed\n")
+        # (with the run's overrides: kvsim-collect names an interrupted run's settings)
+        from .callbacks import OVERRIDES_PREFIX
+
+        (out / MARKER).write_text("this run has not completed\n" + (
+            f"{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n" if overrides is not None else ""))
         # a reused directory must not keep an earlier run's tables next to the marker
         for name in ("summary.json", "requests.parquet", "steps.parquet", "rounds.parquet",
                      "transfers.parquet", "ops.jsonl", "config.yaml"):
@@ -389,6 +403,9 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         "trace_warnings": [str(w) for w in (getattr(wl, "warnings", None) or [])],
         "seed": int(cfg.seed),
         "overrides": list(overrides) if overrides is not None else None,
+        # the option of each config group (Hydra's runtime.choices; None outside the CLI)
+        "config_choices": ({str(k): str(v) for k, v in sorted(config_choices.items())}
+                           if config_choices is not None else None),
         # the trace's files as read ([[name, bytes, xxh3-128], ...]; None: generated)
         "trace_input": (getattr(wl, "notes", None) or {}).get("trace_input"),
         # the calibration and importance files read (input_files: {field: [name, bytes, xxh3]})

@@ -229,6 +229,23 @@ def _kvsim(out: Path, *overrides, timeout=120):
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
+def test_a_pool_override_beyond_the_gpus_memory_is_noted(tmp_path):
+    """Break-it pass: cache.num_gpu_blocks=1e8 simulated a pool of thousands of GiB on one H200
+    with no word; the override is a what-if (vLLM's num_gpu_blocks_override), so it runs, with
+    a note giving the pool's size and what the GPU has left. A pool within it gets no note."""
+    r = _kvsim(tmp_path / "big", "trace.max_requests=10", "cache.num_gpu_blocks=3000000",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    mem = json.loads((tmp_path / "big" / "summary.json").read_text())["memory_gib"]
+    left = mem["budget"] - mem["weights"] - mem["activation_reserve"] - mem["sliding_window_reserve"]
+    assert mem["kv_pool"] > 50 * left
+    assert (f"kvsim: note: cache.num_gpu_blocks=3,000,000 is a {mem['kv_pool']:,.1f} GiB KV pool, "
+            f"beyond the {left:,.1f} GiB that H200 has left") in r.stderr
+    r = _kvsim(tmp_path / "small", "trace.max_requests=10", "cache.num_gpu_blocks=3000",
+               "output.print_summary=false")
+    assert r.returncode == 0 and "num_gpu_blocks" not in r.stderr, r.stderr
+
+
 def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
     """trace.on_error=skip through a full kvsim run: summary.json's trace_skipped_rows holds the
     count and the first messages (file, line, field)."""
@@ -762,6 +779,22 @@ def test_weka_unknown_request_type_is_a_warning(tmp_path):
     w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
     assert any("1 requests have type 'weird'" in x and "sub-agent request 0" in x
                for x in w.warnings), w.warnings
+
+
+def test_trace_count_warnings_say_they_count_the_whole_file_when_sliced(tmp_path):
+    """Break-it pass: a 200-request slice of the Weka file warned "27 requests had out = 0"
+    counting the whole file. The parser counts before slicing (its result is cached for every
+    slice): the count warnings now say so when the slice keeps fewer requests."""
+    reqs = [{"t": float(i), "type": "n", "in": 200, "out": 0 if i % 2 else 5,
+             "hash_ids": [1, 2, 3]} for i in range(6)]
+    p = tmp_path / "w.jsonl"
+    p.write_text("".join(json.dumps({"id": f"s{k}", "requests": reqs}) + "\n" for k in range(2)))
+    whole = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert "6 requests had out = 0; loaded as 1 (zero_output=as_one)" in whole.warnings
+    part = load_workload(TraceConfig(name="x", format="weka", path=str(p), max_requests=4), 0)
+    assert len(part) == 4
+    assert ("in the whole file (12 requests; the slice keeps 4): 6 requests had out = 0; "
+            "loaded as 1 (zero_output=as_one)") in part.warnings, part.warnings
 
 
 def test_weka_ids_not_prefix_chained_are_an_error_naming_both_requests(tmp_path):

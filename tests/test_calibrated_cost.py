@@ -332,6 +332,49 @@ def test_trim_ops_per_kind_below_one_is_a_usage_error(tmp_path, capsys):
     assert not (tmp_path / "t.jsonl").exists()
 
 
+@pytest.mark.parametrize("text, want", [
+    ('{"op": "model"}\n{"op": "d2h", "codec": "none"}\n\n{"op": "h2d", oops}\n',
+     "line 4: not JSON"),
+    ('{"op": "model"}\n[1, 2]\n', 'line 2: expected a JSON object with an "op"'),
+    ('{"op": "model"}\n{"pages": 3}\n', 'line 2: expected a JSON object with an "op"'),
+    ("", "no operation (0 model line(s), nothing to trim)"),
+    ('{"op": "model"}\n', "no operation (1 model line(s), nothing to trim)"),
+])
+def test_trim_ops_names_the_bad_line_and_refuses_an_empty_file(tmp_path, text, want):
+    """Break-it pass: a malformed line was reported without its line number, an object without
+    "op" ended in a KeyError, and an empty ops file was trimmed to an empty file with no word."""
+    from gpu_validation.trim_ops import main as trim_main
+
+    src = tmp_path / "ops.jsonl"
+    src.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        trim_main([str(src), str(tmp_path / "t.jsonl")])
+    assert str(e.value.code).startswith(f"{src}: {want}"), e.value.code
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_validate_dump_ops_writes_the_generated_set_without_a_gpu(tmp_path, capsys):
+    """Break-it pass: ``validate --dump-ops FILE`` refused without a GPU, though the generated
+    ops need none; now it writes them (which trim_ops and validate --ops read) and says that
+    nothing was replayed. With --ops too it is a usage error (the generated set is not used)."""
+    from gpu_validation import validate as V
+    from gpu_validation.trim_ops import read_ops
+
+    if V._MISSING is None and V.torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: validate would replay the ops")
+    out = tmp_path / "ops.jsonl"
+    assert V.main(["--dump-ops", str(out), "--seed", "3", "--report",
+                   str(tmp_path / "R.md")]) is None
+    ops = read_ops(out)
+    assert ops == json.loads(json.dumps(V.gen_default_ops(3)))
+    assert f"wrote {out} ({len(ops)} ops, seed 3); nothing replayed" in capsys.readouterr().out
+    assert not (tmp_path / "R.md").exists()
+    with pytest.raises(SystemExit) as e:
+        V.main(["--dump-ops", str(tmp_path / "b.jsonl"), "--ops", str(out)])
+    assert e.value.code == 2 and "with --ops FILE they are not used" in capsys.readouterr().err
+    assert not (tmp_path / "b.jsonl").exists()
+
+
 @pytest.mark.parametrize("tool", ["validate", "calibrate"])
 def test_gpu_tools_without_torch_give_help_and_say_what_to_install(tool):
     """Break-it pass: `python -m gpu_validation.validate --help` (and calibrate) ended in a
@@ -384,3 +427,23 @@ def test_write_ops_counts_what_output_ops_limit_leaves_out(tmp_path):
     ops = [json.loads(line) for line in (tmp_path / "cut" / "ops.jsonl").read_text().splitlines()]
     assert sum(o["op"] == "compaction_move" for o in ops) == 3
     assert sum(o["op"] in ("d2h", "h2d") for o in ops) == 3
+
+
+def test_write_ops_counts_the_disk_copies_it_cannot_hold(tmp_path):
+    """Break-it pass: ops.jsonl skipped host_to_disk and disk_to_host batches (the GPU replay has
+    no op for a copy that involves no GPU) without a count; summary.json now counts them in
+    ``ops_transfers_left_out``, matching transfers.parquet."""
+    out = tmp_path / "run"
+    s = run_simulation(compose_config(["trace.max_requests=200", "cache.num_gpu_blocks=3000",
+                                       "tiers=gpu_host_disk", "tiers.host_gib=2",
+                                       "output.write_ops=true", "output.ops_limit=100000",
+                                       "sim.progress=false"]), out)
+    tr = pd.read_parquet(out / "transfers.parquet")["direction"].value_counts()
+    assert tr.get("host_to_disk", 0) > 0 and tr.get("disk_to_host", 0) > 0
+    assert s["ops_transfers_left_out"] == {"host_to_disk": int(tr["host_to_disk"]),
+                                           "disk_to_host": int(tr["disk_to_host"])}
+    assert s["ops_transfers_written"] == int(tr.get("d2h", 0) + tr.get("h2d", 0))
+    ops = [json.loads(line) for line in (out / "ops.jsonl").read_text().splitlines()]
+    assert sum(o["op"] in ("d2h", "h2d") for o in ops) == s["ops_transfers_written"]
+    assert json.loads((out / "summary.json").read_text())["ops_transfers_left_out"] \
+        == s["ops_transfers_left_out"]

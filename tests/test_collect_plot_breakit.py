@@ -460,3 +460,60 @@ def test_cli_errors_name_the_cli_options(seeds, tmp_path, capsys):
                     "nothing to draw (policy=full evicts nothing; a policy's rounds start once a "
                     "request passes policy.budget)")
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "b.png").exists()
+
+
+# --- a collected output.dir run that kept a group's default --------------------------------------
+
+
+def test_output_dir_runs_keep_every_group_option_and_curves_by_group_draw(tmp_path, capsys):
+    """Break-it: two ``output.dir`` runs (no ``.hydra/``), one with ``codec=nvfp4``: the base
+    run's codec column was null (its overrides name no codec), and ``kvsim-plot ttft-cdf`` (by
+    codec) raised TypeError in the labels. The CLI now records every group's option in
+    summary.json (``config_choices``) and the collector reads them."""
+    cmd = [sys.executable, "-c", "from sim.cli import main; main()", "trace=synthetic_multiturn",
+           "trace.num_sessions=4", "sim.progress=false"]
+    for name, extra in (("base", []), ("nvfp4", ["codec=nvfp4", "tiers=gpu_host"])):
+        r = subprocess.run([*cmd, *extra, f"output.dir={tmp_path / 'res' / name}"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "res" / "base" / "summary.json").read_text())
+    assert s["config_choices"]["codec"] == "identity" and s["config_choices"]["tiers"] == "gpu_only"
+    assert not any(k.startswith("hydra/") for k in s["config_choices"])
+    out = C.collect(tmp_path / "res", tmp_path / "rc", quiet=True).out_dir
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert runs.loc["base", "codec"] == "identity" and runs.loc["nvfp4", "codec"] == "nvfp4"
+    assert runs.loc["base", "tiers"] == "gpu_only"
+    req = pd.read_parquet(out / "requests")
+    assert set(req.groupby("run_id")["codec"].first().items()) == {("base", "identity"),
+                                                                    ("nvfp4", "nvfp4")}
+    for fig in ("ttft-cdf", "ttft-decomposition"):
+        assert P.main([fig, str(out), "--out", str(tmp_path / f"{fig}.png")]) == 0, \
+            capsys.readouterr().err
+        assert (tmp_path / f"{fig}.png").stat().st_size > 0
+
+
+def test_a_group_a_run_did_not_record_is_labelled_null_not_a_type_error(tmp_path):
+    """A run collected without its group's option (a summary of an older kvsim, no .hydra/):
+    its rows read back as a categorical null, which ``astype(str)`` kept a float NaN
+    (TypeError in the labels); the curve is now labelled "null"."""
+    req = pd.DataFrame({"ttft_s": [0.1, 0.2, 0.3, 0.4], "status": ["finished"] * 4,
+                        "codec": pd.Categorical(["nvfp4", "nvfp4", None, None])})
+    fig = P.plot_ttft_cdf(req, by="codec")
+    labels = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    assert labels == ["null (n=2)", "nvfp4 (n=2)"]
+
+
+def test_an_option_of_another_figure_gets_the_figures_usage_and_says_which_take_it(
+        seeds, tmp_path, capsys):
+    """Newcomer pass: ``kvsim-plot ttft-cdf ... --agg mean`` printed the top-level usage
+    (``kvsim-plot [-h] FIGURE ...``) and "unrecognized arguments", not which figures take it."""
+    for fig, opt, says in (("ttft-cdf", ["--agg", "mean"], "hit-by-tier, disk-share, ttft-vs take"),
+                           ("hit-by-tier", ["--by", "codec"], "take --x and --hue instead of --by"),
+                           ("ttft-cdf", ["--bogus"], "unrecognized arguments: --bogus")):
+        with pytest.raises(SystemExit) as e:
+            P.main([fig, str(seeds), "--out", str(tmp_path / "x.png"), *opt])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"usage: kvsim-plot {fig} " in err and f"kvsim-plot {fig}: error: " in err, err
+        assert says in err, err
+    assert not (tmp_path / "x.png").exists()

@@ -76,8 +76,9 @@ def test_run_without_hydra_dir_is_collected_from_its_summary_and_overrides(sweep
     assert runs.loc["0", "trace.max_requests"] == 10 and runs.loc["0", "seed"] == 0
     assert runs["trace.max_requests"].dtype.kind == "i"
     assert runs.loc["0", "codec"] == runs.loc["1", "codec"] == "identity"  # group from overrides
-    # the summary's "model" (Qwen3-8B) never lands in the group column "model" (qwen3_8b)
-    assert runs.loc["1", "model"] == "qwen3_8b" and pd.isna(runs.loc["0", "model"])
+    # the summary's "model" (Qwen3-8B) never lands in the group column "model" (qwen3_8b); the
+    # run without .hydra/ has every group's option from its summary's config_choices
+    assert runs.loc["1", "model"] == "qwen3_8b" and runs.loc["0", "model"] == "qwen3_8b"
     assert set(runs["summary.model"]) == {"Qwen3-8B"}
     assert pd.isna(runs.loc["0", "cache.block_size"])  # not in its overrides: null, not guessed
     assert runs.loc["0", "requests_total"] == 10
@@ -101,7 +102,13 @@ def test_run_without_hydra_dir_uses_its_own_config_yaml(sweep, tmp_path):
     assert runs.loc["0", "cache.block_size"] == 16 and runs.loc["0", "seed"] == 0
     assert runs.loc["0", "codec"] == "identity" and not res.failed
     # summary keys named like a group of the sweep go to summary.<key> in this run too
-    assert runs.loc["0", "summary.model"] == "Qwen3-8B" and pd.isna(runs.loc["0", "model"])
+    assert runs.loc["0", "summary.model"] == "Qwen3-8B" and runs.loc["0", "model"] == "qwen3_8b"
+    # (a summary without config_choices, an older kvsim's: the groups its overrides name only)
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    del s["config_choices"]
+    (sweep / "0" / "summary.json").write_text(json.dumps(s))
+    runs = C.collect(sweep, tmp_path / "c", quiet=True).runs.set_index("run_id")
+    assert runs.loc["0", "codec"] == "identity" and pd.isna(runs.loc["0", "model"])
     man = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert man["runs_without_config"] == []
 

@@ -128,7 +128,7 @@ FF_EXTRA = {
 }
 
 
-@pytest.mark.skipif(not SERVEGEN.exists(), reason=f"{SERVEGEN} not present (shared traces absent)")
+@pytest.mark.skipif(not SERVEGEN.exists(), reason=f"{SERVEGEN} not present (shared traces absent; set KVSIM_TRACES_DIR to the shared traces folder)")
 @pytest.mark.parametrize("policy,n,extra", [("triattention", 40, None), ("h2o", 10, None),
                                             ("snapkv", 40, None), ("triattention", 60, "pool"),
                                             ("triattention", 6, "per_layer_head"),

@@ -185,3 +185,34 @@ def test_interrupt_message_says_what_the_folder_holds(tmp_path):
     assert _interrupted_state(out, _summary_stamp(out)) == \
         f"nothing was written; {out} keeps an earlier complete run"
     assert (out / RUN_LOCK).exists()
+
+
+def test_collect_names_the_overrides_of_interrupted_and_damaged_runs(tmp_path):
+    """Break-it pass: kvsim-collect listed an interrupted ``output.dir`` run (no .hydra/) and a
+    run whose steps.parquet was deleted with empty overrides. The in-progress marker now records
+    the run's overrides, and a summary's overrides are read before its checks."""
+    import json
+
+    from experiments import collect as C
+
+    res = tmp_path / "res"
+    proc = _start(res / "killed")
+    try:
+        _wait_simulating(proc)
+    finally:
+        proc.kill()  # (SIGKILL: nothing of kvsim's runs after it)
+        proc.wait()
+    for name in ("damaged", "good"):
+        r = subprocess.run([*KVSIM, f"output.dir={res / name}", "sim.progress=false",
+                            "trace.max_requests=20", "cache.block_size=32",
+                            "output.print_summary=false"], cwd=REPO, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    (res / "damaged" / "steps.parquet").unlink()
+    C.collect(res, tmp_path / "c", quiet=True)
+    failed = {f["run_id"]: f for f in json.loads((tmp_path / "c" / "failed_runs.json").read_text())}
+    assert set(failed) == {"killed", "damaged"}
+    assert failed["killed"]["overrides"] == " ".join(LONG[:2])  # (output.* is bookkeeping)
+    assert "interrupted, crashed" in failed["killed"]["reason"]
+    assert failed["damaged"]["overrides"] == "trace.max_requests=20 cache.block_size=32"
+    assert "steps.parquet" in failed["damaged"]["reason"]

@@ -585,6 +585,45 @@ def test_recorded_importance_missing_column(tmp_path):
         RecordedImportance(tmp_path / "nope.parquet")
 
 
+def test_recorded_importance_repeated_key_null_and_float32_overflow_are_named(tmp_path):
+    """Break-it: a repeated (request_id, group, position) key was read as whichever row sorted
+    last (the rows' order chose the score); a float64 score beyond float32's range became inf;
+    a null request_id, group or position was read as a garbage integer. Each is an error naming
+    the file and the rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = dict(request_id=np.zeros(4, np.int64), group=np.zeros(4, np.int32),
+                position=np.array([0, 1, 2, 1]), score=np.array([1, 2, 3, 4], np.float32))
+    p = tmp_path / "dup.parquet"
+    _write(p, **base)
+    with pytest.raises(ValueError, match=r"dup.parquet: rows \[1, 3\] repeat the key "
+                                         r"\(request_id 0, group 0, position 1\)"):
+        RecordedImportance(p)
+    # with a step column the same position at two steps is fine; the same step twice is not
+    _write(p, **base, step=np.array([0, 0, 0, 5]))
+    assert RecordedImportance(p).scores(0, [1], 1, step=5).tolist() == [[4]]
+    _write(p, **base, step=np.array([0, 5, 0, 5]))
+    with pytest.raises(ValueError, match=r"rows \[1, 3\] repeat the key \(request_id 0, "
+                                         r"group 0, position 1, step 5\)"):
+        RecordedImportance(p)
+    big = tmp_path / "big.parquet"
+    _write(big, **{**base, "position": np.arange(4),
+                   "score": np.array([1.0, 2.0, 1e39, 4.0], np.float64)})
+    with pytest.raises(ValueError, match=r"big.parquet: row 2: score 1e\+39 \(request_id 0, "
+                                         r"position 2\) is beyond float32's range"):
+        RecordedImportance(big)
+    for col in ("request_id", "group", "position", "score"):
+        cols = {k: pa.array(v) for k, v in {**base, "position": np.arange(4)}.items()}
+        vals = cols[col].to_pylist()
+        vals[2] = None
+        cols[col] = pa.array(vals, type=cols[col].type)
+        f = tmp_path / f"null_{col}.parquet"
+        pq.write_table(pa.table(cols), f)
+        with pytest.raises(ValueError, match=rf"null_{col}.parquet: row 2: column '{col}' is null"):
+            RecordedImportance(f)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 40), st.integers(0, 30), st.integers(0, 2**32 - 1), st.booleans(),
        st.booleans(), st.integers(-2, 33), st.sampled_from(["float32", "float64", "int64"]))

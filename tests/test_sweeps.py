@@ -722,3 +722,51 @@ def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):
     (out / "collected" / "notes.txt").write_text("mine")
     r = _kvsim(*args, check=False)
     assert r.returncode == 2 and "not a kvsim run's (collected)" in r.stderr
+
+
+_RECORD_WRITES = """
+import json, os, sys
+
+class Rec:
+    def __init__(self, f, log):
+        self.f, self.log = f, log
+    def write(self, t):
+        self.log.append(t)
+        return self.f.write(t)
+    def __getattr__(self, n):
+        return getattr(self.f, n)
+
+outs, errs = [], []
+sys.stdout, sys.stderr = Rec(sys.stdout, outs), Rec(sys.stderr, errs)
+from sim.cli import main
+try:
+    main()
+finally:
+    with open(os.environ["KVSIM_TEST_WRITES"], "w") as f:
+        json.dump({"out": outs, "err": errs}, f)
+"""
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_results_line_and_notes_are_one_write_each(tmp_path, skip):
+    """Break-it pass: with the joblib launcher two jobs' ``results:`` lines joined on one line
+    (``results: /tmp/sw/0results: /tmp/sw/1``): print wrote the text and the newline apart. The
+    results line (also the one of a run skip_completed skips) and every note are written whole,
+    newline included, in one write."""
+    writes = tmp_path / "writes.json"
+    args = [f"output.dir={tmp_path / 'r'}", "trace.max_requests=200", "cache.num_gpu_blocks=3000",
+            "output.write_ops=true", "tiers=gpu_host_disk", "tiers.host_gib=2", *QUIET]
+    if skip:
+        _kvsim(*args)
+        args.append("output.skip_completed=true")
+    r = subprocess.run([sys.executable, "-c", _RECORD_WRITES, *args], cwd=REPO, text=True,
+                       capture_output=True, timeout=300,
+                       env={**os.environ, "KVSIM_TEST_WRITES": str(writes)})
+    assert r.returncode == 0, r.stderr
+    w = json.loads(writes.read_text())
+    line = f"results: {tmp_path / 'r'}\n"
+    assert line in w["out"] and r.stdout.endswith(line)
+    notes = [t for t in w["err"] if t.startswith("kvsim: ")]
+    if not skip:
+        assert notes and all(t.endswith("\n") and t.count("\n") == 1 for t in notes), w["err"]
+        assert any("ops_transfers_left_out" in t for t in notes)

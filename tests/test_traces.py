@@ -16,7 +16,7 @@ from traces.servegen import parse_pmf
 DATA = Path(__file__).parent / "data" / "traces"
 REPO = Path(__file__).resolve().parents[1]
 REAL = traces_dir()
-needs_real = pytest.mark.skipif(not (REAL / "SOURCES.md").exists(), reason="shared traces absent")
+needs_real = pytest.mark.skipif(not (REAL / "SOURCES.md").exists(), reason=f"shared traces absent ({REAL / 'SOURCES.md'} not found; set KVSIM_TRACES_DIR to the shared traces folder)")
 
 
 def cfg(**kw) -> TraceConfig:

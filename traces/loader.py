@@ -188,9 +188,17 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
             if c.format in ("mooncake", "azure", "weka") else None)
     table, notes, idx = _finalize(pr, c)
     extra = {k: np.asarray(v)[idx] for k, v in pr.extra.items()}
-    warnings = list(pr.warnings) + cached["warnings"]
+    file_warnings = list(pr.warnings)
     if sink.count:
-        warnings.append(f"{sink.count} bad rows skipped (on_error=skip)")
+        file_warnings.append(f"{sink.count} bad row{'s' * (sink.count != 1)} skipped "
+                             f"(on_error=skip)")
+    if notes["rows"] < notes["rows_before_slicing"]:
+        # the parser's counts are of the whole file (it is parsed, and cached, before slicing):
+        # say so where the slice keeps fewer requests (the count warnings start with the count)
+        scope = (f"in the whole file ({notes['rows_before_slicing']:,} requests; the slice "
+                 f"keeps {notes['rows']:,}): ")
+        file_warnings = [scope + w if w[:1].isdigit() else w for w in file_warnings]
+    warnings = file_warnings + cached["warnings"]
     allnotes = dict(pr.notes)
     allnotes.update(notes)
     # what was read (summary.json's trace_input; output.skip_completed compares it)
