@@ -15,7 +15,7 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
   - every leaf of the resolved config as a dotted column (``cache.block_size``,
     ``tiers.host_gib``, ``trace.max_requests``, ...); list values are JSON strings;
   - every leaf of ``summary.json`` as a dotted column (``ttft_s.p50``, ``hit_ratio.host``,
-    ``wall.wall_s``, ...). A summary key whose name is already taken by a config or group column
+    ``wall.wall_s``, ...) but ``config_choices`` (the group columns above). A summary key whose name is already taken by a config or group column
     (``model``, ``gpu``, ``trace``, ``seed``; a group of any run of the sweep) is stored as
     ``summary.<key>``.
 
@@ -37,7 +37,9 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
 * ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
   ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
   the same directory (a larger grid's extra jobs; see ``sim.callbacks``), and
-  ``runs_without_config``: collected runs that had no config file (see below), and
+  ``runs_without_config``: collected runs that had no config file (see below), ``sweeps``:
+  the multiruns the runs come from (``{sweep id: [run ids]}``, ``""`` for single runs; more
+  than one sweep is warned about on stderr: a results folder should hold one sweep), and
   ``runs_missing_tables``: for each table some complete runs lack (``steps`` with
   ``output.write_steps=false``, or a file deleted from a run of a kvsim that kept no
   ``output_files``), those runs (also a note on stderr).
@@ -103,7 +105,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from sim.callbacks import (FAILED_PREFIX, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
+from sim.callbacks import (FAILED_PREFIX, JOB_CLAIM, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
                            is_collection, output_files_problem, stale_job)
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
@@ -135,6 +137,7 @@ class RunInfo:
     tables: dict[str, Path] = field(default_factory=dict)
     has_hydra: bool = False  # .hydra/hydra.yaml was read (group choices and job number)
     config_path: Path | None = None  # the config file read, None when the run has none
+    sweep_id: str | None = None  # the multirun it ran in (its id), None for a single run
 
     @property
     def complete(self) -> bool:
@@ -284,6 +287,7 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
     job_dir = run_dir
     run_dir, moved = results_dir(job_dir)
     info = RunInfo(run_dir=run_dir.resolve(), run_id=rel)
+    info.sweep_id = _sweep_id(job_dir, run_dir)
     hydra_dir = job_dir / ".hydra"
     if (hydra_dir / "overrides.yaml").is_file():
         ov = _load_yaml(hydra_dir / "overrides.yaml") or []
@@ -356,6 +360,20 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                     info.choices = {str(k): str(v) for k, v in cc.items()
                                     if not str(k).startswith("hydra/") and v is not None}
     return info
+
+
+def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
+    """The id of the multirun a run belongs to: its job folder's stamp (``.kvsim_sweep_id``),
+    else its ``output.dir``'s claim (``.kvsim_job``: "<sweep id> <job>"); None for a single
+    run (or one of a kvsim that wrote neither)."""
+    for f in (job_dir / SWEEP_ID, run_dir / JOB_CLAIM):
+        try:
+            words = f.read_text().split()
+        except OSError:
+            continue
+        if words:
+            return words[0]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,7 +520,8 @@ def run_row(run: RunInfo, groups: set[str] | None = None) -> dict[str, Any]:
                 continue
             row[kv[0]] = kv[1] if kv[0] in groups else parse_override_value(kv[1])
     taken = set(row)
-    for k, v in flatten(run.summary).items():
+    # (config_choices are the group columns above: not repeated as config_choices.<group>)
+    for k, v in flatten({k: v for k, v in run.summary.items() if k != "config_choices"}).items():
         top = k.split(".", 1)[0]
         row[f"summary.{k}" if (k in taken or top in groups or top in ("run_id", "job")) else k] = v
     return row
@@ -760,6 +779,10 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
             "runs_failed": len(failed),
             "stale_run_dirs": sorted(d.relative_to(sweep).as_posix() for d in stale),
             "runs_without_config": [r.run_id for r in done if r.config_path is None],
+            # the multiruns the collected runs come from: {sweep id: [run ids]} ("" for runs
+            # of no sweep), more than one when a results folder mixes sweeps
+            "sweeps": {k: [r.run_id for r in runs if (r.sweep_id or "") == k]
+                       for k in sorted({r.sweep_id or "" for r in runs})},
             "runs_missing_tables": {n: [r.run_id for r in done if n not in r.tables]
                                     for n in names if any(n not in r.tables for r in done)},
             "override_keys": keys,
@@ -780,11 +803,20 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
         print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
               f"the same directory (another sweep id): "
               f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
+    sweeps = {k: v for k, v in manifest["sweeps"].items() if k}
+    if len(sweeps) > 1 and not quiet:
+        print(f"kvsim-collect: warning: the runs come from {len(sweeps)} sweeps ("
+              + "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sweeps.items())
+              + (f"; and {len(manifest['sweeps'][''])} single run(s)" if "" in manifest["sweeps"]
+                 else "")
+              + "): a figure's curves may pool runs of different sweeps (manifest.json "
+                "sweeps; give each sweep its own results folder)", file=sys.stderr)
     partial = [r for r in runs if r.complete and r.config_path is None]
     if partial and not quiet:
         print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
-              f"config.yaml; collected from summary.json and their overrides (config and group "
-              f"columns their overrides do not name are null): "
+              f"config.yaml; collected from summary.json and their overrides (config columns "
+              f"their overrides do not name are null; group columns come from summary.json's "
+              f"config_choices, where it has them): "
               f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
     for n, ids in manifest["runs_missing_tables"].items():
         if not quiet:

@@ -165,8 +165,8 @@ def _as_list(by) -> list[str]:
     if by is None:
         return []
     if isinstance(by, str):
-        return [c for c in by.split(",") if c]
-    return list(by)
+        by = by.split(",")
+    return list(dict.fromkeys(c for c in by if c))  # (a column named twice counts once)
 
 
 def _labels(df: pd.DataFrame, by: list[str]) -> pd.Series:
@@ -277,7 +277,8 @@ def _one_per_cell(runs: pd.DataFrame, keys: list[str], agg: str | None, what: st
         if agg is None:
             ex = runs.loc[dup, [c for c in ("run_id", *keys) if c in runs.columns]].head(6)
             ex = ex.to_string(index=False)
-            same = f"{what}: several runs share the same {keys} (another parameter varies); "
+            same = (f"{what}: several runs share the same {keys} (another parameter varies, "
+                    f"or a run is repeated); ")
             raise PlotError(
                 f"{same}filter the runs first (e.g. runs[runs['trace'] == ...]) or pass "
                 f"agg='mean'. Runs:\n{ex}",
@@ -285,10 +286,11 @@ def _one_per_cell(runs: pd.DataFrame, keys: list[str], agg: str | None, what: st
                     f"pool them with --agg mean (or median, min, max). Runs:\n{ex}")
         num = runs.select_dtypes("number").columns.difference(keys)
         out = runs.groupby(keys, as_index=False, dropna=False)[list(num)].agg(agg)
+        pts = int(dup.sum()) - (len(runs) - len(out))
         warnings.warn(f"{what}: agg={agg} combines {int(dup.sum())} runs that share their "
-                      f"{' / '.join(keys)} cell (another parameter varies) into "
-                      f"{int(dup.sum()) - (len(runs) - len(out))} points; --where COL=VALUE "
-                      f"keeps one value of it instead", PlotWarning, stacklevel=3)
+                      f"{' / '.join(keys)} cell (another parameter varies, or a run is "
+                      f"repeated) into {pts} point{'s' * (pts != 1)}; --where COL=VALUE keeps "
+                      f"one value of it instead", PlotWarning, stacklevel=3)
         return out
     return runs
 
@@ -860,9 +862,10 @@ def _warn_pooled(df: pd.DataFrame, runs: pd.DataFrame, by: list[str], figure: st
     shown = ", ".join(f"{name}={g}: {counts[g]} runs" for g in order[:6])
     shown += f" and {len(order) - 6} more" if len(order) > 6 else ""
     keys = ", ".join(varying)
-    which = "each --by group" if len(counts) == len(set(pairs["_g"])) else "some --by groups"
+    which = ("each --by group (curve / bar) pools" if len(counts) == len(set(pairs["_g"]))
+             else "some --by groups (curve / bar) pool")
     warnings.warn(
-        f"{figure}: {which} (curve / bar) pools runs that differ in {keys} ({shown}); pick one "
+        f"{figure}: {which} runs that differ in {keys} ({shown}); pick one "
         f"value with --where {varying[0]}=VALUE, or add {'it' if len(varying) == 1 else 'them'} "
         f"to --by (--by {','.join([*by, *varying])}); drawn pooled", PlotWarning, stacklevel=2)
 
@@ -926,36 +929,50 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Draw a figure of a collected kvsim sweep (see kvsim-collect).")
     sub = ap.add_subparsers(dest="figure", required=True, metavar="FIGURE")
     parsers = {}
+    options: dict[str, set[str]] = {}  # each figure's option strings
+
     for name, (src, x, hue, by) in FIGURES.items():
         p = parsers[name] = sub.add_parser(name, help=f"from {src}")
-        p.add_argument("collected", help="directory written by kvsim-collect")
-        p.add_argument("--out", required=True,
-                       help="output image; the extension picks the format (.png, .svg, .pdf, ...)")
-        p.add_argument("--where", action="append", metavar="COL=VALUE",
-                       help="keep runs with runs.parquet COL == VALUE (repeatable)")
+        options[name] = {"-h", "--help"}
+
+        def add(*flags, _p=p, _name=name, **kw):
+            _p.add_argument(*flags, **kw)
+            options[_name].update(f for f in flags if f.startswith("-"))
+
+        add("collected", help="directory written by kvsim-collect")
+        add("--out", required=True,
+            help="output image; the extension picks the format (.png, .svg, .pdf, ...)")
+        add("--where", action="append", metavar="COL=VALUE",
+            help="keep runs with runs.parquet COL == VALUE (repeatable)")
         if src == "runs":
-            p.add_argument("--x", default=x, help=f"x column (default {x})")
-            p.add_argument("--hue", default=hue, help=f"one curve / panel per value (default {hue})")
-            p.add_argument("--agg", default=None, choices=AGGS,
-                           help="combine runs sharing an (x, hue) cell (e.g. seeds) by this "
-                                "statistic of their values (default: such runs are an error)")
+            add("--x", default=x, help=f"x column (default {x})")
+            add("--hue", default=hue, help=f"one curve / panel per value (default {hue})")
+            add("--agg", default=None, choices=AGGS,
+                help="combine runs sharing an (x, hue) cell (e.g. seeds) by this "
+                     "statistic of their values (default: such runs are an error)")
         else:
-            p.add_argument("--by", default=by, help=f"comma-separated grouping columns (default {by})")
+            add("--by", default=by, help=f"comma-separated grouping columns (default {by})")
         if name == "ttft-decomposition":
-            p.add_argument("--tail", type=float, default=None,
-                           help="only requests at or above this TTFT quantile of their group")
+            add("--tail", type=float, default=None,
+                help="only requests at or above this TTFT quantile of their group")
         if name == "fragmentation":
-            p.add_argument("--request-id", type=int, default=None,
-                           help="request to follow (default: the one with most rounds)")
+            add("--request-id", type=int, default=None,
+                help="request to follow (default: the one with most rounds)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    fig = next((a for a in argv if not a.startswith("-")), None)
+    if fig in parsers:
+        # an option of other figures only (--agg on ttft-cdf): named before parsing, so that it
+        # is not taken for a stray positional, nor lost behind a missing --out
+        for a in argv:
+            opt = a.split("=", 1)[0]
+            if opt.startswith("--") and opt not in options[fig]:
+                takes = [k for k in parsers if opt in options[k]]
+                if takes:
+                    parsers[fig].error(f"argument {opt}: {fig} has no {opt}; "
+                                       f"{', '.join(takes)} take{'s' * (len(takes) == 1)} it")
     args, extra = ap.parse_known_args(argv)
     if extra:  # (the figure's usage, not the top level's: the options are the figure's)
-        why = f"unrecognized arguments: {' '.join(extra)}"
-        if any(a.split("=", 1)[0] in ("--agg", "--x", "--hue") for a in extra):
-            why += (f" ({', '.join(k for k, v in FIGURES.items() if v[0] == 'runs')} take --x, "
-                    f"--hue and --agg: figures of runs.parquet)")
-        elif any(a.split("=", 1)[0] == "--by" for a in extra):
-            why += " (figures of runs.parquet take --x and --hue instead of --by)"
-        parsers[args.figure].error(why)
+        parsers[args.figure].error(f"unrecognized arguments: {' '.join(extra)}")
     problem = _out_problem(args.out)
     if problem is not None:  # before any work; argparse prints usage + one line and exits 2
         parsers[args.figure].error(f"argument --out: {problem}")

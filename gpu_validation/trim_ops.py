@@ -15,6 +15,21 @@ import json
 import sys
 
 
+OPS = ("model", "compaction_move", "d2h", "h2d")  # the ops a replay knows
+CODECS = ("none", "nvfp4", "fp8")  # the page codecs of d2h / h2d copies
+
+
+def write_ops(path, ops: list[dict]) -> None:
+    """Write ``ops`` as an ops file (one JSON object per line); exit with a one-line error
+    naming ``path`` when it cannot be written (a folder, a missing parent folder, ...)."""
+    try:
+        with open(path, "w") as f:
+            for op in ops:
+                f.write(json.dumps(op) + "\n")
+    except OSError as e:
+        sys.exit(f"{path}: cannot write the ops file ({e.strerror or e})")
+
+
 def kind(op: dict) -> str:
     """The group an ops-file line is sampled in."""
     if op["op"] == "compaction_move":
@@ -44,12 +59,19 @@ def trim(lines: list[dict], per_kind: int) -> list[dict]:
 def read_ops(path) -> list[dict]:
     """The ops-file lines of ``path`` (blank lines skipped), each a JSON object with an ``op``.
 
-    Raises ValueError naming the file and the 1-based line number of a line that is not JSON or
-    not an object with a string ``op``, and naming the file when it holds no operation (no line
+    Raises ValueError naming the file and the 1-based line number of a line that is not UTF-8,
+    not JSON, not an object whose ``op`` is one of :data:`OPS`, or a copy whose ``codec`` is not
+    one of :data:`CODECS`, and naming the file when it holds no operation (no line
     but ``model`` lines: an empty file is not a run's ops); OSError when it cannot be read."""
     lines: list[dict] = []
-    with open(path) as f:
-        for n, text in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {n}: not UTF-8 text (byte {raw[e.start]:#04x} at "
+                                 f"column {e.start + 1}); expected one JSON object per line") \
+                    from None
             if not text.strip():
                 continue
             try:
@@ -57,10 +79,15 @@ def read_ops(path) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {n}: not JSON ({e.msg} at column {e.colno}); "
                                  f"expected one JSON object per line") from None
-            if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+            if not isinstance(op, dict) or op.get("op") not in OPS:
+                got = op.get("op") if isinstance(op, dict) else None
                 raise ValueError(f"{path}: line {n}: expected a JSON object with an \"op\" "
-                                 f"name (model, compaction_move, d2h, h2d), got "
-                                 f"{text.strip()[:80]}")
+                                 f"name ({', '.join(OPS)}), got "
+                                 + (f"op {got!r}" if isinstance(got, str)
+                                    else text.strip()[:80]))
+            if op["op"] in ("d2h", "h2d") and op.get("codec", "none") not in CODECS:
+                raise ValueError(f"{path}: line {n}: codec {op.get('codec')!r}, expected one of "
+                                 f"{', '.join(CODECS)} (or none given)")
             lines.append(op)
     if not any(op["op"] != "model" for op in lines):
         raise ValueError(f"{path}: no operation ({len(lines)} model line(s), nothing to trim); "
@@ -88,9 +115,7 @@ def main(argv=None):
         ap.error(f"--per-kind {args.per_kind}: expected >= 1 (ops kept per kind)")
     lines = read_ops_or_exit(args.src)
     out = trim(lines, args.per_kind)
-    with open(args.dst, "w") as f:
-        for op in out:
-            f.write(json.dumps(op) + "\n")
+    write_ops(args.dst, out)
     counts: dict[str, int] = {}
     for op in out:
         if op["op"] != "model":

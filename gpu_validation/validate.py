@@ -320,15 +320,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.dump_ops and args.ops:
         ap.error("--dump-ops writes the generated default ops; with --ops FILE they are not used")
+    from .trim_ops import read_ops_or_exit, write_ops
+
     if args.dump_ops:  # (the ops are generated without torch: written before the GPU checks)
         generated = gen_default_ops(args.seed)
-        with open(args.dump_ops, "w") as f:
-            for o in generated:
-                f.write(json.dumps(o) + "\n")
+        write_ops(args.dump_ops, generated)
         if _MISSING is not None or not torch.cuda.is_available():
             print(f"wrote {args.dump_ops} ({len(generated)} ops, seed {args.seed}); nothing "
                   f"replayed: {'torch and triton are missing' if _MISSING else 'no CUDA GPU'}")
             return
+    ops = read_ops_or_exit(args.ops) if args.ops else None  # (checked before the GPU is)
     if _MISSING is not None:
         sys.exit(f"validate needs torch and triton ({_MISSING}); install them with "
                  f"pip install -e '.[gpu]' (a CUDA build of torch on the GPU machine)")
@@ -336,9 +337,6 @@ def main(argv=None):
         sys.exit("validate needs a CUDA GPU")
     cal = load_calibration(args.calibration)
     if args.ops:
-        from .trim_ops import read_ops_or_exit
-
-        ops = read_ops_or_exit(args.ops)
         note = f"from ops file `{args.ops}` ({len(ops)} lines). {args.note}".strip()
         src = "file"
     else:

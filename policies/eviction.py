@@ -182,15 +182,21 @@ def _pool_along_positions(score: np.ndarray, pos: np.ndarray, region: np.ndarray
     out = np.full((H, S), -np.inf)
     if kernel <= 1:
         return np.where(region, score.astype(np.float64), -np.inf)
+    if S == 0:
+        return out
     big = np.iinfo(np.int32).max
     key = np.where(region, pos, big)
     order = np.argsort(key, axis=1, kind="stable")
     rows = np.arange(H)[:, None]
     srt = np.where(region[rows, order], score[rows, order].astype(np.float64), np.nan)
-    half = kernel // 2
+    # a window wider than 2S - 1 reaches every token from every token, as a 2S - 1 one does: the
+    # same maxima and sums (the average still divides by the kernel), without the S x kernel work
+    # of a huge kernel (break-it: pooling_kernel=1000001 took minutes)
+    k = max(1, min(kernel, 2 * S - 1))
+    half = k // 2
     fill = -np.inf if kind == "max" else 0.0
     pad = np.pad(np.where(np.isnan(srt), fill, srt), ((0, 0), (half, half)), constant_values=fill)
-    win = np.lib.stride_tricks.sliding_window_view(pad, kernel, axis=1)
+    win = np.lib.stride_tricks.sliding_window_view(pad, k, axis=1)
     pooled = win.max(axis=2) if kind == "max" else win.sum(axis=2) / kernel
     pooled = np.where(np.isnan(srt), -np.inf, pooled)
     out[rows, order] = pooled
@@ -345,8 +351,9 @@ class EvictionPolicy:
         if ``'round'``), beyond the normal attention read. 0 for policies that do not score."""
         return 0.0
 
-    def reads_fraction(self, n_blocks: int, num_layers: int) -> float:
-        """Share of the request's KV pages a decode step reads (1.0 except Quest)."""
+    def reads_fraction(self, n_blocks: int, num_layers: int, block_size: int = 16) -> float:
+        """Share of the request's KV pages (``n_blocks`` blocks of ``block_size`` tokens) a
+        decode step reads over ``num_layers`` layers (1.0 except Quest)."""
         return 1.0
 
     def describe(self) -> dict:
@@ -847,6 +854,8 @@ class QuestPolicy(EvictionPolicy):
         return min(int(n_blocks), self.top_k(block_size))
 
     def reads_fraction(self, n_blocks, num_layers, block_size: int = 16):
+        """Pages read / pages held: the ``dense_layers`` read all ``n_blocks``, the others
+        :meth:`pages_read` (``block_size``: the pool's block size, tokens)."""
         if n_blocks <= 0:
             return 1.0
         dense = min(int(self.cfg.dense_layers), num_layers)

@@ -559,7 +559,9 @@ class RecordedImportance:
 
     Raises (at construction) FileNotFoundError if the file is missing, ValueError naming the file and
     column when a required column is missing or has a non-numeric type, naming the first row
-    of a null in any column, of a NaN or infinite score, or of a score beyond float32's range,
+    of a null in any column, of a NaN or infinite score, of a score beyond float32's range, of a
+    negative request_id, group, position or step, or of a key beyond int64 (an unsigned 2**63
+    or more),
     and naming the rows of a repeated (request_id, group, position[, step]) key (one score per
     key: the file does not say which of two is meant); (at query) KeyError naming
     the file, request and group / first missing positions when they are not recorded.
@@ -603,7 +605,24 @@ class RecordedImportance:
                              f"{table.column('score')[k].as_py()} (request_id "
                              f"{table.column('request_id')[k].as_py()}, position "
                              f"{table.column('position')[k].as_py()}), expected finite scores "
-                             f"({bad.size} rows are not)")
+                             f"(rows that are not: {bad.size})")
+        for col in cols[:3] + cols[4:]:  # the keys: request_id, group, position[, step]
+            t = table.column(col).type
+            v = table.column(col).to_numpy()
+            # (an unsigned value >= 2**63 would wrap to a negative int64; a negative id, group,
+            # position or step names nothing the simulator asks for)
+            low = np.flatnonzero(v < 0) if pat.is_signed_integer(t) else np.zeros(0, np.int64)
+            high = (np.flatnonzero(v > np.iinfo(np.int64).max) if pat.is_unsigned_integer(t)
+                    else np.zeros(0, np.int64))
+            if low.size:
+                k = int(low[0])
+                raise ValueError(f"importance file {self.path}: row {k}: {col} {int(v[k])}, "
+                                 f"expected >= 0 (rows below 0: {low.size})")
+            if high.size:
+                k = int(high[0])
+                raise ValueError(f"importance file {self.path}: row {k}: {col} {int(v[k])}, "
+                                 f"expected at most 2**63 - 1 (an int64; rows above it: "
+                                 f"{high.size})")
         rid = table.column("request_id").to_numpy().astype(np.int64)
         grp = table.column("group").to_numpy().astype(np.int64)
         pos = table.column("position").to_numpy().astype(np.int64)

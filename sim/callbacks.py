@@ -25,6 +25,8 @@ SWEEP_ID = ".kvsim_sweep_id"
 # In a multirun job's Hydra folder when ``output.dir`` put its results elsewhere: that folder's
 # absolute path (kvsim-collect follows it, so collecting the sweep folder finds every job).
 RESULTS_POINTER = ".kvsim_results"
+# In a multirun job's output.dir: "<sweep id> <job number>" (the job that holds the folder)
+JOB_CLAIM = ".kvsim_job"
 # The first line of an INCOMPLETE marker the CLI writes for a rejected run; the second line
 # is "overrides: " and the run's overrides as a JSON list (kvsim-collect reports them).
 FAILED_PREFIX = "this run failed:"

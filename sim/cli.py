@@ -523,10 +523,13 @@ def app(cfg: DictConfig) -> None:
     if cfg.cache.num_gpu_blocks is not None and mem:
         left = (mem["budget"] - mem["weights"] - mem["activation_reserve"]
                 - mem["sliding_window_reserve"])
-        if mem["kv_pool"] > left:
-            say(f"kvsim: note: cache.num_gpu_blocks={int(cfg.cache.num_gpu_blocks):,} is a "
-                f"{mem['kv_pool']:,.1f} GiB KV pool, beyond the {max(left, 0.0):,.1f} GiB that "
-                f"{summary.get('gpu')} has left after weights and reserves (a what-if pool, "
+        per_block = summary["kv_bytes_per_block"] * summary.get("kv_replication", 1) / 2**30
+        room = max(int(left // per_block), 0)  # (the blocks sim.hardware.plan_memory sizes)
+        n = int(cfg.cache.num_gpu_blocks)
+        if n > room:
+            say(f"kvsim: note: cache.num_gpu_blocks={n:,} ({mem['kv_pool']:,.1f} GiB of KV) is "
+                f"beyond the {room:,} blocks ({max(left, 0.0):,.1f} GiB) that "
+                f"{summary.get('gpu')} has room for after weights and reserves (a what-if pool, "
                 f"as vLLM's num_gpu_blocks_override; summary.json memory_gib)")
     if summary.get("tiers_preset") not in (None, summary.get("tiers")):
         say(f"kvsim: note: tiers={summary['tiers_preset']} with tiers.host_gib={cfg.tiers.host_gib}"
@@ -564,6 +567,18 @@ def app(cfg: DictConfig) -> None:
                 f"{unit} ({first:,} {unit}), and no request of this trace reached it before "
                 f"it finished (a reasoning trace such as trace=servegen_r1 has long outputs; or "
                 f"lower {what} or policy.beta)")
+    longest = summary.get("longest_context_tokens")
+    if summary.get("policy") == "quest" and longest:
+        pol = POLICIES["quest"](cfg.policy)
+        B = int(cfg.cache.block_size)
+        pages = pol.top_k(B)
+        if pages * B >= longest - 1:  # (a step reads the KV of all tokens but the last)
+            knob = (f"policy.top_k_pages={pages:,}" if cfg.policy.top_k_pages > 0
+                    else f"policy.budget={int(cfg.policy.budget):,} tokens")
+            say(f"kvsim: note: policy=quest read every page: it reads the top {pages:,} pages "
+                f"of {B} tokens per step ({knob}), and no request's context passed that (the "
+                f"longest: {longest:,} tokens); it saves reads only on longer contexts (lower "
+                f"the budget or use a longer trace)")
     n_cap = (summary.get("rejected_by_reason") or {}).get("kv_capacity", 0)
     if n_cap and frees:
         say(f"kvsim: note: {n_cap:,} request(s) were rejected as kv_capacity: the check counts "
@@ -600,8 +615,12 @@ def app(cfg: DictConfig) -> None:
     skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
     if skipped:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
+        # (counted over the whole file, which a slice may not reach: traces.loader says so)
+        scope = next((w[:w.index("): ") + 1] for w in summary.get("trace_warnings") or []
+                      if w.endswith("(on_error=skip)") and w.startswith("in the whole file (")),
+                     None)
         say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad "
-            f"row{'s' * (skipped != 1)} (first: {ex}); "
+            f"row{'s' * (skipped != 1)}{' ' + scope if scope else ''} (first: {ex}); "
             f"see summary.json trace_skipped_rows")
     table = format_summary(summary)
     # (a log file's or a pipe's width: 110 columns, or the title's when longer, so that it
@@ -672,7 +691,7 @@ def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
     return True
 
 
-JOB_CLAIM = ".kvsim_job"  # in a multirun job's output.dir: "<sweep id> <job number>"
+from .callbacks import JOB_CLAIM  # noqa: E402 (in a multirun job's output.dir)
 
 
 def claim_output_dir(out_dir: Path, sweep_id: str, job: int) -> int | str | None:

@@ -83,7 +83,8 @@ class Compression:
         self.read_factor = self.compactor.read_overhead_factor(self.kv_tok, int(model.num_layers),
                                                                self.groups)
         self.step_scoring = self.policy.scoring_when == "step"
-        self.quest = self.policy.reads_fraction(1_000_000, int(model.num_layers)) < 1.0
+        self.quest = self.policy.reads_fraction(1_000_000, int(model.num_layers),
+                                                int(cache.block_size)) < 1.0
         self.num_layers = int(model.num_layers)
         self.ops = None  # list of compaction ops for gpu_validation replay (output.write_ops)
         self.ops_limit = 0
@@ -155,7 +156,9 @@ class Compression:
             ctx = req.phys_base + req.pending
         f = self.read_factor if self.hole_fill else 1.0
         if self.quest:
-            f *= self.policy.reads_fraction(req.layout.n_blocks + req.blocks_since, self.num_layers)
+            # (pages of the pool's block size: top_k_pages defaults to ceil(budget / block_size))
+            f *= self.policy.reads_fraction(req.layout.n_blocks + req.blocks_since,
+                                            self.num_layers, self.B)
         return int(round(ctx * f))
 
     def step_extra_time(self, req) -> float:

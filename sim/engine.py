@@ -211,7 +211,7 @@ class Request:
         "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
-        "next_round", "prefill_end",
+        "next_round", "prefill_end", "recompute_cut",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -252,6 +252,9 @@ class Request:
         self.peak_blocks = 0
         self.end_live = 0
         self.end_blocks = 0
+        # the prefix-hit tokens its latest walk gave up to recompute them (tiers.load_or_recompute:
+        # from the first disk page on), and of them those held on disk: (tokens, disk tokens)
+        self.recompute_cut = (0, 0)
 
     @property
     def num_tokens(self) -> int:
@@ -343,6 +346,9 @@ class Simulator:
         # their first admission only): lookups, tokens looked up, hit tokens by serving tier
         self.preempted_lookups = {"requests": 0, "query_tokens": 0,
                                   "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
+        # tiers.load_or_recompute: admissions whose hit was cut at a disk page because loading
+        # would take longer than recomputing, the hit tokens given up, and those held on disk
+        self.recomputed_instead_of_load = {"admissions": 0, "tokens": 0, "disk_tokens": 0}
         self._wake = None
         # write_back: the step holds until the evicted cached blocks' copies land
         # (TierManager.write_back); _wb_until: when the last one issued lands (s)
@@ -713,6 +719,12 @@ class Simulator:
                     self.comp.place(req, hit_tokens, self.comp.blocks_for(req, hit_tokens))
             self.waiting.popleft()
             self._hit_memo = None
+            if req.recompute_cut[0]:  # (tiers.load_or_recompute cut this hit)
+                ri = self.recomputed_instead_of_load
+                ri["admissions"] += 1
+                ri["tokens"] += req.recompute_cut[0]
+                ri["disk_tokens"] += req.recompute_cut[1]
+                req.recompute_cut = (0, 0)
             n_disk = int(np.count_nonzero(tier_codes == DISK)) * B if n_tier else 0
             if req.preemptions == 0:
                 req.hit_tokens = hit_tokens
@@ -874,6 +886,8 @@ class Simulator:
         would take longer than recomputing the tokens from there on.
         """
         tiers = self.tiers
+        if tiers.load_or_recompute:
+            req.recompute_cut = (0, 0)  # (this walk's: an earlier walk's cut is not admitted)
         pos = np.flatnonzero(code != GPU)
         if not len(pos):
             return blk, None, None, None
@@ -891,6 +905,7 @@ class Simulator:
             ctx = (g + first) * self.B
             recompute = self.cost.prefill_time((len(codes_a) - first) * self.B, ctx)
             if recompute < load:
+                req.recompute_cut = ((len(codes_a) - first) * self.B, n_disk * self.B)
                 ext = ext[:first]
                 codes_a = codes_a[:first]
                 if len(ext) == 0:

@@ -442,6 +442,13 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     extra["mean_fragmentation"] = float(rounds["fragmentation_after"].mean()) if len(rounds) else None
     extra["round_time_total_s"] = float(rounds["duration_s"].sum())
     extra["preempted_lookups"] = sim.preempted_lookups
+    fin = req[req["status"] == "finished"] if len(req) else req
+    # (prompt + output of the longest finished request: a read budget above it saves nothing)
+    extra["longest_context_tokens"] = (int((fin["input_tokens"] + fin["output_tokens"]).max())
+                                       if len(fin) else None)
+    # (tiers.load_or_recompute: the hits cut because loading was slower; null without tiers)
+    extra["recomputed_instead_of_load"] = (dict(sim.recomputed_instead_of_load)
+                                           if tm is not None else None)
     extra["write_back_stall_s"] = float(sim.write_back_stall_s)
     extra["write_back_stalls"] = int(sim.write_back_stalls)
     # the serving span ends with the last request; copies still landing after it (offloads,

@@ -239,11 +239,14 @@ def test_a_pool_override_beyond_the_gpus_memory_is_noted(tmp_path):
     mem = json.loads((tmp_path / "big" / "summary.json").read_text())["memory_gib"]
     left = mem["budget"] - mem["weights"] - mem["activation_reserve"] - mem["sliding_window_reserve"]
     assert mem["kv_pool"] > 50 * left
-    assert (f"kvsim: note: cache.num_gpu_blocks=3,000,000 is a {mem['kv_pool']:,.1f} GiB KV pool, "
-            f"beyond the {left:,.1f} GiB that H200 has left") in r.stderr
-    r = _kvsim(tmp_path / "small", "trace.max_requests=10", "cache.num_gpu_blocks=3000",
-               "output.print_summary=false")
-    assert r.returncode == 0 and "num_gpu_blocks" not in r.stderr, r.stderr
+    assert (f"kvsim: note: cache.num_gpu_blocks=3,000,000 ({mem['kv_pool']:,.1f} GiB of KV) is "
+            f"beyond the 49,987 blocks ({left:,.1f} GiB) that H200 has room for") in r.stderr
+    # the default plan's pool is 49,987 blocks: one more is noted, that many is not
+    for n, noted in ((49988, True), (49987, False), (3000, False)):
+        r = _kvsim(tmp_path / f"b{n}", "trace.max_requests=10", f"cache.num_gpu_blocks={n}",
+                   "output.print_summary=false")
+        assert r.returncode == 0, r.stderr
+        assert ("num_gpu_blocks" in r.stderr) == noted, r.stderr
 
 
 def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
@@ -258,6 +261,13 @@ def test_cli_skip_reports_skipped_rows_in_summary(tmp_path):
     assert sk["count"] == 5 and len(sk["examples"]) == 5
     assert f"{p} line 2, field 'hash_ids'" in sk["examples"][0]
     assert s["requests_total"] == 2
+    assert "kvsim: warning: trace.on_error=skip skipped 5 bad rows (first: " in r.stderr
+    # a slice counts the skipped rows of the whole file, and says so (regression pass)
+    r = _kvsim(tmp_path / "one", f"trace.path={p}", "trace.on_error=skip", "trace.max_requests=1",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    assert ("kvsim: warning: trace.on_error=skip skipped 5 bad rows in the whole file (2 "
+            "requests; the slice keeps 1) (first: ") in r.stderr
 
 
 @pytest.mark.parametrize("overrides,pattern", [
@@ -777,7 +787,7 @@ def test_weka_unknown_request_type_is_a_warning(tmp_path):
         {"t": 0.0, "type": "weird", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}]}
     p.write_text(json.dumps({"id": "s1", "requests": reqs[:1] + [sub]}) + "\n")
     w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
-    assert any("1 requests have type 'weird'" in x and "sub-agent request 0" in x
+    assert any("1 request has type 'weird'" in x and "sub-agent request 0" in x
                for x in w.warnings), w.warnings
 
 
@@ -970,6 +980,22 @@ def test_cli_notes_a_policy_that_ran_no_round(tmp_path):
     r = _kvsim(tmp_path / "q", "trace.max_requests=20", "policy=quest", "output.print_summary=false")
     assert r.returncode == 0, r.stderr
     assert "ran no compression round" not in r.stderr
+    assert "read every page" not in r.stderr  # (its 2,048-token budget is below some contexts)
+
+
+def test_cli_notes_a_quest_budget_above_every_context(tmp_path):
+    """Break-it pass: policy=quest with a budget above every request's context read every page
+    (it saved nothing) with no word; summary.json now holds the longest context, and the note
+    names the pages read per step, the knob and that context."""
+    r = _kvsim(tmp_path / "q", "trace.max_requests=20", "policy=quest", "policy.budget=1000000",
+               "output.print_summary=false")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "q" / "summary.json").read_text())
+    req = pd.read_parquet(tmp_path / "q" / "requests.parquet")
+    assert s["longest_context_tokens"] == int((req.input_tokens + req.output_tokens).max())
+    assert (f"kvsim: note: policy=quest read every page: it reads the top 62,500 pages of 16 "
+            f"tokens per step (policy.budget=1,000,000 tokens), and no request's context passed "
+            f"that (the longest: {s['longest_context_tokens']:,} tokens)") in r.stderr
 
 
 def test_cli_note_for_a_prompt_policy_that_ran_no_round_names_the_prompt(tmp_path):

@@ -337,6 +337,9 @@ def test_trim_ops_per_kind_below_one_is_a_usage_error(tmp_path, capsys):
      "line 4: not JSON"),
     ('{"op": "model"}\n[1, 2]\n', 'line 2: expected a JSON object with an "op"'),
     ('{"op": "model"}\n{"pages": 3}\n', 'line 2: expected a JSON object with an "op"'),
+    ('{"op": "model"}\n{"op": "frobnicate"}\n', "line 2: expected a JSON object with an \"op\" "
+     "name (model, compaction_move, d2h, h2d), got op 'frobnicate'"),
+    ('{"op": "d2h", "codec": "zstd"}\n', "line 1: codec 'zstd', expected one of none, nvfp4, fp8"),
     ("", "no operation (0 model line(s), nothing to trim)"),
     ('{"op": "model"}\n', "no operation (1 model line(s), nothing to trim)"),
 ])
@@ -351,6 +354,32 @@ def test_trim_ops_names_the_bad_line_and_refuses_an_empty_file(tmp_path, text, w
         trim_main([str(src), str(tmp_path / "t.jsonl")])
     assert str(e.value.code).startswith(f"{src}: {want}"), e.value.code
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_trim_ops_names_a_binary_line_and_an_output_it_cannot_write(tmp_path):
+    """Regression pass: a non-UTF-8 ops file gave the codec's message with no file or line, and
+    an output that is a folder (or under a missing one) a traceback; validate --ops read its
+    file only after finding torch and a GPU."""
+    from gpu_validation import validate as V
+    from gpu_validation.trim_ops import main as trim_main
+
+    src = tmp_path / "ops.jsonl"
+    src.write_bytes(b'{"op": "model"}\n{"op": "d2h"}\n\xff\xfe\n')
+    with pytest.raises(SystemExit) as e:
+        trim_main([str(src), str(tmp_path / "t.jsonl")])
+    assert str(e.value.code) == (f"{src}: line 3: not UTF-8 text (byte 0xff at column 1); "
+                                 f"expected one JSON object per line")
+    with pytest.raises(SystemExit) as e:
+        V.main(["--ops", str(src)])
+    assert str(e.value.code).startswith(f"{src}: line 3: not UTF-8 text")
+    src.write_text('{"op": "model"}\n{"op": "d2h", "pages": 2}\n')
+    for dst in (tmp_path, tmp_path / "nope" / "t.jsonl"):
+        with pytest.raises(SystemExit) as e:
+            trim_main([str(src), str(dst)])
+        assert str(e.value.code).startswith(f"{dst}: cannot write the ops file ("), e.value.code
+        with pytest.raises(SystemExit) as e:
+            V.main(["--dump-ops", str(dst)])
+        assert str(e.value.code).startswith(f"{dst}: cannot write the ops file (")
 
 
 def test_validate_dump_ops_writes_the_generated_set_without_a_gpu(tmp_path, capsys):

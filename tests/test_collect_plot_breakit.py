@@ -11,6 +11,7 @@ every test is quick; one test runs the simulator to check the decomposition on i
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -483,6 +484,7 @@ def test_output_dir_runs_keep_every_group_option_and_curves_by_group_draw(tmp_pa
     runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
     assert runs.loc["base", "codec"] == "identity" and runs.loc["nvfp4", "codec"] == "nvfp4"
     assert runs.loc["base", "tiers"] == "gpu_only"
+    assert not [c for c in runs.columns if c.startswith(("config_choices", "summary.config"))]
     req = pd.read_parquet(out / "requests")
     assert set(req.groupby("run_id")["codec"].first().items()) == {("base", "identity"),
                                                                     ("nvfp4", "nvfp4")}
@@ -506,14 +508,55 @@ def test_a_group_a_run_did_not_record_is_labelled_null_not_a_type_error(tmp_path
 def test_an_option_of_another_figure_gets_the_figures_usage_and_says_which_take_it(
         seeds, tmp_path, capsys):
     """Newcomer pass: ``kvsim-plot ttft-cdf ... --agg mean`` printed the top-level usage
-    (``kvsim-plot [-h] FIGURE ...``) and "unrecognized arguments", not which figures take it."""
-    for fig, opt, says in (("ttft-cdf", ["--agg", "mean"], "hit-by-tier, disk-share, ttft-vs take"),
-                           ("hit-by-tier", ["--by", "codec"], "take --x and --hue instead of --by"),
-                           ("ttft-cdf", ["--bogus"], "unrecognized arguments: --bogus")):
+    (``kvsim-plot [-h] FIGURE ...``) and "unrecognized arguments", not which figures take it;
+    regression pass: before the folder (``ttft-cdf --agg mean DIR``) the folder was named as the
+    stray argument, and without --out the hint was lost."""
+    out = ["--out", str(tmp_path / "x.png")]
+    for args, says in (
+            (["ttft-cdf", str(seeds), *out, "--agg", "mean"],
+             "argument --agg: ttft-cdf has no --agg; hit-by-tier, disk-share, ttft-vs take it"),
+            (["ttft-cdf", "--agg", "mean", str(seeds), *out], "ttft-cdf has no --agg;"),
+            (["ttft-cdf", "--agg=mean", str(seeds)], "ttft-cdf has no --agg;"),
+            (["hit-by-tier", str(seeds), *out, "--by", "codec"],
+             "hit-by-tier has no --by; ttft-cdf, ttft-decomposition,"),
+            (["ttft-cdf", str(seeds), *out, "--request-id", "3"], "fragmentation takes it"),
+            (["ttft-cdf", str(seeds), *out, "--bogus"], "unrecognized arguments: --bogus")):
         with pytest.raises(SystemExit) as e:
-            P.main([fig, str(seeds), "--out", str(tmp_path / "x.png"), *opt])
+            P.main(args)
         assert e.value.code == 2
         err = capsys.readouterr().err
+        fig = args[0]
         assert f"usage: kvsim-plot {fig} " in err and f"kvsim-plot {fig}: error: " in err, err
         assert says in err, err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_column_named_twice_in_by_counts_once(seeds, tmp_path):
+    """Regression pass: ``--by codec,codec`` ended in pandas' "column label is not unique"."""
+    assert P._as_list("cache.block_size,seed,cache.block_size,") == ["cache.block_size", "seed"]
+    for fig in ("ttft-cdf", "ttft-decomposition"):
+        assert P.main([fig, str(seeds), "--by", "cache.block_size,cache.block_size,seed",
+                       "--out", str(tmp_path / f"{fig}.png")]) == 0
+
+
+def test_a_results_folder_mixing_sweeps_is_warned_and_listed(tmp_path, capsys):
+    """Break-it pass: two sweeps' output.dir runs in one results folder were collected as one,
+    with no word (their curves pooled). The collection now lists each run's sweep in
+    manifest.json ``sweeps`` and warns when there is more than one; one sweep is not warned."""
+    root = tmp_path / "res"
+    for name, sweep in (("a0", "S1 0"), ("a1", "S1 1"), ("b0", "S2 0"), ("one", None)):
+        d = _fake_run(root / name, 0, {"cache.block_size": 16})
+        if sweep:
+            (d / ".kvsim_job").write_text(sweep)
+    out = tmp_path / "c"
+    assert C.main([str(root), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["sweeps"] == {"": ["one"], "S1": ["a0", "a1"], "S2": ["b0"]}
+    assert ("kvsim-collect: warning: the runs come from 2 sweeps (S1: 2 run(s), e.g. a0; S2: 1 "
+            "run(s), e.g. b0; and 1 single run(s))") in err
+    shutil.rmtree(root / "b0")
+    assert C.main([str(root), "--out", str(out)]) == 0
+    assert "sweeps" not in capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["sweeps"] == {"": ["one"],
+                                                                          "S1": ["a0", "a1"]}

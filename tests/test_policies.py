@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -348,6 +349,28 @@ def test_quest_frees_nothing_reads_fraction():
     assert pol.reads_fraction(250, 36, 16) == pytest.approx((2 * 250 + 34 * 16) / (36 * 250))
 
 
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_quest_pages_are_the_pools_blocks(tmp_path, monkeypatch, block_size):
+    """Break-it pass: the simulator asked Quest for its read fraction in pages of 16 tokens
+    whatever cache.block_size was, so with 32-token blocks top_k = ceil(budget / 16) pages read
+    twice the budget. Every call now passes the pool's block size."""
+    from policies.eviction import QuestPolicy
+    from sim.run import compose_config, run_simulation
+
+    seen = []
+    real = QuestPolicy.reads_fraction
+
+    def spy(self, n_blocks, num_layers, block_size=16):
+        seen.append(block_size)
+        return real(self, n_blocks, num_layers, block_size)
+
+    monkeypatch.setattr(QuestPolicy, "reads_fraction", spy)
+    s = run_simulation(compose_config(["trace.max_requests=10", "policy=quest",
+                                       "policy.budget=256", f"cache.block_size={block_size}",
+                                       "sim.progress=false"]), tmp_path / "q")
+    assert s["requests_finished"] == 10 and len(seen) > 10 and set(seen) == {block_size}
+
+
 def test_full_never_fires():
     pol = make_policy(PolicyConfig(name="full"))
     assert run_decode(pol, 100, 5000) == [] and pol.next_round_at(pol.new_state(0, 100)) is None
@@ -613,6 +636,22 @@ def test_recorded_importance_repeated_key_null_and_float32_overflow_are_named(tm
     with pytest.raises(ValueError, match=r"big.parquet: row 2: score 1e\+39 \(request_id 0, "
                                          r"position 2\) is beyond float32's range"):
         RecordedImportance(big)
+    # negative keys, and unsigned ones past int64 (they wrapped to negative), are named
+    for col, vals, says in (("position", [0, 1, -1, 3], "row 2: position -1, expected >= 0"),
+                            ("group", [0, -2, 0, 0], "row 1: group -2, expected >= 0"),
+                            ("request_id", [0, 0, 0, -5], "row 3: request_id -5, expected >= 0"),
+                            ("step", [0, 0, -1, 0], "row 2: step -1, expected >= 0")):
+        f = tmp_path / f"neg_{col}.parquet"
+        _write(f, **{**base, "position": np.arange(4), col: np.array(vals, np.int64)})
+        with pytest.raises(ValueError, match=rf"neg_{col}.parquet: {re.escape(says)}"):
+            RecordedImportance(f)
+    f = tmp_path / "u64.parquet"
+    _write(f, **{**base, "position": np.array([0, 1, 2**63, 3], np.uint64)})
+    with pytest.raises(ValueError, match=r"u64.parquet: row 2: position 9223372036854775808, "
+                                         r"expected at most 2\*\*63 - 1"):
+        RecordedImportance(f)
+    _write(f, **{**base, "position": np.arange(4, dtype=np.uint64)})  # (unsigned, in range: fine)
+    assert RecordedImportance(f).scores(0, [2], 1).tolist() == [[3]]
     for col in ("request_id", "group", "position", "score"):
         cols = {k: pa.array(v) for k, v in {**base, "position": np.arange(4)}.items()}
         vals = cols[col].to_pylist()
@@ -622,6 +661,30 @@ def test_recorded_importance_repeated_key_null_and_float32_overflow_are_named(tm
         pq.write_table(pa.table(cols), f)
         with pytest.raises(ValueError, match=rf"null_{col}.parquet: row 2: column '{col}' is null"):
             RecordedImportance(f)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 12), st.integers(0, 2**32 - 1),
+       st.sampled_from([3, 7, 23, 25, 101, 1_000_001]), st.sampled_from(["max", "avg"]))
+def test_snapkv_pooling_equals_the_windows_definition_for_any_kernel(H, S, seed, kernel, kind):
+    """SnapKV's pooling (policies.eviction._pool_along_positions) against its definition: each
+    region token's value is the max (or the sum / kernel, zero padded) of the region's tokens
+    within kernel // 2 ranks of it in position order. Break-it: a huge kernel (1,000,001) made
+    the pooling take minutes; a window past 2S - 1 now costs what that one does."""
+    from policies.eviction import _pool_along_positions
+    rng = np.random.default_rng(seed)
+    score = rng.random((H, S)).astype(np.float32)
+    pos = np.stack([rng.permutation(S) for _ in range(H)]) if S else np.zeros((H, 0), np.int64)
+    region = rng.random((H, S)) < 0.7
+    got = _pool_along_positions(score, pos, region, kernel, kind)
+    half = kernel // 2
+    for h in range(H):
+        idx = [i for i in np.argsort(pos[h], kind="stable") if region[h, i]]
+        for r, i in enumerate(idx):
+            near = [float(score[h, j]) for j in idx[max(0, r - half):r + half + 1]]
+            want = max(near) if kind == "max" else sum(near) / kernel
+            assert got[h, i] == pytest.approx(want, rel=1e-12, abs=1e-300)
+        assert np.isneginf(got[h, ~region[h]]).all()
 
 
 @settings(max_examples=300, deadline=None)

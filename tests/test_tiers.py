@@ -130,11 +130,19 @@ def test_disk_hit_with_load_or_recompute_picks_recompute_when_disk_is_slower(tmp
     s2, req2, _ = run_frames(tmp_path / "b", rows, *common, "tiers.load_or_recompute=true")
     assert req2.iloc[3].hit_tokens_disk == 0
     assert req2.iloc[3].ttft_s < req.iloc[3].ttft_s
+    # the hit given up is counted (break-it: the recomputed disk tokens were in no record):
+    # the first run's disk hit is what the second recomputes
+    assert s["recomputed_instead_of_load"] == {"admissions": 0, "tokens": 0, "disk_tokens": 0}
+    ri = s2["recomputed_instead_of_load"]
+    assert ri["admissions"] == 1 and ri["disk_tokens"] == req.iloc[3].hit_tokens_disk > 0
+    assert ri["tokens"] == req.iloc[3].hit_tokens_host + req.iloc[3].hit_tokens_disk
+    assert req2.iloc[3].computed_prompt_tokens - req.iloc[3].computed_prompt_tokens == ri["tokens"]
     # a fast disk (7 GB/s NVMe) holding NVFP4 pages is loaded: 40 pages x 0.66 MB in ~4 ms
     # versus ~15 ms to recompute 640 tokens of Qwen3-8B
     s3, req3, _ = run_frames(tmp_path / "c", rows, *common[:-2], "tiers.load_or_recompute=true",
                              "codec=nvfp4")
     assert req3.iloc[3].hit_tokens_disk > 0
+    assert s3["recomputed_instead_of_load"]["admissions"] == 0
 
 
 def test_multi_turn_hit_ratio_regimes(tmp_path):

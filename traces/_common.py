@@ -53,6 +53,12 @@ INT64_LIMIT = 1 << 63  # token counts and ids are held as int64
 MAX_ARRIVAL_S = float(2 ** 32)
 
 
+def counted(n: int, one: str, many: str) -> str:
+    """``"1 row had"`` / ``"3 rows had"``: ``n`` and the phrase that agrees with it (a loader's
+    count warnings)."""
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, output_len, short_repr
+from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, counted, output_len, short_repr
 from ._io import csv_row, decode_utf8, iter_lines
 from .errors import ErrorSink, TraceError
 
@@ -164,7 +164,9 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
     if back.size:
         order = np.argsort(tk, kind="stable")
         tk, inp_a, out_a, lines_a = tk[order], inp_a[order], out_a[order], lines_a[order]
-        warnings.append(f"{back.size} rows earlier than the row before them (first at line "
+        earlier = counted(back.size, "row earlier than the row before it",
+                          "rows earlier than the row before them")
+        warnings.append(f"{earlier} (first at line "
                         f"{line_of[back[0] + 1]}); rows stably sorted by TIMESTAMP")
     late = np.flatnonzero(tk - tk[0] > int(MAX_ARRIVAL_S) * _TICKS)
     if late.size:  # (named by file line here; the loader's own check knows only parsed rows)
@@ -176,7 +178,8 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
                          expected="rows within 2**32 s (~136 years) of each other, where float64 "
                                   "seconds still resolve a microsecond")
     if zero[0]:
-        warnings.append(f"{zero[0]} rows had GeneratedTokens 0; loaded as 1 (zero_output=as_one)")
+        warnings.append(f"{counted(zero[0], 'row', 'rows')} had GeneratedTokens 0; loaded as 1 "
+                        f"(zero_output=as_one)")
     n = tk.size
     arrival = (tk - tk[0]).astype(np.float64) / _TICKS
     return Parsed(

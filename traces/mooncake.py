@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int,
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, counted, is_int,
                       json_error_found, loads, need_int, need_list, need_num, output_len, short_repr)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
@@ -169,7 +169,8 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
                         f"from there (arrival_s = (timestamp - {origin:.17g}) / 1000; timestamps "
                         f"are read as milliseconds)")
     if zero[0]:
-        warnings.append(f"{zero[0]} rows had output_length 0; loaded as 1 (zero_output=as_one)")
+        warnings.append(f"{counted(zero[0], 'row', 'rows')} had output_length 0; loaded as 1 "
+                        f"(zero_output=as_one)")
     return Parsed(
         session_id=np.arange(n, dtype=np.int64),
         turn=np.zeros(n, dtype=np.int32),

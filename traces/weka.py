@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, is_int, is_num,
+from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, counted, is_int, is_num,
                       json_error_found, loads, need_int, need_list, need_num, output_len)
 from ._io import iter_lines
 from .errors import ErrorSink, TraceError
@@ -557,18 +557,22 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     vals.resize(nvals, refcheck=False)
     warnings = []
     for typ, (n, first) in sorted(counters["other_types"].items()):
-        warnings.append(f"{n} requests have type {typ} (the trace's request types are "
+        warnings.append(f"{counted(n, 'request has', 'requests have')} type {typ} (the "
+                        f"trace's request types are "
                         f"{', '.join(repr(t) for t in MAIN_TYPES)}, and 'subagent' markers); "
                         f"loaded as ordinary requests (first: {first})")
     if counters["zero"][0]:
-        warnings.append(f"{counters['zero'][0]} requests had out = 0; loaded as 1 "
+        warnings.append(f"{counted(counters['zero'][0], 'request', 'requests')} had out = 0; "
+                        f"loaded as 1 "
                         "(zero_output=as_one)")
     if counters["neg_think"][0]:
-        warnings.append(f"{counters['neg_think'][0]} derived think times (no think_time) were "
-                        "negative; set to 0")
+        n = counters["neg_think"][0]
+        warnings.append(f"{counted(n, 'derived think time', 'derived think times')} (no "
+                        f"think_time) {'was' if n == 1 else 'were'} negative; set to 0")
     if counters["neg_sub_think"][0]:
-        warnings.append(f"{counters['neg_sub_think'][0]} sub-agent starts were before their "
-                        "parent's finish; think_s set to 0")
+        n = counters["neg_sub_think"][0]
+        warnings.append(f"{counted(n, 'sub-agent start was', 'sub-agent starts were')} before "
+                        "their parent's finish; think_s set to 0")
     if cfg.share_system_prefix:
         warnings.append("share_system_prefix: leading system+tool prompt ids shared across "
                         "sessions (assumption: identical system/tool prompts)")
