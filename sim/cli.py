@@ -617,7 +617,7 @@ def app(cfg: DictConfig) -> None:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
         # (counted over the whole file, which a slice may not reach: traces.loader says so)
         scope = next((w[:w.index("): ") + 1] for w in summary.get("trace_warnings") or []
-                      if w.endswith("(on_error=skip)") and w.startswith("in the whole file (")),
+                      if w.endswith("(on_error=skip)") and w.startswith("in the whole ")),
                      None)
         say(f"kvsim: warning: trace.on_error=skip skipped {skipped} bad "
             f"row{'s' * (skipped != 1)}{' ' + scope if scope else ''} (first: {ex}); "

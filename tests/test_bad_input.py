@@ -805,6 +805,11 @@ def test_trace_count_warnings_say_they_count_the_whole_file_when_sliced(tmp_path
     assert len(part) == 4
     assert ("in the whole file (12 requests; the slice keeps 4): 6 requests had out = 0; "
             "loaded as 1 (zero_output=as_one)") in part.warnings, part.warnings
+    # a generated trace is no file: its counts are of the whole generated trace
+    syn = load_workload(TraceConfig(name="x", format="synthetic_multiturn", num_sessions=40,
+                                    max_context_tokens=3000, max_requests=5), 0)
+    assert len(syn.warnings) == 1 and syn.warnings[0].startswith(
+        "in the whole generated trace ("), syn.warnings
 
 
 def test_weka_ids_not_prefix_chained_are_an_error_naming_both_requests(tmp_path):

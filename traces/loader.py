@@ -195,7 +195,8 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
     if notes["rows"] < notes["rows_before_slicing"]:
         # the parser's counts are of the whole file (it is parsed, and cached, before slicing):
         # say so where the slice keeps fewer requests (the count warnings start with the count)
-        scope = (f"in the whole file ({notes['rows_before_slicing']:,} requests; the slice "
+        whole = "file" if path is not None else "generated trace"
+        scope = (f"in the whole {whole} ({notes['rows_before_slicing']:,} requests; the slice "
                  f"keeps {notes['rows']:,}): ")
         file_warnings = [scope + w if w[:1].isdigit() else w for w in file_warnings]
     warnings = file_warnings + cached["warnings"]
