@@ -54,7 +54,26 @@ class ModelConfig:
     max_model_len: int = MISSING  # published max context with published rope scaling
     rope_scaling: str = "none"  # documentation of how max_model_len is reached
     dtype: str = "bf16"  # vLLM --dtype: activations and unquantized weights
-    weight_quant: str = "none"  # vLLM --quantization: none | fp8 | int4_awq | int4_gptq | mxfp4
+    weight_quant: str = "none"  # vLLM --quantization: none | fp8 | int4_awq | int4_gptq | mxfp4 | nvfp4
+    # which linear layers weight_quant applies to: "linear" (every transformer linear layer;
+    # embeddings and lm_head stay in dtype) | "experts" (routed experts only: gpt-oss MXFP4)
+    weight_quant_scope: str = "linear"
+    # Mixture of experts (0 = a dense MLP in every layer). A MoE layer routes each token to
+    # num_experts_per_tok of num_experts experts of width moe_intermediate_size, plus
+    # num_shared_experts always-active experts of that width; the first num_dense_layers layers
+    # have a dense MLP of width intermediate_size (DeepSeek first_k_dense_replace).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    num_dense_layers: int = 0
+    mlp_gated: bool = True  # SwiGLU-style MLP: gate, up and down projections (False: up, down)
+    # MLA projections (DeepSeek): queries through a q_lora_rank bottleneck (0 = none); heads of
+    # qk_nope_head_dim + qk_rope_head_dim for Q.K and v_head_dim for V
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    tie_word_embeddings: bool = False
     source: str = ""
 
 
@@ -71,6 +90,10 @@ class GPUConfig:
     bf16_dense_tflops: float = MISSING
     pcie_bandwidth_gbps: float = MISSING  # one direction, pinned, large transfers
     pcie_overhead_s: float = 14e-6  # per individually issued copy
+    fp8_dense_tflops: float = 0.0  # dense FP8 tensor-core peak; 0 = no FP8 tensor cores
+    fp4_dense_tflops: float = 0.0  # dense FP4 (NVFP4 / MXFP4) peak; 0 = none
+    nvlink_bandwidth_gbps: float = 0.0  # per GPU, one direction; 0 = no NVLink (PCIe peers)
+    nvlink_latency_s: float = 0.0  # per collective call, small messages
     source: str = ""
 
 
