@@ -610,10 +610,14 @@ class CalibratedCostModel(AnalyticCostModel):
 def build_cost_model(model, gpu, cache, cost):
     """Return the cost model named by ``cost.kind``.
 
-    Raises ConfigError for an unknown kind (valid: ``analytic``, ``calibrated``) or, for
+    Raises ConfigError for an unknown kind (valid: ``analytic``, ``calibrated``, ``operator``
+    (:mod:`sim.operator_cost`)) or, for
     ``calibrated``, a missing / invalid calibration file.
     """
-    kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedCostModel}
+    from .operator_cost import OperatorCostModel
+
+    kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedCostModel,
+             "operator": OperatorCostModel}
     if cost.kind not in kinds:
         from .hardware import ConfigError
         raise ConfigError(f"cost.kind={cost.kind!r}; expected one of {sorted(kinds)}")

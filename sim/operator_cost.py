@@ -1,0 +1,434 @@
+"""Per-operator step-time model (``cost.kind=operator``).
+
+One engine step (forward pass) of a tensor-parallel group of ``t`` GPUs, with ``T`` tokens
+computed, ``S`` sampling rows and ``n`` scheduled sequences, takes
+
+``host(n, prefill) + sum over operator groups of max(FLOPs / (peak x mfu), bytes / (HBM x mbu))
++ attention + collectives + L x layer_overhead_s``
+
+Operator groups (parameters from :func:`layer_params`, split over the ``t`` ranks):
+
+* attention projections (QKV and O; MLA's low-rank projections), every layer;
+* dense MLP (``num_dense_layers`` layers of a MoE model, every layer of a dense one);
+* shared experts and router, every MoE layer;
+* routed experts: ``T`` tokens routed top-``k`` of ``E`` experts touch
+  ``E x (1 - (1 - k/E)^T)`` distinct experts per layer in expectation (uniform routing), whose
+  weights are read once; FLOPs ``2 x T x k x`` expert parameters;
+* lm_head: ``S`` rows of ``hidden x vocab`` (weights in ``model.dtype``).
+
+Precision (``cost.gemm_precision``): a group's weights are read at their stored bytes
+(``model.weight_quant`` within ``model.weight_quant_scope``; :data:`sim.hardware.WEIGHT_QUANT_BYTES`)
+and computed on the tensor-core peak of their precision where the GPU card lists one
+(``gpu.fp8_dense_tflops``, ``gpu.fp4_dense_tflops``), else on the BF16 peak after
+dequantisation (weight-only kernels such as Marlin). ``gemm_precision=bf16|fp8|fp4`` forces one
+peak for every quantised group; a peak the card lacks is a ConfigError naming the card.
+
+Attention: a chunk of ``m`` new tokens after ``c`` cached ones costs, per full-attention layer,
+``pairs = m c + m (m + 1) / 2`` query-key pairs; prefill FLOPs ``pairs x 2 x q_heads x
+(qk_dim + v_dim)`` (MLA: the decompressed heads), decode (``m = 1``) FLOPs
+``pairs x 4 x q_heads x width`` (MLA: the absorbed latent, ``width = kv_lora_rank + rope``),
+KV bytes read ``c`` and written ``m`` tokens at :func:`sim.hardware.kv_bytes_per_token`, times
+the copies the TP group holds (:func:`sim.hardware.kv_replication`). Prefill attention runs at
+``attention_efficiency`` of the BF16 peak, decode attention at ``attention_mbu`` of HBM
+bandwidth. Sliding-window layers see at most ``window`` cached tokens.
+
+Collectives (``t > 1``): two all-reduces of ``T x hidden`` activations (``model.dtype``) per
+layer, each ``nvlink_latency_s + 2 (t - 1) / t x bytes / (nvlink_bandwidth x comm_efficiency)``
+(ring all-reduce: each rank sends and receives ``2 (t - 1) / t`` of the message). With
+``cost.expert_parallel`` a MoE layer's MLP all-reduce is replaced by an all-to-all dispatch and
+combine of ``T x k x hidden`` values, each rank sending ``(t - 1) / t`` of them. Without NVLink
+(``gpu.nvlink_bandwidth_gbps = 0``) the PCIe link carries them.
+
+Host: ``step_overhead_s + seq_overhead_s x n``, plus ``prefill_overhead_s`` for a step with any
+chunk of more than one token (decode-only steps replay a CUDA graph; mixed steps do not).
+
+Pure-decode steps use the compiled stretch kernels of :class:`sim.cost.AnalyticCostModel`
+unchanged: their attention term has the same form (``max(pairs x a / F, pairs x kv / B)``) and
+everything else depends on the batch size only (:meth:`OperatorCostModel._fixed_step_times`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import AnalyticCostModel
+from .hardware import (ConfigError, WEIGHT_QUANT_BYTES, dtype_bytes, full_attention_layers,
+                       kv_bytes_per_token, kv_replication, window_kv_bytes_per_token)
+
+#: weight_quant -> the tensor-core precision that computes it where the GPU has one
+QUANT_PRECISION = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameter counts of a model's linear layers (parameters, not bytes).
+
+    ``attention``: QKV and output projections of one layer; ``dense_mlp``: one dense MLP;
+    ``expert``: one routed expert; ``shared``: the shared experts of one MoE layer; ``router``:
+    one MoE layer's router; ``lm_head``: ``vocab x hidden``; ``moe_layers`` / ``dense_layers``:
+    how many layers have each MLP kind.
+    """
+
+    attention: int
+    dense_mlp: int
+    expert: int
+    shared: int
+    router: int
+    lm_head: int
+    moe_layers: int
+    dense_layers: int
+
+
+def layer_params(model) -> LayerParams:
+    """:class:`LayerParams` of a model card.
+
+    GQA/MHA: ``hidden x (q_heads + 2 kv_heads) x head_dim + q_heads x head_dim x hidden``. MLA
+    (DeepSeek-V3 modelling code's projections): ``q_a`` (``hidden x q_lora_rank``, or a direct
+    ``hidden x heads x qk_dim`` without one), ``q_b`` (``q_lora_rank x heads x qk_dim``),
+    ``kv_a`` (``hidden x (kv_lora_rank + rope)``), ``kv_b`` (``kv_lora_rank x heads x (nope +
+    v_head_dim)``), ``o`` (``heads x v_head_dim x hidden``), with ``qk_dim = nope + rope``. MLP:
+    ``(3 if mlp_gated else 2) x hidden x width``. Router: ``hidden x num_experts``.
+    """
+    h = int(model.hidden_size)
+    qh = int(model.num_q_heads)
+    if model.attention == "mla":
+        rope = int(model.qk_rope_head_dim)
+        nope = int(model.qk_nope_head_dim) or int(model.head_dim) - rope
+        v = int(model.v_head_dim) or nope
+        qk = nope + rope
+        ql = int(model.q_lora_rank)
+        q = h * ql + ql * qh * qk if ql else h * qh * qk
+        kv = h * (int(model.kv_lora_rank) + rope) + int(model.kv_lora_rank) * qh * (nope + v)
+        attn = q + kv + qh * v * h
+    else:
+        hd = int(model.head_dim)
+        attn = h * (qh + 2 * int(model.num_kv_heads)) * hd + qh * hd * h
+    mats = 3 if model.mlp_gated else 2
+    e = int(model.num_experts)
+    if e > 0:
+        moe_layers = int(model.num_layers) - int(model.num_dense_layers)
+        dense_layers = int(model.num_dense_layers)
+        expert = mats * h * int(model.moe_intermediate_size)
+        shared = int(model.num_shared_experts) * expert
+        router = h * e
+    else:
+        moe_layers, dense_layers, expert, shared, router = 0, int(model.num_layers), 0, 0, 0
+    return LayerParams(attention=attn, dense_mlp=mats * h * int(model.intermediate_size),
+                       expert=expert, shared=shared, router=router,
+                       lm_head=int(model.vocab_size) * h, moe_layers=moe_layers,
+                       dense_layers=dense_layers)
+
+
+def expected_experts(num_experts: int, top_k: int, tokens) -> np.ndarray:
+    """Expected distinct routed experts touched in one layer by ``tokens`` tokens, each routed
+    to ``top_k`` of ``num_experts`` experts uniformly at random: ``E x (1 - (1 - k/E)^T)``
+    (each expert is missed by one token with probability ``1 - k/E``). ``tokens``: scalar or
+    array; returns float64 of its shape."""
+    t = np.asarray(tokens, dtype=np.float64)
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** t)
+
+
+def ring_allreduce_time(message_bytes, ranks: int, bandwidth_Bps: float, latency_s: float):
+    """One ring all-reduce of ``message_bytes`` over ``ranks`` GPUs (s): ``latency_s + 2 (p -
+    1) / p x bytes / bandwidth``; 0 for one rank. ``bandwidth_Bps``: achieved bytes/s per GPU,
+    one direction."""
+    if ranks <= 1:
+        return 0.0 * np.asarray(message_bytes, dtype=np.float64)
+    return latency_s + 2.0 * (ranks - 1) / ranks * np.asarray(message_bytes, np.float64) / bandwidth_Bps
+
+
+class OperatorCostModel(AnalyticCostModel):
+    """Per-operator step times (see the module docstring); same interface as
+    :class:`sim.cost.AnalyticCostModel`.
+
+    Args: ``model``, ``gpu``, ``cache``, ``cost`` config nodes. Raises ConfigError for an
+    efficiency outside ``(0, 1]``, a negative overhead, an unknown ``cost.gemm_precision`` or
+    one the GPU card has no peak for.
+    """
+
+    def __init__(self, model, gpu, cache, cost):
+        super().__init__(model, gpu, cache, cost)
+        tp = int(cost.tensor_parallel_size)
+        self.tp = tp
+        for name in ("attention_mbu", "comm_efficiency"):
+            v = float(getattr(cost, name))
+            if not 0 < v <= 1:
+                raise ConfigError(f"cost.{name}={v}; expected 0 < value <= 1")
+        for name in ("seq_overhead_s", "prefill_overhead_s", "layer_overhead_s"):
+            v = float(getattr(cost, name))
+            if not v >= 0:
+                raise ConfigError(f"cost.{name}={v}; expected >= 0 (seconds)")
+        self.seq_overhead = float(cost.seq_overhead_s)
+        self.prefill_overhead = float(cost.prefill_overhead_s)
+        self.layer_overhead = float(cost.layer_overhead_s) * int(model.num_layers)
+        self.p = layer_params(model)
+        bw = float(gpu.hbm_bandwidth_gbps) * 1e9 * tp  # the group's HBM bytes/s
+        self._bytes_s = bw * self.mbu
+        peaks = {"bf16": float(gpu.bf16_dense_tflops), "fp8": float(gpu.fp8_dense_tflops),
+                 "fp4": float(gpu.fp4_dense_tflops)}
+        dt = dtype_bytes(model.dtype, "model.dtype")
+        q = str(model.weight_quant).lower()
+        qbytes = dt if q in ("none", "") else WEIGHT_QUANT_BYTES.get(q)
+        if qbytes is None:
+            raise ConfigError(f"model.weight_quant={model.weight_quant!r}; expected one of "
+                              f"{['none'] + sorted(WEIGHT_QUANT_BYTES)}")
+        want = str(cost.gemm_precision).lower()
+        if want not in ("auto", "bf16", "fp8", "fp4"):
+            raise ConfigError(f"cost.gemm_precision={cost.gemm_precision!r}; expected auto, "
+                              f"bf16, fp8 or fp4")
+        if want == "auto":
+            qprec = QUANT_PRECISION.get(q, "bf16")
+            if peaks[qprec] <= 0:
+                qprec = "bf16"  # weight-only: dequantised to BF16 in the kernel
+        else:
+            qprec = want
+            if peaks[qprec] <= 0:
+                raise ConfigError(
+                    f"cost.gemm_precision={want}: gpu {gpu.name} lists no {want} tensor-core "
+                    f"peak (gpu.{want}_dense_tflops=0); expected auto or bf16 on this card")
+        self.gemm_precision = qprec
+        scope = str(model.weight_quant_scope).lower()
+        if scope not in ("linear", "experts"):
+            raise ConfigError(f"model.weight_quant_scope={model.weight_quant_scope!r}; expected "
+                              f"'linear' or 'experts'")
+        qf = peaks[qprec] * 1e12 * tp * self.mfu  # quantised groups' FLOP/s
+        bf = peaks["bf16"] * 1e12 * tp * self.mfu
+        if scope == "experts":
+            dense_b, dense_f = dt, bf
+        else:
+            dense_b, dense_f = qbytes, qf
+        p = self.p
+        # (parameters, bytes per parameter, achieved FLOP/s) of the groups every token passes
+        self._groups = [
+            (float(p.attention * model.num_layers + p.dense_mlp * p.dense_layers
+                   + (p.shared + p.router) * p.moe_layers), dense_b, dense_f)]
+        self._expert = (float(p.expert * p.moe_layers), qbytes, qf)
+        self._lm_head = (float(p.lm_head), dt, bf)
+        self.E = int(model.num_experts)
+        self.k = int(model.num_experts_per_tok)
+        # collectives
+        self.act_bytes = dt * float(model.hidden_size)  # one token's activation row
+        if float(gpu.nvlink_bandwidth_gbps) > 0:
+            link, lat = float(gpu.nvlink_bandwidth_gbps) * 1e9, float(gpu.nvlink_latency_s)
+            self.link_name = "nvlink"
+        else:
+            link, lat = float(gpu.pcie_bandwidth_gbps) * 1e9, float(gpu.pcie_overhead_s)
+            self.link_name = "pcie"
+        self._link_Bps = link * float(cost.comm_efficiency)
+        self._link_lat = lat
+        self.expert_parallel = bool(cost.expert_parallel) and self.E > 0 and tp > 1
+        self.num_layers = int(model.num_layers)
+        # attention: the group's copies of the KV and its FLOP/s
+        rep = kv_replication(model, tp)
+        self.kv_tok = float(kv_bytes_per_token(model, cache)) * rep
+        self.win_kv_tok = float(window_kv_bytes_per_token(model, cache)) * rep
+        self.full_layers = full_attention_layers(model)
+        self.peak_flops = peaks["bf16"] * 1e12 * tp
+        self.hbm_bw = bw
+        self.mbu_attn = float(cost.attention_mbu)
+        if model.attention == "mla":
+            rope = int(model.qk_rope_head_dim)
+            nope = int(model.qk_nope_head_dim) or int(model.head_dim) - rope
+            v = int(model.v_head_dim) or nope
+            self.prefill_flops_per_pair = 2.0 * model.num_q_heads * (nope + rope + v)
+        else:
+            self.prefill_flops_per_pair = 4.0 * model.num_q_heads * model.head_dim
+        self._decode_consts = None
+        self._fixed_times = np.empty(0)
+
+    # ----------------------------------------------------------------- terms
+    @staticmethod
+    def _roofline(params: float, bpp: float, flops_s: float, tokens, bytes_s: float):
+        """max(2 x tokens x params / flops_s, params x bpp / bytes_s) (s)."""
+        return np.maximum(2.0 * np.asarray(tokens, np.float64) * params / flops_s,
+                          params * bpp / bytes_s)
+
+    def gemm_time(self, tokens, samples):
+        """Linear layers (s): dense groups and routed experts for ``tokens`` computed tokens,
+        lm_head for ``samples`` rows. Scalars or arrays of one shape."""
+        t = 0.0
+        for params, bpp, fs in self._groups:
+            if params:
+                t = t + self._roofline(params, bpp, fs, tokens, self._bytes_s)
+        params, bpp, fs = self._expert
+        if params:
+            tok = np.asarray(tokens, np.float64)
+            touched = expected_experts(self.E, self.k, tok) / self.E  # fraction of experts read
+            t = t + np.maximum(2.0 * tok * self.k * params / self.E / fs,
+                               touched * params * bpp / self._bytes_s)
+        params, bpp, fs = self._lm_head
+        s = np.asarray(samples, np.float64)
+        t = t + np.where(s > 0, self._roofline(params, bpp, fs, s, self._bytes_s), 0.0)
+        return t
+
+    def comm_time(self, tokens):
+        """Collectives of one step (s) for ``tokens`` computed tokens (scalar or array)."""
+        if self.tp <= 1:
+            return 0.0 * np.asarray(tokens, np.float64)
+        msg = np.asarray(tokens, np.float64) * self.act_bytes
+        ar = ring_allreduce_time(msg, self.tp, self._link_Bps, self._link_lat)
+        if not self.expert_parallel:
+            return 2.0 * self.num_layers * ar
+        moe = self.p.moe_layers
+        a2a = self._link_lat + (self.tp - 1) / self.tp * msg * self.k / self._link_Bps
+        return (2.0 * self.num_layers - moe) * ar + moe * 2.0 * a2a
+
+    def host_time(self, seqs, prefill: bool):
+        """Host-side time of a step with ``seqs`` scheduled sequences (s)."""
+        return (self.overhead + self.seq_overhead * np.asarray(seqs, np.float64)
+                + (self.prefill_overhead if prefill else 0.0))
+
+    def linear_time(self, tokens: int, samples: int) -> float:
+        """GEMMs, collectives and the per-layer overhead of ``tokens`` computed tokens with
+        ``samples`` lm_head rows (s; no host time, no attention)."""
+        return float(self.gemm_time(tokens, samples) + self.comm_time(tokens)) + self.layer_overhead
+
+    def _fixed_step_times(self, b: int) -> np.ndarray:
+        """Everything but decode attention in a decode-only step of ``n`` sequences, indexed
+        by ``n`` (``n`` = 1 .. at least ``b``; index 0 is NaN): host, GEMMs, collectives,
+        per-layer overhead (s)."""
+        if len(self._fixed_times) <= b:
+            n = np.arange(1, 2 * b + 1, dtype=np.float64)
+            fixed = (self.host_time(n, False) + self.gemm_time(n, n) + self.comm_time(n)
+                     + self.layer_overhead)
+            self._fixed_times = np.concatenate([[np.nan], fixed])
+        return self._fixed_times
+
+    def _dense_decode_args(self, ctx0: np.ndarray):
+        """The compiled decode loop's arguments (see the base class), with the decode
+        attention's bandwidth at ``attention_mbu``."""
+        if self.win_layers:
+            return None
+        b = len(ctx0)
+        const = self._decode_consts
+        if const is None:
+            const = (self.attn_flops_per_pair, float(self.full_layers), self.kv_tok,
+                     self.peak_flops * self.attn_eff, self.hbm_bw * self.mbu_attn)
+            self._decode_consts = const
+        return (float(np.add.reduce(ctx0, dtype=np.float64)), b) + const + (
+            float(self._fixed_step_times(b)[b]),)
+
+    def _attention_parts(self, new_tokens: np.ndarray, context_tokens: np.ndarray):
+        """(decode attention s, prefill attention s) of a step's chunks."""
+        n = new_tokens.astype(np.float64)
+        c = context_tokens.astype(np.float64)
+        dec = new_tokens == 1
+        t_dec = 0.0
+        t_pre = 0.0
+        if dec.any():
+            pairs = float(np.sum(c[dec] + 1.0))
+            a = pairs * self.attn_flops_per_pair * self.full_layers / (self.peak_flops * self.attn_eff)
+            m = pairs * self.kv_tok / (self.hbm_bw * self.mbu_attn)
+            t_dec = a if a >= m else m
+            if self.win_layers:
+                cw = np.minimum(c[dec], self.window)
+                pw = float(np.sum(cw + 1.0))
+                t_dec += max(pw * self.attn_flops_per_pair * self.win_layers
+                             / (self.peak_flops * self.attn_eff),
+                             pw * self.win_kv_tok / (self.hbm_bw * self.mbu_attn))
+        pre = ~dec
+        if pre.any():
+            np_, cp = n[pre], c[pre]
+            pairs = float(np.sum(np_ * cp + np_ * (np_ + 1) / 2))
+            flops = pairs * self.prefill_flops_per_pair * self.full_layers
+            bytes_ = float(np.sum(cp + np_)) * self.kv_tok
+            if self.win_layers:
+                w = self.window
+                cw = np.minimum(cp, w)
+                pw = float(np.sum(np_ * cw + np_ * np.minimum(np_ + 1, w) / 2))
+                flops += pw * self.prefill_flops_per_pair * self.win_layers
+                bytes_ += float(np.sum(cw + np_)) * self.win_kv_tok
+            t_pre = max(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
+        return t_dec, t_pre
+
+    def attention_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
+        """Decode and prefill attention of a step's chunks (s)."""
+        d, p = self._attention_parts(new_tokens, context_tokens)
+        return d + p
+
+    def step_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray, samples: int) -> float:
+        """Duration of one engine step (s); ``new_tokens``, ``context_tokens``: int arrays of
+        one length (tokens per scheduled request); ``samples``: requests that sample a token.
+        A decode-only step equals the compiled decode loop's time bit for bit."""
+        b = len(new_tokens)
+        if b and not self.win_layers and int(new_tokens.max()) == 1 and samples == b:
+            args = self._dense_decode_args(context_tokens)
+            out = np.empty(1, dtype=np.float64)
+            from .cost import _dense_decode_times
+            _dense_decode_times(args[0], args[1], 0, 0.0, *args[2:], out)
+            return float(out[0])
+        t = int(new_tokens.sum())
+        prefill = bool(b) and int(new_tokens.max()) > 1
+        d, p = self._attention_parts(new_tokens, context_tokens)
+        return float(self.host_time(b, prefill)) + self.linear_time(t, samples) + d + p
+
+    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
+        """``k`` pure-decode steps (see :meth:`sim.cost.AnalyticCostModel.decode_step_times`)
+        with this model's terms; shape ``(k,)`` (s)."""
+        args = self._dense_decode_args(ctx0)
+        if args is not None:
+            from .cost import _dense_decode_times
+            out = np.empty(k, dtype=np.float64)
+            _dense_decode_times(args[0], args[1], first, float(shift), *args[2:], out)
+            return out
+        if shift:
+            raise ValueError("decode_step_times: a context shift needs per-request contexts "
+                             "with sliding-window layers")
+        b, s, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
+        pairs = sum_c + b
+        a = pairs * self.attn_flops_per_pair * self.full_layers / (self.peak_flops * self.attn_eff)
+        m = pairs * self.kv_tok / (self.hbm_bw * self.mbu_attn)
+        attn = np.maximum(a, m)
+        if self.win_layers:
+            w = self.window
+            cw = np.minimum(ctx0[None, :].astype(np.float64) + s[:, None], w).sum(axis=1)
+            pw = cw + b
+            attn = attn + np.maximum(pw * self.attn_flops_per_pair * self.win_layers
+                                     / (self.peak_flops * self.attn_eff),
+                                     pw * self.win_kv_tok / (self.hbm_bw * self.mbu_attn))
+        return self._fixed_step_times(b)[b] + attn
+
+    def chunk_stretch_times(self, new_tokens, ctx0, samples, k, start, first, stop):
+        """As :meth:`sim.cost.AnalyticCostModel.chunk_stretch_times`, each later step timed by
+        :meth:`step_time`."""
+        t = start + first
+        durs = [first]
+        ends = [t]
+        ctx = ctx0.copy()
+        while len(ends) < k and t < stop:
+            ctx += new_tokens
+            d = self.step_time(new_tokens, ctx, samples)
+            t = t + d
+            durs.append(d)
+            ends.append(t)
+        return durs, ends
+
+    def prefill_time(self, tokens: int, context: int = 0) -> float:
+        """Time to prefill ``tokens`` after ``context`` cached tokens alone (s, no host time)."""
+        d, p = self._attention_parts(np.array([tokens]), np.array([context]))
+        return self.linear_time(tokens, 1) + d + p
+
+    def breakdown(self, new_tokens: np.ndarray, context_tokens: np.ndarray, samples: int) -> dict:
+        """Where one step's time goes (s): ``host``, ``gemm`` (linear layers, lm_head
+        included), ``attention_decode``, ``attention_prefill``, ``collectives``,
+        ``layer_overhead`` and ``total`` (their sum; :meth:`step_time` up to rounding)."""
+        b = len(new_tokens)
+        t = int(new_tokens.sum())
+        prefill = bool(b) and int(new_tokens.max()) > 1
+        d, p = self._attention_parts(new_tokens, context_tokens)
+        parts = {"host": float(self.host_time(b, prefill)),
+                 "gemm": float(self.gemm_time(t, samples)), "attention_decode": d,
+                 "attention_prefill": p, "collectives": float(self.comm_time(t)),
+                 "layer_overhead": self.layer_overhead}
+        parts["total"] = sum(parts.values())
+        return parts
+
+    def describe(self, codec=None, disk: bool = False, compaction: bool = False) -> dict:
+        """The model and the settings behind its terms (for ``summary.json``)."""
+        return {"kind": "operator", "file": None, "calibrated": [], "analytic_fallback": [],
+                "fallback_reasons": {}, "gemm_precision": self.gemm_precision,
+                "tensor_parallel_size": self.tp, "collective_link": self.link_name if self.tp > 1 else None,
+                "expert_parallel": self.expert_parallel,
+                "moe": ({"num_experts": self.E, "top_k": self.k} if self.E else None)}

@@ -1,0 +1,152 @@
+"""sim.operator_cost: the per-operator step-time model's physical pieces, with hand-worked values."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.cost import build_cost_model
+from sim.hardware import ConfigError
+from sim.operator_cost import (OperatorCostModel, expected_experts, layer_params,
+                               ring_allreduce_time)
+from sim.run import compose_config, run_simulation
+
+
+def cfg(*o):
+    return compose_config(["sim.progress=false", "cost=operator", *o])
+
+
+def model_of(c):
+    return build_cost_model(c.model, c.gpu, c.cache, c.cost)
+
+
+def test_expected_experts_hand_values():
+    # one token touches exactly k experts; k/E = 1/2 and two tokens: 4 x (1 - 1/4) = 3
+    assert expected_experts(128, 4, 1) == pytest.approx(4.0)
+    assert expected_experts(4, 2, 2) == pytest.approx(3.0)
+    # many tokens touch every expert; zero tokens none
+    assert expected_experts(128, 4, 10_000) == pytest.approx(128.0)
+    assert expected_experts(128, 4, 0) == 0.0
+    # monotone in the batch
+    e = expected_experts(256, 8, np.arange(1, 200))
+    assert np.all(np.diff(e) > 0) and e[-1] < 256
+
+
+def test_ring_allreduce_bytes_and_latency():
+    # 8 ranks send 2 x 7/8 of the message: 1 MB at 100 GB/s = 17.5 us + 5 us latency
+    assert ring_allreduce_time(1e6, 8, 100e9, 5e-6) == pytest.approx(5e-6 + 1.75e-5)
+    assert ring_allreduce_time(1e6, 2, 100e9, 0.0) == pytest.approx(1e-5)
+    assert ring_allreduce_time(1e6, 1, 100e9, 5e-6) == 0.0
+
+
+def test_layer_params_llama_70b_hand_count():
+    p = layer_params(cfg("model=llama3_1_70b").model)
+    # QKV 8192 x (64 + 16) x 128 + O 64 x 128 x 8192; gated MLP 3 x 8192 x 28672
+    assert p.attention == 8192 * 80 * 128 + 64 * 128 * 8192
+    assert p.dense_mlp == 3 * 8192 * 28672
+    assert p.dense_layers == 80 and p.moe_layers == 0 and p.expert == 0
+    total = (p.attention + p.dense_mlp) * 80 + 2 * p.lm_head  # untied embedding + lm_head
+    assert total / 1e9 == pytest.approx(70.55, rel=2e-3)  # the published 70.6 B
+
+
+def test_gemm_precision_follows_weights_and_card():
+    # FP8 weights on an H100 run on the FP8 peak; MXFP4 weights (no FP4 tensor cores) on BF16
+    m = model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=fp8"))
+    assert m.gemm_precision == "fp8"
+    m = model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=mxfp4"))
+    assert m.gemm_precision == "bf16"
+    m = model_of(cfg("model=llama3_1_70b", "gpu=b200", "model.weight_quant=nvfp4"))
+    assert m.gemm_precision == "fp4"
+    with pytest.raises(ConfigError, match=r"cost.gemm_precision=fp4: gpu H100-SXM lists no fp4"):
+        model_of(cfg("model=llama3_1_70b", "gpu=h100", "cost.gemm_precision=fp4"))
+    with pytest.raises(ConfigError, match=r"cost.gemm_precision='int3'"):
+        model_of(cfg("cost.gemm_precision=int3"))
+
+
+def test_decode_weight_traffic_hand_value():
+    # Llama-3.1-70B BF16 on one H200, one decode token: every linear weight read once
+    c = cfg("model=llama3_1_70b", "cost.layer_overhead_s=0", "cost.step_overhead_s=0",
+            "cost.seq_overhead_s=0")
+    m = model_of(c)
+    p = layer_params(c.model)
+    body = (p.attention + p.dense_mlp) * 80 * 2
+    head = p.lm_head * 2
+    bw = 4800e9 * float(c.cost.mbu)
+    parts = m.breakdown(np.array([1]), np.array([0]), 1)
+    assert parts["gemm"] == pytest.approx(body / bw + head / bw, rel=1e-12)
+    assert parts["collectives"] == 0.0
+
+
+def test_moe_weight_traffic_grows_with_batch_until_all_experts_hot():
+    m = model_of(cfg("model=gpt_oss_120b", "gpu=h200"))
+    if m.E == 0:
+        pytest.skip("the gpt-oss card has no MoE fields yet")
+    g = [m.gemm_time(b, b) for b in (1, 4, 16, 64, 256, 1024)]
+    assert all(b > a for a, b in zip(g, g[1:]))
+    # at 1 token 4 of 128 experts are read: far less than the whole expert weights
+    full = m._expert[0] * m._expert[1] / m._bytes_s
+    assert g[0] < 0.2 * full
+
+
+def test_tensor_parallel_adds_allreduce_per_layer():
+    one = model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=fp8"))
+    c8 = cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=fp8", "cost.tensor_parallel_size=8")
+    eight = model_of(c8)
+    g = c8.gpu
+    msg = 64 * 8192 * 2  # 64 tokens x hidden x BF16
+    per = g.nvlink_latency_s + 2 * 7 / 8 * msg / (g.nvlink_bandwidth_gbps * 1e9 * c8.cost.comm_efficiency)
+    assert eight.comm_time(64) == pytest.approx(2 * 80 * per, rel=1e-12)
+    assert one.comm_time(64) == 0.0
+    # the GEMMs split 8 ways
+    assert eight.gemm_time(64, 0) == pytest.approx(one.gemm_time(64, 0) / 8, rel=1e-9)
+
+
+def test_step_time_equals_decode_stretches_bit_for_bit():
+    m = model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=fp8",
+                     "cost.tensor_parallel_size=4", "cost.seq_overhead_s=2e-5",
+                     "cost.layer_overhead_s=1e-5"))
+    ctx0 = np.array([100, 2000, 4097, 33], dtype=np.int64)
+    durs = m.decode_step_times(ctx0, 40)
+    per = [m.step_time(np.ones(4, dtype=np.int64), ctx0 + s, 4) for s in range(40)]
+    assert list(durs) == per
+    d2, ends = m.decode_stretch_times(ctx0, 40, 1.0, math.inf)
+    assert list(d2) == per
+
+
+def test_sliding_window_model_decode_times_match_step_time():
+    m = model_of(cfg("model=gpt_oss_120b", "gpu=h200"))
+    ctx0 = np.array([10, 500, 3000], dtype=np.int64)
+    durs = m.decode_step_times(ctx0, 20)
+    per = [m.step_time(np.ones(3, dtype=np.int64), ctx0 + s, 3) for s in range(20)]
+    np.testing.assert_allclose(durs, per, rtol=1e-12)
+
+
+def test_breakdown_sums_to_step_time_and_prefill_pays_host_extra():
+    m = model_of(cfg("cost.prefill_overhead_s=0.002"))
+    new = np.array([512, 1, 1], dtype=np.int64)
+    ctx = np.array([0, 800, 900], dtype=np.int64)
+    b = m.breakdown(new, ctx, 3)
+    assert b["total"] == pytest.approx(m.step_time(new, ctx, 3), rel=1e-12)
+    assert b["host"] == pytest.approx(m.overhead + 3 * m.seq_overhead + 0.002)
+    assert b["attention_prefill"] > 0 and b["attention_decode"] > 0
+
+
+def test_operator_run_reports_its_model(tmp_path):
+    s = run_simulation(cfg("trace.max_requests=30"), tmp_path)
+    assert s["cost_model"]["kind"] == "operator"
+    assert s["cost_model"]["gemm_precision"] == "bf16"
+    assert s["requests_finished"] == 30
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("attention_mbu", 0, r"cost.attention_mbu=0.0; expected 0 < value <= 1"),
+    ("comm_efficiency", 1.5, r"cost.comm_efficiency=1.5"),
+    ("layer_overhead_s", -1e-6, r"cost.layer_overhead_s=-1e-06; expected >= 0"),
+])
+def test_operator_settings_are_checked(field, value, msg):
+    with pytest.raises(ConfigError, match=msg):
+        model_of(cfg(f"cost.{field}={value}"))
+
+
+def test_operator_is_an_operator_cost_model():
+    assert isinstance(model_of(cfg()), OperatorCostModel)
