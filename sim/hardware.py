@@ -25,15 +25,25 @@ GIB = 1 << 30
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0,
                "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 
-# Bytes per weight parameter by quantization method. int4 AWQ/GPTQ: 4-bit values plus one FP16
-# scale and one 4-bit zero point per group of 128 weights (AutoAWQ / GPTQ default group size).
-# MXFP4 (OCP microscaling): 4-bit E2M1 values + one 8-bit E8M0 scale per 32 values.
+# Bytes per weight parameter by quantization method (``model.weight_quant``).
+# fp8: one E4M3 byte per value; its scales (one FP32 per tensor, or per 128 x 128 block in
+# DeepSeek-V3's checkpoint: 4 B per 16,384 values) are negligible.
+# int4_awq / int4_gptq (and int4, the same layout): 4-bit values plus one FP16 scale and one
+# 4-bit zero point per group of 128 weights (AutoAWQ / GPTQ default group size).
+# mxfp4 (OCP Microscaling Formats spec v1.0): 4-bit E2M1 values + one 8-bit E8M0 scale per 32.
+# nvfp4 (NVIDIA NVFP4): 4-bit E2M1 values + one 8-bit E4M3 scale per 16 values; the one FP32
+# per-tensor scale is negligible.
 WEIGHT_QUANT_BYTES = {
     "fp8": 1.0,
+    "int4": 0.5 + 2.0 / 128 + 0.5 / 128,
     "int4_awq": 0.5 + 2.0 / 128 + 0.5 / 128,
     "int4_gptq": 0.5 + 2.0 / 128 + 0.5 / 128,
     "mxfp4": 0.5 + 1.0 / 32,
+    "nvfp4": 0.5 + 1.0 / 16,
 }
+
+# model.weight_quant_scope: which parameters model.weight_quant applies to
+WEIGHT_QUANT_SCOPES = ("linear", "experts")
 
 
 class ConfigError(ValueError):
@@ -114,26 +124,173 @@ def kv_bytes_per_block(model, cache) -> int:
     return kv_bytes_per_token(model, cache) * int(cache.block_size)
 
 
+@dataclass(frozen=True)
+class LinearParamCounts:
+    """Parameter counts of a model card's weight matrices by layer type (parameters, not bytes).
+
+    Per layer: ``attention`` (Q, K, V and output projections of one layer), ``dense_mlp`` (one
+    dense-MLP layer's MLP; 0 when no layer has one), ``shared_experts`` and ``router`` (one MoE
+    layer's). ``expert``: one routed expert. ``embedding``: the input table (``vocab x hidden``);
+    ``lm_head``: ``vocab x hidden``, 0 when tied to the embedding. Layer counts:
+    ``num_dense_layers`` (dense MLP) and ``num_moe_layers`` (routed experts). Norm weights and
+    biases are left out (under 0.01% of any shipped card).
+    """
+
+    attention: int
+    dense_mlp: int
+    expert: int
+    shared_experts: int
+    router: int
+    embedding: int
+    lm_head: int
+    num_layers: int
+    num_dense_layers: int
+    num_moe_layers: int
+    num_experts: int
+    num_experts_per_tok: int
+
+    @property
+    def routed_experts(self) -> int:
+        """Every routed expert of every MoE layer (parameters)."""
+        return self.num_moe_layers * self.num_experts * self.expert
+
+    @property
+    def non_expert(self) -> int:
+        """Transformer-layer parameters outside the routed experts: attention of every layer,
+        the dense MLPs, and the shared experts and routers of the MoE layers (no embeddings)."""
+        return (self.num_layers * self.attention + self.num_dense_layers * self.dense_mlp
+                + self.num_moe_layers * (self.shared_experts + self.router))
+
+    @property
+    def total(self) -> int:
+        """Every parameter: embeddings, lm_head, transformer layers and routed experts."""
+        return self.embedding + self.lm_head + self.non_expert + self.routed_experts
+
+    @property
+    def active(self) -> int:
+        """Parameters one token touches, counted as the cards count ``active_params_b``: the
+        total with only ``num_experts_per_tok`` routed experts per MoE layer (the input
+        embedding table included, as a dense card's active count equals its total)."""
+        return (self.embedding + self.lm_head + self.non_expert
+                + self.num_moe_layers * self.num_experts_per_tok * self.expert)
+
+    @property
+    def active_matmul(self) -> int:
+        """Weights one token is multiplied by (2 FLOPs each): :attr:`active` without the input
+        embedding table, which is a lookup (OpenAI's "active parameters" of gpt-oss)."""
+        return self.active - self.embedding
+
+
+def linear_param_counts(model) -> LinearParamCounts:
+    """:class:`LinearParamCounts` of a model card, from its architecture fields.
+
+    Attention, GQA/MHA: ``hidden x (q_heads + 2 kv_heads) x head_dim`` (Q, K, V) ``+ q_heads x
+    head_dim x hidden`` (O). MLA, as DeepSeek-V3 defines its projections (``qk = qk_nope +
+    qk_rope``): ``q_a_proj`` ``hidden x q_lora_rank`` and ``q_b_proj`` ``q_lora_rank x heads x
+    qk`` (without a q_lora_rank, ``q_proj`` ``hidden x heads x qk``), ``kv_a_proj_with_mqa``
+    ``hidden x (kv_lora_rank + qk_rope)``, ``kv_b_proj`` ``kv_lora_rank x heads x (qk_nope +
+    v_head_dim)``, ``o_proj`` ``heads x v_head_dim x hidden``. MLP of width ``w``: ``(3 if
+    mlp_gated else 2) x hidden x w``: dense layers at ``intermediate_size``, experts at
+    ``moe_intermediate_size``. Router: ``hidden x num_experts``. A dense card
+    (``num_experts = 0``) has a dense MLP in every layer; a MoE card in its first
+    ``num_dense_layers``.
+
+    Raises ConfigError naming the field when an MLA card lacks its projection widths or a MoE
+    card its expert fields.
+    """
+    h = int(model.hidden_size)
+    heads = int(model.num_q_heads)
+    L = int(model.num_layers)
+    if model.attention == "mla":
+        nope, v, rope = int(model.qk_nope_head_dim), int(model.v_head_dim), int(model.qk_rope_head_dim)
+        kvl, ql = int(model.kv_lora_rank), int(model.q_lora_rank)
+        if nope < 1 or v < 1:
+            raise ConfigError(
+                f"model.qk_nope_head_dim={nope}, model.v_head_dim={v} ({model.name}): an MLA "
+                f"card needs both (>= 1) to count its projections (DeepSeek-V3: 128 and 128)")
+        qk = nope + rope
+        q = h * ql + ql * heads * qk if ql > 0 else h * heads * qk
+        attention = q + h * (kvl + rope) + kvl * heads * (nope + v) + heads * v * h
+    elif model.attention == "gqa":
+        hd = int(model.head_dim)
+        attention = h * (heads + 2 * int(model.num_kv_heads)) * hd + heads * hd * h
+    else:
+        raise ConfigError(f"model.attention={model.attention!r}; expected 'gqa' or 'mla'")
+    mats = 3 if model.mlp_gated else 2
+    e = int(model.num_experts)
+    if e > 0:
+        if int(model.moe_intermediate_size) < 1 or int(model.num_experts_per_tok) < 1:
+            raise ConfigError(
+                f"model.num_experts={e} with model.moe_intermediate_size="
+                f"{model.moe_intermediate_size}, model.num_experts_per_tok="
+                f"{model.num_experts_per_tok} ({model.name}): a MoE card needs both >= 1")
+        dense_layers = int(model.num_dense_layers)
+        expert = mats * h * int(model.moe_intermediate_size)
+        shared, router = int(model.num_shared_experts) * expert, h * e
+    else:
+        dense_layers, expert, shared, router = L, 0, 0, 0
+    emb = int(model.vocab_size) * h
+    return LinearParamCounts(
+        attention=attention, dense_mlp=mats * h * int(model.intermediate_size) if dense_layers else 0,
+        expert=expert, shared_experts=shared, router=router, embedding=emb,
+        lm_head=0 if model.tie_word_embeddings else emb, num_layers=L,
+        num_dense_layers=dense_layers, num_moe_layers=L - dense_layers if e > 0 else 0,
+        num_experts=e, num_experts_per_tok=int(model.num_experts_per_tok) if e > 0 else 0)
+
+
+def weight_quant_bytes(model) -> float:
+    """Bytes per quantised weight parameter of ``model.weight_quant`` (``none``: the model
+    dtype's); raises ConfigError naming the field for an unknown method."""
+    q = str(model.weight_quant).lower()
+    if q in ("none", ""):
+        return dtype_bytes(model.dtype, "model.dtype")
+    if q in WEIGHT_QUANT_BYTES:
+        return WEIGHT_QUANT_BYTES[q]
+    raise ConfigError(
+        f"model.weight_quant={model.weight_quant!r}; expected one of "
+        f"{['none'] + sorted(WEIGHT_QUANT_BYTES)}"
+    )
+
+
+def quantised_params(model) -> float:
+    """Parameters stored at ``model.weight_quant`` (``model.weight_quant_scope``):
+    ``linear``: every non-embedding parameter (``num_params_b - embedding_params_b``, billions
+    x 1e9), as AWQ/GPTQ/FP8 checkpoints keep the embedding table and lm_head in the model dtype;
+    ``experts``: the routed experts only (:attr:`LinearParamCounts.routed_experts`; gpt-oss:
+    MXFP4 experts, BF16 attention and router). Raises ConfigError naming the field."""
+    scope = str(model.weight_quant_scope)
+    if scope == "linear":
+        return model.num_params_b * 1e9 - model.embedding_params_b * 1e9
+    if scope != "experts":
+        raise ConfigError(f"model.weight_quant_scope={model.weight_quant_scope!r}; expected one "
+                          f"of {list(WEIGHT_QUANT_SCOPES)}")
+    if int(model.num_experts) < 1:
+        raise ConfigError(
+            f"model.weight_quant_scope='experts' with model.num_experts={model.num_experts} "
+            f"({model.name}): expected a MoE card (num_experts >= 1) or scope 'linear'")
+    n = float(linear_param_counts(model).routed_experts)
+    rest = model.num_params_b * 1e9 - model.embedding_params_b * 1e9
+    if n > rest:
+        raise ConfigError(
+            f"model.weight_quant_scope='experts' ({model.name}): the routed experts' "
+            f"{n / 1e9:.2f}B parameters exceed num_params_b - embedding_params_b = "
+            f"{rest / 1e9:.2f}B; expected num_params_b to count them")
+    return n
+
+
 def weight_bytes(model) -> float:
     """Bytes of the model weights on the GPU.
 
-    Quantization (``model.weight_quant``) applies to the transformer's linear layers; the input
-    embedding table and the lm_head stay in the model dtype, as AWQ/GPTQ/FP8 checkpoints keep them.
+    ``quantised_params(model) x weight_quant_bytes(model)`` plus every other parameter
+    (``num_params_b x 1e9`` in all) in ``model.dtype``: quantization (``model.weight_quant``)
+    applies within ``model.weight_quant_scope`` (:func:`quantised_params`).
     """
     dt = dtype_bytes(model.dtype, "model.dtype")
-    emb = model.embedding_params_b * 1e9
-    rest = model.num_params_b * 1e9 - emb
-    q = str(model.weight_quant).lower()
-    if q in ("none", ""):
-        per = dt
-    elif q in WEIGHT_QUANT_BYTES:
-        per = WEIGHT_QUANT_BYTES[q]
-    else:
-        raise ConfigError(
-            f"model.weight_quant={model.weight_quant!r}; expected one of "
-            f"{['none'] + sorted(WEIGHT_QUANT_BYTES)}"
-        )
-    return rest * per + emb * dt
+    per = weight_quant_bytes(model)
+    q = quantised_params(model)
+    if str(model.weight_quant_scope) == "linear":  # (the embeddings' bytes as before the scope)
+        return q * per + model.embedding_params_b * 1e9 * dt
+    return q * per + (model.num_params_b * 1e9 - q) * dt
 
 
 def activation_reserve_bytes(model, cache, scheduler) -> float:

@@ -6,6 +6,7 @@ import pytest
 
 from sim.hardware import (ConfigError, kv_bytes_per_token, plan_memory, weight_bytes,
                           window_kv_bytes_per_seq)
+from sim.config import CONF_DIR as CONF
 from sim.run import compose_config
 
 
@@ -119,3 +120,136 @@ def test_tensor_parallel_heads_and_kv_replication():
     m = OmegaConf.merge(c.model, {"num_q_heads": 48, "num_kv_heads": 6})
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=4 with model\.num_kv_heads=6"):
         check_tensor_parallel(m, 4)
+
+
+# ------------------------------------------------ weight precisions, quantised scope, param counts
+def small_card(**kw):
+    """A hand-sized model card (ModelConfig schema): 2 layers, hidden 8, 4 query / 2 KV heads of
+    2, dense MLP 16, vocab 10; ``kw`` overrides."""
+    from omegaconf import OmegaConf
+
+    from sim.config import ModelConfig
+    base = dict(name="tiny", num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=2,
+                hidden_size=8, intermediate_size=16, vocab_size=10, num_params_b=1312e-9,
+                active_params_b=1312e-9, embedding_params_b=160e-9, max_model_len=64)
+    base.update(kw)
+    return OmegaConf.merge(OmegaConf.structured(ModelConfig), base)
+
+
+def test_weight_quant_bytes_per_value():
+    """NVFP4: 4-bit E2M1 + one E4M3 byte per 16 values; MXFP4: + one E8M0 byte per 32; int4 is
+    the AWQ/GPTQ group-128 layout (FP16 scale + 4-bit zero per 128); FP8 one byte."""
+    from sim.hardware import WEIGHT_QUANT_BYTES as B
+    assert B["nvfp4"] == 0.5625
+    assert B["mxfp4"] == 0.53125
+    assert B["int4"] == B["int4_awq"] == B["int4_gptq"] == 0.51953125
+    assert B["fp8"] == 1.0
+
+
+def test_weight_bytes_linear_and_experts_scope_hand_worked():
+    """1,312 parameters, 160 of them embeddings; a MoE variant's routed experts are 2 layers x
+    3 experts x 3 x 8 x 4 = 576 parameters. linear: (1312 - 160) x 0.53125 + 160 x 2 = 932 B;
+    experts: 576 x 0.53125 + (1312 - 576) x 2 = 1,778 B; none: 1312 x 2 B whatever the scope."""
+    m = small_card(weight_quant="mxfp4", num_experts=3, num_experts_per_tok=1,
+                   moe_intermediate_size=4)
+    assert weight_bytes(m) == pytest.approx(932.0, abs=1e-9)
+    from omegaconf import OmegaConf
+    e = OmegaConf.merge(m, {"weight_quant_scope": "experts"})
+    assert weight_bytes(e) == pytest.approx(1778.0, abs=1e-9)
+    assert weight_bytes(OmegaConf.merge(e, {"weight_quant": "none"})) == pytest.approx(2624.0, abs=1e-9)
+
+
+def test_gpt_oss_experts_scope_gives_the_published_checkpoint_size():
+    """gpt-oss-120b ships MXFP4 experts and BF16 attention, router, embeddings (config.json
+    modules_to_not_convert); OpenAI's model card gives its checkpoint as 60.8 GiB. Quantising
+    every linear layer instead (scope linear) undercounts it by ~1.4 GiB."""
+    c = cfg("model=gpt_oss_120b")
+    assert c.model.weight_quant_scope == "experts"
+    assert weight_bytes(c.model) / 2**30 == pytest.approx(60.8, rel=0.005)
+    lin = cfg("model=gpt_oss_120b", "model.weight_quant_scope=linear")
+    assert weight_bytes(lin.model) / 2**30 == pytest.approx(59.39, abs=0.01)
+
+
+def test_weight_quant_scope_errors_name_the_field():
+    from omegaconf import OmegaConf
+    with pytest.raises(ConfigError, match=r"model\.weight_quant_scope='experts' with "
+                                          r"model\.num_experts=0 \(tiny\)"):
+        weight_bytes(small_card(weight_quant="fp8", weight_quant_scope="experts"))
+    with pytest.raises(ConfigError, match=r"model\.weight_quant_scope='layers'; expected one of "
+                                          r"\['linear', 'experts'\]"):
+        weight_bytes(small_card(weight_quant_scope="layers"))
+    m = small_card(weight_quant="fp8", weight_quant_scope="experts", num_experts=3,
+                   num_experts_per_tok=1, moe_intermediate_size=400)
+    with pytest.raises(ConfigError, match=r"routed experts' 0\.00B parameters exceed"):
+        weight_bytes(OmegaConf.merge(m, {"num_params_b": 1e-9}))
+
+
+def test_linear_param_counts_gqa_hand_worked():
+    """hidden 8, 4 query / 2 KV heads of 2: QKV 8 x (4 + 2 x 2) x 2 = 128, O 4 x 2 x 8 = 64;
+    gated MLP 3 x 8 x 16 = 384 (2 x 8 x 16 = 256 ungated); embedding and lm_head 10 x 8 = 80
+    each (lm_head 0 when tied). Total 80 + 80 + 2 x (192 + 384) = 1,312 = active."""
+    from sim.hardware import linear_param_counts
+    p = linear_param_counts(small_card())
+    assert (p.attention, p.dense_mlp, p.embedding, p.lm_head) == (192, 384, 80, 80)
+    assert (p.num_dense_layers, p.num_moe_layers, p.routed_experts) == (2, 0, 0)
+    assert p.total == p.active == 1312 and p.active_matmul == 1232
+    assert linear_param_counts(small_card(mlp_gated=False)).dense_mlp == 256
+    tied = linear_param_counts(small_card(tie_word_embeddings=True))
+    assert tied.lm_head == 0 and tied.total == 1232
+
+
+def test_linear_param_counts_moe_hand_worked():
+    """3 layers, the first dense (MLP 16), then 2 MoE layers of 4 experts (top 2) of width 2
+    plus 1 shared: expert 3 x 8 x 2 = 48, router 8 x 4 = 32. Total 160 + 3 x 192 + 384 +
+    2 x (4 x 48 + 48 + 32) = 1,664; active 160 + 576 + 384 + 2 x (2 x 48 + 48 + 32) = 1,472."""
+    from sim.hardware import linear_param_counts
+    p = linear_param_counts(small_card(num_layers=3, num_dense_layers=1, num_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=2,
+                                       num_shared_experts=1))
+    assert (p.expert, p.shared_experts, p.router, p.dense_mlp) == (48, 48, 32, 384)
+    assert (p.num_dense_layers, p.num_moe_layers, p.routed_experts) == (1, 2, 384)
+    assert (p.total, p.active, p.active_matmul) == (1664, 1472, 1392)
+
+
+def test_linear_param_counts_mla_hand_worked():
+    """DeepSeek-V3's MLA projections with hidden 16, 2 heads, q_lora 4, kv_lora 6, qk_nope 3,
+    qk_rope 1, v 5 (qk = 4): q_a 16 x 4 = 64, q_b 4 x 2 x 4 = 32, kv_a 16 x (6 + 1) = 112,
+    kv_b 6 x 2 x (3 + 5) = 96, o 2 x 5 x 16 = 160: 464; without q_lora, q 16 x 2 x 4 = 128:
+    496. DeepSeek-V3 itself: 11,010,048 + 37,748,736 + 4,128,768 + 16,777,216 + 117,440,512."""
+    from sim.hardware import linear_param_counts
+    mla = dict(attention="mla", hidden_size=16, num_q_heads=2, num_kv_heads=1, head_dim=4,
+               kv_lora_rank=6, qk_rope_head_dim=1, qk_nope_head_dim=3, v_head_dim=5, rope_dim=1)
+    assert linear_param_counts(small_card(q_lora_rank=4, **mla)).attention == 464
+    assert linear_param_counts(small_card(**mla)).attention == 496
+    assert linear_param_counts(cfg("model=deepseek_v3").model).attention == 187_105_280
+    with pytest.raises(ConfigError, match=r"model\.qk_nope_head_dim=0, model\.v_head_dim=5 "
+                                          r"\(tiny\): an MLA card needs both"):
+        linear_param_counts(small_card(**dict(mla, qk_nope_head_dim=0)))
+    with pytest.raises(ConfigError, match=r"model\.num_experts=4 with "
+                                          r"model\.moe_intermediate_size=0"):
+        linear_param_counts(small_card(num_experts=4, num_experts_per_tok=2))
+
+
+MODEL_CARDS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", MODEL_CARDS)
+def test_shipped_card_param_counts_match_published(model):
+    """Every shipped card's architecture gives its published totals: all parameters within 2%
+    of num_params_b, the active ones within 3% of active_params_b, embedding + untied lm_head
+    within 0.1% of embedding_params_b (cards round to 3 decimals)."""
+    from sim.hardware import linear_param_counts
+    m = cfg(f"model={model}").model
+    p = linear_param_counts(m)
+    assert p.total / 1e9 == pytest.approx(m.num_params_b, rel=0.02)
+    assert p.active / 1e9 == pytest.approx(m.active_params_b, rel=0.03)
+    assert (p.embedding + p.lm_head) / 1e9 == pytest.approx(m.embedding_params_b, rel=0.001)
+
+
+def test_gpt_oss_matmul_active_is_openais_published_count():
+    """OpenAI's 5.13B active parameters of gpt-oss-120b count the unembedding but not the input
+    embedding table (model card table: 0.96B attention + 4 of 128 experts + unembedding)."""
+    from sim.hardware import linear_param_counts
+    p = linear_param_counts(cfg("model=gpt_oss_120b").model)
+    assert p.active_matmul / 1e9 == pytest.approx(5.13, abs=0.01)
+    assert p.active - p.active_matmul == 201_088 * 2_880
