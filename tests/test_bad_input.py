@@ -1355,8 +1355,9 @@ def test_unknown_group_option_is_one_line_with_a_hint():
 
     assert unknown_group_option(["model=qwen3-8b"]) == (
         "model=qwen3-8b: no option 'qwen3-8b' in config group 'model'; did you mean "
-        "model=qwen3_8b? (options: deepseek_v3, gpt_oss_120b, llama3_1_70b, llama3_1_8b, "
-        "qwen3_235b_a22b, qwen3_32b, qwen3_8b)")
+        "model=qwen3_8b? (options: codellama_34b, deepseek_r1, deepseek_v3, gpt_oss_120b, "
+        "llama2_7b, llama3_1_70b, llama3_1_8b, llama3_3_70b, qwen3_235b_a22b, qwen3_32b, "
+        "qwen3_8b)")
     assert "no option 'mooncake_conversaton'" in unknown_group_option(
         ["trace=azure_conv,mooncake_conversaton"])
     assert unknown_group_option(["trace=azure_conv,weka_agentic", "+tiers=gpu_host", "seed=3",
