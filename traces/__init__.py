@@ -10,7 +10,9 @@ Public API (the simulator codes against exactly these names):
 
 Formats: ``mooncake`` (Qin et al., FAST'25), ``azure`` (Patel et al., Splitwise, ISCA'24),
 ``weka`` (WEKA kv-cache-tester agentic traces), ``servegen`` (Xiang et al., arXiv 2505.09999),
-and seeded generators ``synthetic_agentic``, ``synthetic_reasoning``, ``synthetic_multiturn``.
+seeded generators ``synthetic_agentic``, ``synthetic_reasoning``, ``synthetic_multiturn``, and
+``bench``, a serving benchmark's client (closed loop at a fixed concurrency or open loop at a
+request rate, vLLM's random-dataset lengths; :func:`traces.bench.generate_bench`).
 See ``traces/README.md`` for each mapping and its assumptions. Mooncake timestamps are quantised
 into ~3 s buckets; ``TraceConfig.timestamp_spread`` (default ``even``) spreads requests that share
 a timestamp evenly over the bucket in file order (``keep``: as recorded; ``jitter``: seeded

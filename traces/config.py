@@ -29,9 +29,12 @@ TRACE_FORMATS: tuple[str, ...] = (
     "synthetic_agentic",
     "synthetic_reasoning",
     "synthetic_multiturn",
+    "bench",
 )
 
 SYNTHETIC_FORMATS = ("synthetic_agentic", "synthetic_reasoning", "synthetic_multiturn")
+#: Formats generated from their options (no file; ``trace.path`` is not read).
+GENERATED_FORMATS = (*SYNTHETIC_FORMATS, "bench")
 
 #: The preset shipped inside the package (default trace).
 BUNDLED_PRESET = "mooncake_conversation_10min"
@@ -112,6 +115,29 @@ class TraceConfig:
         prefix), turn_input_mean/turn_input_sigma (new tokens per later turn), output_mean/
         output_sigma, block_tokens (G of the generated prefix ids), max_context_tokens (a session
         ends before a prompt would exceed it).
+
+    Bench (``format: bench``, a serving benchmark's client such as ``vllm bench serve
+    --dataset-name random``; ``traces/bench.py`` has the rules and their sources):
+        num_requests: prompts sent in all (``--num-prompts``).
+        max_concurrency: closed loop, this many requests in flight (``--max-concurrency``); each
+            finish sends the next prompt at once. request_rate: open loop, requests per second
+            (``--request-rate``; ``inf`` = unpaced: with max_concurrency the closed loop, alone
+            every prompt at 0 s). Set one of the two (a finite rate and a cap together are an
+            error: the table cannot hold a prompt back for both).
+        burstiness: gamma shape of the open loop's inter-arrival times (``--burstiness``; 1 =
+            Poisson, ``inf`` = fixed rate); 1 for a closed loop.
+        input_len, output_len: tokens around which the random part of each prompt and each
+            output are drawn (``--random-input-len``, ``--random-output-len``; vLLM's defaults
+            1024 and 128). range_ratio: their spread (``--random-range-ratio``, 0 = fixed).
+        range_rule: ``symmetric`` (vLLM: uniform integers in [floor(L(1-r)), ceil(L(1+r))],
+            r < 1) | ``one_sided`` (InferenceMAX's and SGLang's clients: [int(L r), L], r <= 1).
+        prefix_tokens: shared tokens before every prompt's random part (``--random-prefix-len``;
+            the prompt is input_len-drawn + prefix_tokens long), identified for the prefix cache
+            in full blocks of ``block_tokens`` (default 16). num_prefix_groups: that many distinct
+            shared prefixes, given to the prompts round robin.
+        chain_assignment: how a closed loop deals prompts to its N chains: ``earliest_free``
+            (the chain with the fewest output tokens so far: the benchmark client's semaphore
+            replayed with time in flight taken as output length) | ``round_robin`` (i mod N).
     """
 
     name: str = BUNDLED_PRESET
@@ -151,6 +177,17 @@ class TraceConfig:
     output_sigma: Optional[float] = None
     block_tokens: Optional[int] = None
     max_context_tokens: Optional[int] = None
+    # Bench (num_requests and block_tokens above are read too)
+    max_concurrency: Optional[int] = None
+    request_rate: Optional[float] = None
+    burstiness: float = 1.0
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0
+    range_rule: str = "symmetric"
+    prefix_tokens: int = 0
+    num_prefix_groups: int = 1
+    chain_assignment: str = "earliest_free"
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(TraceConfig))
@@ -189,6 +226,11 @@ def coerce_config(cfg: Any) -> TraceConfig:
     return c
 
 
+# float fields where +inf is a value (traces/bench.py): request_rate (unpaced), burstiness (fixed
+# rate)
+INF_FIELDS = ("request_rate", "burstiness")
+
+
 def _choice(c: TraceConfig, field: str, options: tuple[str, ...]) -> None:
     v = getattr(c, field)
     if v not in options:
@@ -198,6 +240,8 @@ def _choice(c: TraceConfig, field: str, options: tuple[str, ...]) -> None:
 def _validate(c: TraceConfig) -> None:
     for f in fields(c):  # NaN and infinities pass the range checks below
         v = getattr(c, f.name)
+        if f.name in INF_FIELDS and v == math.inf:  # (bench's "unpaced" and "fixed rate")
+            continue
         if isinstance(v, float) and not math.isfinite(v):
             raise TraceError(field=f.name, found=v, expected="a finite number")
     _choice(c, "format", TRACE_FORMATS)
@@ -227,6 +271,10 @@ def _validate(c: TraceConfig) -> None:
         raise TraceError(field="max_sessions", found=c.max_sessions, expected=">= 1 or null")
     if c.num_requests < 1:
         raise TraceError(field="num_requests", found=c.num_requests, expected=">= 1")
+    if c.format == "bench":
+        from .bench import _check_config
+
+        _check_config(c)
 
 
 def traces_dir() -> Path:
@@ -240,13 +288,13 @@ def traces_dir() -> Path:
 
 
 def resolve_path(c: TraceConfig) -> Optional[Path]:
-    """The file/folder to read for ``c`` (None for synthetic formats), as an absolute path (a
+    """The file/folder to read for ``c`` (None for generated formats: synthetic and bench), as an absolute path (a
     relative ``trace.path`` is taken from the working folder, else from the traces folder).
 
     Raises:
         TraceError: no default known for ``c.name``, or the path does not exist.
     """
-    if c.format in SYNTHETIC_FORMATS:
+    if c.format in GENERATED_FORMATS:
         return None
     hint = ("Point trace.path at the folder of chunk-N-trace.csv / chunk-N-dataset.json files "
             "(e.g. `trace.path=/data/traces/servegen_deepseek_r1` on the Hydra command line)"

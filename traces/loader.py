@@ -169,6 +169,8 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
         from .weka import load_weka as fn
     elif c.format == "servegen":
         from .servegen import load_servegen as fn
+    elif c.format == "bench":
+        from .bench import generate as fn
     else:
         from .synthetic import generate as fn
     if c.format in ("mooncake", "azure", "weka"):
