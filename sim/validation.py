@@ -100,6 +100,65 @@ def _check_model(cfg) -> None:
             f"{m.num_sliding_window_layers}; expected a window >= 1 token")
     if not 0 <= m.rope_dim <= m.head_dim:
         raise ConfigError(f"model.rope_dim={m.rope_dim}; expected 0 <= rope_dim <= model.head_dim={m.head_dim}")
+    _check_model_experts(m)
+    _check_model_mla(m)
+
+
+def _check_model_experts(m) -> None:
+    """The MoE fields are set together: a MoE card (num_experts >= 1) routes each token to
+    1..num_experts experts of width >= 1 and keeps at least one MoE layer; a dense card
+    (num_experts = 0) sets none of them. weight_quant_scope is a known scope, and 'experts'
+    needs a MoE card."""
+    from .hardware import WEIGHT_QUANT_SCOPES
+
+    sec = "model"
+    for f in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+              "num_shared_experts", "num_dense_layers"):
+        _need(sec, m, f, _nonneg, ">= 0")
+    if m.num_experts >= 1:
+        if not 1 <= m.num_experts_per_tok <= m.num_experts:
+            raise ConfigError(
+                f"model.num_experts_per_tok={m.num_experts_per_tok}; expected 1 <= "
+                f"num_experts_per_tok <= model.num_experts={m.num_experts}")
+        _need(sec, m, "moe_intermediate_size", _ge1, ">= 1 with model.num_experts >= 1")
+        if not m.num_dense_layers < m.num_layers:
+            raise ConfigError(
+                f"model.num_dense_layers={m.num_dense_layers}; expected fewer than "
+                f"model.num_layers={m.num_layers} (at least one MoE layer)")
+    else:
+        set_ = [f"{f}={getattr(m, f)}" for f in ("num_experts_per_tok", "moe_intermediate_size",
+                                                 "num_shared_experts", "num_dense_layers")
+                if getattr(m, f)]
+        if set_:
+            raise ConfigError(
+                f"model.num_experts=0 with model.{', model.'.join(set_)}; expected the MoE "
+                f"fields set together: num_experts >= 1 for a MoE card, all 0 for a dense one")
+    if m.weight_quant_scope not in WEIGHT_QUANT_SCOPES:
+        raise ConfigError(f"model.weight_quant_scope={m.weight_quant_scope!r}; expected one of "
+                          f"{list(WEIGHT_QUANT_SCOPES)}")
+    if m.weight_quant_scope == "experts" and m.num_experts < 1:
+        raise ConfigError(
+            f"model.weight_quant_scope='experts' with model.num_experts={m.num_experts}; "
+            f"expected a MoE card (num_experts >= 1) or scope 'linear'")
+
+
+def _check_model_mla(m) -> None:
+    """MLA's projection widths (q_lora_rank, qk_nope_head_dim, v_head_dim) are >= 0, belong
+    to attention=mla only, and a head of qk_nope + qk_rope values is model.head_dim."""
+    sec = "model"
+    for f in ("q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+        _need(sec, m, f, _nonneg, ">= 0")
+    if m.attention != "mla":
+        set_ = [f"{f}={getattr(m, f)}" for f in ("q_lora_rank", "qk_nope_head_dim", "v_head_dim")
+                if getattr(m, f)]
+        if set_:
+            raise ConfigError(f"model.{', model.'.join(set_)} with model.attention="
+                              f"{m.attention!r}; expected them only with attention=mla")
+    elif m.qk_nope_head_dim and m.qk_nope_head_dim + m.qk_rope_head_dim != m.head_dim:
+        raise ConfigError(
+            f"model.qk_nope_head_dim={m.qk_nope_head_dim} + model.qk_rope_head_dim="
+            f"{m.qk_rope_head_dim} != model.head_dim={m.head_dim}; expected a query/key head of "
+            f"qk_nope + qk_rope values")
 
 
 def _check_gpu(cfg) -> None:
@@ -107,6 +166,10 @@ def _check_gpu(cfg) -> None:
     for f in ("memory_gib", "hbm_bandwidth_gbps", "bf16_dense_tflops", "pcie_bandwidth_gbps"):
         _need("gpu", g, f, _pos, "> 0")
     _need("gpu", g, "pcie_overhead_s", _nonneg, ">= 0")
+    for f in ("fp8_dense_tflops", "fp4_dense_tflops"):
+        _need("gpu", g, f, _nonneg, ">= 0 (0 = no tensor cores of that precision)")
+    _need("gpu", g, "nvlink_bandwidth_gbps", _nonneg, ">= 0 (0 = no NVLink)")
+    _need("gpu", g, "nvlink_latency_s", _nonneg, ">= 0 s")
 
 
 def _check_cache(cfg) -> None:
