@@ -131,6 +131,9 @@ TRACE_FORMAT_FIELDS = {
                   "think_time_mean_s", "shared_prefix_tokens", "input_mean", "input_sigma",
                   "turn_input_mean", "turn_input_sigma", "output_mean", "output_sigma",
                   "block_tokens", "max_context_tokens"),
+    "bench": ("num_requests", "max_concurrency", "request_rate", "burstiness", "input_len",
+              "output_len", "range_ratio", "range_rule", "chain_assignment", "prefix_tokens",
+              "num_prefix_groups", "block_tokens"),
 }
 # tier options that only matter with a host or disk tier: all but the preset name and sizes
 TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
@@ -180,11 +183,11 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
         key = o.lstrip("+~").split("=", 1)[0]
         group, _, field = key.partition(".")
         if group == "trace":
-            for k, names in TRACE_FORMAT_FIELDS.items():
-                if field in names and k != kind:
-                    notes.append(f"{key} is read by {k} traces only; this run's trace is "
-                                 f"{trace_format}: it changes nothing")
-            if field in ("path", "cache", "cache_dir") and kind == "synthetic":
+            readers = [k for k, names in TRACE_FORMAT_FIELDS.items() if field in names]
+            if readers and kind not in readers:
+                notes.append(f"{key} is read by {' and '.join(readers)} traces only; this run's "
+                             f"trace is {trace_format}: it changes nothing")
+            if field in ("path", "cache", "cache_dir") and kind in ("synthetic", "bench"):
                 notes.append(f"{key} is read by traces loaded from files; this run's trace is "
                              f"{trace_format}, generated from its options: it changes nothing")
         elif key == "cost.file" and cost_kind != "calibrated":
