@@ -21,7 +21,7 @@ import math
 
 from .hardware import ConfigError, check_prefill_budget
 
-__all__ = ["validate_config", "validate_workload"]
+__all__ = ["validate_config", "validate_workload", "check_model_card"]
 
 
 def _need(section: str, node, name: str, ok, expected: str) -> None:
@@ -102,6 +102,14 @@ def _check_model(cfg) -> None:
         raise ConfigError(f"model.rope_dim={m.rope_dim}; expected 0 <= rope_dim <= model.head_dim={m.head_dim}")
     _check_model_experts(m)
     _check_model_mla(m)
+
+
+def check_model_card(model) -> None:
+    """validate_config's model-card checks on a card alone (a ``ModelConfig`` node):
+    ConfigError naming the field (:mod:`sim.model_card` checks the cards it makes)."""
+    from types import SimpleNamespace
+
+    _check_model(SimpleNamespace(model=model))
 
 
 def _check_model_experts(m) -> None:
