@@ -6,7 +6,8 @@ computed, ``S`` sampling rows and ``n`` scheduled sequences, takes
 ``host(n, prefill) + sum over operator groups of max(FLOPs / (peak x mfu), bytes / (HBM x mbu))
 + attention + collectives + L x layer_overhead_s``
 
-Operator groups (parameters from :func:`layer_params`, split over the ``t`` ranks):
+Operator groups (parameters from :func:`sim.hardware.linear_param_counts`, split over the
+``t`` ranks):
 
 * attention projections (QKV and O; MLA's low-rank projections), every layer;
 * dense MLP (``num_dense_layers`` layers of a MoE model, every layer of a dense one);
@@ -14,7 +15,8 @@ Operator groups (parameters from :func:`layer_params`, split over the ``t`` rank
 * routed experts: ``T`` tokens routed top-``k`` of ``E`` experts touch
   ``E x (1 - (1 - k/E)^T)`` distinct experts per layer in expectation (uniform routing), whose
   weights are read once; FLOPs ``2 x T x k x`` expert parameters;
-* lm_head: ``S`` rows of ``hidden x vocab`` (weights in ``model.dtype``).
+* lm_head: ``S`` rows of ``hidden x vocab`` (weights in ``model.dtype``; a tied lm_head
+  multiplies by the embedding table).
 
 Precision (``cost.gemm_precision``): a group's weights are read at their stored bytes
 (``model.weight_quant`` within ``model.weight_quant_scope``; :data:`sim.hardware.WEIGHT_QUANT_BYTES`)
@@ -49,76 +51,15 @@ everything else depends on the batch size only (:meth:`OperatorCostModel._fixed_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .cost import AnalyticCostModel
 from .hardware import (ConfigError, WEIGHT_QUANT_BYTES, dtype_bytes, full_attention_layers,
-                       kv_bytes_per_token, kv_replication, window_kv_bytes_per_token)
+                       kv_bytes_per_token, kv_replication, linear_param_counts,
+                       window_kv_bytes_per_token)
 
 #: weight_quant -> the tensor-core precision that computes it where the GPU has one
 QUANT_PRECISION = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
-
-
-@dataclass(frozen=True)
-class LayerParams:
-    """Parameter counts of a model's linear layers (parameters, not bytes).
-
-    ``attention``: QKV and output projections of one layer; ``dense_mlp``: one dense MLP;
-    ``expert``: one routed expert; ``shared``: the shared experts of one MoE layer; ``router``:
-    one MoE layer's router; ``lm_head``: ``vocab x hidden``; ``moe_layers`` / ``dense_layers``:
-    how many layers have each MLP kind.
-    """
-
-    attention: int
-    dense_mlp: int
-    expert: int
-    shared: int
-    router: int
-    lm_head: int
-    moe_layers: int
-    dense_layers: int
-
-
-def layer_params(model) -> LayerParams:
-    """:class:`LayerParams` of a model card.
-
-    GQA/MHA: ``hidden x (q_heads + 2 kv_heads) x head_dim + q_heads x head_dim x hidden``. MLA
-    (DeepSeek-V3 modelling code's projections): ``q_a`` (``hidden x q_lora_rank``, or a direct
-    ``hidden x heads x qk_dim`` without one), ``q_b`` (``q_lora_rank x heads x qk_dim``),
-    ``kv_a`` (``hidden x (kv_lora_rank + rope)``), ``kv_b`` (``kv_lora_rank x heads x (nope +
-    v_head_dim)``), ``o`` (``heads x v_head_dim x hidden``), with ``qk_dim = nope + rope``. MLP:
-    ``(3 if mlp_gated else 2) x hidden x width``. Router: ``hidden x num_experts``.
-    """
-    h = int(model.hidden_size)
-    qh = int(model.num_q_heads)
-    if model.attention == "mla":
-        rope = int(model.qk_rope_head_dim)
-        nope = int(model.qk_nope_head_dim) or int(model.head_dim) - rope
-        v = int(model.v_head_dim) or nope
-        qk = nope + rope
-        ql = int(model.q_lora_rank)
-        q = h * ql + ql * qh * qk if ql else h * qh * qk
-        kv = h * (int(model.kv_lora_rank) + rope) + int(model.kv_lora_rank) * qh * (nope + v)
-        attn = q + kv + qh * v * h
-    else:
-        hd = int(model.head_dim)
-        attn = h * (qh + 2 * int(model.num_kv_heads)) * hd + qh * hd * h
-    mats = 3 if model.mlp_gated else 2
-    e = int(model.num_experts)
-    if e > 0:
-        moe_layers = int(model.num_layers) - int(model.num_dense_layers)
-        dense_layers = int(model.num_dense_layers)
-        expert = mats * h * int(model.moe_intermediate_size)
-        shared = int(model.num_shared_experts) * expert
-        router = h * e
-    else:
-        moe_layers, dense_layers, expert, shared, router = 0, int(model.num_layers), 0, 0, 0
-    return LayerParams(attention=attn, dense_mlp=mats * h * int(model.intermediate_size),
-                       expert=expert, shared=shared, router=router,
-                       lm_head=int(model.vocab_size) * h, moe_layers=moe_layers,
-                       dense_layers=dense_layers)
 
 
 def expected_experts(num_experts: int, top_k: int, tokens) -> np.ndarray:
@@ -163,7 +104,7 @@ class OperatorCostModel(AnalyticCostModel):
         self.seq_overhead = float(cost.seq_overhead_s)
         self.prefill_overhead = float(cost.prefill_overhead_s)
         self.layer_overhead = float(cost.layer_overhead_s) * int(model.num_layers)
-        self.p = layer_params(model)
+        self.p = p = linear_param_counts(model)
         bw = float(gpu.hbm_bandwidth_gbps) * 1e9 * tp  # the group's HBM bytes/s
         self._bytes_s = bw * self.mbu
         peaks = {"bf16": float(gpu.bf16_dense_tflops), "fp8": float(gpu.fp8_dense_tflops),
@@ -199,13 +140,12 @@ class OperatorCostModel(AnalyticCostModel):
             dense_b, dense_f = dt, bf
         else:
             dense_b, dense_f = qbytes, qf
-        p = self.p
         # (parameters, bytes per parameter, achieved FLOP/s) of the groups every token passes
         self._groups = [
-            (float(p.attention * model.num_layers + p.dense_mlp * p.dense_layers
-                   + (p.shared + p.router) * p.moe_layers), dense_b, dense_f)]
-        self._expert = (float(p.expert * p.moe_layers), qbytes, qf)
-        self._lm_head = (float(p.lm_head), dt, bf)
+            (float(p.attention * p.num_layers + p.dense_mlp * p.num_dense_layers
+                   + (p.shared_experts + p.router) * p.num_moe_layers), dense_b, dense_f)]
+        self._expert = (float(p.routed_experts), qbytes, qf)
+        self._lm_head = (float(p.lm_head or p.embedding), dt, bf)
         self.E = int(model.num_experts)
         self.k = int(model.num_experts_per_tok)
         # collectives
@@ -271,7 +211,7 @@ class OperatorCostModel(AnalyticCostModel):
         ar = ring_allreduce_time(msg, self.tp, self._link_Bps, self._link_lat)
         if not self.expert_parallel:
             return 2.0 * self.num_layers * ar
-        moe = self.p.moe_layers
+        moe = self.p.num_moe_layers
         a2a = self._link_lat + (self.tp - 1) / self.tp * msg * self.k / self._link_Bps
         return (2.0 * self.num_layers - moe) * ar + moe * 2.0 * a2a
 

@@ -7,8 +7,8 @@ import pytest
 
 from sim.cost import build_cost_model
 from sim.hardware import ConfigError
-from sim.operator_cost import (OperatorCostModel, expected_experts, layer_params,
-                               ring_allreduce_time)
+from sim.hardware import linear_param_counts
+from sim.operator_cost import OperatorCostModel, expected_experts, ring_allreduce_time
 from sim.run import compose_config, run_simulation
 
 
@@ -39,16 +39,6 @@ def test_ring_allreduce_bytes_and_latency():
     assert ring_allreduce_time(1e6, 1, 100e9, 5e-6) == 0.0
 
 
-def test_layer_params_llama_70b_hand_count():
-    p = layer_params(cfg("model=llama3_1_70b").model)
-    # QKV 8192 x (64 + 16) x 128 + O 64 x 128 x 8192; gated MLP 3 x 8192 x 28672
-    assert p.attention == 8192 * 80 * 128 + 64 * 128 * 8192
-    assert p.dense_mlp == 3 * 8192 * 28672
-    assert p.dense_layers == 80 and p.moe_layers == 0 and p.expert == 0
-    total = (p.attention + p.dense_mlp) * 80 + 2 * p.lm_head  # untied embedding + lm_head
-    assert total / 1e9 == pytest.approx(70.55, rel=2e-3)  # the published 70.6 B
-
-
 def test_gemm_precision_follows_weights_and_card():
     # FP8 weights on an H100 run on the FP8 peak; MXFP4 weights (no FP4 tensor cores) on BF16
     m = model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=fp8"))
@@ -68,7 +58,7 @@ def test_decode_weight_traffic_hand_value():
     c = cfg("model=llama3_1_70b", "cost.layer_overhead_s=0", "cost.step_overhead_s=0",
             "cost.seq_overhead_s=0")
     m = model_of(c)
-    p = layer_params(c.model)
+    p = linear_param_counts(c.model)
     body = (p.attention + p.dense_mlp) * 80 * 2
     head = p.lm_head * 2
     bw = 4800e9 * float(c.cost.mbu)
