@@ -365,6 +365,33 @@ class OperatorCostModel(AnalyticCostModel):
         parts["total"] = sum(parts.values())
         return parts
 
+    def run_breakdown(self, steps) -> dict:
+        """Where a run's step time went (s, summed over its steps), from the steps table
+        (:meth:`sim.metrics.Recorder.steps_frame`: ``duration_s``, ``running``,
+        ``prefill_tokens``, ``decode_tokens``): host, linear layers (lm_head rows taken as the
+        step's decode tokens), collectives and the per-layer overhead from this model's terms,
+        and ``attention`` the rest of each step's recorded duration (the only term that needs
+        each request's context; a compaction round or an onboarding wait inside a step would
+        count there too). ``share``: each term over the total."""
+        d = steps["duration_s"].to_numpy(np.float64)
+        if len(d) == 0:
+            return {}
+        pre = steps["prefill_tokens"].to_numpy(np.float64)
+        dec = steps["decode_tokens"].to_numpy(np.float64)
+        tok = pre + dec
+        host = self.host_time(steps["running"].to_numpy(np.float64), False) + np.where(
+            pre > 0, self.prefill_overhead, 0.0)
+        parts = {"host": host, "gemm": self.gemm_time(tok, dec),
+                 "collectives": self.comm_time(tok) + np.zeros_like(d),
+                 "layer_overhead": np.full_like(d, self.layer_overhead)}
+        out = {k: float(v.sum()) for k, v in parts.items()}
+        out["attention"] = float(d.sum()) - sum(out.values())
+        total = float(d.sum())
+        out["total"] = total
+        out["share"] = {k: (out[k] / total if total > 0 else None)
+                        for k in ("host", "gemm", "attention", "collectives", "layer_overhead")}
+        return out
+
     def describe(self, codec=None, disk: bool = False, compaction: bool = False) -> dict:
         """The model and the settings behind its terms (for ``summary.json``)."""
         return {"kind": "operator", "file": None, "calibrated": [], "analytic_fallback": [],

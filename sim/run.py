@@ -455,6 +455,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     # demotions) do not stretch the throughput's denominator
     serve_end = float(req["finish_s"].max()) if len(req) else float(sim.env.now)
     extra["tier_copies_end_s"] = float(sim.env.now) if tm is not None else None
+    if hasattr(cost, "run_breakdown"):  # (cost.kind=operator: where the step time went)
+        extra["cost_model"]["step_time_s"] = cost.run_breakdown(rec.steps_frame())
     summary = summarize(req, rec, serve_end, plan.num_gpu_blocks, extra,
                         block_size=int(cfg.cache.block_size))
     from traces.loader import peak_rss_mb as _peak

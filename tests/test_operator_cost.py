@@ -126,6 +126,11 @@ def test_operator_run_reports_its_model(tmp_path):
     assert s["cost_model"]["kind"] == "operator"
     assert s["cost_model"]["gemm_precision"] == "bf16"
     assert s["requests_finished"] == 30
+    b = s["cost_model"]["step_time_s"]
+    assert b["total"] == pytest.approx(b["host"] + b["gemm"] + b["attention"] + b["collectives"]
+                                       + b["layer_overhead"], rel=1e-9)
+    assert b["attention"] > 0 and b["gemm"] > 0 and b["collectives"] == 0.0
+    assert sum(b["share"].values()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("field,value,msg", [
