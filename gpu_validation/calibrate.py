@@ -1,6 +1,8 @@
 """Benchmarks on a real GPU -> per-device calibration JSON.
 
     python -m gpu_validation.calibrate --out gpu_validation/calibrations/h200.json [--quick]
+    python -m gpu_validation.calibrate --out FILE --model experiments/conf/model/llama3_1_8b.yaml \
+        [--model CARD2.yaml ...] [--tp 1 2 4 8] [--moe NAME:experts=E,top_k=K,width=W]
 
 Times (CUDA events around each call, warm-up first, median of repeats):
   d2d copy; compaction (forward packing, hole filling) over block size 16/32/64, head_dim
@@ -9,7 +11,9 @@ Times (CUDA events around each call, warm-up first, median of repeats):
   mapped pinned memory) and unfused (codec + one batched cudaMemcpyAsync); pinned H2D/D2H per
   size (64 KiB..256 MiB) and per separately issued copy; decode attention (torch SDPA) and
   prefill GEMMs at Qwen3-8B shapes (one layer timed, scaled by 36 layers).
-Each op gets an affine fit (calibration_model.fit_affine). Schema: README.md.
+Each op gets an affine fit (calibration_model.fit_affine). With --model: the section
+`operators` (gpu_validation/operators.py): dense GEMMs (bf16, fp8), grouped expert GEMMs,
+decode / prefill attention at every card's shapes per TP degree, deduplicated. Schema: README.md.
 """
 from __future__ import annotations
 
@@ -331,6 +335,15 @@ def bench_gemm(res, quick):
                       "attention, norms, activations and lm_head not included"}
 
 
+def device_name(torch_name: str) -> str:
+    """The name recorded as ``device.name``: torch's name, with the simulator's card name in front
+    where torch's name lacks it ('NVIDIA H100 80GB HBM3' is the SXM part, the GPU card 'H100-SXM'
+    whose calibration short name is 'h100sxm'; the PCIe part reports 'NVIDIA H100 PCIe')."""
+    if "H100" in torch_name and "HBM3" in torch_name and "PCIe" not in torch_name and "SXM" not in torch_name:
+        return f"H100-SXM ({torch_name})"
+    return torch_name
+
+
 def write(res, points, path, t0, final=False):
     """Fit every op measured so far and write the calibration JSON (called after each
     section, so a run cut short still leaves a usable file)."""
@@ -356,32 +369,86 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="calibration JSON to write")
     ap.add_argument("--quick", action="store_true", help="small sweep (smoke test)")
-    ap.add_argument("--sections", default="copy,host,compaction,codecs,attention,gemm")
+    ap.add_argument("--sections", default="copy,host,compaction,codecs,attention,gemm,operators",
+                    help="comma list; 'operators' runs only with --model")
+    ap.add_argument("--model", action="append", default=[], metavar="CARD.yaml",
+                    help="model card (experiments/conf/model/*.yaml) whose operator shapes to time; repeatable")
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8], help="tensor-parallel degrees")
+    ap.add_argument("--moe", action="append", default=[], metavar="NAME:experts=E,top_k=K,width=W",
+                    help="MoE fields for a card that lacks them (also shared=, dense_layers=, gated=0|1)")
+    ap.add_argument("--operators-budget-s", type=float, default=300.0,
+                    help="stop timing operators after this many seconds (the rest is recorded as not measured)")
+    ap.add_argument("--device-name", default=None,
+                    help="device.name to record (default: torch's name, 'H100-SXM (...)' for an H100 SXM)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="print the operator shapes and the estimated time of --model, time nothing")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="time only the operators on the CPU (a smoke test of the code; not a calibration)")
     args = ap.parse_args(argv)
+    models = None
+    if args.model:
+        from . import operators as O
+
+        try:
+            over = dict(O.parse_moe_override(x) for x in args.moe)
+            models = [O.model_shapes(c, over) for c in args.model]
+        except O.CardError as e:
+            sys.exit(f"calibrate: {e}")
+        if args.plan_only:
+            pl = O.plan_operators(models, args.tp)
+            est = O.estimate_seconds(pl, args.quick)
+            for (n, k), uses in sorted(pl.gemm.items(), key=lambda x: (x[0][1], x[0][0])):
+                log(f"gemm n={n:6d} k={k:6d}  {'; '.join(uses)}")
+            for key, uses in sorted(pl.grouped.items()):
+                log(f"grouped experts={key[0]} top_k={key[1]} n={key[2]} k={key[3]}  {'; '.join(uses)}")
+            for key, uses in sorted(pl.attention.items()):
+                log(f"attention q_heads={key[0]} kv_heads={key[1]} head_dim={key[2]}  {'; '.join(uses)}")
+            for r in pl.skipped:
+                log(f"skipped: {r}")
+            log(f"{len(pl.gemm)} GEMM shapes, {len(pl.grouped)} grouped, {len(pl.attention)} attention; "
+                f"{est['points']} points; estimated {est['total']:.0f} s on an H100 (a lead, not a measurement)")
+            return
+    elif args.plan_only or args.cpu_smoke:
+        ap.error("--plan-only and --cpu-smoke need --model")
     if _MISSING is not None:
         sys.exit(f"calibrate needs torch and triton ({_MISSING}); install them with "
                  f"pip install -e '.[gpu]' (a CUDA build of torch on the GPU machine)")
+    if args.cpu_smoke:
+        return cpu_smoke(args, models)
     if not torch.cuda.is_available():
         sys.exit("calibrate needs a CUDA GPU")
     t0 = time.time()
     prop = torch.cuda.get_device_properties(0)
+    tname = torch.cuda.get_device_name(0)
     res = {"schema_version": 1,
-           "device": {"name": torch.cuda.get_device_name(0), "sm_count": prop.multi_processor_count,
-                      "memory_bytes": prop.total_memory},
+           "device": {"name": args.device_name or device_name(tname), "torch_name": tname,
+                      "sm_count": prop.multi_processor_count, "memory_bytes": prop.total_memory,
+                      "l2_bytes": int(getattr(prop, "L2_cache_size", 0)),
+                      "compute_capability": list(torch.cuda.get_device_capability(0))},
            "software": {"torch": torch.__version__, "triton": triton.__version__,
                         "cuda": torch.version.cuda, "python": platform.python_version(), "numpy": np.__version__},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python -m gpu_validation.calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "model_shapes": QWEN3_8B, "timing": "CUDA events, warm-up 2, median of 5-10 repeats; kernels (compaction, codecs incl. fused/unfused host paths) timed as CUDA-graph replays (no Python launch overhead); h2d/d2h/d2d_copy, attention and GEMM eager",
+           "model_shapes": QWEN3_8B, "timing": "CUDA events, warm-up 2, median of 5-10 repeats; kernels (compaction, codecs incl. fused/unfused host paths) timed as CUDA-graph replays (no Python launch overhead); h2d/d2h/d2d_copy, attention and GEMM eager"
+           + ("; operators: see operators.notes.timing" if models else ""),
            "raw": {}}
     secs = args.sections.split(",")
     points = {}
     points.update(bench_copy(res, args.quick))  # always: the copy ceiling
     import traceback
+    def bench_ops(res, quick):
+        from .operators import bench_operators
+
+        def checkpoint(out):  # (a run cut short keeps the operators measured so far)
+            res["operators"] = out
+            write(res, points, args.out, t0)
+        return bench_operators(torch, models, args.tp, "cuda", quick, args.operators_budget_s, log, checkpoint)
+
     for sec, fn in (("host", bench_host_link), ("compaction", bench_compaction), ("codecs", bench_codecs),
-                    ("attention", bench_attention), ("gemm", bench_gemm)):
-        if sec not in secs:
+                    ("attention", bench_attention), ("gemm", bench_gemm), ("operators", bench_ops)):
+        if sec not in secs or (sec == "operators" and not models):
             continue
+        log(f"== section {sec} (t = {time.time() - t0:.0f} s)")
         try:
             out = fn(res, args.quick)
         except Exception:  # keep what the other sections measured
@@ -390,6 +457,8 @@ def main(argv=None):
             continue
         if sec == "attention":
             res["decode_attention"] = out
+        elif sec == "operators":
+            res["operators"] = out
         elif sec == "gemm":
             res["gemm"] = out
         else:
@@ -397,6 +466,22 @@ def main(argv=None):
         write(res, points, args.out, t0)
     write(res, points, args.out, t0, final=True)
     log(f"wrote {args.out} in {res['elapsed_s']:.0f} s")
+
+
+def cpu_smoke(args, models):
+    """--cpu-smoke: the operators section on the CPU (eager, host clock) into a calibration-shaped
+    JSON whose device is 'cpu'; checks the code paths and the file's schema, measures nothing
+    useful."""
+    from .operators import bench_operators
+
+    t0 = time.time()
+    res = {"schema_version": 1, "device": {"name": "cpu (smoke test)"},
+           "software": {"torch": torch.__version__, "python": platform.python_version(), "numpy": np.__version__},
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python -m gpu_validation.calibrate " + " ".join(sys.argv[1:]), "raw": {}}
+    res["operators"] = bench_operators(torch, models, args.tp, "cpu", args.quick, args.operators_budget_s, log)
+    write(res, {}, args.out, t0, final=True)
+    log(f"wrote {args.out} in {res['elapsed_s']:.0f} s (CPU smoke test)")
 
 
 if __name__ == "__main__":

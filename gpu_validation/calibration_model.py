@@ -18,6 +18,9 @@ Models
 * ``gemm_time(tokens)``: linear interpolation of the measured per-layer table, times
   ``layers``; below the smallest token count the edge value, above the largest it is scaled
   proportionally (compute-bound).
+* ``operators``: the measured per-operator rows (dense GEMMs, grouped expert GEMMs, decode and
+  prefill attention per layer) of ``calibrate --model``, checked and returned as lists; the
+  per-operator cost model interpolates them itself.
 """
 from __future__ import annotations
 
@@ -92,6 +95,81 @@ def _layers(d, where: str, path: str) -> int:
     if n < 1:
         raise CalibrationError(f"{path}: {where}layers = {n}; expected >= 1")
     return n
+
+
+# operators.<table>: required keys and their kinds ("int" >= 1, "int0" >= 0, "sec" finite > 0,
+# "str", or a tuple of allowed strings); rows are keyed by every field but the time and method
+OPERATOR_TABLES = {
+    "gemm": {"dtype": ("bf16", "fp8"), "m": "int", "n": "int", "k": "int", "seconds": "sec",
+             "mode": ("graph", "eager")},
+    "grouped_gemm": {"dtype": ("bf16", "fp8"), "tokens": "int", "experts_active": "int", "n": "int",
+                     "k": "int", "seconds": "sec", "method": "str", "mode": ("graph", "eager")},
+    "attention_decode": {"kv_dtype": ("bf16", "fp8"), "batch": "int", "kv_tokens": "int",
+                         "q_heads": "int", "kv_heads": "int", "head_dim": "int",
+                         "seconds_per_layer": "sec", "method": "str", "mode": ("graph", "eager")},
+    "attention_prefill": {"kv_dtype": ("bf16", "fp8"), "new_tokens": "int", "context_tokens": "int0",
+                          "q_heads": "int", "kv_heads": "int", "head_dim": "int",
+                          "seconds_per_layer": "sec", "method": "str", "mode": ("graph", "eager")},
+}
+OPERATOR_OPTIONAL = {"grouped_gemm": {"experts": "int", "top_k": "int"}}
+
+
+def _check_operators(ops, path: str) -> dict:
+    """Validate ``operators`` (schema: README.md) and return ``{table: [row dicts], "notes":
+    dict}``. CalibrationError naming the file and the key (``operators.gemm[3].seconds``) for a
+    missing table or key, a wrong type, a time that is not finite and > 0, a count < 1 (context
+    tokens < 0), an unknown dtype or mode, q_heads not a multiple of kv_heads, experts_active
+    above experts or routed rows, or a row that repeats an earlier row's shape."""
+    if not isinstance(ops, dict):
+        raise CalibrationError(f"{path}: operators is a {type(ops).__name__}; expected an object")
+    out = {}
+    for table, spec in OPERATOR_TABLES.items():
+        rows = _need(ops, table, list, "operators.", path)
+        opt = OPERATOR_OPTIONAL.get(table, {})
+        seen = {}
+        checked = []
+        for i, r in enumerate(rows):
+            w = f"operators.{table}[{i}]"
+            if not isinstance(r, dict):
+                raise CalibrationError(f"{path}: {w} is a {type(r).__name__}; expected an object")
+            for key, kind in list(spec.items()) + [(k, v) for k, v in opt.items() if k in r]:
+                if key not in r:
+                    raise CalibrationError(f"{path}: missing key '{w}.{key}'")
+                v = r[key]
+                if isinstance(kind, tuple) or kind == "str":
+                    if not isinstance(v, str) or (isinstance(kind, tuple) and v not in kind):
+                        want = " or ".join(repr(x) for x in kind) if isinstance(kind, tuple) else "a string"
+                        raise CalibrationError(f"{path}: {w}.{key} = {v!r}; expected {want}")
+                elif kind == "sec":
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < float("inf")):
+                        raise CalibrationError(f"{path}: {w}.{key} = {v!r}; expected a finite number "
+                                               f"of seconds > 0")
+                else:
+                    lo = 0 if kind == "int0" else 1
+                    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                        raise CalibrationError(f"{path}: {w}.{key} = {v!r}; expected an integer >= {lo}")
+            if "q_heads" in spec and r["q_heads"] % r["kv_heads"]:
+                raise CalibrationError(f"{path}: {w}: q_heads {r['q_heads']} is not a multiple of "
+                                       f"kv_heads {r['kv_heads']}")
+            if table == "grouped_gemm":
+                cap = r["experts"] if "experts" in r else None
+                if cap is not None and r["experts_active"] > cap:
+                    raise CalibrationError(f"{path}: {w}.experts_active = {r['experts_active']} > "
+                                           f"experts = {cap}")
+                if "top_k" in r and r["experts_active"] > r["tokens"] * r["top_k"]:
+                    raise CalibrationError(f"{path}: {w}.experts_active = {r['experts_active']} > "
+                                           f"tokens x top_k = {r['tokens'] * r['top_k']}")
+            key = tuple((k, r[k]) for k in list(spec) + list(opt)
+                        if k in r and k not in ("seconds", "seconds_per_layer", "method"))
+            if key in seen:
+                raise CalibrationError(f"{path}: {w} repeats operators.{table}[{seen[key]}] "
+                                       f"({', '.join(f'{k}={v}' for k, v in key)}); expected one "
+                                       f"row per shape and mode")
+            seen[key] = i
+            checked.append(dict(r))
+        out[table] = checked
+    out["notes"] = _need(ops, "notes", dict, "operators.", path)
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,12 +276,29 @@ class Calibration:
                 raise CalibrationError(f"{p}: {name}.layers = {table[-1]}, but model_shapes."
                                        f"num_layers = {n_layers}; expected the measured model's "
                                        f"layer count")
+        self._operators = (_check_operators(data["operators"], p)
+                           if isinstance(data, dict) and "operators" in data else None)
         self.raw = data
+
+    @property
+    def operators(self) -> dict | None:
+        """The measured per-operator rows, or None when the file has no ``operators`` section
+        (a calibration run without ``--model``): ``{"gemm": [...], "grouped_gemm": [...],
+        "attention_decode": [...], "attention_prefill": [...], "notes": {...}}``, each list of
+        row dicts as in README.md (seconds per call for one GPU; attention per layer). Copies:
+        editing them does not change the calibration."""
+        if self._operators is None:
+            return None
+        return {k: ([dict(r) for r in v] if isinstance(v, list) else dict(v))
+                for k, v in self._operators.items()}
 
     # ---------------------------------------------------------------- ops
     def has(self, op: str) -> bool:
         """True if the file has a fitted entry for ``op`` (else the simulator should fall back
-        to its analytic model). ``"decode_attention"`` and ``"gemm"`` name the tables."""
+        to its analytic model). ``"decode_attention"`` and ``"gemm"`` name the tables,
+        ``"operators"`` the per-operator section."""
+        if op == "operators":
+            return self._operators is not None
         if op == "decode_attention":
             return self._attn is not None
         if op == "gemm":
@@ -297,4 +392,5 @@ def fit_affine(points, min_bw: float = 1.0) -> tuple[dict, float]:
             "bandwidth_Bps": bw if bw == 0.0 else max(bw, min_bw)}, err
 
 
-__all__ = ["Calibration", "CalibrationError", "OpFit", "load_calibration", "fit_affine", "OP_NAMES"]
+__all__ = ["Calibration", "CalibrationError", "OpFit", "load_calibration", "fit_affine", "OP_NAMES",
+           "OPERATOR_TABLES"]

@@ -91,8 +91,35 @@ def calib_name(op: dict) -> str:
     raise ValueError(f"unknown op {op['op']!r}")
 
 
+ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def pool_tokens(token_bytes: int, free_bytes: int, want: int = 140_000, frac: float = 0.5) -> int:
+    """Token slots of a replay pool: ``want`` (enough for 16 requests of a 4096-token prompt plus
+    2176 decode tokens), fewer when ``frac`` of the device's free memory cannot hold that many
+    slots of ``token_bytes`` (all layers, K and V); the rest stays free for page buffers."""
+    return max(1, min(want, int(frac * free_bytes) // max(int(token_bytes), 1)))
+
+
+def amax_per_layer_kv(kv, chunk_bytes: int = 1 << 30):
+    """``max |x|`` per (layer, K/V) of a pool ``kv[L, NB, 2, H, B, D]`` as float32 [L, 2],
+    read in chunks of blocks (about ``chunk_bytes`` of float32 at a time) instead of one float32
+    copy of the whole pool; equal to ``kv.float().abs().amax(dim=(1, 3, 4, 5))``."""
+    L, NB = kv.shape[0], kv.shape[1]
+    per_block = max(1, kv[:, :1].numel() * 4)
+    step = max(1, chunk_bytes // per_block)
+    out = None
+    for s in range(0, NB, step):
+        a = kv[:, s:s + step].float().abs().amax(dim=(1, 3, 4, 5))
+        out = a if out is None else torch.maximum(out, a)
+    return out
+
+
 class Replayer:
-    def __init__(self, model: dict, max_tokens: int = 140_000):
+    def __init__(self, model: dict, max_tokens: int | None = None):
+        """``max_tokens``: token slots per pool; None sizes each pool from the device's free
+        memory (:func:`pool_tokens`: 140,000 slots where they fit, as on an 80 GB card for
+        Qwen3-8B shapes, 20.6 GB)."""
         self.model = model
         self.max_tokens = max_tokens
         self.pools = {}
@@ -101,12 +128,21 @@ class Replayer:
     def pool(self, B):
         if B not in self.pools:
             m = self.model
-            NB = self.max_tokens // B
-            p = PagedKVPool(m["num_layers"], NB, m["num_kv_heads"], B, m["head_dim"], m.get("dtype", "bf16"),
+            dt = m.get("dtype", "bf16")
+            token_bytes = m["num_layers"] * 2 * m["num_kv_heads"] * m["head_dim"] * ELEM_BYTES.get(dt, 2)
+            tokens = self.max_tokens
+            if tokens is None:
+                free, _ = torch.cuda.mem_get_info()
+                tokens = pool_tokens(token_bytes, free)
+                if tokens < 140_000:
+                    print(f"replay pool of block size {B}: {tokens} token slots ({tokens * token_bytes / 2**30:.1f} "
+                          f"GiB), sized from {free / 2**30:.1f} GiB free", flush=True)
+            NB = tokens // B
+            p = PagedKVPool(m["num_layers"], NB, m["num_kv_heads"], B, m["head_dim"], dt,
                             "cuda", with_positions=True, seed=B)
             random.Random(B).shuffle(p._free)
             kv = p.kv
-            amax = kv.float().abs().amax(dim=(1, 3, 4, 5))
+            amax = amax_per_layer_kv(kv)
             p.g4 = R.nvfp4_global_scale(amax).cuda()
             p.s8 = R.fp8_global_scale(amax).cuda()
             self.pools[B] = p

@@ -220,3 +220,47 @@ def test_fused_host_paths_match_device_paths():
     K.nvfp4_decode(host, b, bl, g)
     torch.cuda.synchronize()
     assert torch.equal(_bits(a), _bits(b))
+
+
+def test_validate_amax_in_chunks_equals_whole_pool():
+    from gpu_validation.validate import amax_per_layer_kv, pool_tokens
+
+    for dt in ("bf16", "fp8"):
+        kv = PagedKVPool(3, 37, 2, 4, 8, dt, DEV, seed=3).kv
+        row = kv[:, :1].numel() * 4
+        for chunk in (1, row, 5 * row, 1 << 30):  # one block per chunk .. the whole pool
+            assert torch.equal(amax_per_layer_kv(kv, chunk_bytes=chunk), kv.float().abs().amax(dim=(1, 3, 4, 5)))
+    assert pool_tokens(147456, 78 << 30) == 140_000  # Qwen3-8B slots on an 80 GB card: all of them
+    assert pool_tokens(147456, 10 << 30) == (5 << 30) // 147456
+
+
+def test_operator_bench_runs_and_its_section_loads(tmp_path):
+    """The operators section end to end on tiny cards (CPU: eager smoke grid; GPU: graphs, the
+    --quick grid): every table filled, checks passed, and the calibration loader accepts it."""
+    import json
+
+    from gpu_validation import operators as O
+    from gpu_validation.calibration_model import load_calibration
+
+    cards = []
+    for name, extra in (("Tiny-Dense", {}), ("Tiny-MoE", dict(num_experts=8, num_experts_per_tok=2,
+                                                              moe_intermediate_size=128))):
+        p = tmp_path / f"{name}.yaml"
+        body = dict(name=name, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64, hidden_size=256,
+                    intermediate_size=512, vocab_size=1024, **extra)
+        p.write_text("\n".join(f"{k}: {v}" for k, v in body.items()) + "\n")
+        cards.append(O.model_shapes(p))
+    ops = O.bench_operators(torch, cards, [1, 2], device=DEV, quick=True, budget_s=120, log=lambda *a: None)
+    for table in ("gemm", "grouped_gemm", "attention_decode", "attention_prefill"):
+        assert ops[table], table
+    n = ops["notes"]
+    assert n["not_measured"] == [], n["not_measured"]
+    for k, v in n["checks"].items():
+        assert isinstance(v, float) and v < 2e-2, (k, v)
+    assert {r["dtype"] for r in ops["gemm"]} == ({"bf16", "fp8"} if n["fp8"] == "measured" else {"bf16"})
+    if DEV == "cuda":
+        assert {r["mode"] for r in ops["gemm"]} == {"graph", "eager"}
+    doc = {"device": {"name": "x"}, "software": {}, "date": "2026-12-07", "ops": {}, "operators": ops}
+    (tmp_path / "cal.json").write_text(json.dumps(doc))
+    cal = load_calibration(tmp_path / "cal.json")
+    assert len(cal.operators["gemm"]) == len(ops["gemm"])
