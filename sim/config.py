@@ -142,13 +142,15 @@ class CostConfig:
     step_overhead_s: float = 0.004  # scheduler + launch + sampling per engine step
     tensor_parallel_size: int = 1
     # kind=operator only (sim/operator_cost.py; experiments/conf/cost/operator.yaml sets the
-    # fitted values): decode attention's fraction of HBM bandwidth; host time per scheduled
+    # fitted values): decode attention's fraction of HBM bandwidth; the routed experts' grouped
+    # GEMMs' fraction of the peak (few tokens per expert, weight-only dequantisation); host time per scheduled
     # sequence, and extra host time of a step with prefill work (outside the decode CUDA graph);
     # GPU time per layer that no roofline term covers (kernel tails and gaps); fraction of the
     # NVLink bandwidth a collective reaches; GEMM precision (auto: the weights' precision where
     # the GPU has tensor cores for it, else BF16 after dequantisation); expert parallelism for
     # MoE layers (all-to-all instead of the MLP all-reduce)
     attention_mbu: float = 0.8
+    expert_mfu: float = 0.6  # routed experts' grouped GEMMs: achieved fraction of the peak
     seq_overhead_s: float = 0.0
     prefill_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0

@@ -14,7 +14,8 @@ Operator groups (parameters from :func:`sim.hardware.linear_param_counts`, split
 * shared experts and router, every MoE layer;
 * routed experts: ``T`` tokens routed top-``k`` of ``E`` experts touch
   ``E x (1 - (1 - k/E)^T)`` distinct experts per layer in expectation (uniform routing), whose
-  weights are read once; FLOPs ``2 x T x k x`` expert parameters;
+  weights are read once; FLOPs ``2 x T x k x`` expert parameters at ``expert_mfu`` of the peak
+  (grouped GEMMs of a few tokens per expert reach less of it than dense ones);
 * lm_head: ``S`` rows of ``hidden x vocab`` (weights in ``model.dtype``; a tied lm_head
   multiplies by the embedding table).
 
@@ -93,7 +94,7 @@ class OperatorCostModel(AnalyticCostModel):
         super().__init__(model, gpu, cache, cost)
         tp = int(cost.tensor_parallel_size)
         self.tp = tp
-        for name in ("attention_mbu", "comm_efficiency"):
+        for name in ("attention_mbu", "comm_efficiency", "expert_mfu"):
             v = float(getattr(cost, name))
             if not 0 < v <= 1:
                 raise ConfigError(f"cost.{name}={v}; expected 0 < value <= 1")
@@ -144,7 +145,7 @@ class OperatorCostModel(AnalyticCostModel):
         self._groups = [
             (float(p.attention * p.num_layers + p.dense_mlp * p.num_dense_layers
                    + (p.shared_experts + p.router) * p.num_moe_layers), dense_b, dense_f)]
-        self._expert = (float(p.routed_experts), qbytes, qf)
+        self._expert = (float(p.routed_experts), qbytes, qf / self.mfu * float(cost.expert_mfu))
         self._lm_head = (float(p.lm_head or p.embedding), dt, bf)
         self.E = int(model.num_experts)
         self.k = int(model.num_experts_per_tok)

@@ -1,0 +1,464 @@
+"""Latency fidelity: kvsim's TTFT and TPOT against published measurements of real serving runs.
+
+The measurements (``experiments/data/latency/``, SOURCES.md there says where they come from):
+InferenceMAX sweeps as BLIS vendors them, one point per (deployment, input/output lengths,
+concurrency) with the measured TTFT and TPOT. Each point is replayed as the benchmark client
+drove the server: a closed loop at fixed concurrency N (:func:`traces.bench.generate_bench`),
+``--prompts-per-client`` x N prompts (InferenceMAX sends 10 x N) whose input and output lengths
+are uniform in ``[0.8 L, L]`` for the label's L (InferenceMAX's ``--random-range-ratio 0.8``
+with its client's one-sided rule), on the deployment's model card, GPU card, tensor-parallel
+size, weight and KV precision and scheduler limits.
+
+The points split in two sets that never mix:
+
+* ``tune``: vLLM on H100 and H200, the only points ``--fit`` may look at;
+* ``held_out``: every other GPU (B200, B300) and engine (SGLang, TensorRT-LLM), reported only.
+
+A point whose model has no card in ``experiments/conf/model`` is listed as skipped with the
+reason. Errors are ``(simulated - measured) / measured``; the report gives per scenario and per
+set the median absolute error of TTFT and TPOT, and the signed median (bias).
+
+Run:
+``python -m experiments.latency_fidelity [--cost operator,analytic] [--jobs 2] [--only tune]``
+``python -m experiments.latency_fidelity --fit`` (a bounded Powell search, SciPy, of the operator
+model's efficiencies and overheads on the ``tune`` set; prints the values for
+``experiments/conf/cost/operator.yaml``).
+
+Writes ``experiments/results/latency_fidelity.csv`` (one row per point and cost model) and
+``latency_fidelity.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "experiments" / "data" / "latency"
+RESULTS = ROOT / "experiments" / "results"
+CARDS = ROOT / "experiments" / "conf" / "model"
+
+#: scenario model name -> kvsim model card (experiments/conf/model/<card>.yaml)
+MODEL_CARDS = {
+    # (InferenceMAX served nvidia/Llama-3.3-70B-Instruct-FP8 under this label: SOURCES.md)
+    "llama-3.1-70b-instruct": "llama3_3_70b",
+    "llama-3.3-70b-instruct": "llama3_3_70b",
+    "gpt-oss-120b": "gpt_oss_120b",
+    "deepseek-v3": "deepseek_v3",
+    "deepseek-r1": "deepseek_r1",
+    "qwen3-235b-a22b": "qwen3_235b_a22b",
+}
+#: benchmark label -> (input tokens, output tokens)
+LABEL_LENGTHS = {"1k1k": (1024, 1024), "1k8k": (1024, 8192), "8k1k": (8192, 1024)}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured point. Times in seconds; ``split``: ``tune`` or ``held_out``."""
+
+    scenario: str
+    model: str
+    gpu: str
+    precision: str
+    framework: str
+    tp: int
+    label: str
+    concurrency: int
+    ttft_s: float
+    tpot_s: float
+    split: str
+    expert_parallel: bool = False
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    kv_cache_dtype: str = "auto"
+
+
+def load_points(data_dir: Path = DATA) -> tuple[list[Point], list[dict]]:
+    """The measured points of ``inferencex_absolutes.json`` with their deployments from
+    ``inferencex_scenarios.json``, and the anchors left out as ``{"scenario", "label",
+    "reason"}`` (no model or GPU card, data-parallel attention). Raises ValueError naming the
+    file and the entry for a malformed entry."""
+    path = data_dir / "inferencex_absolutes.json"
+    raw = json.loads(path.read_text())
+    scen_path = data_dir / "inferencex_scenarios.json"
+    scen = json.loads(scen_path.read_text())
+    points, skipped = [], []
+    for i, a in enumerate(raw.get("anchors", [])):
+        name = str(a.get("scenario", ""))
+        s = scen.get(name)
+        if s is None:
+            raise ValueError(f"{path}: anchors[{i}].scenario={name!r} is not in {scen_path}")
+        label = str(a.get("label"))
+        if label not in LABEL_LENGTHS:
+            raise ValueError(f"{path}: anchors[{i}].label={label!r}; expected one of "
+                             f"{sorted(LABEL_LENGTHS)}")
+        card = MODEL_CARDS.get(s["model"])
+        why = None
+        if card is None or not (CARDS / f"{card}.yaml").exists():
+            why = f"no model card for {s['model']}"
+        elif s["gpu"] not in ("h100", "h200", "b200", "b300"):
+            why = f"no GPU card for {s['gpu']}"
+        elif int(s.get("dp") or 1) > 1 or int(s.get("pp") or 1) > 1:
+            why = "data or pipeline parallelism (not modelled)"
+        if why:
+            skipped.append({"scenario": name, "label": label, "reason": why})
+            continue
+        tp = int(s["tp"])
+        topo = s.get("topology_comment") or {}
+        ep = bool(s.get("enable_expert_parallel")) or int(topo.get("moe_ep_size") or 1) > 1
+        split = "tune" if s["framework"] == "vllm" and s["gpu"] in ("h100", "h200") else "held_out"
+        ttft = a.get("absolute_ttft_us", {})
+        tpot = a.get("absolute_tpot_us", {})
+        for conc in sorted(set(ttft) & set(tpot), key=int):
+            points.append(Point(
+                scenario=name.removesuffix(".yaml"), model=card, gpu=s["gpu"],
+                precision=s["precision"], framework=s["framework"], tp=tp, label=label,
+                concurrency=int(conc), ttft_s=float(ttft[conc]) * 1e-6,
+                tpot_s=float(tpot[conc]) * 1e-6, split=split, expert_parallel=ep,
+                max_num_batched_tokens=int(s.get("max_num_batched_tokens") or 8192),
+                max_num_seqs=int(s.get("max_num_seqs") or 256),
+                kv_cache_dtype="fp8" if str(s.get("cache_dtype") or "").startswith("fp8") else "auto"))
+    return points, skipped
+
+
+def _weight_quant(p: Point) -> str | None:
+    """The ``model.weight_quant`` override of a point (None: the card's own)."""
+    if p.precision == "fp8":
+        return "fp8"
+    if p.precision == "fp4":
+        return "mxfp4" if p.model == "gpt_oss_120b" else "nvfp4"
+    return "none"
+
+
+def point_overrides(p: Point, cost: str, extra: dict | None = None) -> list[str]:
+    """The kvsim config overrides that replay point ``p`` with cost model ``cost`` and the
+    ``cost.<key>`` settings in ``extra``. The server as InferenceMAX ran it: vLLM with
+    ``--max-num-seqs`` equal to the concurrency, prefix caching off, the deployment's token
+    budget (SOURCES.md beside the data)."""
+    isl, osl = LABEL_LENGTHS[p.label]
+    ov = [f"model={p.model}", f"gpu={p.gpu}", f"cost={cost}",
+          f"cost.tensor_parallel_size={p.tp}",
+          f"scheduler.max_num_batched_tokens={p.max_num_batched_tokens}",
+          f"scheduler.max_num_seqs={p.concurrency}",
+          "cache.enable_prefix_caching=false",
+          f"cache.kv_cache_dtype={p.kv_cache_dtype}",
+          "output.print_summary=false", "output.write_steps=false", "sim.progress=false"]
+    q = _weight_quant(p)
+    if q is not None:
+        ov.append(f"model.weight_quant={q}")
+    if cost == "operator" and p.expert_parallel:
+        ov.append("cost.expert_parallel=true")
+    for k, v in (extra or {}).items():
+        ov.append(f"cost.{k}={v}")
+    return ov
+
+
+def simulate_point(p: Point, cost: str, extra: dict | None, prompts_per_client: int,
+                   range_ratio: float, seed: int = 0) -> dict:
+    """Replay one point; returns ``{"sim_ttft_s", "sim_tpot_s", "error"}`` (means over the
+    finished requests; ``error`` is the message of a config the model cannot run)."""
+    from sim.hardware import ConfigError
+    from sim.run import compose_config, run_simulation
+    from traces.bench import generate_bench
+
+    isl, osl = LABEL_LENGTHS[p.label]
+    try:
+        cfg = compose_config(point_overrides(p, cost, extra))
+        wl = generate_bench(num_prompts=prompts_per_client * p.concurrency, input_len=isl,
+                            output_len=osl, range_ratio=range_ratio, range_rule="one_sided",
+                            max_concurrency=p.concurrency, seed=seed)
+        s = run_simulation(cfg, out_dir=None, workload=wl, progress_bar=False)
+    except ConfigError as e:
+        return {"sim_ttft_s": math.nan, "sim_tpot_s": math.nan, "error": str(e)}
+    return {"sim_ttft_s": s["ttft_s"]["mean"], "sim_tpot_s": s["tpot_s"]["mean"], "error": ""}
+
+
+def _run_one(args):
+    p, cost, extra, ppc, rr = args
+    t0 = time.perf_counter()
+    r = simulate_point(p, cost, extra, ppc, rr)
+    r["wall_s"] = time.perf_counter() - t0
+    return r
+
+
+def run_points(points: list[Point], cost: str, extra: dict | None = None, *, jobs: int = 2,
+               prompts_per_client: int = 10, range_ratio: float = 0.8) -> pd.DataFrame:
+    """Replay ``points`` (in parallel over ``jobs`` processes); one row per point with the
+    measured and simulated times and the errors."""
+    tasks = [(p, cost, extra, prompts_per_client, range_ratio) for p in points]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            res = list(ex.map(_run_one, tasks, chunksize=1))
+    else:
+        res = [_run_one(t) for t in tasks]
+    df = pd.DataFrame([{**asdict(p), **r, "cost": cost} for p, r in zip(points, res)])
+    df["ttft_err"] = (df["sim_ttft_s"] - df["ttft_s"]) / df["ttft_s"]
+    df["tpot_err"] = (df["sim_tpot_s"] - df["tpot_s"]) / df["tpot_s"]
+    return df
+
+
+def summarize_errors(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Median |error| and median signed error of TTFT and TPOT per group of ``by``, with the
+    number of points (NaN errors, from configs the model cannot run, are left out and
+    counted in ``failed``)."""
+    rows = []
+    for key, g in df.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        ok = g.dropna(subset=["ttft_err", "tpot_err"])
+        rows.append({**dict(zip(by, key)), "points": len(ok), "failed": len(g) - len(ok),
+                     "ttft_mae": float(ok["ttft_err"].abs().median()) if len(ok) else math.nan,
+                     "ttft_bias": float(ok["ttft_err"].median()) if len(ok) else math.nan,
+                     "tpot_mae": float(ok["tpot_err"].abs().median()) if len(ok) else math.nan,
+                     "tpot_bias": float(ok["tpot_err"].median()) if len(ok) else math.nan})
+    return pd.DataFrame(rows)
+
+
+BLIS_MODELS = {"codellama/CodeLlama-34b-Instruct-hf": "codellama_34b",
+               "meta-llama/Llama-2-7b-hf": "llama2_7b"}
+
+
+def blis_workload(run: dict, block_tokens: int = 16):
+    """One BLIS ground-truth run as an open-loop workload: every request of the run at its
+    recorded start (client start where the client's records exist, else the server span's),
+    with its recorded prompt and output tokens. GuideLLM's shared prefix
+    (``workload.profile.data.prefix_tokens``) gets the same prefix ids in every prompt, the
+    rest of each prompt ids of its own, so the prefix cache hits exactly the shared part.
+    Returns ``(Workload, rows)`` with ``rows`` the per-request records in workload order."""
+    from traces.workload import Workload, build_table
+
+    cols = run["requests"]["columns"]
+    rows = [dict(zip(cols, r)) for r in run["requests"]["rows"]]
+    rows = [r for r in rows if r.get("status", "successful") == "successful"]
+    if "client_start_unix_s" in cols:
+        start = np.array([r["client_start_unix_s"] for r in rows], np.float64)
+    else:
+        start = np.array([r["span_start_unix_ns"] for r in rows], np.float64) * 1e-9
+    order = np.argsort(start, kind="stable")
+    rows = [rows[i] for i in order]
+    start = start[order] - start[order][0]
+    n = len(rows)
+    inp = np.array([r["prompt_tokens"] for r in rows], np.int64)
+    out = np.array([max(1, r["output_tokens"]) for r in rows], np.int64)
+    shared = int((run.get("workload", {}).get("profile", {}).get("data", {}) or {})
+                 .get("prefix_tokens", 0)) // block_tokens
+    offs, vals = [0], []
+    for i in range(n):
+        full = int(inp[i]) // block_tokens
+        k = min(shared, full)
+        vals.extend(range(k))
+        vals.extend(range(1_000_000 * (i + 1) + k, 1_000_000 * (i + 1) + full))
+        offs.append(len(vals))
+    ids = np.arange(n)
+    table = build_table(session_id=ids, turn=np.zeros(n), arrival_s=start, think_s=np.zeros(n),
+                        parent_request_id=np.full(n, -1), input_tokens=inp, output_tokens=out,
+                        prefix_offsets=np.array(offs, np.int64),
+                        prefix_values=np.array(vals, np.int64), block_tokens=block_tokens)
+    return Workload(table=table, name="blis", source="experiments/data/latency/blis_vllm_runs.json",
+                    prefix_block_tokens=block_tokens, closed_loop=False), rows
+
+
+def simulate_blis_run(name: str, run: dict, cost: str, extra: dict | None = None) -> pd.DataFrame:
+    """Replay one BLIS run on an H100 (BLIS's evaluator names it) with the run's engine
+    arguments (max_num_batched_tokens, max_num_seqs, max_model_len) and vLLM's logged pool
+    size; one row per compared group (each GuideLLM benchmark with client records, else all
+    requests with the server's): measured and simulated mean TTFT, ITL (TPOT) and E2E (s)."""
+    from sim.run import compose_config, run_simulation
+
+    card = BLIS_MODELS[run["model"]]
+    ec = run["exp_config"]
+    v = run["vllm"]
+    ov = [f"model={card}", "gpu=h100", f"cost={cost}", "sim.progress=false",
+          "output.print_summary=false", f"model.max_model_len={ec['max_model_len']}",
+          f"scheduler.max_num_batched_tokens={ec['max_num_batched_tokens']}",
+          f"scheduler.max_num_seqs={ec['max_num_seqs']}",
+          f"cache.num_gpu_blocks={v['num_gpu_blocks']}"]
+    if "float16" in str(v.get("dtype")) and "bfloat16" not in str(v.get("dtype")):
+        ov.append("model.dtype=fp16")
+    ov += [f"cost.{k}={val}" for k, val in (extra or {}).items()]
+    wl, rows = blis_workload(run)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_simulation(compose_config(ov), out_dir=tmp, workload=wl, progress_bar=False)
+        req = pd.read_parquet(Path(tmp) / "requests.parquet").sort_values("request_id")
+    req = req.reset_index(drop=True)
+    client = "client_ttft_ms" in rows[0]
+    req["group"] = [f"benchmark {r['benchmark_index']}" if client else "all" for r in rows]
+    if client:
+        req["m_ttft"] = [r["client_ttft_ms"] / 1e3 for r in rows]
+        req["m_itl"] = [r["client_itl_ms"] / 1e3 if r["client_itl_ms"] is not None else np.nan
+                        for r in rows]
+        req["m_e2e"] = [r["client_e2e_s"] for r in rows]
+    else:
+        req["m_ttft"] = [r["server_ttft_s"] for r in rows]
+        req["m_itl"] = [r["server_decode_s"] / (r["output_tokens"] - 1)
+                        if r["output_tokens"] > 1 else np.nan for r in rows]
+        req["m_e2e"] = [r["server_e2e_s"] for r in rows]
+    out = []
+    for g, d in req.groupby("group", sort=False):
+        out.append({"run": name, "model": card, "group": g, "side": "client" if client else "server",
+                    "requests": len(d), "cost": cost,
+                    "ttft_s": d["m_ttft"].mean(), "sim_ttft_s": d["ttft_s"].mean(),
+                    "itl_s": d["m_itl"].mean(), "sim_itl_s": d["tpot_s"].mean(),
+                    "e2e_s": d["m_e2e"].mean(), "sim_e2e_s": d["e2e_s"].mean()})
+    df = pd.DataFrame(out)
+    for k in ("ttft", "itl", "e2e"):
+        df[f"{k}_err"] = (df[f"sim_{k}_s"] - df[f"{k}_s"]) / df[f"{k}_s"]
+    return df
+
+
+def blis_replay(cost: str, extra: dict | None = None, data_dir: Path = DATA) -> pd.DataFrame:
+    """:func:`simulate_blis_run` for every run of ``blis_vllm_runs.json`` with request rows."""
+    runs = json.loads((data_dir / "blis_vllm_runs.json").read_text())["runs"]
+    return pd.concat([simulate_blis_run(k, r, cost, extra) for k, r in runs.items()
+                      if r.get("requests", {}).get("rows")], ignore_index=True)
+
+
+#: the operator model's fitted settings and the bounds of the search (cost.<name>)
+FIT_PARAMS = {
+    "mfu": (0.2, 1.0), "mbu": (0.3, 1.0), "attention_mbu": (0.2, 1.0), "expert_mfu": (0.05, 1.0),
+    "attention_efficiency": (0.1, 1.0), "step_overhead_s": (0.0, 0.02),
+    "seq_overhead_s": (0.0, 2e-4), "prefill_overhead_s": (0.0, 0.05),
+    "layer_overhead_s": (0.0, 1e-4), "comm_efficiency": (0.1, 1.0),
+}
+
+
+def _objective(df: pd.DataFrame) -> float:
+    """Median over points of |log(sim / measured)|, TTFT and TPOT weighted equally (a point
+    the model cannot run counts as a factor e)."""
+    lt = np.log(df["sim_ttft_s"] / df["ttft_s"]).abs().fillna(1.0)
+    lp = np.log(df["sim_tpot_s"] / df["tpot_s"]).abs().fillna(1.0)
+    return float(np.median(lt) + np.median(lp))
+
+
+def fit(points: list[Point], start: dict, *, jobs: int, prompts_per_client: int,
+        range_ratio: float, max_evals: int = 80, log=print) -> dict:
+    """Fit :data:`FIT_PARAMS` on ``points`` (the ``tune`` set only) by minimising
+    :func:`_objective` with SciPy's bounded Powell search, each parameter scaled to its bounds;
+    at most ``max_evals`` replays of the points. Returns the best settings found."""
+    from scipy.optimize import minimize
+
+    assert all(p.split == "tune" for p in points), "fit sees the tune set only"
+    names = list(FIT_PARAMS)
+    lo = np.array([FIT_PARAMS[n][0] for n in names])
+    hi = np.array([FIT_PARAMS[n][1] for n in names])
+    seen: dict = {}
+
+    def settings(x):
+        return {n: float(v) for n, v in zip(names, lo + np.clip(x, 0, 1) * (hi - lo))}
+
+    def f(x):
+        key = tuple(np.round(x, 6))
+        if key not in seen:
+            st = settings(x)
+            seen[key] = (_objective(run_points(points, "operator", st, jobs=jobs,
+                                               prompts_per_client=prompts_per_client,
+                                               range_ratio=range_ratio)), st)
+            log(f"  eval {len(seen)}: objective {seen[key][0]:.4f}")
+        return seen[key][0]
+
+    x0 = (np.array([start[n] for n in names]) - lo) / (hi - lo)
+    minimize(f, np.clip(x0, 0, 1), method="Powell", bounds=[(0, 1)] * len(names),
+             options={"maxfev": max_evals, "xtol": 1e-3, "ftol": 1e-4})
+    best_obj, best = min(seen.values(), key=lambda v: v[0])
+    log(f"fit: objective {best_obj:.4f} after {len(seen)} replays")
+    return best
+
+
+def _fmt_pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.1f}%"
+
+
+def report(df: pd.DataFrame, skipped: list[dict], header: list[str]) -> str:
+    """The markdown report of a replay (overall and per-scenario tables)."""
+    from experiments._report import md_table
+
+    md = list(header)
+    fmt = {c: "{:.1%}" for c in ("ttft_mae", "tpot_mae")}
+    fmt.update({c: "{:+.1%}" for c in ("ttft_bias", "tpot_bias")})
+    md.append("\n## Overall (median |error|, median signed error)\n")
+    md.append(md_table(summarize_errors(df, ["cost", "split"]),
+                       ["cost", "split", "points", "failed", "ttft_mae", "ttft_bias", "tpot_mae",
+                        "tpot_bias"], fmt))
+    md.append("\n## By GPU and engine\n")
+    md.append(md_table(summarize_errors(df, ["cost", "split", "gpu", "framework"]),
+                       ["cost", "split", "gpu", "framework", "points", "ttft_mae", "ttft_bias",
+                        "tpot_mae", "tpot_bias"], fmt))
+    md.append("\n## By scenario and lengths\n")
+    md.append(md_table(summarize_errors(df, ["cost", "split", "scenario", "label"]),
+                       ["cost", "split", "scenario", "label", "points", "failed", "ttft_mae",
+                        "ttft_bias", "tpot_mae", "tpot_bias"], fmt))
+    if skipped:
+        md.append("\n## Skipped\n")
+        sk = pd.DataFrame(skipped).groupby("reason").size().reset_index(name="anchors")
+        md.append(md_table(sk, ["reason", "anchors"]))
+    return "\n".join(md)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.latency_fidelity",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cost", default="operator,analytic",
+                    help="cost presets to replay, comma-separated (default: operator,analytic)")
+    ap.add_argument("--only", choices=("tune", "held_out"), default=None,
+                    help="replay one set only")
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--prompts-per-client", type=int, default=10,
+                    help="prompts per unit of concurrency (default 10)")
+    ap.add_argument("--range-ratio", type=float, default=0.8,
+                    help="input/output lengths drawn uniformly in [ratio x L, L], as InferenceMAX's "
+                         "client does (default 0.8, its setting)")
+    ap.add_argument("--fit", action="store_true",
+                    help="fit the operator model on the tune set and print the settings")
+    ap.add_argument("--fit-prompts-per-client", type=int, default=4)
+    ap.add_argument("--fit-evals", type=int, default=80, help="replays of the tune set the fit may make")
+    ap.add_argument("--out", default=str(RESULTS), help="results folder")
+    a = ap.parse_args(argv)
+    points, skipped = load_points()
+    if a.fit:
+        from sim.config import CostConfig
+        import yaml  # noqa: F401  (omegaconf depends on PyYAML)
+        from omegaconf import OmegaConf
+
+        preset = OmegaConf.load(ROOT / "experiments" / "conf" / "cost" / "operator.yaml")
+        start = {k: float(preset.get(k, getattr(CostConfig, k))) for k in FIT_PARAMS}
+        tune = [p for p in points if p.split == "tune"]
+        best = fit(tune, start, jobs=a.jobs, prompts_per_client=a.fit_prompts_per_client,
+                   range_ratio=a.range_ratio, max_evals=a.fit_evals)
+        print(json.dumps(best, indent=1))
+        return 0
+    if a.only:
+        points = [p for p in points if p.split == a.only]
+    frames = []
+    t0 = time.perf_counter()
+    for cost in a.cost.split(","):
+        frames.append(run_points(points, cost.strip(), jobs=a.jobs,
+                                 prompts_per_client=a.prompts_per_client, range_ratio=a.range_ratio))
+    df = pd.concat(frames, ignore_index=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "latency_fidelity.csv", index=False)
+    header = ["# Latency fidelity: kvsim vs published serving measurements\n",
+              f"Command: `python -m experiments.latency_fidelity {' '.join(argv or sys.argv[1:])}`"
+              f" ({len(points)} points, {len(skipped)} anchors skipped, "
+              f"{time.perf_counter() - t0:.0f} s). Errors are (simulated - measured) / measured "
+              f"of the mean TTFT and mean TPOT; `tune` = vLLM on H100/H200 (the only points the "
+              f"operator model's settings were fitted on), `held_out` = everything else."]
+    text = report(df, skipped, header)
+    (out / "latency_fidelity.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
