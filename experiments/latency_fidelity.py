@@ -445,9 +445,13 @@ def main(argv=None) -> int:
         frames.append(run_points(points, cost.strip(), jobs=a.jobs,
                                  prompts_per_client=a.prompts_per_client, range_ratio=a.range_ratio))
     df = pd.concat(frames, ignore_index=True)
+    blis = pd.concat([blis_replay(c.strip()) for c in a.cost.split(",")], ignore_index=True) \
+        if not a.only or a.only == "held_out" else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "latency_fidelity.csv", index=False)
+    if blis is not None:
+        blis.to_csv(out / "latency_fidelity_blis.csv", index=False)
     header = ["# Latency fidelity: kvsim vs published serving measurements\n",
               f"Command: `python -m experiments.latency_fidelity {' '.join(argv or sys.argv[1:])}`"
               f" ({len(points)} points, {len(skipped)} anchors skipped, "
@@ -455,6 +459,18 @@ def main(argv=None) -> int:
               f"of the mean TTFT and mean TPOT; `tune` = vLLM on H100/H200 (the only points the "
               f"operator model's settings were fitted on), `held_out` = everything else."]
     text = report(df, skipped, header)
+    if blis is not None:
+        from experiments._report import md_table
+
+        text += ("\n\n## BLIS's vLLM runs (H100, BF16/FP16, TP1; held out)\n\nMeans over the "
+                 "requests of each GuideLLM benchmark (client-side), or of the whole run where "
+                 "only vLLM's server-side spans survive.\n\n")
+        text += md_table(blis, ["cost", "run", "group", "side", "requests", "ttft_err", "itl_err",
+                                "e2e_err"], {k: "{:+.1%}" for k in ("ttft_err", "itl_err", "e2e_err")})
+        agg = blis.groupby("cost")[["ttft_err", "itl_err", "e2e_err"]].agg(lambda x: x.abs().median())
+        text += "\nMedian |error| over the groups: " + "; ".join(
+            f"{c}: TTFT {r.ttft_err:.1%}, ITL {r.itl_err:.1%}, E2E {r.e2e_err:.1%}"
+            for c, r in agg.iterrows()) + "\n"
     (out / "latency_fidelity.md").write_text(text)
     print(text)
     return 0
