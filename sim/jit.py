@@ -8,20 +8,141 @@ the cache instead of failing. Kernels release the GIL and use no fast-math: inte
 comparison work, and float64 arithmetic done in the order of the numpy expression it replaces
 (tests compare the bits); transcendental functions (exp, log, cos) stay in numpy, whose results
 a compiled loop might round differently.
+
+Each cache file kvsim's kernels write (``<function>-<line>.pyXY.kvsim.nbi``, its index, and
+``...kvsim.<n>.nbc``, the machine code) starts with the xxh3-128 digest of the rest, checked
+before numba unpickles it: a file that is empty, cut short or altered (a flipped bit) is named
+in one ``kvsim:`` line on stderr, removed, and the kernel compiled again and its file rewritten,
+never loaded (machine code with a flipped bit ran with other results, or crashed). A cache that
+cannot be written (a full disk) is named once and the kernels run uncached.
+
+With ``NUMBA_DISABLE_JIT=1`` (numba's switch for debugging) every kernel runs as the plain
+Python function it is, :func:`prefetch` as a no-op, with the same results, slower.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import sys
 
 import numba
+import xxhash
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.extending import intrinsic
 
 _checked = [False]
+_DIGEST = 16  # bytes of the xxh3-128 digest in front of each cache file
+_said: set = set()  # (the one-time notes said in this process)
+
+
+def _say_once(key, text: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        print(f"kvsim: {text}", file=sys.stderr, flush=True)
+
+
+class _Damaged(Exception):
+    """A kernel cache file whose bytes are not those written: ``path`` and ``why``."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+class _CheckedCacheFile(IndexDataCacheFile):
+    """numba's index and data files of one function, each written with the xxh3-128 digest
+    of its bytes in front and under names of their own (``<base>.kvsim.nbi``, ``<base>.kvsim.<n>
+    .nbc``: numba's own files are never read as these). Reading a file whose digest does not
+    match, or that does not unpickle, raises :class:`_Damaged`."""
+
+    def __init__(self, cache_path, filename_base, source_stamp):
+        super().__init__(cache_path=cache_path, filename_base=f"{filename_base}.kvsim",
+                         source_stamp=source_stamp)
+
+    @staticmethod
+    def _framed(body: bytes) -> bytes:
+        return xxhash.xxh3_128_digest(body) + body
+
+    @staticmethod
+    def _verified(path: str) -> bytes:
+        with open(path, "rb") as f:  # (FileNotFoundError: no such entry)
+            raw = f.read()
+        body = raw[_DIGEST:]
+        if len(raw) < _DIGEST or xxhash.xxh3_128_digest(body) != raw[:_DIGEST]:
+            raise _Damaged(path, "it is empty" if not raw else
+                           "its bytes are not those written (xxh3-128)")
+        return body
+
+    def _load_index(self):
+        try:
+            body = self._verified(self._index_path)
+        except FileNotFoundError:
+            return {}
+        f = io.BytesIO(body)
+        try:
+            if pickle.load(f) != self._version:
+                return {}  # (another numba's index)
+            stamp, overloads = pickle.loads(f.read())
+        except Exception as e:  # noqa: BLE001 - (whatever a bad pickle raises)
+            raise _Damaged(self._index_path, f"{type(e).__name__}: {e}"[:120]) from None
+        return overloads if stamp == self._source_stamp else {}
+
+    def _save_index(self, overloads):
+        body = pickle.dumps(self._version, protocol=-1) + \
+            self._dump((self._source_stamp, overloads))
+        with self._open_for_write(self._index_path) as f:
+            f.write(self._framed(body))
+
+    def _load_data(self, name):
+        path = self._data_path(name)
+        body = self._verified(path)
+        try:
+            return pickle.loads(body)
+        except Exception as e:  # noqa: BLE001 - (whatever a bad pickle raises)
+            raise _Damaged(path, f"{type(e).__name__}: {e}"[:120]) from None
+
+    def _save_data(self, name, data):
+        body = self._dump(data)
+        with self._open_for_write(self._data_path(name)) as f:
+            f.write(self._framed(body))
+
+
+class _CheckedFunctionCache(FunctionCache):
+    """numba's per-function cache on :class:`_CheckedCacheFile`: a damaged file is named
+    (one line), removed and treated as a cache miss, so the kernel is compiled again and the
+    file rewritten; a cache that cannot be written is named once and skipped."""
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        self._cache_file = _CheckedCacheFile(self._cache_path, self._impl.filename_base,
+                                             self._impl.locator.get_source_stamp())
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except _Damaged as e:
+            _say_once(e.path, f"numba's cache file {e.path} of the compiled kernel "
+                              f"{self._py_func.__qualname__} is damaged ({e.why}); compiling the "
+                              f"kernel again and rewriting the file")
+            try:
+                os.unlink(e.path)
+            except OSError:
+                pass
+            return None
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except (OSError, _Damaged) as e:
+            _say_once("save", f"note: numba's cache in {self._cache_path} cannot be written "
+                              f"({type(e).__name__}: {e}"[:300] + "); the compiled kernels "
+                              f"are not kept for the next run")
 
 
 def _note_first_compile(fn) -> None:
@@ -33,7 +154,7 @@ def _note_first_compile(fn) -> None:
         return
     _checked[0] = True
     try:
-        index = numba.njit(cache=True)(fn)._cache._cache_file._index_path
+        index = _CheckedFunctionCache(fn)._cache_file._index_path
     except Exception:  # noqa: BLE001 - (numba internals; the note is a courtesy)
         return
     if not os.path.exists(index):
@@ -43,17 +164,40 @@ def _note_first_compile(fn) -> None:
 
 def kernel(signature):
     """Decorator: ``numba.njit(signature, cache=True, nogil=True)`` (``signature``: a numba
-    signature string or object), without ``cache`` when
-    numba finds no writable cache location (it raises RuntimeError "cannot cache function")."""
+    signature string or object, or a list of them) with numba's cache in checked files
+    (:class:`_CheckedFunctionCache`), without ``cache`` where numba finds no writable cache
+    location (it raises RuntimeError "cannot cache function"); under ``NUMBA_DISABLE_JIT=1``
+    the Python function itself (numpy's overflow warnings off: integers wrap around in the
+    compiled kernel too)."""
 
     def wrap(fn):
+        if numba.config.DISABLE_JIT:
+            import functools
+
+            import numpy as np
+
+            @functools.wraps(fn)
+            def plain(*args):
+                # (integers wrap around silently, as in the compiled kernel: the hashes rely on it)
+                with np.errstate(over="ignore"):
+                    return fn(*args)
+
+            return plain
         _note_first_compile(fn)
+        import numba.core.dispatcher as dispatcher
+
+        # (numba's Dispatcher.enable_caching makes dispatcher.FunctionCache: kvsim's checked
+        # cache for kvsim's kernels, numba's own for anything else)
+        numbas = dispatcher.FunctionCache
+        dispatcher.FunctionCache = _CheckedFunctionCache
         try:
             return numba.njit(signature, cache=True, nogil=True)(fn)
-        except RuntimeError as e:
+        except RuntimeError as e:  # (numba: "cannot cache function ...": no writable place)
             if "cannot cache" not in str(e):
                 raise
             return numba.njit(signature, cache=False, nogil=True)(fn)
+        finally:
+            dispatcher.FunctionCache = numbas
 
     return wrap
 
@@ -61,6 +205,10 @@ def kernel(signature):
 # how many iterations ahead the pool's kernels prefetch (block ids and table slots of the
 # element ``i + PREFETCH_AHEAD`` while working on element ``i``)
 PREFETCH_AHEAD = 8
+
+
+def _prefetch_python(arr, idx):
+    """:func:`prefetch` under ``NUMBA_DISABLE_JIT=1``: a hint with no effect."""
 
 
 @intrinsic
@@ -93,5 +241,8 @@ def prefetch(typingctx, arr, idx):
 
     return sig, codegen
 
+
+if numba.config.DISABLE_JIT:  # (an intrinsic cannot be called from Python)
+    prefetch = _prefetch_python  # noqa: F811
 
 __all__ = ["kernel", "prefetch", "PREFETCH_AHEAD"]
