@@ -230,11 +230,15 @@ def test_the_size_cap_removes_only_its_own_entries_and_old_unfinished_writes(tmp
 
 
 @pytest.mark.parametrize("damage", ["meta-list", "meta-null", "arrays-list", "warnings-str",
-                                    "count-float", "empty-npy", "garbled-npy", "swapped-npy"])
+                                    "count-float", "meta-block-tokens", "meta-note",
+                                    "empty-npy", "garbled-npy", "swapped-npy", "missing-npy",
+                                    "foreign-file"])
 def test_a_damaged_entry_is_parsed_again_never_returned(tmp_path, damage):
-    """Whatever is wrong in an entry (meta.json of another shape, fields of the wrong type, an
-    empty array file, same-header bytes altered, another array of the same shape swapped in):
-    a warning naming the entry, the parse's result, and a good entry for the next run."""
+    """Whatever is wrong in an entry (meta.json of another shape, fields of the wrong type, a
+    well-formed value of meta.json changed, an empty array file, same-header bytes altered,
+    another array of the same shape swapped in, an array file deleted, a file it did not
+    write): a warning naming the entry, the parse's result, and a good entry for the next
+    run."""
     opts = {"format": "weka", "path": str(BUNDLED / "weka_agentic_trace_0002.jsonl.xz")}
     first = _load(tmp_path, **opts)
     entry = Path(first.notes["trace_cache_entry"])
@@ -253,6 +257,16 @@ def test_a_damaged_entry_is_parsed_again_never_returned(tmp_path, damage):
     elif damage == "count-float":
         meta["skipped"]["count"] = 2.7
         meta_path.write_text(json.dumps(meta))
+    elif damage == "meta-block-tokens":  # (a hit would identify blocks of 112 tokens)
+        meta["block_tokens"] += 100
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "meta-note":
+        meta["notes"]["edited"] = 1
+        meta_path.write_text(json.dumps(meta))
+    elif damage == "missing-npy":
+        (entry / "turn.npy").unlink()
+    elif damage == "foreign-file":
+        (entry / "notes.txt").write_text("mine")
     elif damage == "empty-npy":
         (entry / "turn.npy").write_bytes(b"")
     elif damage == "garbled-npy":

@@ -27,10 +27,11 @@ format is parsed without the cache, so the loader names the problem.
 
 A hit returns the very arrays, warnings, notes and skipped-row record the parse gave (the
 bad-row examples of ``on_error=skip`` are replayed into the run's sink; the parse's own
-``parse_s`` note is left out), so results are the same bit for bit: each array's xxh3-64 is
-checked when it is read back. A cache entry that cannot be read (a truncated or altered file, a
-foreign layout, no permission) is named in a warning and the trace parsed again (and the entry
-rewritten where it can be); a write that fails (disk full, no permission) is named in a warning
+``parse_s`` note is left out), so results are the same bit for bit: every file of an entry is
+checked when it is read back (each array's xxh3-64 and meta.json's xxh3-128 of its own
+content, both in meta.json; an entry missing a file or holding one it did not write fails). A
+cache entry that cannot be read (a truncated or altered file, a foreign layout, no permission)
+is named in a warning and the trace parsed again (and the entry rewritten where it can be); a write that fails (disk full, no permission) is named in a warning
 and the run goes on with the parsed trace. A loader result that depends on an option the key
 leaves out (``Parsed.cacheable``) is not stored.
 
@@ -69,7 +70,7 @@ from .errors import ErrorSink, TraceError
 
 __all__ = ["CACHE_FORMAT", "SLICING_FIELDS", "cache_root", "cache_key", "parse_cached"]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # (2: meta.json carries the checksum of its own content)
 # TraceConfig fields no loader reads (load_workload's slicing, the cache's own options, and the
 # preset name and path, which the resolved path in the key stands for). A loader that starts
 # reading one of them must take it out of this set, or mark a result that read it uncacheable
@@ -226,6 +227,8 @@ def _read(entry: Path, key: str, sink: ErrorSink) -> Parsed:
             raise FileNotFoundError(meta_path)
         meta = json.loads(meta_path.read_text())
         _checked(isinstance(meta, dict), "meta.json is not a JSON object")
+        _checked(meta.pop("checksum", None) == _meta_checksum(meta),
+                 "meta.json's content is not the one written (its xxh3-128 checksum)")
         if meta.get("cache_format") != CACHE_FORMAT or meta.get("key") != key:
             raise _Unreadable(f"layout {meta.get('cache_format')!r} / key {meta.get('key')!r}, "
                               f"expected layout {CACHE_FORMAT} / key {key}")
@@ -243,6 +246,10 @@ def _read(entry: Path, key: str, sink: ErrorSink) -> Parsed:
                  "meta.json's skipped rows are not {count: int, examples: [str]}")
         _checked(type(meta.get("block_tokens")) is int and isinstance(meta.get("source"), str),
                  "meta.json's block_tokens / source are not an int / a string")
+        files = {"meta.json", *(f"{n}.npy" for n in arrays_meta)}
+        found = set(os.listdir(entry))
+        _checked(found == files, f"its files are not those written (missing: "
+                                 f"{sorted(files - found)}, not its own: {sorted(found - files)})")
         arrays = {}
         for name, spec in arrays_meta.items():
             _checked(isinstance(spec, list) and len(spec) == 3, f"meta.json's entry of {name}")
@@ -295,7 +302,9 @@ def _write(root: Path, entry: Path, key: str, material: dict, pr: Parsed,
                 "arrays": specs, "extra": list(pr.extra), "block_tokens": int(pr.block_tokens),
                 "source": pr.source, "warnings": list(pr.warnings), "notes": pr.notes,
                 "skipped": sink.as_dict()}
-        (tmp / "meta.json").write_text(json.dumps(meta, default=_plain))
+        meta = json.loads(json.dumps(meta, default=_plain))  # (as it reads back)
+        meta["checksum"] = _meta_checksum(meta)
+        (tmp / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(tmp, entry)
             return True
@@ -306,6 +315,13 @@ def _write(root: Path, entry: Path, key: str, material: dict, pr: Parsed,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _meta_checksum(meta: dict) -> str:
+    """xxh3-128 (hex) of an entry's meta.json document ``meta`` without its ``checksum`` key
+    (canonical JSON: sorted keys), stored as that key: a meta.json altered since it was
+    written (a number changed, a line cut) no longer matches and the entry is parsed again."""
+    return xxhash.xxh3_128_hexdigest(json.dumps(meta, sort_keys=True).encode())
 
 
 def _plain(v: Any) -> Any:
