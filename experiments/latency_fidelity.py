@@ -168,12 +168,12 @@ def simulate_point(p: Point, cost: str, extra: dict | None, prompts_per_client: 
     """Replay one point; returns ``{"sim_ttft_s", "sim_tpot_s", "error"}`` (means over the
     finished requests; ``error`` is the message of a config the model cannot run)."""
     from sim.hardware import ConfigError
-    from sim.run import compose_config, run_simulation
+    from sim.run import run_simulation
     from traces.bench import generate_bench
 
     isl, osl = LABEL_LENGTHS[p.label]
     try:
-        cfg = compose_config(point_overrides(p, cost, extra))
+        cfg = _config(p, cost, extra)
         wl = generate_bench(num_prompts=prompts_per_client * p.concurrency, input_len=isl,
                             output_len=osl, range_ratio=range_ratio, range_rule="one_sided",
                             max_concurrency=p.concurrency, seed=seed)
@@ -181,6 +181,29 @@ def simulate_point(p: Point, cost: str, extra: dict | None, prompts_per_client: 
     except ConfigError as e:
         return {"sim_ttft_s": math.nan, "sim_tpot_s": math.nan, "error": str(e)}
     return {"sim_ttft_s": s["ttft_s"]["mean"], "sim_tpot_s": s["tpot_s"]["mean"], "error": ""}
+
+
+_CONFIGS: dict = {}  # composed configs of this process, by their overrides
+
+
+def _config(p: Point, cost: str, extra: dict | None):
+    """The composed config of :func:`point_overrides` (Hydra composes each distinct deployment
+    once per process; the concurrency and the ``cost.<key>`` settings are then set on a copy)."""
+    import copy
+
+    from sim.run import compose_config
+
+    base = tuple(o for o in point_overrides(p, cost) if not o.startswith("scheduler.max_num_seqs="))
+    if base not in _CONFIGS:
+        _CONFIGS[base] = compose_config(list(base))
+    cfg = copy.deepcopy(_CONFIGS[base])
+    cfg.scheduler.max_num_seqs = p.concurrency
+    for k, v in (extra or {}).items():
+        cfg.cost[k] = v
+    return cfg
+
+
+_POOL: dict = {}  # jobs -> the process pool replays run in (kept for the fit's many replays)
 
 
 def _run_one(args):
@@ -197,8 +220,9 @@ def run_points(points: list[Point], cost: str, extra: dict | None = None, *, job
     measured and simulated times and the errors."""
     tasks = [(p, cost, extra, prompts_per_client, range_ratio) for p in points]
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            res = list(ex.map(_run_one, tasks, chunksize=1))
+        if jobs not in _POOL:
+            _POOL[jobs] = ProcessPoolExecutor(max_workers=jobs)
+        res = list(_POOL[jobs].map(_run_one, tasks, chunksize=1))
     else:
         res = [_run_one(t) for t in tasks]
     df = pd.DataFrame([{**asdict(p), **r, "cost": cost} for p, r in zip(points, res)])
@@ -364,7 +388,8 @@ def fit(points: list[Point], start: dict, *, jobs: int, prompts_per_client: int,
             seen[key] = (_objective(run_points(points, "operator", st, jobs=jobs,
                                                prompts_per_client=prompts_per_client,
                                                range_ratio=range_ratio)), st)
-            log(f"  eval {len(seen)}: objective {seen[key][0]:.4f}")
+            log(f"  eval {len(seen)}: objective {seen[key][0]:.4f} "
+                + " ".join(f"{n}={v:.4g}" for n, v in st.items()))
         return seen[key][0]
 
     x0 = (np.array([start[n] for n in names]) - lo) / (hi - lo)
@@ -422,17 +447,20 @@ def main(argv=None) -> int:
                     help="fit the operator model on the tune set and print the settings")
     ap.add_argument("--fit-prompts-per-client", type=int, default=4)
     ap.add_argument("--fit-evals", type=int, default=80, help="replays of the tune set the fit may make")
+    ap.add_argument("--fit-concurrency", default="4,16,64",
+                    help="the tune set's concurrencies the fit replays (comma-separated; '' = all)")
     ap.add_argument("--out", default=str(RESULTS), help="results folder")
     a = ap.parse_args(argv)
     points, skipped = load_points()
     if a.fit:
-        from sim.config import CostConfig
-        import yaml  # noqa: F401  (omegaconf depends on PyYAML)
         from omegaconf import OmegaConf
+
+        from sim.config import CostConfig
 
         preset = OmegaConf.load(ROOT / "experiments" / "conf" / "cost" / "operator.yaml")
         start = {k: float(preset.get(k, getattr(CostConfig, k))) for k in FIT_PARAMS}
-        tune = [p for p in points if p.split == "tune"]
+        keep = {int(c) for c in a.fit_concurrency.split(",")} if a.fit_concurrency else None
+        tune = [p for p in points if p.split == "tune" and (keep is None or p.concurrency in keep)]
         best = fit(tune, start, jobs=a.jobs, prompts_per_client=a.fit_prompts_per_client,
                    range_ratio=a.range_ratio, max_evals=a.fit_evals)
         print(json.dumps(best, indent=1))

@@ -216,8 +216,8 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
     return notes
 
 
-# cost terms the calibration never covers (see sim.cost.CalibratedCostModel): not worth a note
-ALWAYS_ANALYTIC = ("lm_head", "prefill_attention", "step_overhead", "disk_read_write")
+# cost terms a calibration never covers (see sim.calibrated_cost): not worth a note
+ALWAYS_ANALYTIC = ("collectives", "disk_read_write", "compaction_scoring")
 
 
 _UNKNOWN = object()  # (is_complete then finds no finished run to skip: the run goes ahead)
@@ -520,7 +520,7 @@ def app(cfg: DictConfig) -> None:
         for term in cm["analytic_fallback"]:
             if term in ALWAYS_ANALYTIC:
                 continue
-            say(f"kvsim: note: cost.kind=calibrated: {term} uses the analytic model"
+            say(f"kvsim: note: cost.kind=calibrated: {term} uses the operator model's roofline"
                 + (f" ({why[term]})" if why.get(term) else ""))
     mem = summary.get("memory_gib") or {}
     if cfg.cache.num_gpu_blocks is not None and mem:

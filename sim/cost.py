@@ -21,9 +21,8 @@ already cached before this step) and ``samples`` (1 if the request samples a tok
 Tensor parallelism multiplies peak FLOP/s and bandwidth by ``tp`` (ideal scaling, no
 communication cost: an optimistic simplification).
 
-Calibrated (``cost.kind=calibrated``, :class:`CalibratedCostModel`): GEMM and decode-attention
-times from a calibration file measured on a real GPU (``gpu_validation``), the analytic terms
-where the file does not apply; the run's ``summary.json["cost_model"]`` lists both.
+The per-operator model (``cost.kind=operator``) is :mod:`sim.operator_cost`, its calibrated
+form (``cost.kind=calibrated``) :mod:`sim.calibrated_cost`; both keep this class's interface.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .clock import step_ends
-from .hardware import (full_attention_layers, kv_bytes_per_token, kv_dtype_bytes, weight_bytes,
+from .hardware import (full_attention_layers, kv_bytes_per_token, weight_bytes,
                        window_kv_bytes_per_token)
 from .jit import kernel
 
@@ -393,11 +392,6 @@ def _dense_stretch(sum0, b, apf, layers, kv_tok, flops_s, bytes_s, fixed, start,
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / "gpu_validation" / "calibrations"
 
-# calibration file ``model_shapes`` key -> model card field
-SHAPE_FIELDS = {"num_layers": "num_layers", "num_q_heads": "num_q_heads", "num_kv_heads": "num_kv_heads",
-                "head_dim": "head_dim", "hidden": "hidden_size", "intermediate": "intermediate_size"}
-
-
 def gpu_short_name(gpu) -> str:
     """Short name of a GPU card for its default calibration file: ``gpu.name`` lower-cased with
     everything but letters and digits removed (``H200`` -> ``h200``, ``RTX-4090`` -> ``rtx4090``)."""
@@ -430,183 +424,6 @@ def resolve_calibration_path(cost, gpu) -> Path:
                       f"available: {avail or 'none'} in {CALIBRATION_DIR}")
 
 
-class CalibratedCostModel(AnalyticCostModel):
-    """Step times from a GPU calibration file (``gpu_validation/calibrations/*.json``), falling
-    back to :class:`AnalyticCostModel` term by term where the file does not apply.
-
-    Terms (seconds per engine step):
-
-    * ``gemm``: dense projections (QKV, O, gate/up, down) of all layers for the step's ``T``
-      computed tokens = ``Calibration.gemm_time(T)`` (measured bf16 matmuls). Calibrated only if
-      the file's ``model_shapes`` equal the run's model (layers, q/kv heads, head_dim, hidden,
-      intermediate), the weights are unquantised bf16 and ``tensor_parallel_size == 1``; else
-      the analytic linear roofline.
-    * ``lm_head``: analytic always (not in the GEMM sweep): ``max(2 x vocab x hidden x S /
-      (peak x mfu), vocab x hidden x dtype bytes / (HBM bw x mbu))`` for ``S`` sampling rows.
-    * ``decode_attention``: the chunks of one new token (decode) = ``Calibration.
-      decode_attention_time(b, k)`` with ``b`` decode sequences and ``k`` their mean KV length
-      (cached + new token; memory-bound, so the mean stands for the sum). Same shape condition
-      as ``gemm``, plus a 16-bit KV cache and no sliding-window layers.
-    * ``prefill_attention``: chunks of more than one token: analytic (the calibration has no
-      prefill sweep). A mixed step adds the decode and prefill parts.
-    * ``step_overhead``: ``cost.step_overhead_s`` (a config constant).
-
-    Host/disk copies and compaction rounds read the same calibration through
-    :class:`sim.tiers.TierManager` and :class:`sim.compression.Compression` (``self.calibration``).
-
-    Args: as :class:`AnalyticCostModel`; ``cost.file`` names the calibration (see
-    :func:`resolve_calibration_path`). Raises ConfigError for a missing or invalid file, or
-    one measured on another GPU (its ``device.name`` must contain :func:`gpu_short_name`).
-    """
-
-    def __init__(self, model, gpu, cache, cost):
-        super().__init__(model, gpu, cache, cost)
-        from gpu_validation.calibration_model import CalibrationError, load_calibration
-
-        from .hardware import ConfigError, dtype_bytes
-
-        self.path = resolve_calibration_path(cost, gpu)
-        try:
-            self.calibration = load_calibration(self.path)
-        except CalibrationError as e:
-            raise ConfigError(f"cost.kind=calibrated: {e}") from None
-        cal = self.calibration
-        dev = str(cal.device.get("name", ""))
-        if gpu_short_name(gpu) not in re.sub(r"[^a-z0-9]", "", dev.lower()):
-            raise ConfigError(
-                f"cost.kind=calibrated: {self.path} was measured on {dev or 'an unnamed device'}, "
-                f"but gpu={gpu.name}; expected a calibration of this GPU (cost.file), or "
-                f"cost.kind=analytic")
-        self.reasons: dict[str, str] = {}
-        shapes = cal.raw.get("model_shapes")
-        if not isinstance(shapes, dict):
-            shape_why = f"{self.path} has no model_shapes"
-        else:
-            diff = [f"{k}: file {shapes.get(k)} vs model {getattr(model, f)}"
-                    for k, f in SHAPE_FIELDS.items() if shapes.get(k) != getattr(model, f)]
-            shape_why = (f"model {model.name} differs from the calibrated shapes ({'; '.join(diff)})"
-                         if diff else "")
-        tp = int(cost.tensor_parallel_size)
-        self.use_gemm = False
-        if shape_why:
-            self.reasons["gemm"] = shape_why
-        elif not cal.has("gemm"):
-            self.reasons["gemm"] = f"{self.path} has no gemm table"
-        elif str(model.weight_quant).lower() not in ("none", "") or str(model.dtype) != "bf16":
-            self.reasons["gemm"] = (f"calibrated with bf16 weights; model has dtype={model.dtype}, "
-                                    f"weight_quant={model.weight_quant}")
-        elif tp != 1:
-            self.reasons["gemm"] = f"calibrated on one GPU; cost.tensor_parallel_size={tp}"
-        else:
-            self.use_gemm = True
-        self.use_attn = False
-        if shape_why:
-            self.reasons["decode_attention"] = shape_why
-        elif not cal.has("decode_attention"):
-            self.reasons["decode_attention"] = f"{self.path} has no decode_attention table"
-        elif kv_dtype_bytes(model, cache) != 2.0 or self.win_layers:
-            self.reasons["decode_attention"] = "calibrated with a 16-bit KV cache and full attention only"
-        elif tp != 1:
-            self.reasons["decode_attention"] = f"calibrated on one GPU; cost.tensor_parallel_size={tp}"
-        else:
-            self.use_attn = True
-            self._attn_kv = [float(x) for x in cal.raw["decode_attention"]["kv_tokens"]]
-            self._attn_cache: dict[int, np.ndarray] = {}
-        self.reasons["lm_head"] = "not in the calibration's GEMM sweep"
-        self.reasons["prefill_attention"] = "the calibration has no prefill-attention sweep"
-        self.reasons["step_overhead"] = "cost.step_overhead_s (config constant)"
-        self.lm_head_bytes = float(model.vocab_size) * float(model.hidden_size) * dtype_bytes(model.dtype, "model.dtype")
-
-    # ------------------------------------------------------------------ terms
-    def linear_time(self, tokens: int, samples: int) -> float:
-        """Calibrated projections for ``tokens`` + analytic lm_head for ``samples`` rows (s)."""
-        if not self.use_gemm:
-            return super().linear_time(tokens, samples)
-        head = 0.0
-        if samples > 0:
-            head = max(self.lm_head_flops * samples / (self.peak_flops * self.mfu),
-                       self.lm_head_bytes / (self.hbm_bw * self.mbu))
-        return self.calibration.gemm_time(int(tokens)) + head
-
-    def _decode_attn(self, batch: int, kv_mean: np.ndarray) -> np.ndarray:
-        """Calibrated decode attention (s, all layers) for ``batch`` sequences of ``kv_mean``
-        tokens each (array). Exactly ``Calibration.decode_attention_time`` at every point: for
-        a fixed batch it is piecewise linear in the KV length between the table's lengths,
-        constant below the first and proportional above the last."""
-        v = self._attn_cache.get(batch)
-        if v is None:
-            v = np.array([self.calibration.decode_attention_time(batch, k) for k in self._attn_kv])
-            self._attn_cache[batch] = v
-        ks = self._attn_kv
-        x = np.asarray(kv_mean, dtype=np.float64)
-        return np.where(x > ks[-1], v[-1] * x / ks[-1], np.interp(x, ks, v))
-
-    def attention_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> float:
-        """Calibrated decode rows (one new token) + analytic prefill chunks (s)."""
-        if not self.use_attn:
-            return super().attention_time(new_tokens, context_tokens)
-        dec = new_tokens == 1
-        b = int(np.count_nonzero(dec))
-        t = 0.0
-        if b:
-            kv_mean = (float(np.sum(context_tokens[dec], dtype=np.float64)) + b) / b
-            t += float(self._decode_attn(b, np.array([kv_mean]))[0])
-        if b < len(new_tokens):
-            t += super().attention_time(new_tokens[~dec], context_tokens[~dec])
-        return t
-
-    def _dense_decode_args(self, ctx0: np.ndarray):
-        """None with calibrated decode attention (the compiled loop is the analytic one's)."""
-        return None if self.use_attn else super()._dense_decode_args(ctx0)
-
-    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
-        """``k`` pure-decode steps (see :meth:`AnalyticCostModel.decode_step_times`), with the
-        calibrated terms; equals :meth:`step_time` of each step."""
-        if not self.use_attn:  # the analytic version calls self.linear_time (calibrated or not)
-            return super().decode_step_times(ctx0, k, first, shift)
-        b, _, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
-        kv_mean = (sum_c + b) / b
-        return self.overhead + self.linear_time(b, b) + self._decode_attn(b, kv_mean)
-
-    def describe(self, codec=None, disk: bool = False, compaction: bool = False) -> dict:
-        """Which terms came from the calibration file and which from the analytic model.
-
-        ``codec``: the tier codec name when host/disk tiers exist (None: no tiers); ``disk``: a
-        disk tier exists; ``compaction``: a compression policy runs rounds. Returns
-        ``{"kind", "file", "device", "calibrated": [...], "analytic_fallback": [...],
-        "fallback_reasons": {term: why}}``.
-        """
-        cal = self.calibration
-        reasons = dict(self.reasons)
-        if self.use_gemm:
-            reasons.pop("gemm", None)
-        if self.use_attn:
-            reasons.pop("decode_attention", None)
-        done = [t for t in ("gemm", "decode_attention") if t not in reasons]
-        if codec is not None:
-            for d, fused in (("d2h", "encode_d2h_fused"), ("h2d", "h2d_decode_fused")):
-                op = d if codec == "identity" else f"{codec}_{fused}"
-                if cal.has(op):
-                    done.append(f"{d} ({op})")
-                else:
-                    reasons[d] = f"{self.path} has no op {op!r}: PCIe link + codec roofline"
-            if disk:
-                reasons["disk_read_write"] = "disk links are not calibrated (tiers.disk_* settings)"
-        if compaction:
-            if cal.has("compaction_move"):
-                done.append("compaction_move")
-            else:
-                reasons["compaction_move"] = f"{self.path} has no op 'compaction_move'"
-            reasons["compaction_scoring"] = "policy scoring bytes at HBM bandwidth x mbu"
-        try:  # repository-relative when the file is in the repository
-            file = str(self.path.resolve().relative_to(CALIBRATION_DIR.parent.parent))
-        except ValueError:
-            file = str(self.path)
-        return {"kind": "calibrated", "file": file, "device": cal.device.get("name"),
-                "calibration_date": cal.date, "calibrated": done,
-                "analytic_fallback": sorted(reasons), "fallback_reasons": reasons}
-
-
 def build_cost_model(model, gpu, cache, cost):
     """Return the cost model named by ``cost.kind``.
 
@@ -614,9 +431,10 @@ def build_cost_model(model, gpu, cache, cost):
     (:mod:`sim.operator_cost`)) or, for
     ``calibrated``, a missing / invalid calibration file.
     """
+    from .calibrated_cost import CalibratedOperatorModel
     from .operator_cost import OperatorCostModel
 
-    kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedCostModel,
+    kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedOperatorModel,
              "operator": OperatorCostModel}
     if cost.kind not in kinds:
         from .hardware import ConfigError

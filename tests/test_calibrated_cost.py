@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_workload
 from gpu_validation.calibration_model import load_calibration
-from sim.cost import AnalyticCostModel, CalibratedCostModel, build_cost_model
+from sim.cost import AnalyticCostModel, build_cost_model
 from sim.hardware import ConfigError
 from sim.run import compose_config, run_simulation
 
@@ -29,74 +29,12 @@ def cal():
     return load_calibration(CALIBRATION_DIR / "h200.json")
 
 
-def test_default_trace_run_reports_calibrated_terms(tmp_path, cal):
-    s = run_simulation(cfg("trace.max_requests=50"), tmp_path)
-    cm = json.loads((tmp_path / "summary.json").read_text())["cost_model"]
-    assert cm == s["cost_model"]
-    assert cm["kind"] == "calibrated" and cm["file"].endswith("calibrations/h200.json")
-    assert set(cm["calibrated"]) == {"gemm", "decode_attention"}
-    assert "prefill_attention" in cm["analytic_fallback"] and "lm_head" in cm["analytic_fallback"]
-    assert set(cm["fallback_reasons"]) == set(cm["analytic_fallback"])
-    # the calibration changes the simulated times (GEMM and decode attention differ from the roofline)
-    a = run_simulation(compose_config(["sim.progress=false", "trace.max_requests=50"]), None)
-    assert a["cost_model"]["kind"] == "analytic" and a["cost_model"]["calibrated"] == []
-    assert a["tpot_s"]["p50"] != pytest.approx(s["tpot_s"]["p50"], rel=1e-3)
-
-
-def test_decode_step_uses_calibration_tables(cal):
-    c = cfg()
-    m = model_of(c)
-    assert isinstance(m, CalibratedCostModel) and m.use_gemm and m.use_attn
-    ctx = np.array([1000, 3000, 5000, 7000])
-    new = np.ones(4, dtype=np.int64)
-    head = max(2 * 151936 * 4096 * 4 / (989e12 * 0.6), 151936 * 4096 * 2 / (4800e9 * 0.8))
-    want = 0.004 + cal.gemm_time(4) + head + cal.decode_attention_time(4, 4001)
-    assert m.step_time(new, ctx, 4) == pytest.approx(want, rel=1e-12)
-    # fast-forward durations equal per-step times, inside and beyond the table (32768 tokens)
-    for c0 in (np.array([100, 900, 20000]), np.array([40000, 50000, 60000])):
-        durs = m.decode_step_times(c0, 50)
-        per = [m.step_time(np.ones(3, dtype=np.int64), c0 + s, 3) for s in range(50)]
-        np.testing.assert_allclose(durs, per, rtol=1e-12)
-        assert durs[-1] == pytest.approx(0.004 + cal.gemm_time(3) + max(
-            2 * 151936 * 4096 * 3 / (989e12 * 0.6), 151936 * 4096 * 2 / (4800e9 * 0.8))
-            + cal.decode_attention_time(3, int(c0.mean()) + 50), rel=1e-12)
-    # a prefill chunk's attention stays analytic; the decode rows of a mixed step are calibrated
-    an = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
-    mixed_new, mixed_ctx = np.array([512, 1, 1]), np.array([2048, 3000, 5000])
-    assert m.attention_time(mixed_new, mixed_ctx) == pytest.approx(
-        an.attention_time(mixed_new[:1], mixed_ctx[:1]) + cal.decode_attention_time(2, 4001), rel=1e-12)
-
-
-def test_other_model_falls_back_for_gemm_and_attention(tmp_path):
-    c = cfg("model=llama3_1_8b", "trace.max_requests=20")
-    m = model_of(c)
-    assert not m.use_gemm and not m.use_attn
-    an = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
-    new, ctx = np.array([300, 1, 1]), np.array([0, 500, 9000])
-    assert m.step_time(new, ctx, 3) == an.step_time(new, ctx, 3)
-    np.testing.assert_array_equal(m.decode_step_times(ctx, 20), an.decode_step_times(ctx, 20))
-    s = run_simulation(c, tmp_path)
-    cm = s["cost_model"]
-    assert cm["calibrated"] == []
-    assert {"gemm", "decode_attention"} <= set(cm["analytic_fallback"])
-    assert "Llama-3.1-8B" in cm["fallback_reasons"]["gemm"]
-    assert "num_q_heads" not in cm["fallback_reasons"]["gemm"]  # 32 q heads in both: not listed
-    assert "intermediate: file 12288 vs model 14336" in cm["fallback_reasons"]["decode_attention"]
-
-
-def test_tensor_parallel_and_fp8_cache_fall_back():
-    m = model_of(cfg("cost.tensor_parallel_size=2"))
-    assert not m.use_gemm and "tensor_parallel_size=2" in m.reasons["gemm"]
-    m = model_of(cfg("cache.kv_cache_dtype=fp8"))
-    assert m.use_gemm and not m.use_attn and "16-bit" in m.reasons["decode_attention"]
-
-
 def test_missing_file_errors_clearly(tmp_path):
     with pytest.raises(ConfigError, match=r"calibration file not found: .*nope\.json.*available: .*h200\.json"):
         model_of(cfg(f"cost.file={tmp_path}/nope.json"))
-    # the GPU card's default: H100-SXM -> h100sxm.json, which does not exist
-    with pytest.raises(ConfigError, match=r"h100sxm\.json \(cost\.file is null.*available: .*h200\.json"):
-        model_of(cfg("gpu=h100"))
+    # the GPU card's default: B200 -> b200.json, which does not exist
+    with pytest.raises(ConfigError, match=r"b200\.json \(cost\.file is null.*available: .*h200\.json"):
+        model_of(cfg("gpu=b200"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"device": {"name": "X"}}')
     with pytest.raises(ConfigError, match=r"bad\.json: missing key 'software'"):
@@ -105,7 +43,7 @@ def test_missing_file_errors_clearly(tmp_path):
 
 def test_explicit_file_relative_to_repo_root():
     m = model_of(cfg(f"cost.file={H200}"))
-    assert m.path.name == "h200.json" and m.use_gemm
+    assert m.path.name == "h200.json" and m.calibration.device["name"] == "NVIDIA H200"
 
 
 def doc(doc_id, tokens, t=0.0, out=2):
