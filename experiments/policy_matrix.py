@@ -189,30 +189,36 @@ def main(argv=None) -> None:
     df.to_csv(RESULTS / f"{name}.csv", index=False)
     bs = int(allruns["cache.block_size"].iloc[0])
     scatter(df, RESULTS / f"{name}.png", bs)
-    # kvsim-plot's blocks-freed figure for the forward_pack/none main sweeps (per-round scatter)
+    # kvsim-plot's blocks-freed figure for the forward_pack/none main sweeps (blocks held, net
+    # against policy=full, gross frees)
     figs = []
     import matplotlib.pyplot as plt
 
     from experiments.plots import load_collected
 
+    shown = ["streaming_llm", "h2o", "snapkv", "triattention", "r_kv"]
     for trace in dict.fromkeys(t for t, _, _ in sweeps(args.quick, n, fallback, args.step_beta)):
-        parts = []
+        parts, step_parts = [], []
         for t, group, _ in sweeps(args.quick, n, fallback, args.step_beta):
             if t != trace or group not in ("main", "stepwise"):
                 continue
             col = load_collected(SCRATCH / tag / f"{trace}_{group}" / "collected")
-            if "rounds" in col.tables():
-                parts.append(col.table("rounds", run_columns=["cache.block_size"]))
+            for table, into in (("rounds", parts), ("steps", step_parts)):
+                if table in col.tables():
+                    df = col.table(table, run_columns=["cache.block_size", "policy", "compaction"])
+                    into.append(df.assign(run_id=f"{group}/" + df["run_id"].astype(str)))
         rounds = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         if rounds.empty:
             continue
-        rounds = rounds[rounds["policy"].isin(["streaming_llm", "h2o", "snapkv", "triattention", "r_kv"])]
+        rounds = rounds[rounds["policy"].isin(shown)]
         if rounds.empty:
             continue
-        if len(rounds) > 20000:  # keep the PNG small: a deterministic subsample of rounds
-            rounds = rounds.sample(20000, random_state=0)
+        steps = pd.concat(step_parts, ignore_index=True) if step_parts else None
+        if steps is not None:  # (policy=full: the baseline of the net saving)
+            steps = steps[steps["policy"].isin([*shown, "full"])
+                          & steps["compaction"].isin(set(rounds["compaction"]))]
         out = RESULTS / f"{name}_blocks_freed_{trace}.png"
-        fig = plot_blocks_freed(rounds, by=["policy", "compaction"])
+        fig = plot_blocks_freed(rounds, by=["policy", "compaction"], steps=steps)
         fig.savefig(out, dpi=80, bbox_inches="tight")
         plt.close(fig)
         figs.append(out.name)
@@ -233,8 +239,9 @@ def main(argv=None) -> None:
     for t in df["trace"].unique():
         md += [f"\n## {t}\n", md_table(df[df["trace"] == t], cols)]
     md += [f"\nFigures: `{name}.png` (run totals, log-log, colour = compactor, marker = trace); "
-           + ", ".join(f"`{f}`" for f in figs) + " (kvsim-plot `blocks-freed` per eviction round, "
-           "policies streaming_llm / h2o / snapkv / r_kv / triattention).\n"]
+           + ", ".join(f"`{f}`" for f in figs) + " (kvsim-plot `blocks-freed`: blocks held over time, net "
+           "saving against policy=full and gross frees; policies streaming_llm / h2o / snapkv / "
+           "r_kv / triattention).\n"]
     write_report(RESULTS, name, "policy_matrix", md, args.quick)
 
 
