@@ -157,6 +157,10 @@ class CostConfig:
     comm_efficiency: float = 0.8
     gemm_precision: str = "auto"
     expert_parallel: bool = False
+    # every cost kind: time between a client sending a request and the scheduler seeing it
+    # (API server: HTTP, tokenisation, queue hand-off); added to TTFT, E2E and queue time as the
+    # client measures them (sim.run.delay_workload)
+    frontend_latency_s: float = 0.0
 
 
 @dataclass

@@ -14,6 +14,7 @@ are written to temporary names and renamed; ``summary.json`` is written last, wi
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import time
@@ -245,6 +246,28 @@ def _write_ops(cfg, comp, tm, path: Path) -> dict:
             "ops_transfers_left_out": disk}
 
 
+def delay_workload(wl, delay_s: float):
+    """``wl`` with every request reaching the engine ``delay_s`` seconds after its client sent
+    it (``cost.frontend_latency_s``): open-loop roots arrive ``delay_s`` later, closed-loop
+    children ``delay_s`` after their parent's finish plus their think time. Returns a new
+    :class:`traces.Workload` (``wl`` unchanged); ``delay_s == 0`` returns ``wl``."""
+    if delay_s == 0:
+        return wl
+    import copy
+
+    import pyarrow as pa
+
+    t = wl.table
+    roots = wl.parent_request_id < 0
+    arr = wl.arrival_s + np.where(roots, delay_s, 0.0)
+    think = wl.think_s + np.where(roots, 0.0, delay_s)
+    t = t.set_column(t.schema.get_field_index("arrival_s"), "arrival_s", pa.array(arr))
+    t = t.set_column(t.schema.get_field_index("think_s"), "think_s", pa.array(think))
+    out = copy.copy(wl)
+    out.table = t
+    return out
+
+
 def _tiers_factory(cfg, plan, calibration=None):
     """Validate the tier and codec config; return (factory env -> TierManager or None, cold page
     bytes). A tier manager exists when host or disk capacity is above zero. ``calibration``
@@ -315,6 +338,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     from .validation import validate_workload
 
     validate_workload(cfg, wl)
+    delay = float(cfg.cost.frontend_latency_s)
+    if not (delay >= 0 and math.isfinite(delay)):
+        raise ConfigError(f"cost.frontend_latency_s={delay}; expected a time >= 0 (seconds)")
+    wl = delay_workload(wl, delay)
     t_load = time.perf_counter() - t_load
     calibration = getattr(cost, "calibration", None)  # cost.kind=calibrated
     tiers_factory, page_bytes = _tiers_factory(cfg, plan, calibration)
@@ -380,6 +407,11 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
             bar.close()
     t_sim = time.perf_counter() - t_sim
     req = rec.requests_frame()
+    delay = float(cfg.cost.frontend_latency_s)
+    if delay:  # (times as the client measures them: it sent each request delay s earlier)
+        req["arrival_s"] = req["arrival_s"] - delay
+        for col in ("ttft_s", "e2e_s", "queue_s"):
+            req[col] = req[col] + delay
     extra = {
         "model": cfg.model.name,
         "gpu": cfg.gpu.name,
