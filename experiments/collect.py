@@ -138,6 +138,7 @@ class RunInfo:
     has_hydra: bool = False  # .hydra/hydra.yaml was read (group choices and job number)
     config_path: Path | None = None  # the config file read, None when the run has none
     sweep_id: str | None = None  # the multirun it ran in (its id), None for a single run
+    hydra_overrides: list[str] | None = None  # .hydra/overrides.yaml as read, None without one
 
     @property
     def complete(self) -> bool:
@@ -294,6 +295,7 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
         if not isinstance(ov, list):
             raise CollectError(f"{hydra_dir / 'overrides.yaml'}: expected a list of overrides")
         info.overrides = [str(o) for o in ov]
+        info.hydra_overrides = list(info.overrides)
     if (hydra_dir / "hydra.yaml").is_file():
         hy = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra", {}) or {}
         choices = (hy.get("runtime") or {}).get("choices") or {}
@@ -352,6 +354,8 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 # (sizes are not compared: a truncated or corrupt table is found when it is
                 # read, with the Parquet error; one rewritten since is collected if it reads)
                 info.failure = gone
+            elif (mixed := labels_problem(info, summary)) is not None:
+                info.failure = mixed
             else:
                 info.summary = summary
                 cc = summary.get("config_choices")
@@ -360,6 +364,46 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                     info.choices = {str(k): str(v) for k, v in cc.items()
                                     if not str(k).startswith("hydra/") and v is not None}
     return info
+
+
+def labels_problem(info: RunInfo, summary: dict) -> str | None:
+    """Why the labels read for a run (``info``: its ``.hydra/`` overrides and group choices,
+    its config file) are not those of the run whose ``summary.json`` is ``summary``: its
+    overrides, group choices (``config_choices``) or config fingerprint
+    (:func:`sim.callbacks.config_fingerprint`) differ, as when a process wrote into the folder
+    after another run had taken it. None when they agree, and for what a summary does not
+    record (a kvsim that recorded no fingerprint)."""
+    from omegaconf import OmegaConf
+
+    from sim.callbacks import config_fingerprint, run_overrides
+
+    def mixed(what: str) -> str:
+        return (f"{what}: the folder holds the record of one run and the results of another "
+                f"(e.g. a process that wrote into it after another run took it); rerun it "
+                f"(output.skip_completed=true reruns it)")
+
+    ov = summary.get("overrides")
+    given = info.hydra_overrides
+    if isinstance(ov, list) and given is not None and run_overrides(given) != \
+            [str(o) for o in ov]:
+        return mixed(f".hydra/overrides.yaml ({' '.join(run_overrides(given))}) and "
+                     f"summary.json's overrides ({' '.join(str(o) for o in ov)}) differ")
+    cc = summary.get("config_choices")
+    if isinstance(cc, dict) and info.has_hydra and info.choices != {
+            str(k): str(v) for k, v in cc.items() if not str(k).startswith("hydra/")
+            and v is not None}:
+        return mixed(".hydra/hydra.yaml's config group choices and summary.json's "
+                     "config_choices differ")
+    fp = summary.get("config_fingerprint")
+    if isinstance(fp, str) and info.config_path is not None:
+        try:
+            here = config_fingerprint(OmegaConf.load(info.config_path))
+        except Exception as e:  # noqa: BLE001 - (read already by _load_config: not expected)
+            return mixed(f"{info.config_path} cannot be read back ({_one_line(e)})")
+        if here != fp:
+            return mixed(f"{info.config_path.name} is not the config of the run that wrote "
+                         f"summary.json (config fingerprint {here}, summary.json's {fp})")
+    return None
 
 
 def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
@@ -697,7 +741,10 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     are collected (those without any config file are listed on stderr). Raises CollectError naming the path when the sweep dir is
     missing or holds no run directory, or a run's config / Hydra files cannot be read; naming the
     table, column, types and runs when a column's types differ between runs. The output
-    directory is replaced atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed).
+    directory is replaced atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed),
+    holding the lock ``.<name>.lock`` beside it meanwhile (:mod:`sim.locks`): a second
+    kvsim-collect into the same directory raises CollectError, and the temporary folders of a
+    killed one are removed.
     """
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep / "collected"
@@ -744,11 +791,87 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
         wanted = [n for n in wanted if n in tables]
     _check_table_files([r for r in runs if r.complete], wanted)
 
+    from sim.locks import Busy, hold
+
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # one collection into ``out`` at a time; with it held, temporary folders of ``out``
+        # are those of a kvsim-collect that was killed
+        lock = hold(out.parent / f".{out.name}.lock")
+    except Busy as e:
+        raise CollectError(f"{out}: another kvsim-collect ({e.holder}) is writing this "
+                           f"collection; expected one kvsim-collect into a folder at a time "
+                           f"(wait for it to end)") from None
+    except OSError as e:
+        why = getattr(e, "strerror", None) or _one_line(e)
+        raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
+                           f"{why})") from e
+    try:
+        runs_table, manifest = _collect_into(out, tmp, runs, wanted, keys, groups, sweep, stale)
+    finally:
+        lock.release()
+    failed = [r for r in runs if not r.complete]
+    written = manifest["tables"]
+    if stale and not quiet:
+        print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
+              f"the same directory (another sweep id): "
+              f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
+    sweeps = {k: v for k, v in manifest["sweeps"].items() if k}
+    if len(sweeps) > 1 and not quiet:
+        print(f"kvsim-collect: warning: the runs come from {len(sweeps)} sweeps ("
+              + "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sweeps.items())
+              + (f"; and {len(manifest['sweeps'][''])} single run(s)" if "" in manifest["sweeps"]
+                 else "")
+              + "): a figure's curves may pool runs of different sweeps (manifest.json "
+                "sweeps; give each sweep its own results folder)", file=sys.stderr)
+    partial = [r for r in runs if r.complete and r.config_path is None]
+    if partial and not quiet:
+        print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
+              f"config.yaml; collected from summary.json and their overrides (config columns "
+              f"their overrides do not name are null; group columns come from summary.json's "
+              f"config_choices, where it has them): "
+              f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
+    for n, ids in manifest["runs_missing_tables"].items():
+        if not quiet:
+            print(f"kvsim-collect: note: {len(ids)} complete run(s) wrote no {n}.parquet (other runs "
+                  f"did; e.g. output.write_steps=false, or a deleted file): "
+                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
+                  f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
+    if failed and not quiet:
+        print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
+              f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
+              + ("exit status 0 unless --strict):" if len(failed) < len(runs) else
+                 "none completed: exit status 1):"), file=sys.stderr)
+        for r in failed:
+            print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
+    return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """Temporary folders of collections into ``out`` (``.<name>.tmp-<pid>``, ``.<name>.old-<pid>``
+    beside it)."""
+    import re
+
+    pat = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-[0-9]+")
+    try:
+        return [p for p in out.parent.iterdir() if pat.fullmatch(p.name) and p.is_dir()]
+    except OSError:
+        return []
+
+
+def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
+                  keys: list[str], groups: set, sweep: Path,
+                  stale: list[Path]) -> tuple[pa.Table, dict]:
+    """Write the collection of ``runs`` into the temporary folder ``tmp`` and rename it to
+    ``out`` (an earlier collection there is replaced), while holding ``out``'s lock: the
+    temporary folders a killed kvsim-collect left beside ``out`` are removed first. A run
+    whose table turns out unreadable is marked failed and the tables written again. Returns
+    the runs table and the manifest written."""
+    for old in _leftovers(out):
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        tmp.mkdir()
     except OSError as e:
         why = getattr(e, "strerror", None) or _one_line(e)  # (the error names the temporary name)
         raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
@@ -799,39 +922,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if stale and not quiet:
-        print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
-              f"the same directory (another sweep id): "
-              f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
-    sweeps = {k: v for k, v in manifest["sweeps"].items() if k}
-    if len(sweeps) > 1 and not quiet:
-        print(f"kvsim-collect: warning: the runs come from {len(sweeps)} sweeps ("
-              + "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sweeps.items())
-              + (f"; and {len(manifest['sweeps'][''])} single run(s)" if "" in manifest["sweeps"]
-                 else "")
-              + "): a figure's curves may pool runs of different sweeps (manifest.json "
-                "sweeps; give each sweep its own results folder)", file=sys.stderr)
-    partial = [r for r in runs if r.complete and r.config_path is None]
-    if partial and not quiet:
-        print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
-              f"config.yaml; collected from summary.json and their overrides (config columns "
-              f"their overrides do not name are null; group columns come from summary.json's "
-              f"config_choices, where it has them): "
-              f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
-    for n, ids in manifest["runs_missing_tables"].items():
-        if not quiet:
-            print(f"kvsim-collect: note: {len(ids)} complete run(s) wrote no {n}.parquet (other runs "
-                  f"did; e.g. output.write_steps=false, or a deleted file): "
-                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
-                  f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
-    if failed and not quiet:
-        print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
-              f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
-              + ("exit status 0 unless --strict):" if len(failed) < len(runs) else
-                 "none completed: exit status 1):"), file=sys.stderr)
-        for r in failed:
-            print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
-    return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
+    return runs_table, manifest
 
 
 def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = True,

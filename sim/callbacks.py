@@ -33,6 +33,42 @@ FAILED_PREFIX = "this run failed:"
 OVERRIDES_PREFIX = "overrides: "
 
 
+# overrides that say how a run is executed, not what it simulates: left out of the overrides a
+# run records (summary.json overrides) and of its config fingerprint
+RUN_BOOKKEEPING = ("output.skip_completed", "output.dir", "sim.progress", "output.print_summary")
+
+
+def run_overrides(overrides) -> list[str]:
+    """The overrides that define a run (``overrides``: the command line's, as given), those of
+    :data:`RUN_BOOKKEEPING` left out."""
+    return [str(o) for o in overrides if not str(o).lstrip("+").startswith(RUN_BOOKKEEPING)]
+
+
+def config_fingerprint(config) -> str:
+    """xxh3-128 (hex) of a run's config: ``config`` is the DictConfig the run got, or its
+    record read back (``.hydra/config.yaml`` or ``config.yaml``, ``OmegaConf.load``);
+    interpolations are not resolved, and the keys of :data:`RUN_BOOKKEEPING` are left out.
+    A run records it in summary.json (``config_fingerprint``); kvsim-collect and
+    ``output.skip_completed`` compare it with the config record beside the summary, so a
+    folder whose record and results come from two runs is never taken for one run."""
+    import json
+
+    import xxhash
+    from omegaconf import DictConfig, OmegaConf
+
+    c = OmegaConf.to_container(config, resolve=False, enum_to_str=True) \
+        if isinstance(config, DictConfig) else config
+    c = json.loads(json.dumps(c, default=repr))  # (a copy; the keys below are removed)
+    for key in RUN_BOOKKEEPING:
+        *path, last = key.split(".")
+        node = c
+        for k in path:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return xxhash.xxh3_128_hexdigest(json.dumps(c, sort_keys=True, default=repr).encode())
+
+
 def is_collection(path) -> bool:
     """Whether ``path`` is a directory written by ``kvsim-collect``: it holds a ``manifest.json``
     that is a JSON object with the keys every collection's manifest has (``sweep_dir``,
@@ -220,11 +256,30 @@ class FailedRunsExit(Callback):
         bad = _hydra_problem(config, run=False)
         if bad is not None:
             _exit_with(bad)
+        from .sweep import SweepBusy, clear_ledger, guard_joblib_launcher, hold_sweep_dir
+
         sweep = Path(str(config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
+        try:  # (before anything is written: a second sweep into the folder leaves it alone)
+            hold_sweep_dir(sweep)
+        except SweepBusy as e:
+            _exit_with(str(e))
+        clear_ledger(sweep)
         (sweep / SWEEP_ID).write_text(f"{time.time_ns()}-{os.getpid()}\n")
+        guard_joblib_launcher()
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from .sweep import release_sweep_dir
+
+        try:
+            self._report_sweep(config)
+        finally:
+            release_sweep_dir()
+
+    def _report_sweep(self, config) -> None:
+        """on_multirun_end's report (the sweep's lock is let go after it)."""
+        from .sweep import read_ledger
+
         sweep = Path(str(config.hydra.sweep.dir))
         if not sweep.is_absolute():  # (from the folder kvsim started in, whatever chdir did)
             sweep = Path(str(config.hydra.runtime.cwd)) / sweep
@@ -259,6 +314,14 @@ class FailedRunsExit(Callback):
             why = rejected(target)
             if why is not None:
                 failed.append((name, why))
+        # jobs that did not complete and left no marker of it (their folder held by another
+        # process, a marker that could not be written): the sweep's ledger (sim.sweep) names them
+        listed = {n for n, _ in failed}
+        for num, entry in sorted(read_ledger(sweep).items()):
+            name = str(entry.get("name") or num)
+            if entry.get("state") != "complete" and name not in listed:
+                failed.append((name, entry.get("why") or "its process ended before the job "
+                                                         "finished (killed?)"))
         root_id = (sweep / SWEEP_ID).read_text().strip() if (sweep / SWEEP_ID).is_file() else None
         jobs = [p.parent for p in sweep.rglob(SWEEP_ID) if p.parent != sweep
                 and p.read_text().strip() == root_id]

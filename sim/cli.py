@@ -10,6 +10,7 @@ Any part is changed with Hydra overrides, e.g.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import sys
@@ -343,16 +344,87 @@ def write_line(stream, text: str) -> None:
 
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
-    """Hydra entry point: simulate ``cfg`` into the Hydra run directory."""
-    from rich.console import Console
-
-    from .run import OutputDirBusy, is_complete, run_simulation
+    """Hydra entry point: simulate ``cfg`` into the Hydra run directory (:func:`_run`). A
+    sweep's job also records its outcome in the sweep's job ledger (:mod:`sim.sweep`), and a
+    worker process of a local sweep ends when the sweep's process is gone
+    (:func:`sim.sweep.end_with_sweep`)."""
+    from hydra.types import RunMode
 
     hc = HydraConfig.get()
-    from hydra.types import RunMode
+    if hc.mode != RunMode.MULTIRUN:
+        _run(cfg, hc, multirun=False)
+        return
+    from . import sweep as S
+    from .callbacks import SWEEP_ID
+
+    sweep_dir = Path(hc.sweep.dir)
+    if not sweep_dir.is_absolute():  # (hydra.job.chdir=true: the job runs in its folder)
+        sweep_dir = Path(hc.runtime.cwd) / sweep_dir
+    try:
+        S.end_with_sweep(S.sweep_pid((sweep_dir / SWEEP_ID).read_text()))
+    except OSError:
+        pass
+    job_dir = Path(hc.runtime.output_dir)
+    try:
+        name = job_dir.resolve().relative_to(sweep_dir.resolve()).as_posix()
+    except ValueError:
+        name = str(job_dir)
+    num = int(hc.job.num)
+    S.record_job(sweep_dir, num, "running", name=name)
+    why = "its process stopped before the job finished"
+    try:
+        why = _run(cfg, hc, multirun=True)
+    finally:
+        S.record_job(sweep_dir, num, "complete" if why is None else "failed", why, name=name)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+# write errors that are the machine's, not kvsim's: one line naming the file, no traceback
+_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def resource_error(e: BaseException) -> str | None:
+    """The one-line error for an exception that is the machine's, not kvsim's: out of memory
+    (MemoryError), a full disk or quota (ENOSPC, EDQUOT), the file size limit (EFBIG, ``ulimit
+    -f``) or a read-only filesystem (EROFS), naming the file and what to do; None for any
+    other exception."""
+    if isinstance(e, MemoryError):
+        return ("out of memory (MemoryError): the simulation needed more memory than this "
+                "machine had free; expected more free memory: run fewer jobs at once "
+                "(hydra.launcher.n_jobs), a shorter trace (trace.max_requests) or a smaller "
+                "pool (cache.num_gpu_blocks)")
+    if isinstance(e, OSError) and e.errno in _RESOURCE_ERRNOS:
+        what = {errno.ENOSPC: "no space left on the device",
+                errno.EDQUOT: "the disk quota is used up",
+                errno.EFBIG: "the file size limit (ulimit -f) is reached",
+                errno.EROFS: "the filesystem is read-only"}[e.errno]
+        where = f" writing {e.filename}" if e.filename else ""
+        return (f"{what}{where} ({errno.errorcode[e.errno]}: {e.strerror}); expected room "
+                f"for the results: free space (or pick another output.dir), then run the "
+                f"same command with output.skip_completed=true")
+    return None
+
+
+def _run(cfg: DictConfig, hc, multirun: bool) -> str | None:
+    """Simulate ``cfg`` into its results folder (``output.dir``, or Hydra's run or job folder)
+    while holding it (:func:`sim.run.hold_output_dir`). Returns None when the run completed or
+    was skipped as complete; a sweep's job returns the one-line error of its failure (also
+    written into its folder), a single run exits with status 2 (bad input, a folder another
+    run holds), 1 (out of memory, a full disk: :func:`resource_error`) or 130/143
+    (interrupted)."""
+    from rich.console import Console
+
+    from .callbacks import config_fingerprint, run_overrides
+    from .run import OutputDirBusy, hold_output_dir, is_complete, run_simulation
+
     from omegaconf import OmegaConf
 
-    multirun = hc.mode == RunMode.MULTIRUN
     # the overrides as given (an interpolation in one is not resolved here)
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
     # (a sweep's job: its swept values are not in the config the Hydra callback checked)
@@ -363,8 +435,10 @@ def app(cfg: DictConfig) -> None:
         # nothing ran: the job's folder holds the error (a sweep's failure report lists it)
         mark_failed(Path(hc.runtime.output_dir), bad, task)
         if multirun:
-            return
+            return bad
         sys.exit(2)
+    # (the config Hydra recorded in .hydra/config.yaml, before paths are made absolute below)
+    record_fp = config_fingerprint(cfg)
     if hc.job.chdir:
         # Hydra moved into the run folder: relative paths on the command line name files from
         # the folder kvsim was started in (hydra.runtime.cwd), as without hydra.job.chdir
@@ -383,137 +457,192 @@ def app(cfg: DictConfig) -> None:
             if (CALIBRATION_DIR.parent.parent / given).is_file():
                 cfg.cost.file = str(CALIBRATION_DIR.parent.parent / given)
     out_dir = Path(cfg.output.dir) if cfg.output.dir else Path(hc.runtime.output_dir)
+    job_dir = Path(hc.runtime.output_dir)
     # the overrides that define this run (the resume flag itself excluded)
-    overrides = [o for o in task
-                 if not o.startswith(("output.skip_completed", "output.dir", "sim.progress",
-                                      "output.print_summary"))]
-    bad = _bad_output_dir(out_dir, Path(hc.runtime.output_dir), multirun) if cfg.output.dir \
-        else None
+    overrides = run_overrides(task)
+    # the fingerprint the run records: Hydra's record's, or that of the config.yaml it writes
+    run_fp = record_fp if not cfg.output.dir and hc.output_subdir is not None \
+        else config_fingerprint(cfg)
+
+    def complete_already() -> bool:
+        return bool(cfg.output.skip_completed) and is_complete(
+            out_dir, overrides, _trace_input(cfg.trace), _input_files(cfg), run_fp)
+
+    def skipped() -> None:
+        log.info("skipping %s: already complete", os.path.abspath(out_dir))
+        write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")  # (the earlier run's)
+
+    bad = _bad_output_dir(out_dir, job_dir, multirun) if cfg.output.dir else None
     if bad is not None:
+        if not multirun and complete_already():
+            # (a folder this run cannot write, a read-only one, holding the complete run)
+            skipped()
+            _drop_rejected_run_dir(hc)
+            return None
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
         if multirun:  # (the sweep's failure report lists the job; the others go on)
             from .callbacks import failure_marker
 
-            job_dir = Path(hc.runtime.output_dir)
             job_dir.mkdir(parents=True, exist_ok=True)
             (job_dir / "INCOMPLETE").write_text(failure_marker(bad, overrides))
-            return
+            return bad
         _drop_rejected_run_dir(hc)
         sys.exit(2)
-    log_starts = {} if multirun else _log_sizes()
-    if multirun:
-        # this job belongs to the sweep now running (sim.callbacks: stale jobs of an earlier
-        # sweep into the same directory keep another id)
-        from .callbacks import RESULTS_POINTER, SWEEP_ID, failure_marker
+    from .callbacks import RESULTS_POINTER, SWEEP_ID, failure_marker
 
+    sweep_dir = None
+    if multirun:
         sweep_dir = Path(hc.sweep.dir)
         if not sweep_dir.is_absolute():  # (hydra.job.chdir=true: the job runs in its folder)
             sweep_dir = Path(hc.runtime.cwd) / sweep_dir
-        sid = sweep_dir / SWEEP_ID
-        job_dir = Path(hc.runtime.output_dir)
-        if sid.is_file():
-            for d in {out_dir, job_dir}:
-                d.mkdir(parents=True, exist_ok=True)
-                (d / SWEEP_ID).write_text(sid.read_text())
-        if cfg.output.dir:
-            other = claim_output_dir(out_dir, sid.read_text().strip() if sid.is_file()
-                                     else str(sweep_dir), int(hc.job.num))
-            if other is not None:
-                msg = (f"output.dir={cfg.output.dir} is also the output folder of job {other} of "
-                       f"this multirun; expected a folder per job, e.g. "
-                       f"output.dir=results/${{hydra:job.num}} (or no output.dir: each job writes "
-                       f"its own Hydra job folder)")
-                print(f"kvsim: error: {msg}", file=sys.stderr)
-                _run_record().info("kvsim: error: %s", msg)  # (the job's cli.log)
-                job_dir.mkdir(parents=True, exist_ok=True)  # (the sweep's failure report lists it)
+
+    def refuse(msg: str, status: int = 2) -> str:
+        """Report this job's failure before it wrote anything into ``out_dir`` (another
+        process's folder): on stderr, in the job's log and, in a sweep, in the job's own
+        folder when that is not ``out_dir``; a single run exits."""
+        print(f"kvsim: error: {msg}", file=sys.stderr)
+        _run_record().info("kvsim: error: %s", msg)  # (the job's cli.log)
+        if not multirun:
+            sys.exit(status)
+        if not _same_folder(job_dir, out_dir):  # (the sweep's failure report lists it)
+            try:
+                job_dir.mkdir(parents=True, exist_ok=True)
                 (job_dir / "INCOMPLETE").write_text(failure_marker(msg, overrides))
-                return
-            if out_dir.resolve() != job_dir.resolve():
-                (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
-    if cfg.output.skip_completed and is_complete(out_dir, overrides, _trace_input(cfg.trace),
-                                                 _input_files(cfg)):
-        log.info("skipping %s: already complete", os.path.abspath(out_dir))
-        write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")  # (the earlier run's)
-        return
-    from traces import TraceError
+            except OSError:
+                pass  # (the sweep's job ledger still has it)
+        return msg
 
-    from .hardware import ConfigError
-
-    record = _run_record()
-    record.info("kvsim %s -> %s", " ".join(overrides) or "(defaults)", out_dir)
-
-    def say(msg: str) -> None:  # a note, warning or error: to stderr and to the record
-        write_line(sys.stderr, msg)
-        record.info(msg)
-
-    import signal
-    import threading
-
-    # a single run stopped by SIGTERM marks its folder and says so, as for Ctrl-C (a sweep's
-    # jobs leave SIGTERM to their launcher: submitit requeues on it)
-    sigterm = None
-    if not multirun and threading.current_thread() is threading.main_thread():
-        sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
-    before = _summary_stamp(out_dir)  # (an interrupt then tells whose results the folder holds)
+    try:  # the results folder is this run's until it ends: no other run writes it meanwhile
+        # (a file in its way: run_simulation's error names it)
+        lock = hold_output_dir(out_dir) if blocking_file(out_dir) is None else None
+    except OutputDirBusy as e:
+        mine = read_claim(out_dir) if multirun else None
+        sid = (sweep_dir / SWEEP_ID).read_text().strip() if multirun and \
+            (sweep_dir / SWEEP_ID).is_file() else None
+        if mine is not None and mine[0] == sid and mine[1] != str(hc.job.num):
+            return refuse(_shared_output_dir_error(cfg, mine[1]))
+        return refuse(str(e))
+    except OSError as e:
+        return refuse(resource_error(e) or f"output.dir={out_dir}: cannot take the folder's "
+                                           f"lock ({type(e).__name__}: {e})", 1)
+    if lock is not None and not lock.locked:
+        write_line(sys.stderr, f"kvsim: note: {lock.why}: this run's folder is not guarded "
+                               f"against another run writing into it at the same time")
     try:
-        # (a sweep's jobs hold their folders by the sweep's claims instead: a job requeued on
-        # another host, SLURM's preemption, must not find its own killed run's lock in the way)
-        choices = {str(k): str(v) for k, v in hc.runtime.choices.items()
-                   if not str(k).startswith("hydra/") and v is not None}
-        summary = run_simulation(cfg, out_dir, overrides=overrides, hydra_record=not cfg.output.dir,
-                                 config_choices=choices,
-                                 progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
-                                 else bool(cfg.sim.progress), hold=not multirun)
-        _drop_earlier_logs(log_starts)
-    except OutputDirBusy as e:  # (a single run's: the folder is another run's, left alone)
-        say(f"kvsim: error: {e}")
-        sys.exit(2)
-    except (ConfigError, TraceError) as e:
-        say(f"kvsim: error: {e}")
-        if is_complete(out_dir):
-            say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
-        elif mark_failed(out_dir, str(e), overrides):
-            say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE marker "
-                f"with this error)")
-        if not multirun and blocking_file(out_dir) is not None:
-            _drop_rejected_run_dir(hc)
+        if not multirun:
+            other = running_sweep_claim(out_dir)
+            if other is not None:
+                refuse(f"output.dir={out_dir} holds the results of {other}; expected a folder "
+                       f"no running sweep uses (wait for the sweep to end, or pick another "
+                       f"output.dir)")
+        log_starts = {} if multirun else _log_sizes()
         if multirun:
-            return  # the other jobs of the sweep go on; kvsim-collect lists this one as failed
-        sys.exit(2)
-    except Terminated:
-        say(f"kvsim: stopped by SIGTERM; {_interrupted_state(out_dir, before)}")
-        sys.exit(143)
-    except KeyboardInterrupt:
-        say(f"\nkvsim: interrupted; {_interrupted_state(out_dir, before)}")
-        sys.exit(130)
-    except Exception as e:
-        # a failure kvsim did not foresee (a bug): the folder is marked failed with it, as for
-        # a config error, and the traceback goes to the log and the terminal
-        import traceback
+            # this job belongs to the sweep now running (sim.callbacks: stale jobs of an
+            # earlier sweep into the same directory keep another id)
+            sid = sweep_dir / SWEEP_ID
+            if cfg.output.dir:
+                other = claim_output_dir(out_dir, sid.read_text().strip() if sid.is_file()
+                                         else str(sweep_dir), int(hc.job.num), sweep_dir)
+                if other is not None:
+                    return refuse(_shared_output_dir_error(cfg, other))
+            if sid.is_file():
+                for d in {out_dir, job_dir}:
+                    d.mkdir(parents=True, exist_ok=True)
+                    (d / SWEEP_ID).write_text(sid.read_text())
+            if cfg.output.dir and not _same_folder(out_dir, job_dir):
+                (job_dir / RESULTS_POINTER).write_text(f"{out_dir.resolve()}\n")
+                # (an earlier attempt's failure in the job's folder: the pointer tells now)
+                (job_dir / "INCOMPLETE").unlink(missing_ok=True)
+        if complete_already():
+            skipped()
+            return None
+        from traces import TraceError
 
-        msg = " ".join(f"internal error: {type(e).__name__}: {e}".split())  # (one line)
-        record.info("kvsim: %s\n%s", msg, traceback.format_exc())
-        if not is_complete(out_dir):
-            mark_failed(out_dir, msg, overrides)
-        if multirun:
-            # the other jobs of the sweep go on; kvsim-collect lists this one as failed
-            traceback.print_exc()
-            say(f"kvsim: error: {msg} (this job failed; please report it with the traceback)")
-            return
-        say(f"kvsim: error: {msg}; {out_dir} is marked INCOMPLETE with it (please report it "
-            f"with the traceback below)")
-        raise
+        from .hardware import ConfigError
+
+        record = _run_record()
+        record.info("kvsim %s -> %s", " ".join(overrides) or "(defaults)", out_dir)
+
+        def say(msg: str) -> None:  # a note, warning or error: to stderr and to the record
+            write_line(sys.stderr, msg)
+            record.info(msg)
+
+        import signal
+        import threading
+
+        # a single run stopped by SIGTERM marks its folder and says so, as for Ctrl-C (a
+        # sweep's jobs leave SIGTERM to their launcher: submitit requeues on it)
+        sigterm = None
+        if not multirun and threading.current_thread() is threading.main_thread():
+            sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+        before = _summary_stamp(out_dir)  # (an interrupt then tells whose results it holds)
+        try:
+            choices = {str(k): str(v) for k, v in hc.runtime.choices.items()
+                       if not str(k).startswith("hydra/") and v is not None}
+            summary = run_simulation(cfg, out_dir, overrides=overrides,
+                                     hydra_record=not cfg.output.dir,
+                                     config_choices=choices, record_fingerprint=record_fp,
+                                     progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
+                                     else bool(cfg.sim.progress), hold=False)
+            _drop_earlier_logs(log_starts)
+        except (ConfigError, TraceError) as e:
+            say(f"kvsim: error: {e}")
+            if is_complete(out_dir):
+                say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
+            elif mark_failed(out_dir, str(e), overrides):
+                say(f"kvsim: no results were written to {out_dir} (it holds an INCOMPLETE "
+                    f"marker with this error)")
+            if not multirun and blocking_file(out_dir) is not None:
+                _drop_rejected_run_dir(hc)
+            if multirun:
+                return str(e)  # the other jobs of the sweep go on; kvsim-collect lists this one
+            sys.exit(2)
+        except Terminated:
+            say(f"kvsim: stopped by SIGTERM; {_interrupted_state(out_dir, before)}")
+            sys.exit(143)
+        except KeyboardInterrupt:
+            say(f"\nkvsim: interrupted; {_interrupted_state(out_dir, before)}")
+            sys.exit(130)
+        except Exception as e:
+            import traceback
+
+            msg = resource_error(e)
+            if msg is not None:  # (the machine's: out of memory, a full disk)
+                record.info("kvsim: error: %s\n%s", msg, traceback.format_exc())
+                marked = not is_complete(out_dir) and _try_mark_failed(out_dir, msg, overrides)
+                state = (f"{out_dir} is marked INCOMPLETE with it" if marked else
+                         _interrupted_state(out_dir, before))
+                say(f"kvsim: error: {msg}; {state}")
+                if multirun:
+                    return msg
+                sys.exit(1)
+            # a failure kvsim did not foresee (a bug): the folder is marked failed with it, as
+            # for a config error, and the traceback goes to the log and the terminal
+            msg = " ".join(f"internal error: {type(e).__name__}: {e}".split())  # (one line)
+            record.info("kvsim: %s\n%s", msg, traceback.format_exc())
+            if not is_complete(out_dir):
+                _try_mark_failed(out_dir, msg, overrides)
+            if multirun:
+                # the other jobs of the sweep go on; kvsim-collect lists this one as failed
+                traceback.print_exc()
+                say(f"kvsim: error: {msg} (this job failed; please report it with the "
+                    f"traceback)")
+                return msg
+            say(f"kvsim: error: {msg}; {out_dir} is marked INCOMPLETE with it (please report "
+                f"it with the traceback below)")
+            raise
+        finally:
+            if sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+        if not multirun:
+            # (a sweep job's marks, when a sweep used this folder before: this run replaced
+            # its results, and a pointer left in that job's Hydra folder must not lead to them)
+            for name in (SWEEP_ID, JOB_CLAIM):
+                (out_dir / name).unlink(missing_ok=True)
     finally:
-        if sigterm is not None:
-            signal.signal(signal.SIGTERM, sigterm)
-    if not multirun:
-        # (a sweep job's marks, when a sweep used this folder before: this run replaced its
-        # results, and a pointer left in that job's Hydra folder must not lead to them)
-        from .callbacks import SWEEP_ID
-
-        for name in (SWEEP_ID, JOB_CLAIM):
-            (out_dir / name).unlink(missing_ok=True)
+        if lock is not None:
+            lock.release()
     cm = summary.get("cost_model") or {}
     if cm.get("kind") == "calibrated" and cm.get("analytic_fallback"):
         why = cm.get("fallback_reasons") or {}
@@ -644,6 +773,27 @@ def app(cfg: DictConfig) -> None:
     write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")
 
 
+def _shared_output_dir_error(cfg, other) -> str:
+    """The error of a sweep job whose ``output.dir`` is claimed by ``other``: a job number of
+    its own sweep, or the line naming a job of another sweep that still runs."""
+    if isinstance(other, str) and other != "another":
+        return (f"output.dir={cfg.output.dir} holds the results of {other}; expected a folder "
+                f"per job that no running sweep uses (wait for that sweep to end, or pick "
+                f"another output.dir)")
+    return (f"output.dir={cfg.output.dir} is also the output folder of job {other} of this "
+            f"multirun; expected a folder per job, e.g. output.dir=results/${{hydra:job.num}} "
+            f"(or no output.dir: each job writes its own Hydra job folder)")
+
+
+def _try_mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
+    """:func:`mark_failed`, False when the marker cannot be written (a full disk: the
+    run's in-progress marker stays)."""
+    try:
+        return mark_failed(out_dir, msg, overrides)
+    except OSError:
+        return False
+
+
 def _summary_stamp(out_dir: Path):
     """``out_dir``'s summary.json as (inode, size, mtime ns), None when there is none."""
     try:
@@ -657,19 +807,9 @@ def _interrupted_state(out_dir: Path, before) -> str:
     """What the results folder ``out_dir`` holds after a single run was stopped (Ctrl-C,
     SIGTERM), for its closing line: this run's complete results (stopped after writing them),
     an earlier complete run (stopped before touching it; ``before``: the summary's
-    :func:`_summary_stamp` when the run started), this run's INCOMPLETE marker, or nothing.
-    Removes this process's run lock (``sim.run.RUN_LOCK``) when the stop came before
-    :func:`sim.run.run_simulation` removed it."""
-    import socket
+    :func:`_summary_stamp` when the run started), this run's INCOMPLETE marker, or nothing."""
+    from .run import MARKER, is_complete
 
-    from .run import MARKER, RUN_LOCK, is_complete
-
-    lock = out_dir / RUN_LOCK
-    try:
-        if lock.read_text().split() == [socket.gethostname(), str(os.getpid())]:
-            lock.unlink(missing_ok=True)
-    except OSError:
-        pass
     if is_complete(out_dir):
         if _summary_stamp(out_dir) != before:
             return f"this run had completed: its results in {out_dir} are complete"
@@ -697,26 +837,58 @@ def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
 from .callbacks import JOB_CLAIM  # noqa: E402 (in a multirun job's output.dir)
 
 
-def claim_output_dir(out_dir: Path, sweep_id: str, job: int) -> int | str | None:
-    """Claim ``out_dir`` for job ``job`` of the multirun ``sweep_id``: None when it is this
-    job's (claimed now, by this job earlier, or only by an earlier sweep), else the number of
-    the job of this sweep that holds it ("another" while that job is still writing its claim).
-    The claim file is created exclusively, so of two jobs started together one gets it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    claim = out_dir / JOB_CLAIM
-    mine = f"{sweep_id} {job}"
+def read_claim(out_dir: Path) -> tuple[str, str, Path | None] | None:
+    """The claim a multirun job left in its ``output.dir`` ``out_dir``: (sweep id, job number,
+    the sweep's folder, None in a claim of a kvsim that did not record it), or None."""
     try:
-        with open(claim, "x") as fh:
-            fh.write(mine)
+        words = (out_dir / JOB_CLAIM).read_text().split(maxsplit=2)
+    except OSError:
         return None
-    except FileExistsError:
-        held = claim.read_text().split()
-    if len(held) != 2:
-        return "another"
-    if held[0] != sweep_id:
-        claim.write_text(mine)  # (an earlier sweep's)
+    if len(words) < 2:
         return None
-    return None if held[1] == str(job) else int(held[1])
+    return words[0], words[1], Path(words[2].strip()) if len(words) == 3 else None
+
+
+def running_sweep_claim(out_dir: Path, sweep_dir: Path | None = None) -> str | None:
+    """When ``out_dir`` is claimed by a job of a sweep that still runs (its process holds its
+    sweep folder, :func:`sim.sweep.sweep_running`) other than the sweep into ``sweep_dir``:
+    ``"job N of the sweep running into DIR"``; else None."""
+    from .sweep import sweep_running
+
+    held = read_claim(out_dir)
+    if held is None or held[2] is None:
+        return None
+    if sweep_dir is not None:
+        try:
+            if held[2].resolve() == Path(sweep_dir).resolve():
+                return None
+        except OSError:
+            pass
+    return f"job {held[1]} of the sweep running into {held[2]}" if sweep_running(held[2]) \
+        else None
+
+
+def claim_output_dir(out_dir: Path, sweep_id: str, job: int,
+                     sweep_dir: Path | None = None) -> int | str | None:
+    """Claim ``out_dir`` (which this job holds, :func:`sim.run.hold_output_dir`) for job
+    ``job`` of the multirun ``sweep_id`` running into ``sweep_dir``. None when it is this job's
+    now (claimed now, by this job earlier, or by an earlier sweep that no longer runs); else
+    the number of the job of this sweep that holds it, or the line naming a job of another
+    sweep that still runs (:func:`running_sweep_claim`), whose results this job would
+    replace."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    held = read_claim(out_dir)
+    if held is not None and held[0] == sweep_id:
+        if held[1] == str(job):
+            return None
+        return int(held[1]) if held[1].isdigit() else "another"
+    other = running_sweep_claim(out_dir, sweep_dir)
+    if other is not None:
+        return other
+    tmp = out_dir / f"{JOB_CLAIM}.tmp"  # (this job holds the folder: no other writer)
+    tmp.write_text(f"{sweep_id} {job} {Path(sweep_dir).resolve() if sweep_dir else ''}".rstrip())
+    os.replace(tmp, out_dir / JOB_CLAIM)
+    return None
 
 
 def unknown_override_key(args: list[str]) -> str | None:
@@ -799,6 +971,21 @@ def missing_launcher_plugin(args: list[str]) -> str | None:
                 if not found:
                     return (f"{a}: its Hydra plugin ({mod}) is not installed; expected "
                             f"pip install -e '.[{extra}]' in this environment first")
+    return None
+
+
+def missing_cluster(args: list[str]) -> str | None:
+    """The error for a sweep with ``hydra/launcher=slurm`` on a host where SLURM's ``srun``
+    is not on the PATH (submitit ends with a traceback: Could not detect "srun"); None
+    otherwise."""
+    import shutil
+
+    for a in args:
+        if a.lstrip("+").startswith("hydra/launcher=") and a.split("=", 1)[1] == "slurm" \
+                and shutil.which("srun") is None:
+            return (f"{a}: this host has no SLURM (srun is not on the PATH); expected to run "
+                    f"the sweep on a SLURM login node, or on this machine with "
+                    f"hydra/launcher=local")
     return None
 
 
@@ -1034,6 +1221,9 @@ def main() -> None:
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     argv = sys.argv[1:]
+    # a log file that cannot be written (a full disk) is not worth a traceback per line: the
+    # run's own error says what happened
+    logging.raiseExceptions = False
     import re
 
     dash_m = any(a in ("-m", "--multirun") for a in argv)
@@ -1057,7 +1247,7 @@ def main() -> None:
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
         duplicate_override_key(args) or \
         (unknown_group_option(argv) if args else None) or unknown_override_key(args) or \
-        missing_launcher_plugin(args)
+        missing_launcher_plugin(args) or (missing_cluster(args) if sweep and not info else None)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

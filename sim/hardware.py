@@ -430,21 +430,55 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
     return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n, rep)
 
 
-def _check_pool_host_memory(n: int, what: str) -> None:
-    """ConfigError when the simulator's bookkeeping for ``n`` GPU blocks
-    (:func:`sim.block_pool.pool_host_bytes`) exceeds this machine's physical memory: the run
-    would die in an allocation (or swap) instead of simulating."""
+def available_host_memory() -> int | None:
+    """Bytes of memory this process can still take: the kernel's ``MemAvailable``
+    (``/proc/meminfo``: free memory and the caches it can drop), less where a cgroup v2
+    limit leaves less (``memory.max - memory.current`` of this process's cgroup); the
+    physical memory where there is no ``/proc`` (macOS); None where neither is known."""
     import os
 
+    have = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    have = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if have is None:
+        try:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+        if rel is not None:
+            d = os.path.join("/sys/fs/cgroup", rel.lstrip("/"))
+            with open(os.path.join(d, "memory.max")) as f:
+                limit = f.read().strip()
+            if limit.isdigit():
+                with open(os.path.join(d, "memory.current")) as f:
+                    have = min(have, max(int(limit) - int(f.read().strip()), 0))
+    except (OSError, ValueError):
+        pass
+    return have
+
+
+def _check_pool_host_memory(n: int, what: str) -> None:
+    """ConfigError when the simulator's bookkeeping for ``n`` GPU blocks
+    (:func:`sim.block_pool.pool_host_bytes`) exceeds the memory this machine has available
+    now (:func:`available_host_memory`): the run would die in an allocation (or swap) instead
+    of simulating."""
     from .block_pool import pool_host_bytes
 
     need = pool_host_bytes(n)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # (no sysconf: no check)
+    have = available_host_memory()
+    if have is None:  # (not known here: no check)
         return
     if need > have:
         raise ConfigError(f"{what}: the block pool's bookkeeping alone needs {need / GIB:,.1f} GiB "
                           f"of host memory ({need // n} B a block) and this machine has "
-                          f"{have / GIB:,.1f} GiB; expected fewer blocks (a larger block_size, or "
-                          f"a smaller pool)")
+                          f"{have / GIB:,.1f} GiB available; expected fewer blocks (a larger "
+                          f"block_size, or a smaller pool)")

@@ -42,53 +42,26 @@ class OutputDirBusy(ConfigError):
     """The results folder is held by another kvsim run that is still running."""
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # (another user's process)
-        return True
-    return True
+def hold_output_dir(out: Path):
+    """Claim the results folder ``out`` for this run (created if missing): take the exclusive
+    lock of its ``RUN_LOCK`` file (:func:`sim.locks.hold`, an ``flock`` the operating system
+    lets go of when this process ends in any way, a SIGKILL included), and return the
+    :class:`sim.locks.Held` lock; the caller releases it when the run ends. A lock file left
+    by an ended process holds no lock and is taken over.
 
-
-def hold_output_dir(out: Path) -> Path:
-    """Claim the results folder ``out`` for this run (created if missing): create its
-    ``RUN_LOCK`` file exclusively, holding this host and process id, and return its path (the
-    caller deletes it when the run ends). A lock left by a process of this host that no longer
-    exists (a killed run) is taken over.
-
-    Raises OutputDirBusy (a ConfigError) when another run holds the folder: a process still
-    alive on this host, or any process of another host (a shared filesystem: its liveness
-    cannot be checked here), so that two runs never write one folder's tables at once."""
-    import socket
+    Raises OutputDirBusy (a ConfigError) when another process holds the folder (on this host
+    or, on a shared filesystem, another), so that two runs never write one folder's tables at
+    once; OSError when the lock file cannot be created (a read-only or full filesystem)."""
+    from .locks import Busy, hold
 
     out.mkdir(parents=True, exist_ok=True)
-    lock = out / RUN_LOCK
-    host = socket.gethostname()
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                held = lock.read_text().split()
-            except FileNotFoundError:  # (its run just ended)
-                continue
-            if len(held) == 2 and held[0] == host and held[1].isdigit() \
-                    and not _pid_alive(int(held[1])):
-                lock.unlink(missing_ok=True)  # (a killed run's)
-                continue
-            who = (f"process {held[1]} on {held[0]}" if len(held) == 2
-                   else "a run that is starting")
-            raise OutputDirBusy(
-                f"output.dir={out}: another kvsim run ({who}) is writing its results there; "
-                f"expected a folder no other run is using (wait for it, or pick another "
-                f"output.dir; if no run is using it, delete {lock})") from None
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"{host} {os.getpid()}")
-        return lock
-    raise OutputDirBusy(f"output.dir={out}: could not claim it ({lock} kept changing); expected "
-                        f"a folder no other run is using")
+    try:
+        return hold(out / RUN_LOCK)
+    except Busy as e:
+        raise OutputDirBusy(
+            f"output.dir={out}: another kvsim run ({e.holder}) is writing its results there; "
+            f"expected a folder no other run is using (wait for it, or pick another "
+            f"output.dir)") from None
 
 
 def validate_config(cfg) -> None:
@@ -109,8 +82,10 @@ def _write_parquet(df, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
         df.to_parquet(tmp, index=False)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # (pyarrow's errors name no file)
+            e.filename = str(path)
         raise
     os.replace(tmp, path)
 
@@ -172,7 +147,7 @@ def input_files(cfg) -> dict:
 
 
 def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
-                inputs=_ANY) -> bool:
+                inputs=_ANY, fingerprint=_ANY) -> bool:
     """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
     every file its ``output_files`` lists still there with the size written) and, when
     ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
@@ -180,7 +155,9 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
     (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
     exactly that content (an edited or replaced trace file is rerun), and when ``inputs`` is
     given (:func:`input_files`' dict), with a calibration and importance file of exactly that
-    content (a re-calibrated GPU is rerun)."""
+    content (a re-calibrated GPU is rerun), and when ``fingerprint`` is given
+    (:func:`sim.callbacks.config_fingerprint` of the config about to run), from that very
+    config (a summary of an older kvsim, which records none, passes)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
         return False
@@ -195,6 +172,8 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
     if output_files_problem(p, s) is not None:
         return False
     if inputs is not _ANY and s.get("input_files", {}) != inputs:
+        return False
+    if fingerprint is not _ANY and s.get("config_fingerprint", fingerprint) != fingerprint:
         return False
     return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
@@ -302,7 +281,8 @@ def _tiers_factory(cfg, plan, calibration=None):
 
 def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload=None,
                    overrides: list[str] | None = None, hydra_record: bool = False,
-                   hold: bool = True, config_choices: dict[str, str] | None = None) -> dict:
+                   hold: bool = True, config_choices: dict[str, str] | None = None,
+                   record_fingerprint: str | None = None) -> dict:
     """Simulate ``cfg`` (a KvsimConfig DictConfig) and write results into ``out_dir``.
 
     ``workload``: a :class:`traces.Workload` to replay instead of loading ``cfg.trace`` (for
@@ -313,6 +293,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     group (``{"codec": "identity", "tiers": "gpu_host", ...}``, Hydra's ``runtime.choices``; the
     CLI passes them), recorded as the summary's ``config_choices`` so that ``kvsim-collect``
     knows the groups of a run that has no ``.hydra/`` folder (an ``output.dir`` run).
+    ``record_fingerprint``: with ``hydra_record``, :func:`sim.callbacks.config_fingerprint` of
+    the config Hydra recorded in ``.hydra/config.yaml`` (the CLI's config before it made
+    paths absolute); the summary records it as ``config_fingerprint`` (without it, or when the
+    run writes its own ``config.yaml``, that of ``cfg``).
 
     Returns the summary dict. Raises ConfigError / TraceError before anything is simulated when
     the config or trace is invalid; the results directory is then not touched (an earlier
@@ -354,15 +338,15 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     try:
         return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
                               progress_bar, overrides, hydra_record, wall0, t_load, inputs,
-                              config_choices)
+                              config_choices, record_fingerprint)
     finally:
         if lock is not None:
-            lock.unlink(missing_ok=True)
+            lock.release()
 
 
 def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
                    overrides, hydra_record, wall0, t_load, inputs=None,
-                   config_choices=None) -> dict:
+                   config_choices=None, record_fingerprint=None) -> dict:
     """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
     None) is held by this run: simulate, then write the results."""
     if out is not None:
@@ -515,9 +499,15 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         if cfg.output.write_ops:
             summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))
             written.append("ops.jsonl")
+        from .callbacks import config_fingerprint
+
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
             written.append("config.yaml")
+            record_fingerprint = None
+        # the config record's fingerprint: kvsim-collect and output.skip_completed check that
+        # the record beside this summary is this run's
+        summary["config_fingerprint"] = record_fingerprint or config_fingerprint(cfg)
         # the files this run wrote, with their sizes: output.skip_completed reruns a run whose
         # tables were deleted or truncated since (is_complete)
         summary["output_files"] = [[f, (out / f).stat().st_size] for f in sorted(written)]

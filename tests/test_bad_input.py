@@ -1391,23 +1391,25 @@ def test_synthetic_parameter_error_names_the_config_key(field, value, expected):
 
 
 def test_a_folder_another_live_run_holds_is_refused_untouched(tmp_path):
-    """Newcomer pass: two runs started into one output.dir both wrote there; the one that
-    crashed left its tables in a folder that looked complete. A run now holds its folder
-    (sim.run.RUN_LOCK) and a second run is refused without touching it (exit 2)."""
+    """A run holds its folder (the lock of sim.run.RUN_LOCK) while it writes there; a second
+    run into it is refused without touching it (exit 2), naming the holder."""
     import socket
 
+    from sim.locks import hold
     from sim.run import RUN_LOCK
 
     out = tmp_path / "r"
     out.mkdir()
     (out / "summary.json").write_text("{}")  # (stands for the running run's results)
-    (out / RUN_LOCK).write_text(f"{socket.gethostname()} {os.getpid()}")  # this live process
+    held = hold(out / RUN_LOCK)  # (this process stands for the running run)
     r = _kvsim(out, "trace.max_requests=5", "output.print_summary=false")
+    names = sorted(p.name for p in out.iterdir())
+    held.release()
     assert r.returncode == 2, r.stderr[-1500:]
     assert (f"kvsim: error: output.dir={out}: another kvsim run (process {os.getpid()} on "
             f"{socket.gethostname()}) is writing its results there") in r.stderr
     # (Hydra's log of the refused run is appended to the folder's cli.log, nothing else)
-    assert sorted(p.name for p in out.iterdir()) == sorted([RUN_LOCK, "cli.log", "summary.json"])
+    assert names == sorted([RUN_LOCK, "cli.log", "summary.json"])
     assert (out / "summary.json").read_text() == "{}"
 
 

@@ -1,0 +1,200 @@
+"""What keeps a sweep's results whole when several processes work on them.
+
+* **The sweep's lock** (:func:`hold_sweep_dir`): the sweep's own process holds
+  ``<hydra.sweep.dir>/.kvsim_sweep_lock`` (:mod:`sim.locks`) from its start to its end, so a
+  second sweep into the same folder stops with one line before it writes anything, and
+  :func:`sweep_running` tells whether the sweep that made a folder still runs.
+* **The job ledger** (``<hydra.sweep.dir>/.kvsim_jobs/<job number>``): each job records its
+  state there, ``running`` when it starts, then ``complete`` (simulated or skipped as already
+  complete) or ``failed`` with its reason. The sweep's end reads it, so a job that could not
+  even mark its results folder (a folder another process held) is still reported, and a
+  killed worker's report names the jobs that were running and those that never started.
+* **Workers end with their sweep** (:func:`end_with_sweep`): a worker process of the local
+  (joblib) launcher kills itself once the sweep's process is gone (SIGKILL, a closed SSH
+  session), instead of finishing its jobs into folders a resumed sweep is writing.
+* **A killed worker is one line** (:func:`guard_joblib_launcher`): the joblib launcher's
+  ``TerminatedWorkerError`` becomes a line naming the jobs that were running, those that never
+  started and how to resume, exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .locks import Busy, Held, hold, is_held
+
+SWEEP_LOCK = ".kvsim_sweep_lock"
+LEDGER = ".kvsim_jobs"
+RESUME_HINT = "the same command with output.skip_completed=true runs only the jobs left"
+
+_held: list[Held] = []  # (the sweep lock of this process, held until the sweep ends)
+
+
+class SweepBusy(Exception):
+    """Another sweep is running into the same ``hydra.sweep.dir``."""
+
+
+def hold_sweep_dir(sweep: Path) -> Held:
+    """Take ``sweep``'s lock for this process (until :func:`release_sweep_dir` or the process
+    ends); raise SweepBusy (one line naming the folder and the other sweep's process) when
+    another sweep holds it. A lock taken an instant before by a :func:`sweep_running` probe
+    is retried for a moment."""
+    for attempt in range(5):
+        try:
+            held = hold(sweep / SWEEP_LOCK)
+            break
+        except Busy as e:
+            if attempt == 4:
+                raise SweepBusy(
+                    f"hydra.sweep.dir={sweep}: another kvsim sweep ({e.holder}) is running into "
+                    f"this folder; expected a sweep folder no running sweep uses (wait for it to "
+                    f"end, or pick another hydra.sweep.dir)") from None
+            time.sleep(0.1)
+    _held.append(held)
+    return held
+
+
+def release_sweep_dir() -> None:
+    """Let go of the sweep locks this process holds (the sweep ended)."""
+    while _held:
+        _held.pop().release()
+
+
+def sweep_running(sweep: Path) -> bool:
+    """Whether a sweep process holds the folder ``sweep`` now."""
+    return is_held(Path(sweep) / SWEEP_LOCK)
+
+
+def sweep_pid(sweep_id: str) -> int | None:
+    """The process id in a sweep id (``"<ns>-<pid>"``, ``sim.callbacks.SWEEP_ID``), or None."""
+    tail = sweep_id.strip().rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def clear_ledger(sweep: Path) -> None:
+    """Empty the sweep's job ledger (a new sweep starts; the caller holds the sweep lock)."""
+    import shutil
+
+    shutil.rmtree(Path(sweep) / LEDGER, ignore_errors=True)
+
+
+def record_job(sweep: Path, job: int, state: str, why: str | None = None,
+               name: str | None = None, overrides: list[str] | None = None) -> None:
+    """Record job ``job``'s ``state`` (``running``, ``complete`` or ``failed``, with ``why``)
+    in the ledger of ``sweep``; ``name``: its job folder relative to the sweep folder. A
+    ledger that cannot be written (a full disk) is left as it is: the job's own marker still
+    tells."""
+    d = Path(sweep) / LEDGER
+    entry = {"state": state, "why": why, "pid": os.getpid(), "name": name,
+             "overrides": overrides}
+    try:
+        d.mkdir(exist_ok=True)
+        tmp = d / f".{job}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(entry) + "\n")
+        os.replace(tmp, d / str(job))
+    except OSError:
+        pass
+
+
+def read_ledger(sweep: Path) -> dict[int, dict]:
+    """The sweep's ledger: ``{job number: entry}`` (entries that cannot be read are left
+    out)."""
+    out = {}
+    d = Path(sweep) / LEDGER
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return out
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            e = json.loads((d / n).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(e, dict):
+            out[int(n)] = e
+    return out
+
+
+_watching = [False]
+
+
+def end_with_sweep(parent: int | None) -> None:
+    """In a worker process whose parent is the sweep's process ``parent`` (a local sweep's
+    joblib worker): start a thread that kills this process with SIGKILL once that parent is
+    gone, so no worker outlives its sweep (its run keeps its INCOMPLETE marker; a resumed
+    sweep reruns it). Nothing in the sweep's own process, under another parent (a cluster
+    launcher's job) or when already started."""
+    if _watching[0] or parent is None or os.getpid() == parent or os.getppid() != parent:
+        return
+    _watching[0] = True
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kvsim-end-with-sweep", daemon=True).start()
+
+
+def _jobs_text(nums: list[int]) -> str:
+    return ", ".join(str(n) for n in nums[:20]) + (f", ... ({len(nums)} jobs)" if len(nums) > 20
+                                                     else "")
+
+
+def dead_worker_line(sweep: Path, first: int, count: int, error: BaseException) -> str:
+    """The line for a sweep (jobs ``first`` .. ``first + count - 1`` into ``sweep``) whose
+    worker process died (``error``: joblib's TerminatedWorkerError): the jobs that were
+    running, those that never started, and how to resume."""
+    import re
+
+    ledger = read_ledger(sweep)
+    nums = range(first, first + count)
+    running = [n for n in nums if ledger.get(n, {}).get("state") == "running"]
+    waiting = [n for n in nums if n not in ledger]
+    done = [n for n in nums if ledger.get(n, {}).get("state") == "complete"]
+    codes = re.search(r"exit codes? of the workers? (?:are|is) \{([^}]*)\}", str(error))
+    how = f" (exit code {codes.group(1)}" + (": killed, e.g. by the out-of-memory killer)"
+                                             if "SIGKILL" in codes.group(1) else ")") \
+        if codes else ""
+    return (f"a sweep worker process died{how} while job(s) {_jobs_text(running) or '-'} "
+            f"ran: they are marked INCOMPLETE; job(s) {_jobs_text(waiting) or '-'} never "
+            f"started; {len(done)} of {count} jobs completed (in {sweep}); {RESUME_HINT}")
+
+
+def guard_joblib_launcher() -> None:
+    """Make the joblib launcher (hydra-joblib-launcher) end a sweep whose worker died with
+    :func:`dead_worker_line` on stderr and exit status 1 instead of joblib's traceback. Hydra
+    only instantiates launchers defined in its ``hydra_plugins`` package, so the launcher's
+    ``launch`` is wrapped in this process (once)."""
+    try:
+        from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
+        from joblib.externals.loky.process_executor import (BrokenProcessPool,
+                                                            TerminatedWorkerError)
+    except ImportError:  # (no joblib launcher installed: nothing to guard)
+        return
+    if getattr(JoblibLauncher.launch, "_kvsim_guard", False):
+        return
+    launch = JoblibLauncher.launch
+
+    def guarded(self, job_overrides, initial_job_idx):
+        try:
+            return launch(self, job_overrides, initial_job_idx)
+        except (TerminatedWorkerError, BrokenProcessPool) as e:
+            sweep = Path(str(self.config.hydra.sweep.dir))
+            if not sweep.is_absolute():
+                sweep = Path(str(self.config.hydra.runtime.cwd)) / sweep
+            line = dead_worker_line(sweep, initial_job_idx, len(job_overrides), e)
+            print(f"kvsim: error: {line}", file=sys.stderr, flush=True)
+            release_sweep_dir()
+            raise SystemExit(1) from None
+
+    guarded._kvsim_guard = True
+    JoblibLauncher.launch = guarded

@@ -1,0 +1,534 @@
+"""Faults around runs and sweeps: after each, every run is complete and labelled with its own
+settings, or listed as failed with its reason, and a resume (``output.skip_completed=true``)
+completes it; no command exits 0 while a result is lost.
+
+Covers the sweep's process killed, a worker killed, a run killed while it writes, two sweeps
+into one folder, a sweep and a single run into a folder another sweep's job holds, many
+processes taking one lock at once, a full disk (``ulimit -f``), out of memory, damaged numba
+and parsed-trace cache files (the latter in test_trace_cache.py), a collection killed midway
+and labels of one run beside results of another. Small traces throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments import collect as C
+from sim.run import MARKER, RUN_LOCK, compose_config, is_complete, run_simulation
+
+REPO = Path(__file__).resolve().parent.parent
+KVSIM = [sys.executable, "-m", "sim.cli"]
+QUIET = ["sim.progress=false", "output.print_summary=false"]
+# a job that simulates for a few seconds (invariants checked every step): long enough to be
+# caught mid-run, short enough to rerun
+SLOW_JOB = ["sim.check_invariants=true", "trace.max_requests=120"]
+
+
+def _kvsim(*args, timeout=300, env=None, preexec_fn=None):
+    return subprocess.run([*KVSIM, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=env, preexec_fn=preexec_fn)
+
+
+def _start_sweep(sweep: Path, *args) -> subprocess.Popen:
+    return subprocess.Popen([*KVSIM, "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2",
+                             f"hydra.sweep.dir={sweep}", *args, *QUIET], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _wait_for(cond, proc=None, timeout=120.0, what="the condition"):
+    t0 = time.monotonic()
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the sweep ended (rc={proc.returncode}) before {what}: "
+                        f"{proc.stderr.read()[-2000:]!r}")
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that are running (zombies left out)."""
+    alive = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(d.name))
+    return alive
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _assert_labelled(sweep: Path, out: Path, sizes: list[int]) -> None:
+    """Every job of ``sweep`` collected as complete, each with the block size its config and
+    overrides name in its summary's numbers."""
+    res = C.collect(sweep, out, quiet=True)
+    assert not res.failed, [(r.run_id, r.failure) for r in res.failed]
+    runs = res.runs.sort_values("cache.block_size")
+    assert runs["cache.block_size"].tolist() == sizes
+    assert runs["block_size"].tolist() == sizes  # (summary.json's own number)
+    for _, row in runs.iterrows():
+        assert f"cache.block_size={row['cache.block_size']}" in row["overrides"]
+
+
+# --- the sweep's process and its workers --------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process groups from /proc")
+def test_sweep_workers_end_with_the_sweep_process_and_a_resume_completes_every_job(tmp_path):
+    """SIGKILL to a local sweep's process (an OOM killer, a closed SSH session): its joblib
+    workers end too instead of finishing their jobs into folders a resumed sweep writes; the
+    resume completes every job, each labelled with its own settings."""
+    sweep = tmp_path / "sw"
+    grid = ["cache.block_size=16,32", *SLOW_JOB]
+    proc = _start_sweep(sweep, *grid)
+    try:
+        _wait_for(lambda: all((sweep / j / MARKER).exists() for j in "01"), proc,
+                  what="both jobs simulating")
+        # (a second sweep into the folder meanwhile is refused, naming this one's process)
+        second = _kvsim("-m", f"hydra.sweep.dir={sweep}", "cache.block_size=64", *QUIET)
+        os.kill(proc.pid, signal.SIGKILL)  # (the sweep's process only)
+        proc.wait()
+        t0 = time.monotonic()
+        while _group_alive(proc.pid):
+            assert time.monotonic() - t0 < 10, f"workers outlived the sweep: {_group_alive(proc.pid)}"
+            time.sleep(0.1)
+    finally:
+        _kill_group(proc)
+    assert second.returncode == 2 and (f"another kvsim sweep (process {proc.pid} on "
+                                       in second.stderr), second.stderr[-2000:]
+    assert [j for j in "01" if (sweep / j / MARKER).exists()], "no job was cut short"
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+               *grid, *QUIET, "output.skip_completed=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_labelled(sweep, tmp_path / "c", [16, 32])
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_worker_is_one_line_naming_the_jobs_and_a_resume_completes_them(tmp_path):
+    """A worker killed with SIGKILL (as the OOM killer does): the sweep ends with exit 1 and
+    one line naming the jobs that were running and those that never started, and how to
+    resume; the resume completes all of them."""
+    sweep = tmp_path / "sw"
+    grid = ["cache.block_size=16,32,64", *SLOW_JOB]
+    proc = _start_sweep(sweep, *grid)
+    try:
+        _wait_for(lambda: all((sweep / j / MARKER).exists() for j in "01"), proc,
+                  what="two jobs simulating")
+        worker = json.loads((sweep / ".kvsim_jobs" / "0").read_text())["pid"]
+        os.kill(worker, signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+        err = proc.stderr.read().decode()
+    finally:
+        _kill_group(proc)
+    assert rc == 1, err[-2000:]
+    line = [ln for ln in err.splitlines() if ln.startswith("kvsim: error: ")]
+    assert len(line) == 1 and "a sweep worker process died" in line[0], err[-2000:]
+    assert "SIGKILL" in line[0] and "job(s) 0, 1 ran" in line[0], line[0]
+    assert "job(s) 2 never started" in line[0] and "output.skip_completed=true" in line[0]
+    assert "Traceback" not in err
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+               *grid, *QUIET, "output.skip_completed=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_labelled(sweep, tmp_path / "c", [16, 32, 64])
+
+
+def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(tmp_path):
+    """A sweep into the hydra.sweep.dir of a sweep that still runs (here this process holds
+    the folder as that sweep's process does) stops with one line (exit 2) naming the other
+    sweep's process, before writing anything there."""
+    from sim.sweep import hold_sweep_dir, release_sweep_dir
+
+    sweep = tmp_path / "sw"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / MARKER).write_text("this run has not completed\n")  # (its running job)
+    (sweep / ".kvsim_sweep_id").write_text("1-1\n")
+    before = sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*"))
+    hold_sweep_dir(sweep)
+    try:
+        r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2",
+                   f"hydra.sweep.dir={sweep}", "cache.block_size=64,128", "trace.max_requests=20",
+                   *QUIET)
+    finally:
+        release_sweep_dir()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"kvsim: error: hydra.sweep.dir={sweep}: another kvsim sweep (process {os.getpid()} on "
+        f"{__import__('socket').gethostname()}) is running into this folder; expected a sweep "
+        f"folder no running sweep uses (wait for it to end, or pick another hydra.sweep.dir)"]
+    assert sorted(str(p.relative_to(sweep)) for p in sweep.rglob("*")) == before
+    assert (sweep / ".kvsim_sweep_id").read_text() == "1-1\n"
+
+
+def test_an_output_dir_claimed_by_another_running_sweep_is_refused(tmp_path):
+    """A folder holding the results of a job of another sweep that still runs (a shared
+    ``output.dir=R/${hydra:job.num}``): a sweep's job into it fails naming that sweep (the
+    sweep exits 2) and so does a single run, leaving it untouched; once that sweep has ended,
+    a sweep takes the folder over."""
+    from sim.sweep import hold_sweep_dir, release_sweep_dir
+
+    other = tmp_path / "other"
+    other.mkdir()
+    res = tmp_path / "res"
+    (res / "0").mkdir(parents=True)
+    (res / "0" / "summary.json").write_text("{}")  # (stands for that job's results)
+    (res / "0" / ".kvsim_job").write_text(f"1-1 0 {other}")
+    mine = ["-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw'}",
+            "cache.block_size=16", "trace.max_requests=20",
+            f"output.dir={res}/${{hydra:job.num}}", *QUIET]
+    hold_sweep_dir(other)
+    try:
+        r = _kvsim(*mine)
+        single = _kvsim(f"output.dir={res / '0'}", "trace.max_requests=20", *QUIET)
+    finally:
+        release_sweep_dir()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (f"kvsim: sweep job 0 failed: output.dir={res}/0 holds the results of job 0 of the "
+            f"sweep running into {other}") in r.stderr
+    assert single.returncode == 2 and f"holds the results of job 0 of the sweep running into " \
+        f"{other}" in single.stderr
+    assert (res / "0" / "summary.json").read_text() == "{}"
+    r = _kvsim(*mine)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((res / "0" / "summary.json").read_text())["block_size"] == 16
+
+
+# --- locks --------------------------------------------------------------------------------------
+
+def _contend(path, start, done, wins, i, trials):
+    from sim.locks import Busy, hold
+
+    for t in range(trials):
+        start.wait()
+        try:
+            held = hold(path)
+            wins[t * 16 + i] = 1
+        except Busy:
+            held = None
+        done.wait()
+        if held is not None:
+            held.release()
+            # (a killed run's lock file, left for the next trial)
+            path.write_text("host 999999\n")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_a_lock_is_held_by_one_of_many_processes_taking_it_at_once(tmp_path):
+    """Six processes take one lock at the same instant, over a lock file a killed run left,
+    40 times: each time exactly one holds it (the takeover is atomic)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    n, trials = 6, 40
+    path = tmp_path / RUN_LOCK
+    path.write_text("host 999999\n")
+    start, done = ctx.Barrier(n), ctx.Barrier(n)
+    wins = ctx.Array("i", trials * 16)
+    procs = [ctx.Process(target=_contend, args=(path, start, done, wins, i, trials))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    assert [sum(wins[t * 16:t * 16 + n]) for t in range(trials)] == [1] * trials
+
+
+def test_a_lock_file_no_process_holds_blocks_nothing(tmp_path):
+    """A lock file whose process id now belongs to another live process, or an empty one (a
+    disk that filled as a run started), holds no lock: a run takes the folder; a lock a live
+    process holds is refused, naming it."""
+    import socket
+
+    from sim.locks import Busy, hold, is_held
+
+    lock = tmp_path / "reused" / RUN_LOCK
+    lock.parent.mkdir()
+    lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")  # (this process: alive)
+    assert not is_held(lock)
+    with hold(lock):
+        assert is_held(lock)
+        with pytest.raises(Busy, match=f"process {os.getpid()} on {socket.gethostname()}"):
+            hold(lock)
+    assert not lock.exists()
+    out = tmp_path / "empty"
+    out.mkdir()
+    (out / RUN_LOCK).write_text("")
+    r = _kvsim(f"output.dir={out}", "trace.max_requests=20", *QUIET)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert is_complete(out) and not (out / RUN_LOCK).exists()
+
+
+# --- writes that fail or stop -------------------------------------------------------------------
+
+def test_a_full_disk_is_one_line_and_a_resume_completes_the_run(tmp_path):
+    """Writes cut off by the file size limit (``ulimit -f``, as a full disk cuts them): one
+    ``kvsim: error:`` line naming the file (exit 1), no traceback, the folder marked
+    INCOMPLETE with the error (collect lists it); the same command with skip_completed and
+    room to write completes it."""
+    out = tmp_path / "r"
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+    args = [f"output.dir={out}", "trace.max_requests=20", *QUIET, "output.skip_completed=true"]
+    r = _kvsim(*args, preexec_fn=small_files)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("kvsim: error:")]
+    assert f"the file size limit (ulimit -f) is reached writing {out}/" in line
+    assert f"{out} is marked INCOMPLETE with it" in line
+    assert "the file size limit" in (out / MARKER).read_text().splitlines()[0]
+    assert not is_complete(out)
+    res = C.collect(out, tmp_path / "c", quiet=True)
+    assert "the file size limit" in res.failed[0].failure
+    r = _kvsim(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert is_complete(out)
+
+
+def _kill_after_first_table(cfg, out):
+    """A run that SIGKILLs itself once its first table is written (a process killed while it
+    writes its results)."""
+    import sim.run as R
+
+    real = R._write_parquet
+
+    def write_then_die(df, path):
+        real(df, path)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    R._write_parquet = write_then_die
+    run_simulation(cfg, out, overrides=["trace.max_requests=20"])
+
+
+def test_a_run_killed_while_it_writes_is_incomplete_until_rerun(tmp_path):
+    """SIGKILL between two table writes: the folder keeps its INCOMPLETE marker beside the
+    tables already written, is not complete, is listed as failed; the rerun completes it."""
+    import multiprocessing as mp
+
+    cfg = compose_config(["trace.max_requests=20", "sim.progress=false"])
+    out = tmp_path / "r"
+    p = mp.get_context("fork").Process(target=_kill_after_first_table, args=(cfg, out))
+    p.start()
+    p.join(120)
+    assert p.exitcode == -signal.SIGKILL
+    assert (out / MARKER).exists() and (out / "requests.parquet").exists()
+    assert not (out / "summary.json").exists() and not is_complete(out)
+    assert "interrupted, crashed or still running" in C.collect(out, tmp_path / "c",
+                                                               quiet=True).failed[0].failure
+    run_simulation(cfg, out, overrides=["trace.max_requests=20"])
+    assert is_complete(out, ["trace.max_requests=20"])
+
+
+def test_out_of_memory_is_one_line_and_marks_the_folder(tmp_path):
+    """A MemoryError in the simulation: one ``kvsim: error: out of memory`` line (exit 1),
+    no traceback, the folder marked INCOMPLETE with it."""
+    out = tmp_path / "r"
+    code = ("import sys; import sim.engine as E\n"
+            "def boom(self):\n    raise MemoryError()\n"
+            "E.Simulator.run = boom\n"
+            "from sim.cli import main\n"
+            f"sys.argv = ['kvsim', 'output.dir={out}', 'sim.progress=false', "
+            f"'trace.max_requests=5']\n"
+            "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr[-1500:]
+    assert "Traceback" not in r.stderr
+    assert "kvsim: error: out of memory (MemoryError)" in r.stderr
+    assert (out / MARKER).read_text().startswith("this run failed: out of memory")
+
+
+def test_the_pool_memory_check_uses_the_memory_available(monkeypatch):
+    """The pool's bookkeeping is checked against the memory available now (free memory and
+    droppable caches, a cgroup's limit), not the machine's total."""
+    import sim.hardware as H
+    from sim.hardware import ConfigError
+
+    monkeypatch.setattr(H, "available_host_memory", lambda: 2**20)
+    cfg = compose_config(["cache.num_gpu_blocks=100000"])
+    with pytest.raises(ConfigError, match="GiB available; expected fewer blocks"):
+        H.plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, 1)
+
+
+def test_skip_completed_skips_a_complete_run_in_a_read_only_folder(tmp_path):
+    """``output.skip_completed=true`` on a complete run whose folder cannot be written (a
+    read-only mount) skips it (exit 0, its results line) instead of refusing the folder."""
+    out = tmp_path / "ro" / "r"
+    out.parent.mkdir()
+    run_simulation(compose_config(["trace.max_requests=20", "sim.progress=false"]), out,
+                   overrides=["trace.max_requests=20"])
+    if os.geteuid() != 0:
+        undo = [["chmod", "-R", "u+w", str(out.parent)]]
+        subprocess.run(["chmod", "-R", "a-w", str(out.parent)], check=True)
+    else:  # (root writes anywhere: a read-only bind mount, where this machine allows one)
+        undo = [["umount", str(out.parent)]]
+        if subprocess.run(["mount", "--bind", str(out.parent), str(out.parent)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("needs a read-only folder: root here, and mount is not permitted")
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(out.parent)],
+                          capture_output=True).returncode != 0:
+            subprocess.run(undo[0])
+            pytest.skip("needs a read-only folder: root here, and remount is not permitted")
+    try:
+        r = _kvsim(f"output.dir={out}", "trace.max_requests=20", "output.skip_completed=true",
+                   *QUIET)
+        again = _kvsim(f"output.dir={out}", "trace.max_requests=30", "output.skip_completed=true",
+                       *QUIET)
+    finally:
+        for cmd in undo:
+            subprocess.run(cmd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == f"results: {out}"
+    assert again.returncode == 2 and "cannot create or write the folder" in again.stderr
+
+
+# --- labels, collections, caches ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> Path:
+    """Two complete ``output.dir`` runs, ``a`` (block size 16) and ``b`` (32)."""
+    root = tmp_path_factory.mktemp("runs")
+    for name, bs in (("a", 16), ("b", 32)):
+        ov = ["trace.max_requests=20", f"cache.block_size={bs}"]
+        run_simulation(compose_config([*ov, "sim.progress=false"]), root / name, overrides=ov)
+    return root
+
+
+def test_collect_lists_a_run_whose_record_and_results_are_two_runs(two_runs, tmp_path):
+    """A folder whose config record (config.yaml, .hydra/overrides.yaml) and summary.json come
+    from two runs (a process that wrote into a folder another run had taken) is listed as
+    failed naming the files, never collected under the wrong labels; output.skip_completed
+    reruns it."""
+    from sim.callbacks import config_fingerprint
+
+    root = tmp_path / "res"
+    shutil.copytree(two_runs, root)
+    shutil.copy(root / "b" / "config.yaml", root / "a" / "config.yaml")
+    (root / "b" / ".hydra").mkdir()
+    (root / "b" / ".hydra" / "overrides.yaml").write_text(
+        "- trace.max_requests=20\n- cache.block_size=64\n")
+    res = C.collect(root, tmp_path / "c", quiet=True)
+    assert res.runs.empty
+    why = {r.run_id: r.failure for r in res.failed}
+    assert "config.yaml is not the config of the run that wrote summary.json" in why["a"]
+    assert ".hydra/overrides.yaml (trace.max_requests=20 cache.block_size=64) and summary.json's " \
+           "overrides (trace.max_requests=20 cache.block_size=32) differ" in why["b"]
+    cfg = compose_config(["trace.max_requests=20", "cache.block_size=16"])
+    ov = ["trace.max_requests=20", "cache.block_size=16"]
+    assert is_complete(two_runs / "a", ov, fingerprint=config_fingerprint(cfg))
+    assert not is_complete(two_runs / "a", ov, fingerprint=config_fingerprint(
+        compose_config(["trace.max_requests=20", "cache.block_size=32"])))
+
+
+def test_collect_removes_a_killed_collects_folders_and_refuses_a_concurrent_one(two_runs,
+                                                                               tmp_path):
+    """The temporary folders a killed kvsim-collect left beside its output are removed by the
+    next one; a kvsim-collect into an output another one is writing stops with one line."""
+    from sim.locks import hold
+
+    out = tmp_path / "c"
+    for leftover in (".c.tmp-999999", ".c.old-999998"):
+        (tmp_path / leftover / "requests").mkdir(parents=True)
+    res = C.collect(two_runs, out, quiet=True)
+    assert len(res.runs) == 2 and not res.failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    with hold(tmp_path / ".c.lock"):
+        with pytest.raises(C.CollectError, match=f"{out}: another kvsim-collect \\(process "
+                                                 f"{os.getpid()} on "):
+            C.collect(two_runs, out, quiet=True)
+    assert C.main([str(two_runs), "--out", str(out)]) == 0
+
+
+NUMBA_MODULE = '''
+from sim.jit import kernel
+
+
+@kernel("i8(i8)")
+def plus_one(x):
+    return x + 1
+'''
+
+
+def test_a_damaged_numba_cache_file_is_named_and_rebuilt(tmp_path):
+    """A kernel's cached machine code with a flipped bit, then an empty cache index: each
+    gives one ``kvsim:`` line naming the file and a kernel compiled again with the right
+    result; the next process loads the rewritten files silently."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "nbmod.py").write_text(NUMBA_MODULE)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "mod"), str(REPO)]))
+    cmd = [sys.executable, "-c", "import nbmod; print(nbmod.plus_one(41))"]
+
+    def run():
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr[-2000:]
+        return [ln for ln in r.stderr.splitlines() if "is damaged" in ln]
+
+    assert run() == []
+    (data,) = (tmp_path / "cache").rglob("nbmod.plus_one-*.kvsim.1.nbc")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    data.write_bytes(bytes(raw))
+    (line,) = run()
+    assert line.startswith(f"kvsim: numba's cache file {data} of the compiled kernel plus_one is "
+                           f"damaged (its bytes are not those written")
+    (index,) = (tmp_path / "cache").rglob("nbmod.plus_one-*.kvsim.nbi")
+    index.write_bytes(b"")
+    (line,) = run()
+    assert f"{index} of the compiled kernel plus_one is damaged (it is empty)" in line
+    assert run() == []
+
+
+def test_kernels_run_as_python_under_numba_disable_jit(tmp_path):
+    """``NUMBA_DISABLE_JIT=1`` (numba's debugging switch) runs the simulator in pure Python
+    with the compiled run's results, bit for bit."""
+    ov = ["trace.max_requests=20", "sim.progress=false"]
+    run_simulation(compose_config(ov), tmp_path / "jit", overrides=ov[:1])
+    r = _kvsim(f"output.dir={tmp_path / 'py'}", *ov, "output.print_summary=false",
+               env=dict(os.environ, NUMBA_DISABLE_JIT="1"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    for table in ("requests", "steps"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "jit" / f"{table}.parquet"),
+                                      pd.read_parquet(tmp_path / "py" / f"{table}.parquet"),
+                                      check_exact=True)
+
+
+def test_a_slurm_sweep_without_slurm_is_one_line(monkeypatch):
+    """``-m hydra/launcher=slurm`` where SLURM's srun is not on the PATH: one line saying so
+    (the launcher ended with submitit's traceback)."""
+    import shutil as sh
+
+    from sim.cli import missing_cluster
+
+    monkeypatch.setattr(sh, "which", lambda name: None)
+    assert missing_cluster(["hydra/launcher=slurm", "seed=1,2"]) == (
+        "hydra/launcher=slurm: this host has no SLURM (srun is not on the PATH); expected to run "
+        "the sweep on a SLURM login node, or on this machine with hydra/launcher=local")
+    assert missing_cluster(["hydra/launcher=local"]) is None
+    monkeypatch.setattr(sh, "which", lambda name: "/usr/bin/srun")
+    assert missing_cluster(["hydra/launcher=slurm"]) is None
