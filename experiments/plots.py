@@ -188,7 +188,11 @@ def _labels(df: pd.DataFrame, by: list[str]) -> pd.Series:
     # (object first: a categorical column, as a hive-partitioned table reads, keeps a null as a
     # float NaN through astype(str); a null is labelled "null", the run did not record a value)
     cols = df[by].astype(object)
-    return cols.where(cols.notna(), "null").astype(str).agg(" / ".join, axis=1)
+    cols = cols.where(cols.notna(), "null").astype(str)
+    out = cols[by[0]].astype(object)
+    for c in by[1:]:  # (column by column: a row-wise join is slow on large tables)
+        out = out + " / " + cols[c].astype(object)
+    return out
 
 
 def _label_order(df: pd.DataFrame, by: list[str]) -> list[str]:
