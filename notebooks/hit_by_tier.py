@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -12,22 +14,26 @@
 # ---
 
 # %% [markdown]
-# # Prefix hits by tier
+# # Which tier serves the prefix hits as the host DRAM tier grows, and what does it do to TTFT?
 #
-# Where do prefix-cache hits come from when a host-DRAM and a disk tier sit below the GPU block
-# pool, and how does that change with the host capacity and the cold-page codec?
+# When host DRAM and a disk tier sit below the GPU block pool, a prefix evicted from the GPU can
+# still be a hit, served from host or disk. This notebook sweeps the host tier's capacity (0.25,
+# 1 and 4 GiB, disk 16 GiB) and the cold-page codec (identity, nvfp4: denser pages) on the
+# synthetic multi-turn chat trace (32 sessions, ~260 requests) with the GPU pool cut to 1,200
+# blocks so that prefixes spill to host and disk.
 #
-# The notebook runs its own small sweep (`kvsim -m`, local joblib launcher, 2 workers), collects
-# it with `kvsim-collect` and draws the figures with `experiments.plots` (the same figures come
-# out of `kvsim-plot hit-by-tier|disk-share|ttft-vs COLLECTED_DIR`). Figures are saved to
-# `notebooks/figures/`. Workload: the synthetic multi-turn chat trace (32 sessions, ~260
-# requests) with the GPU pool cut to 1,200 blocks so that prefixes spill to host and disk.
-# Takes well under a minute on 2 cores. To analyse a sweep you ran yourself, set `COLLECTED`
-# to its `kvsim-collect` output and skip the sweep cell.
+# It runs its own small sweep (`kvsim -m`, local joblib launcher, 2 workers), collects it with
+# `kvsim-collect` and draws the figures with `experiments.plots` (the same figures come out of
+# `kvsim-plot hit-by-tier|disk-share|ttft-vs COLLECTED_DIR`). Each figure is saved with its data
+# (CSV beside the PNG) to `notebooks/figures/` (`KVSIM_NOTEBOOK_FIGURES` names another folder).
+# Takes well under a minute on 2 cores. To analyse a sweep you ran yourself, set `COLLECTED` to
+# its `kvsim-collect` output and skip the sweep cell.
 
 # %%
 import os
 from pathlib import Path
+
+from IPython.display import Markdown
 
 import experiments
 from experiments import plots
@@ -35,7 +41,7 @@ from experiments.collect import run_sweep
 
 REPO = Path(experiments.__file__).resolve().parent.parent
 SWEEPS = Path(os.environ.get("KVSIM_NOTEBOOK_SWEEPS", REPO / "multirun" / "notebooks"))
-FIGURES = REPO / "notebooks" / "figures"
+FIGURES = Path(os.environ.get("KVSIM_NOTEBOOK_FIGURES", REPO / "notebooks" / "figures"))
 N_JOBS = int(os.environ.get("KVSIM_NOTEBOOK_JOBS", "2"))
 
 SWEEP = [
@@ -59,31 +65,33 @@ runs[["tiers.host_gib", "codec", "hit_ratio.gpu", "hit_ratio.host", "hit_ratio.d
     ["codec", "tiers.host_gib"])
 
 # %% [markdown]
-# ## Hit ratio by tier vs host capacity
-# Stacked bars: fraction of prompt tokens served from the GPU pool, host DRAM and disk, one
-# panel per codec; the last panel compares the total hit ratio of the codecs. A denser codec
-# holds more pages in the same host GiB, so hits move from disk to host.
+# ## Which tier serves the hits?
+# Stacked bars, one panel per codec: the fraction of prompt tokens served from the GPU pool,
+# host DRAM and disk at each host capacity; the last panel compares the codecs' total hit
+# ratio. A denser codec holds more pages in the same host GiB, so hits move from disk to host.
 
 # %%
-fig = plots.plot_hit_by_tier(runs, x="tiers.host_gib", hue="codec")
-plots.save(fig, FIGURES / "hit_by_tier.png")
-fig
+fig_hit = plots.plot_hit_by_tier(runs, x="tiers.host_gib", hue="codec")
+plots.save(fig_hit, FIGURES / "hit_by_tier.png")
+fig_hit
 
 # %% [markdown]
-# ## Disk share of hits
+# ## How much of the hits has to come from disk?
+# The disk-served share of all hit tokens, one curve per codec.
 
 # %%
-fig = plots.plot_disk_share(runs, x="tiers.host_gib", hue="codec")
-plots.save(fig, FIGURES / "disk_share.png")
-fig
+fig_disk = plots.plot_disk_share(runs, x="tiers.host_gib", hue="codec")
+plots.save(fig_disk, FIGURES / "disk_share.png")
+fig_disk
 
 # %% [markdown]
-# ## TTFT percentiles vs host capacity
+# ## What does that do to TTFT?
+# TTFT p50, p90 and p99 of each run against the host capacity, one curve per codec.
 
 # %%
-fig = plots.plot_ttft_vs(runs, x="tiers.host_gib", hue="codec")
-plots.save(fig, FIGURES / "ttft_vs_host_gib.png")
-fig
+fig_ttft = plots.plot_ttft_vs(runs, x="tiers.host_gib", hue="codec")
+plots.save(fig_ttft, FIGURES / "ttft_vs_host_gib.png")
+fig_ttft
 
 # %% [markdown]
 # ## Bytes moved between tiers
@@ -92,3 +100,35 @@ fig
 runs[["tiers.host_gib", "codec", "bytes_offloaded.host", "bytes_offloaded.disk",
       "bytes_onboarded.host", "bytes_onboarded.disk", "peak_host_pages", "peak_disk_pages"]].sort_values(
     ["codec", "tiers.host_gib"])
+
+# %% [markdown]
+# ## What the figures say
+# Read off the figures' own tables (`plots.figure_data`, also the CSV files beside the PNGs).
+
+# %%
+hit = plots.figure_data(fig_hit).set_index(["codec", "tiers.host_gib"]).sort_index()
+disk = plots.figure_data(fig_disk).set_index(["codec", "tiers.host_gib"]).sort_index()
+ttft = plots.figure_data(fig_ttft).set_index(["codec", "tiers.host_gib"]).sort_index()
+small, large = hit.index.get_level_values(1).min(), hit.index.get_level_values(1).max()
+total = hit["hit_ratio.total"]
+
+
+def change(a, b):
+    return "falls" if b < a else "rises" if b > a else "stays"
+
+
+spread = total.max() - total.min()
+lo, hi = f"{total.min():.1%}", f"{total.max():.1%}"
+lines = [(f"* The total hit ratio is {lo} in every run" if lo == hi
+          else f"* The total hit ratio is between {lo} and {hi}")
+         + (": the host capacity and the codec move hits between tiers, they barely change how "
+            "many there are." if spread < 0.02 else f", {spread:.1%} apart.")]
+for c in hit.index.get_level_values(0).unique():
+    d0, d1 = disk.loc[(c, small), "disk_share_of_hits"], disk.loc[(c, large), "disk_share_of_hits"]
+    h0, h1 = hit.loc[(c, small), "hit_ratio.host"], hit.loc[(c, large), "hit_ratio.host"]
+    t0, t1 = ttft.loc[(c, small), "ttft_s.p90"], ttft.loc[(c, large), "ttft_s.p90"]
+    lines.append(f"* With {c} pages, from {small:g} to {large:g} GiB of host DRAM the host serves "
+                 f"{h0:.1%} then {h1:.1%} of prompt tokens, the disk's share of hits {change(d0, d1)} "
+                 f"from {d0:.0%} to {d1:.0%}, and TTFT p90 {change(t0, t1)} from {t0 * 1e3:.1f} to "
+                 f"{t1 * 1e3:.1f} ms.")
+Markdown("\n".join(lines))

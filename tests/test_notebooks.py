@@ -1,7 +1,10 @@
 """The analysis notebooks run top to bottom, headless, on the small sweeps they produce.
 
-Each notebook (``notebooks/*.ipynb``) is executed with nbclient in a fresh kernel; a notebook
-that no longer runs fails here. Each takes well under 2 minutes on 2 cores (2 sweep workers).
+Each notebook (``notebooks/*.ipynb``) is executed once with nbclient in a fresh kernel, its
+sweeps and figures in a temporary folder; a notebook that no longer runs, that writes into the
+checkout's notebooks/figures/, or that does not open with its question and end with sentences
+computed from its figures' data fails here. Each takes well under 2 minutes on 2 cores (2 sweep
+workers).
 The committed notebooks must have their outputs cleared and match their jupytext pair
 (``notebooks/*.py``, percent format): edit the .py (or the notebook in Jupyter with jupytext)
 and run ``jupytext --sync notebooks/*.ipynb``.
@@ -23,12 +26,12 @@ REPO = Path(__file__).resolve().parent.parent
 NB_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
 
-# The PNGs each notebook must write into notebooks/figures/.
+# The PNGs each notebook must write (each with its data table, the same name with .csv) into
+# the folder KVSIM_NOTEBOOK_FIGURES names (notebooks/figures/ when unset).
 FIGURES = {
     "hit_by_tier": ["hit_by_tier.png", "disk_share.png", "ttft_vs_host_gib.png"],
     "ttft": ["ttft_cdf.png", "ttft_decomposition.png", "ttft_decomposition_p90.png"],
-    "blocks_freed": ["blocks_freed.png", "fragmentation_one_request.png", "bytes_moved.png",
-                     "pool_fragmentation.png"],
+    "blocks_freed": ["blocks_freed.png", "fragmentation_one_request.png", "bytes_moved.png"],
 }
 
 
@@ -52,14 +55,30 @@ def test_notebook_committed_clean_and_paired(nb_path):
         f"{nb_path.name} and {paired.name} differ: run jupytext --sync {nb_path}")
 
 
-@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_headless(nb_path, tmp_path):
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file under ``folder`` (empty when it is missing)."""
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module", params=NOTEBOOKS, ids=lambda p: p.stem)
+def executed(request, tmp_path_factory):
+    """The notebook executed once in a fresh kernel, its sweeps and figures in a temporary folder
+    (``KVSIM_NOTEBOOK_SWEEPS``, ``KVSIM_NOTEBOOK_FIGURES``), with the checkout's
+    notebooks/figures/ listed before and after."""
+    nb_path = request.param
+    tmp = tmp_path_factory.mktemp(nb_path.stem)
     nb = nbformat.read(nb_path, as_version=4)
-    figdir = NB_DIR / "figures"
+    checkout_figures = NB_DIR / "figures"
+    before = _snapshot(checkout_figures)
     started = time.time()
-    env_before = {k: os.environ.get(k) for k in ("KVSIM_NOTEBOOK_SWEEPS", "MPLBACKEND")}
-    os.environ["KVSIM_NOTEBOOK_SWEEPS"] = str(tmp_path / "sweeps")  # the kernel inherits it
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    env = {"KVSIM_NOTEBOOK_SWEEPS": str(tmp / "sweeps"),  # the kernel inherits them
+           "KVSIM_NOTEBOOK_FIGURES": str(tmp / "figures"),
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    env_before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
                                          resources={"metadata": {"path": str(NB_DIR)}})
@@ -70,14 +89,43 @@ def test_notebook_runs_headless(nb_path, tmp_path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    return {"name": nb_path.stem, "nb": nb, "figures": tmp / "figures", "started": started,
+            "before": before, "after": _snapshot(checkout_figures)}
+
+
+def _outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+
+
+def test_notebook_runs_headless_and_saves_each_figure_with_its_table(executed):
+    errors = [o for o in _outputs(executed["nb"]) if o.get("output_type") == "error"]
     assert not errors, json.dumps(errors, default=str)[:2000]
-    for name in FIGURES[nb_path.stem]:
-        p = figdir / name
-        assert p.is_file() and p.stat().st_mtime >= started - 1, f"{nb_path.stem} did not write {p}"
+    for name in FIGURES[executed["name"]]:
+        p = executed["figures"] / name
+        assert p.is_file() and p.stat().st_mtime >= executed["started"] - 1, (
+            f"{executed['name']} did not write {p}")
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        table = p.with_suffix(".csv")
+        assert table.is_file() and table.stat().st_size > 0, f"no data table beside {p}"
     # the figures are also displayed inline
-    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "image/png" in o.get("data", {})]
-    assert len(images) >= len(FIGURES[nb_path.stem])
+    images = [o for o in _outputs(executed["nb"]) if "image/png" in o.get("data", {})]
+    assert len(images) >= len(FIGURES[executed["name"]])
+
+
+def test_notebook_leaves_the_checkouts_figures_folder_untouched(executed):
+    assert executed["after"] == executed["before"], (
+        f"{executed['name']} wrote into notebooks/figures/ although KVSIM_NOTEBOOK_FIGURES "
+        f"named {executed['figures']}")
+
+
+def test_notebook_opens_with_its_question_and_ends_with_sentences_from_its_figures(executed):
+    cells = executed["nb"].cells
+    title = cells[0].source.splitlines()[0]
+    assert cells[0].cell_type == "markdown" and title.startswith("# ") and title.endswith("?"), (
+        title)
+    last = [c for c in cells if c.cell_type == "code"][-1]
+    assert "plots.figure_data(" in last.source and 'f"' in last.source
+    texts = [o["data"]["text/markdown"] for o in last.get("outputs", [])
+             if "text/markdown" in o.get("data", {})]
+    assert len(texts) == 1 and sum(ch.isdigit() for ch in texts[0]) >= 6, texts
+    assert "{" not in texts[0] and "nan" not in texts[0].lower(), texts[0]
