@@ -104,6 +104,10 @@ class CacheConfig:
     ``num_gpu_blocks``: if set, overrides the computed pool size.
     ``activation_reserve_gib``: memory kept for activations and non-torch allocations;
     ``None`` estimates it (see :func:`sim.hardware.activation_reserve_bytes`).
+    ``reuse_answer_blocks`` (kvsim's, not a vLLM flag): a request's generated tokens are the
+    next turn's prompt tokens at the same positions where the trace says that turn continues
+    it, so the next turn hits them as it does on vLLM (:mod:`sim.keys`); ``false`` keeps every
+    generated token unique to its request (a chat template that re-renders answers differently).
     """
 
     block_size: int = 16
@@ -113,6 +117,7 @@ class CacheConfig:
     num_gpu_blocks: Optional[int] = None
     activation_reserve_gib: Optional[float] = None
     max_block_size: int = 256
+    reuse_answer_blocks: bool = True
 
 
 @dataclass

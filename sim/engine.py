@@ -41,7 +41,7 @@ from traces._common import MAX_ARRIVAL_S
 from .block_pool import NO_HASH, BlockPool, KeyTable
 from .clock import exact_delays, step_ends
 from .jit import kernel
-from .keys import block_keys
+from .keys import block_keys, continues
 from .metrics import Recorder
 from .tiers import DISK, GPU, HOST, _joined
 
@@ -289,6 +289,8 @@ class Simulator:
         self.prefix_index = prefix_index
         self.pool = BlockPool(num_gpu_blocks, cache.enable_prefix_caching, index=prefix_index)
         self.caching = bool(cache.enable_prefix_caching)
+        # a request's generated tokens take its continuation's keys (sim/keys.py)
+        self.reuse_answers = self.caching and bool(cache.reuse_answer_blocks)
         self.max_seqs = int(scheduler.max_num_seqs)
         self.max_tokens = int(scheduler.max_num_batched_tokens)
         self.chunked = bool(scheduler.enable_chunked_prefill)
@@ -450,8 +452,25 @@ class Simulator:
         if req.keys is None:
             i = req.idx
             ids = self.p_val[self.p_off[i]:self.p_off[i + 1]]
-            req.keys = block_keys(ids, self.G, req.input, self.B, req.rid, req.total_blocks)
+            nxt, reach = self._continuation(i, ids) if self.reuse_answers else (None, 0)
+            req.keys = block_keys(ids, self.G, req.input, self.B, req.rid, req.total_blocks,
+                                  nxt, reach)
             req.blocks = np.empty(req.total_blocks, dtype=np.int64)
+
+    def _continuation(self, i: int, ids: np.ndarray):
+        """Row ``i``'s continuation (:func:`sim.keys.continues`: its first closed-loop child
+        whose ids begin with ``ids``, row ``i``'s full trace blocks): ``(its prefix ids, the
+        tokens of row i they identify)``, or ``(None, 0)``."""
+        kids = self.children.get(i)
+        if not kids or self.G <= 0:
+            return None, 0
+        n_in = int(self.w_in[i])
+        for c in kids:
+            cids = self.p_val[self.p_off[c]:self.p_off[c + 1]]
+            c_in = int(self.w_in[c])
+            if continues(ids, n_in, self.G, cids, c_in):
+                return cids, min(c_in, n_in + int(self.w_out[i]))
+        return None, 0
 
     def _grow(self, req: Request, upto_tokens: int) -> bool:
         """Give ``req`` slots for ``upto_tokens`` tokens; False if the pool is short."""

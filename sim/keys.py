@@ -12,10 +12,30 @@ The simulator's block ``k`` covers tokens ``[kB, (k+1)B)``. Let ``e = (k+1)B`` b
   ``key = ids[j] x (G + 1) + o`` (non-negative). Because trace ids are prefix-chained this key
   already identifies the whole prefix, exactly like vLLM's chained block hash
   ``hash(parent_hash, block tokens)``; for B dividing G it is the issue's ``(ids[j], index in j)``.
-* otherwise (tokens past the identified span: generated tokens, Weka's tail below one 64-token
-  block, traces without ids) the content is unknown and treated as unique to the request:
-  ``key = -(request_id x 2**24 + k) - 1`` (negative, so never equal to a trace key). Such blocks are
-  still cached, so a request preempted by recompute can hit its own earlier blocks.
+* else, when the request has a *continuation* (below) whose ids identify its tokens up to
+  ``reach = min(len(next_ids) x G, next_input, input + output)``, a block with ``e <= reach``
+  takes the continuation's key by the first rule: the request's own generated tokens are the
+  next prompt's tokens at the same positions, so the next turn hits them as vLLM does (vLLM
+  hashes every full block of a request's token ids, outputs included, as it fills, and a
+  finished request's blocks keep their hashes in the free queue: vllm/v1/core/block_pool.py
+  ``BlockPool.cache_full_blocks``, vllm/v1/request.py ``Request.append_output_token_ids``).
+* otherwise (tokens past the identified span: generated tokens without a continuation, Weka's
+  tail below one 64-token block, traces without ids) the content is unknown and treated as
+  unique to the request: ``key = -(request_id x 2**24 + k) - 1`` (negative, so never equal to a
+  trace key). Such blocks are still cached, so a request preempted by recompute can hit its own
+  earlier blocks.
+
+Continuation (:func:`continues`): a closed-loop child of the request (the trace's
+``parent_request_id``: the next turn of a chat, the next call of an agent session) whose prompt
+is longer than the request's and whose ids begin with every id of the request's full trace
+blocks (so the trace says the child's prompt starts with the request's prompt). A request whose
+full trace blocks are not all identified (the bench format's random tails, traces without ids)
+has no continuation. Among several such children the first in row order is taken. Whether the
+child's prompt then holds the request's *answer* verbatim, token for token, the trace does not
+say: the synthetic generators build it so; Weka's and other traces' ids past the parent's prompt
+are the next prompt's, which holds the answer as the chat template re-renders it (a template that
+drops reasoning or re-tokenises differently breaks the match; ``cache.reuse_answer_blocks=false``
+keeps every generated token unique instead).
 
 Keys are exact 64-bit integers, collision-free by construction (no hashing needed): ids must be
 ``< 2**63 / (G + 1)`` and a request must have fewer than ``2**24`` blocks.
@@ -33,7 +53,8 @@ MAX_BLOCKS_PER_REQUEST = 1 << 24
 
 
 def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: int,
-               n_blocks: int) -> np.ndarray:
+               n_blocks: int, next_ids: np.ndarray | None = None, next_reach: int = 0
+               ) -> np.ndarray:
     """Keys of blocks ``0..n_blocks-1`` of one request.
 
     Args:
@@ -44,6 +65,11 @@ def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: i
         B: simulator block size (tokens).
         request_id: unique request id (for keys of unidentified blocks).
         n_blocks: how many block keys to return.
+        next_ids: the prefix ids of the request's continuation (:func:`continues`), or None.
+        next_reach: tokens of the request the continuation's ids identify (the module
+            docstring's ``reach``: ``min(len(next_ids) x G, next input, input + output)``);
+            blocks ending past the request's own identified span and at most here take the
+            continuation's keys. 0 = none.
 
     Returns: int64 array of shape ``(n_blocks,)``.
     Raises: ValueError if ``n_blocks`` exceeds ``2**24``.
@@ -52,16 +78,41 @@ def block_keys(ids: np.ndarray, G: int, input_tokens: int, B: int, request_id: i
         raise ValueError(f"request {request_id} needs {n_blocks} blocks; at most {MAX_BLOCKS_PER_REQUEST}")
     v = np.ascontiguousarray(ids, dtype=np.int64).view()
     v.flags.writeable = False  # one compiled signature (Arrow's arrays are read-only)
-    return _block_keys(v, int(G), int(input_tokens), int(B), int(request_id), int(n_blocks))
+    if next_ids is None or next_reach <= 0:
+        nv, next_reach = _NO_IDS, 0
+    else:
+        nv = np.ascontiguousarray(next_ids, dtype=np.int64).view()
+        nv.flags.writeable = False
+        next_reach = min(int(next_reach), len(nv) * int(G))
+    return _block_keys(v, int(G), int(input_tokens), int(B), int(request_id), int(n_blocks), nv,
+                       int(next_reach))
+
+
+def continues(ids: np.ndarray, input_tokens: int, G: int, child_ids: np.ndarray,
+              child_input: int) -> bool:
+    """Whether a closed-loop child is the request's continuation (the module docstring): the
+    child's prompt (``child_input`` tokens) is longer than the request's (``input_tokens``),
+    every full trace block of the request's prompt (``input_tokens // G`` of them) is
+    identified, and the child's ids begin with those ids. ``G``: trace granularity (tokens;
+    0 = no identity: never)."""
+    if G <= 0 or child_input <= input_tokens:
+        return False
+    f = int(input_tokens) // int(G)
+    if len(ids) < f or len(child_ids) < f:
+        return False
+    return bool(np.array_equal(np.asarray(ids[:f]), np.asarray(child_ids[:f])))
 
 
 _RO_I8 = numba.types.Array(numba.types.int64, 1, "C", readonly=True)
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
 
 
 @kernel(numba.types.int64[:](_RO_I8, numba.types.int64, numba.types.int64, numba.types.int64,
-                             numba.types.int64, numba.types.int64))
-def _block_keys(ids, G, input_tokens, B, request_id, n_blocks):  # pragma: no cover (compiled)
-    """:func:`block_keys` in one pass (the module docstring's two rules)."""
+                             numba.types.int64, numba.types.int64, _RO_I8, numba.types.int64))
+def _block_keys(ids, G, input_tokens, B, request_id, n_blocks, next_ids,
+                next_reach):  # pragma: no cover (compiled)
+    """:func:`block_keys` in one pass (the module docstring's three rules)."""
     keys = np.empty(n_blocks, dtype=np.int64)
     n_id = 0
     if G > 0 and ids.shape[0] > 0:
@@ -71,7 +122,14 @@ def _block_keys(ids, G, input_tokens, B, request_id, n_blocks):  # pragma: no co
         e = (k + 1) * B
         j = (e - 1) // G
         keys[k] = ids[j] * (G + 1) + (e - j * G)
-    for k in range(max(n_id, 0), n_blocks):
+    n_next = n_id
+    if G > 0 and next_reach > 0:
+        n_next = max(n_id, min(next_reach // B, n_blocks))
+    for k in range(n_id, n_next):
+        e = (k + 1) * B
+        j = (e - 1) // G
+        keys[k] = next_ids[j] * (G + 1) + (e - j * G)
+    for k in range(max(n_next, 0), n_blocks):
         keys[k] = -(request_id * MAX_BLOCKS_PER_REQUEST + k) - 1
     return keys
 

@@ -359,3 +359,52 @@ def test_bench_pool_runs_small_and_rejects_bad_sizes(capsys, index):
             bench_pool.main(bad)
         assert e.value.code == 2
     assert "exceed the pool's 100 blocks" in capsys.readouterr().err
+
+
+def test_block_keys_take_the_continuations_keys_past_the_own_span():
+    """A request of 100 prompt + 50 output tokens (G = B = 16: 6 identified blocks) whose next
+    turn's ids identify 180 tokens: blocks ending within 150 tokens take the next turn's keys
+    (the same keys the next turn computes for them), the rest stay unique."""
+    own = np.arange(1, 7)
+    nxt = np.arange(1, 12)
+    keys = block_keys(own, 16, 100, 16, 3, 10, next_ids=nxt, next_reach=150)
+    child = block_keys(nxt, 16, 180, 16, 4, 12)
+    assert keys[:9].tolist() == child[:9].tolist()  # 6 prompt blocks + 3 more up to token 144
+    assert (keys[9:] < 0).all()  # block 9 ends at 160 > 150
+    assert keys[:6].tolist() == block_keys(own, 16, 100, 16, 3, 6).tolist()
+    # reach is capped by the continuation's identified span (its ids x G)
+    short = block_keys(own, 16, 100, 16, 3, 10, next_ids=nxt[:7], next_reach=150)
+    assert short[:7].tolist() == child[:7].tolist() and (short[7:] < 0).all()
+    # no continuation: as before
+    assert block_keys(own, 16, 100, 16, 3, 10, next_ids=nxt, next_reach=0).tolist() == \
+        block_keys(own, 16, 100, 16, 3, 10).tolist()
+
+
+def test_block_keys_keep_the_own_ids_where_they_identify_the_block():
+    """G = 512, B = 16 with the last trace block partial (Mooncake lists it): blocks within the
+    request's own identified span keep its own keys even where the continuation's id for that
+    trace block differs (it names a longer prefix)."""
+    own = np.array([10, 11])  # 600 tokens: 1 full + 1 partial trace block
+    nxt = np.array([10, 12, 13])
+    keys = block_keys(own, 512, 600, 16, 1, 50, next_ids=nxt, next_reach=800)
+    base = block_keys(own, 512, 600, 16, 1, 50)
+    assert keys[:37].tolist() == base[:37].tolist()  # 600 // 16 = 37 own blocks
+    cont = block_keys(nxt, 512, 1536, 16, 2, 50)
+    assert keys[37:50].tolist() == cont[37:50].tolist()  # up to 800 = 50 blocks
+
+
+@pytest.mark.parametrize("ids, n_in, child_ids, child_in, want", [
+    ([1, 2, 3], 50, [1, 2, 3, 4, 5], 90, True),  # starts with every full trace block
+    ([1, 2, 3], 50, [1, 2, 3], 50, False),  # not longer
+    ([1, 2, 3], 50, [1, 9, 3, 4, 5], 90, False),  # another prompt
+    ([1, 2], 50, [1, 2, 3, 4, 5], 90, False),  # the request's third full block unidentified
+    ([1, 2, 3], 50, [1, 2], 90, False),  # the child identifies less than the request's prompt
+    ([], 10, [], 90, True),  # a prompt shorter than G: nothing contradicts the trace's link
+])
+def test_continues_needs_every_full_trace_block_of_the_prompt(ids, n_in, child_ids, child_in,
+                                                               want):
+    from sim.keys import continues
+    assert continues(np.array(ids, dtype=np.int64), n_in, 16, np.array(child_ids, dtype=np.int64),
+                     child_in) is want
+    assert continues(np.array(ids, dtype=np.int64), n_in, 0, np.array(child_ids, dtype=np.int64),
+                     child_in) is False

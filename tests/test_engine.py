@@ -520,3 +520,45 @@ def test_deferred_decode_block_is_allocated_before_its_registration(block_size):
     assert pool.block_hash[held].tolist() == req.keys[:full].tolist()
     assert pool.lookup_prefix(req.keys, full).tolist() == held.tolist()
     pool.check(req.blocks[:req.n_blocks])
+
+
+def _turns(reuse: bool, *extra, **kw):
+    """Two turns of one chat (G = 16): 100 prompt + 50 answer tokens, then the history resent
+    with 30 new tokens; the second turn arrives when the first finishes."""
+    wl = make_workload([
+        dict(arrival_s=0.0, input_tokens=100, output_tokens=50, prefix_ids=list(range(1, 7))),
+        dict(arrival_s=0.0, input_tokens=180, output_tokens=5, prefix_ids=list(range(1, 12)),
+             parent_request_id=0, turn=1, session_id=0),
+    ], prefix_block_tokens=16)
+    return simulate(wl, f"cache.reuse_answer_blocks={str(reuse).lower()}", *extra, **kw)
+
+
+def test_the_next_turn_hits_the_previous_answer():
+    req, *_ = _turns(True)
+    assert req.prefix_hit_tokens.tolist() == [0, 144]  # floor(149 / 16) = 9 blocks
+    req, *_ = _turns(True, fast_forward=False)
+    assert req.prefix_hit_tokens.tolist() == [0, 144]
+    req, *_ = _turns(False)
+    assert req.prefix_hit_tokens.tolist() == [0, 96]  # the previous prompt's 6 full blocks
+    req, *_ = _turns(True, "cache.enable_prefix_caching=false")
+    assert req.prefix_hit_tokens.tolist() == [0, 0]
+
+
+def test_fast_forward_equals_per_step_with_answer_reuse(seed=0):
+    """Multi-turn sessions whose turns hit their previous answers, in a pool that thrashes
+    (preemptions, evictions): the fast-forward stretches equal the per-step loop."""
+    from traces.loader import load_workload
+    wl = load_workload({"name": "synthetic_multiturn", "format": "synthetic_multiturn",
+                        "num_sessions": 12, "arrival_rate_per_s": 5.0, "think_time_mean_s": 0.5,
+                        "output_mean": 120.0}, seed=seed)
+    args = ("scheduler.max_num_batched_tokens=512",)
+    a, sa, ra, _ = simulate(wl, *args, num_blocks=300, fast_forward=True)
+    b, sb, rb, _ = simulate(wl, *args, num_blocks=300, fast_forward=False)
+    ints = ["prefix_hit_tokens", "computed_prompt_tokens", "preemptions"]
+    pd.testing.assert_frame_equal(a[ints + ["status"]], b[ints + ["status"]])
+    np.testing.assert_allclose(a.finish_s, b.finish_s, rtol=1e-9, atol=1e-12)
+    cols = ["running", "waiting", "prefill_tokens", "decode_tokens", "blocks_used",
+            "blocks_cached_free", "live_kv_tokens"]
+    pd.testing.assert_frame_equal(sa[cols], sb[cols])
+    c, *_ = simulate(wl, *args, "cache.reuse_answer_blocks=false", num_blocks=300)
+    assert a.prefix_hit_tokens.sum() > c.prefix_hit_tokens.sum()
