@@ -1140,7 +1140,7 @@ def plot_fragmentation(rounds: pd.DataFrame, request_id: int | None = None,
     labels = _labels(sub, by)
     styles = group_styles(sub, by)
     shown = _display(sub, by)
-    fig, axes = _new_fig(w=7.2, h=3.8)
+    fig, axes = _new_fig(w=8.8, h=3.8)
     ax = axes[0][0]
     parts = []
     for g in _label_order(sub, by):
@@ -1456,6 +1456,13 @@ def default_x_hue(runs: pd.DataFrame, x: str | None, hue: str | None) -> tuple[s
 
 
 def _draw(args, col: Collected):
+    fig = _draw_figure(args, col)
+    if args.where:  # (the title says which runs were kept)
+        fig.suptitle(f"{fig.get_suptitle()}\nruns with {', '.join(args.where)}", fontsize=10)
+    return fig
+
+
+def _draw_figure(args, col: Collected):
     runs = _filter_runs(col.runs, args.where or [])
     ids = set(runs["run_id"])
     k = args.figure

@@ -248,6 +248,13 @@ def test_axes_name_their_units(figures):
     assert "GiB moved (total over the run)" in labels["bytes-moved"]
 
 
+def test_a_where_filter_is_named_in_the_title(grid, tmp_path):
+    fig = P._draw(P_args("ttft-cdf", grid, tmp_path / "w.png", where=["cache.block_size=32"]),
+                  P.load_collected(grid))
+    title = fig.get_suptitle()
+    assert title.endswith("\nruns with cache.block_size=32") and "one curve per scheduler" in title
+
+
 def test_fragmentation_title_says_which_request_and_why(policies):
     rounds = P.load_collected(policies).table("rounds")
     fig = P.plot_fragmentation(rounds, by=["policy", "compaction"])
