@@ -4,14 +4,20 @@ Semantics (vLLM v1 ``BlockPool`` / ``KVCacheManager``, vllm/v1/core/block_pool.p
 
 * A block is ``block_size`` token slots spanning every layer (one block table per request).
 * Blocks are ref-counted. A block with ref count 0 sits in the *free queue* in LRU order; the pool
-  allocates from the head of the queue. A finished request's blocks are appended to the tail
-  last-block-first, so the deepest blocks of a prefix are evicted first.
+  allocates from the head of the queue. A freed request's blocks (its table reversed, last block
+  first) that hold a hash (or registered a key another block holds, below) are appended to the
+  tail, so the deepest blocks of a prefix are evicted first; those that hold none (the partial
+  last block, every block with caching off, blocks a compression round changed) are put at the
+  head, in that order, so they are reused first (vLLM ``BlockPool.free_blocks``,
+  vllm/v1/core/block_pool.py: unhashed blocks ``prepend_n``, hashed ``append_n``).
 * Only full blocks are cached. A cached block keeps its hash while it sits in the free queue and
   can still serve a prefix hit; its hash is dropped only when the block is reallocated (evicted).
 * A prefix hit is the longest run of cached blocks from the request's first block; the first miss
   ends it. Hit blocks are *touched*: removed from the free queue if free, ref count + 1.
 * When two requests compute the same block concurrently, the first registered block keeps the
-  hash; the duplicate stays uncached (vLLM keeps both under one hash; either serves a hit).
+  hash and serves hits; the duplicate is marked registered (``dup``), so it is freed to the tail
+  as a hashed block is, but serves no hit (vLLM keeps both under one hash, and the second serves
+  hits once the first is evicted: ``BlockHashToBlockMap``; kvsim does not).
 
 Implementation: the free queue is an append-only array with lazy deletion (an entry is valid when
 its sequence number equals the block's ``free_seq``), so allocation, freeing and touching are
@@ -411,11 +417,13 @@ def _touch(ref_cnt, free_seq, block_hash, blocks):  # pragma: no cover (compiled
     return n_free, n_cached
 
 
-@kernel("UniTuple(i8, 3)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:], i8[:], i8, i8)")
-def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab, mask,
+@kernel("UniTuple(i8, 3)(i8[:], i8[:], i8[:], i4[:], i8[:], b1[:], i8, i8[:], b1[:], i8[:], i8[:], "
+        "i8, i8)")
+def _take_free(q, qseq, free_seq, ref_cnt, block_hash, dup, head, out, cached, ev, tab, mask,
                shift):  # pragma: no cover (compiled)
     """Take the first ``len(out)`` valid free-queue entries from ``head`` (the caller checked
-    that many are free): ids into ``out``, ref count 1, their hashes cleared (``cached`` marks
+    that many are free): ids into ``out``, ref count 1, their duplicate marks and hashes
+    cleared (``cached`` marks
     those that held one, ``ev[:m]`` gets the hashes in order) and, when the pair table ``tab``
     of a :class:`PrefixTable` is given (not empty), their entries deleted from it. Returns
     (new head, m, entries deleted)."""
@@ -434,6 +442,7 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
             out[i] = b
             free_seq[b] = -1
             ref_cnt[b] = 1
+            dup[b] = False
             h = block_hash[b]
             cached[i] = h != NO_HASH
             if h != NO_HASH:
@@ -454,16 +463,16 @@ def _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, ta
     return head, m, d
 
 
-@kernel("UniTuple(i8, 5)(i8[:], i8[:], i8[:], i4[:], i8[:], i8, i8[:], b1[:], i8[:], i8[:], i8, "
-        "i8, i8[:], i8[:], i8[:])")
-def _take_and_register(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab, mask,
-                       shift, rb, rk, sel):  # pragma: no cover (compiled)
+@kernel("UniTuple(i8, 5)(i8[:], i8[:], i8[:], i4[:], i8[:], b1[:], i8, i8[:], b1[:], i8[:], i8[:], "
+        "i8, i8, i8[:], i8[:], i8[:])")
+def _take_and_register(q, qseq, free_seq, ref_cnt, block_hash, dup, head, out, cached, ev, tab,
+                       mask, shift, rb, rk, sel):  # pragma: no cover (compiled)
     """:func:`_take_free` into ``out``, then, when ``rb`` is not empty, :func:`_prefix_register`
     of the blocks ``rb`` under the keys ``rk`` in the pair table ``tab`` (``rb`` may view the
     same block table as ``out``: it is read after the allocation). Returns (new head, hashes
     evicted, entries deleted, entries added - deleted by the registration, keys entered)."""
-    head, m, d = _take_free(q, qseq, free_seq, ref_cnt, block_hash, head, out, cached, ev, tab,
-                            mask, shift)
+    head, m, d = _take_free(q, qseq, free_seq, ref_cnt, block_hash, dup, head, out, cached, ev,
+                            tab, mask, shift)
     added = 0
     nreg = 0
     if rb.shape[0]:
@@ -483,11 +492,15 @@ def _peek_free(q, qseq, free_seq, head, out):  # pragma: no cover (compiled)
         head += 1
 
 
-@kernel("UniTuple(i8, 3)(i4[:], i8[:], i8[:], i8[:], i8[:], i8, i8, i8[:])")
-def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pragma: no cover
-    """:meth:`BlockPool.free` on the arrays (the queue has room for every block). Returns
-    (blocks released, of them holding a hash, -1) or, when a block has no reference left to drop
-    (a block listed twice drops two), (0, 0, that block) with nothing changed."""
+@kernel("UniTuple(i8, 4)(i4[:], i8[:], i8[:], b1[:], i8[:], i8[:], i8, i8, i8, i8[:])")
+def _free(ref_cnt, free_seq, block_hash, dup, q, qseq, head, tail, next_seq,
+          blocks):  # pragma: no cover (compiled)
+    """:meth:`BlockPool.free` on the arrays (the queue has room for every block at both ends:
+    ``head >= len(blocks)``). Blocks reaching ref count 0 holding a hash or marked ``dup`` join
+    the tail in the given order; the others go before the head, in the given order (the first
+    of them becomes the head). Returns (blocks released, of them holding a hash, -1, new head)
+    or, when a block has no reference left to drop (a block listed twice drops two),
+    (0, 0, that block, head) with nothing changed."""
     nb = blocks.shape[0]
     for j in range(nb):
         if j + D < nb:
@@ -496,20 +509,38 @@ def _free(ref_cnt, free_seq, block_hash, q, qseq, tail, next_seq, blocks):  # pr
         if ref_cnt[blocks[j]] < 0:
             for i in range(j + 1):  # undo
                 ref_cnt[blocks[i]] += 1
-            return 0, 0, blocks[j]
+            return 0, 0, blocks[j], head
     k = 0
     n_cached = 0
-    for j in range(blocks.shape[0]):
+    n_front = 0
+    for j in range(nb):  # (count the head's entries first: they keep the given order)
         b = blocks[j]
-        if ref_cnt[b] == 0 and free_seq[b] == -1:  # (a block listed twice joins once)
+        if ref_cnt[b] == 0 and free_seq[b] == -1 and block_hash[b] == NO_HASH and not dup[b]:
+            free_seq[b] = -2  # (marked: a block listed twice joins once)
+            n_front += 1
+    f = head - n_front
+    a = 0
+    for j in range(nb):
+        b = blocks[j]
+        if ref_cnt[b] != 0:
+            continue
+        if free_seq[b] == -2:
             s = next_seq + k
             free_seq[b] = s
-            q[tail + k] = b
-            qseq[tail + k] = s
+            q[f] = b
+            qseq[f] = s
+            f += 1
+            k += 1
+        elif free_seq[b] == -1:
+            s = next_seq + k
+            free_seq[b] = s
+            q[tail + a] = b
+            qseq[tail + a] = s
+            a += 1
             k += 1
             if block_hash[b] != NO_HASH:
                 n_cached += 1
-    return k, n_cached, -1
+    return k, n_cached, -1, head - n_front
 
 
 # PrefixTable: slots per pool block (its load stays <= 1/2; 16 bytes a slot: 2 MiB at 50,000 blocks)
@@ -554,6 +585,8 @@ class BlockPool:
         self.enable_caching = bool(enable_caching)
         self.ref_cnt = np.zeros(n, dtype=np.int32)
         self.block_hash = np.full(n, NO_HASH, dtype=np.int64)
+        # registered under a key another block holds (module docstring): queued as hashed
+        self.dup = np.zeros(n, dtype=bool)
         self.free_seq = np.arange(n, dtype=np.int64)  # -1 when not in the free queue
         cap = max(2 * n, 1024)
         self._q = np.empty(cap, dtype=np.int64)
@@ -652,9 +685,12 @@ class BlockPool:
         if self._table:  # one compiled pass (the same as the lines below)
             keys = np.asarray(keys, dtype=np.int64)
             sel = np.empty(len(keys), dtype=np.int64)
+            blocks = np.asarray(blocks, dtype=np.int64)
             added, m = _prefix_register(idx.tab, idx.mask, idx.shift, self.block_hash, keys,
-                                        np.asarray(blocks, dtype=np.int64), sel)
+                                        blocks, sel)
             idx.count += added
+            if m < len(keys):
+                self._mark_dups(blocks, keys)
             if m and (self.cached_log is not None or self.change_log is not None):
                 self._note_cached(keys[sel[:m]])
             return
@@ -662,6 +698,8 @@ class BlockPool:
             self._rebuild_index(len(keys))
             idx = self.index
         new = idx.put_absent(keys, blocks, self.block_hash)
+        if not new.all():
+            self._mark_dups(blocks[~new], keys[~new])
         if not new.any():
             return
         if new.all():
@@ -671,6 +709,12 @@ class BlockPool:
         self.block_hash[nb] = nk
         if self.cached_log is not None or self.change_log is not None:
             self._note_cached(nk.copy() if nk is keys else nk)  # (keys may be a reused view)
+
+    def _mark_dups(self, blocks: np.ndarray, keys: np.ndarray) -> None:
+        """Mark those of ``blocks`` just registered under ``keys`` whose key another block
+        holds (duplicates: see the module docstring)."""
+        d = self.block_hash[blocks] != keys
+        self.dup[blocks[d]] = True
 
     def _rebuild_index(self, extra: int = 0) -> None:
         """Drop a :class:`DictIndex`'s stale entries: rebuild it from ``block_hash``
@@ -701,6 +745,7 @@ class BlockPool:
                 idx = self.index
                 idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
         self.block_hash[blocks] = NO_HASH  # (a dict index's entries are now stale)
+        self.dup[blocks] = False
 
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:
@@ -761,9 +806,9 @@ class BlockPool:
         rb = blocks if table else self._ev[:0]
         rk = keys if table else rb
         self._head, m, d, added, nreg = _take_and_register(
-            self._q, self._qseq, self.free_seq, self.ref_cnt, self.block_hash, self._head, out,
-            self._cf if cached is None else cached, self._ev, self._tab, self._mask, self._shift,
-            rb, rk, self._sel)
+            self._q, self._qseq, self.free_seq, self.ref_cnt, self.block_hash, self.dup,
+            self._head, out, self._cf if cached is None else cached, self._ev, self._tab,
+            self._mask, self._shift, rb, rk, self._sel)
         self.num_free -= n
         if m:
             # their table entries are deleted (a dict index's are now stale: lazy deletion)
@@ -772,6 +817,8 @@ class BlockPool:
             self._note_evicted(m)
         if table:
             self.index.count += added
+            if nreg < nr:
+                self._mark_dups(blocks, keys)
             if nreg and (self.cached_log is not None or self.change_log is not None):
                 self._note_cached(keys[self._sel[:nreg]])
         elif nr:
@@ -806,40 +853,48 @@ class BlockPool:
         return out
 
     def free(self, blocks: np.ndarray) -> None:
-        """Drop one reference to each of ``blocks``; those reaching 0 join the free-queue tail in
-        the given order (callers pass a finished request's table reversed, last block first).
-        Raises RuntimeError (a double free) if a block has no reference left to drop; the pool
-        is then unchanged."""
-        if len(blocks) == 0:
+        """Drop one reference to each of ``blocks`` (callers pass a request's table reversed,
+        last block first); of those reaching 0, the ones holding a hash (or marked ``dup``)
+        join the free-queue tail in the given order, the others its head, in the given order
+        (the first of them is allocated first): vLLM ``BlockPool.free_blocks``
+        (vllm/v1/core/block_pool.py). Raises RuntimeError (a double free) if a block has no
+        reference left to drop; the pool is then unchanged."""
+        n = len(blocks)
+        if n == 0:
             return
-        if self._tail + len(blocks) > len(self._q):
-            self._compact(len(blocks))
-        k, n_cached, bad = _free(self.ref_cnt, self.free_seq, self.block_hash, self._q, self._qseq,
-                                 self._tail, self._next_seq, blocks)
+        if self._tail + n > len(self._q) or self._head < n:
+            self._compact(n)
+        k, n_cached, bad, head = _free(self.ref_cnt, self.free_seq, self.block_hash, self.dup,
+                                       self._q, self._qseq, self._head, self._tail,
+                                       self._next_seq, blocks)
         if bad >= 0:
             raise RuntimeError(f"double free of block {bad}")
         self._next_seq += k
-        self._tail += k
+        self._tail += k - (self._head - head)
+        self._head = head
         self.num_free += k
         self.num_cached_free += n_cached
 
     def _compact(self, extra: int) -> None:
-        """Drop stale queue entries (amortised: runs when the queue array is full)."""
+        """Drop stale queue entries and leave room for ``extra`` entries at each end of the
+        valid ones (amortised: runs when the queue array has no room at the end a free needs;
+        the valid entries are centred in the array, so either end has room for many frees)."""
         qb = self._q[self._head:self._tail]
         qs = self._qseq[self._head:self._tail]
         valid = self.free_seq[qb] == qs
         qb = qb[valid]
         qs = qs[valid]
-        m = len(qb)
+        m = len(qb)  # (qb, qs: copies)
         cap = len(self._q)
-        if m + extra > cap // 2:
-            cap = max(2 * (m + extra), cap)
+        if m + 2 * extra > cap:  # (never with cap >= 2 x num_blocks: m + extra <= num_blocks)
+            cap = 2 * (m + 2 * extra)
             self._q = np.empty(cap, dtype=np.int64)
             self._qseq = np.empty(cap, dtype=np.int64)
-        self._q[:m] = qb
-        self._qseq[:m] = qs
-        self._head = 0
-        self._tail = m
+        off = (cap - m) // 2
+        self._q[off:off + m] = qb
+        self._qseq[off:off + m] = qs
+        self._head = off
+        self._tail = off + m
 
     # ------------------------------------------------------------------ checks
     def free_queue_order(self) -> np.ndarray:

@@ -1355,10 +1355,11 @@ class Simulator:
         k = k_first = min(fin)
         comp = self.comp
         # With nothing waiting and neither compression nor tiers, a finish changes nothing the
-        # next steps depend on but the batch (the finished request leaves; its blocks join the
-        # free queue's tail, behind every block the stretch takes from its head), so the
-        # stretch goes on past it, up to the last finish or the first finish that releases
-        # closed-loop children (their arrival is an event)
+        # next steps depend on but the batch (the finished request leaves; its cached blocks
+        # join the free queue's tail, behind every block the stretch takes from its head, and
+        # its unhashed blocks the head, which the stretch's next allocations take:
+        # _ff_allocate_finishing), so the stretch goes on past it, up to the last finish or the
+        # first finish that releases closed-loop children (their arrival is an event)
         inner = False
         if k < max(fin) and comp is None and self.tiers is None and not self.waiting:
             k_all = max(fin)
@@ -1475,7 +1476,18 @@ class Simulator:
             t_cached = {1: _flat(self.pool.cached_log)}
             self.pool.cached_log.clear()
         nb_all = None
-        if n_pairs:
+        early = {}  # finish step -> (blocks freed, of them cached) of requests freed inside
+        early_freed = early_cached = 0
+        if inner:
+            ev0 = self.pool.evicted_cached_blocks
+            evicted, early = self._ff_allocate_finishing(reqs, fin_a, slot0, pi, ps, k)
+            if self.pool.evicted_cached_blocks != ev0:
+                ps_ev = ps[evicted]
+                n_evicted = len(ps_ev)
+                evicted_per_step = np.bincount(ps_ev, minlength=k + 1)
+            early_freed = sum(v[0] for v in early.values())
+            early_cached = sum(v[1] for v in early.values())
+        elif n_pairs:
             ev0 = self.pool.evicted_cached_blocks
             blocks, evicted = self.pool.allocate(n_pairs, return_evicted=True)
             if self.pool.evicted_cached_blocks != ev0:  # (cached blocks were evicted)
@@ -1496,8 +1508,8 @@ class Simulator:
                     nb = int(nb_all[i])
                     req.blocks[req.n_blocks:req.n_blocks + nb] = by_req[ends[i] - nb:ends[i]]
                     req.n_blocks += nb
-        used1 = self.pool.num_used - n_pairs  # after step 1
-        cf1 = self.pool.num_cached_free + n_evicted
+        used1 = self.pool.num_used - n_pairs + early_freed  # after step 1
+        cf1 = self.pool.num_cached_free + n_evicted - early_cached
         start = env.now
         waiting0 = len(self.waiting)
         durs = durs[:k]
@@ -1562,7 +1574,7 @@ class Simulator:
                     else:
                         pre1 += n
             self._finishing_stretch_end(reqs, fin_a, slot0, start, cum, durs, waiting0, used1,
-                                        alloc_per_step, cf1, evicted_per_step, pre1, dec1)
+                                        alloc_per_step, cf1, evicted_per_step, pre1, dec1, early)
             return k
         if finished:
             self._retire_finished()
@@ -1613,8 +1625,64 @@ class Simulator:
                 finished = True
         return finished
 
+    def _ff_allocate_finishing(self, reqs, fin, slot0, pi, ps, k: int):
+        """The new blocks of a dense stretch of ``k`` steps in which requests finish before the
+        last step (:meth:`_fast_forward`): the pairs (request ``pi``, step ``ps``), in
+        allocation order (step, then running order), are allocated segment by segment, each
+        up to a finish step ``f``; then the requests finishing at ``f`` (``fin[i] == f``;
+        ``slot0[i] + f``: the tokens they computed) register their blocks now full and free
+        their tables, in running order, as the per-step loop does by the end of step ``f``.
+        Their unhashed blocks join the free queue's head (:meth:`BlockPool.free`), so the next
+        steps' allocations take them as the per-step loop's do. Requests finishing after the
+        last allocation are left to :meth:`_finishing_stretch_end`. Returns (bool array of the
+        pairs whose block's cached hash was evicted, ``{f: (blocks freed, of them cached)}``
+        for the steps whose requests were freed here)."""
+        pool = self.pool
+        B = self.B
+        n = len(pi)
+        evicted = np.zeros(n, dtype=bool)
+        early = {}
+        groups: dict[int, list[int]] = {}
+        for i, f in enumerate(fin.tolist()):
+            if f < k:
+                groups.setdefault(f, []).append(i)
+        lo = 0
+        for f in sorted(groups):
+            if lo == n:
+                break
+            hi = int(np.searchsorted(ps, f, side="right"))
+            if hi == n:  # (no allocation after step f: the retirement frees them)
+                break
+            if hi > lo:
+                self._ff_take(reqs, pi[lo:hi], evicted[lo:hi])
+                lo = hi
+            nf = pool.num_free
+            ncf = pool.num_cached_free
+            for i in groups[f]:
+                req = reqs[i]
+                full = (int(slot0[i]) + f) // B
+                if self.caching and full > req.n_cached:
+                    pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+                    req.n_cached = full
+                pool.free(req.blocks[:req.n_blocks][::-1])
+            early[f] = (pool.num_free - nf, pool.num_cached_free - ncf)
+        if lo < n:
+            self._ff_take(reqs, pi[lo:], evicted[lo:])
+        return evicted, early
+
+    def _ff_take(self, reqs, pi, evicted) -> None:
+        """Allocate one block for each request index of ``pi`` (in order) onto its table;
+        ``evicted`` (bool, ``len(pi)``) marks those whose cached hash was evicted."""
+        blocks = np.empty(len(pi), dtype=np.int64)
+        self.pool.allocate_into(blocks, cached=evicted)
+        for i, blk in zip(pi.tolist(), blocks.tolist()):
+            req = reqs[i]
+            req.blocks[req.n_blocks] = blk
+            req.n_blocks += 1
+
     def _finishing_stretch_end(self, reqs, fin, slot0, start: float, cum, durs, waiting0: int,
-                               used1: int, alloc, cf1: int, evicted, pre1: int, dec1: int) -> None:
+                               used1: int, alloc, cf1: int, evicted, pre1: int, dec1: int,
+                               early=None) -> None:
         """The end of a dense stretch of ``k = len(cum)`` steps with requests finishing
         before its last step or an admission as its first (:meth:`_fast_forward`; ``fin[i]``:
         request ``i``'s last step; ``slot0[i] + s``: its computed tokens after step ``s``):
@@ -1623,7 +1691,8 @@ class Simulator:
         record the steps (``alloc`` / ``evicted``: blocks taken / cached blocks evicted at each
         step, shape ``(k + 1,)``; ``used1`` / ``cf1``: blocks used / cached-free after step
         1's scheduling; ``waiting0``: requests waiting during the stretch; ``pre1`` / ``dec1``:
-        step 1's prefill and decode tokens)."""
+        step 1's prefill and decode tokens; ``early``: ``{f: (blocks freed, of them cached)}``
+        for the steps whose finished requests :meth:`_ff_allocate_finishing` freed)."""
         k = len(cum)
         pool = self.pool
         freed = np.zeros(k + 1, dtype=np.int64)  # blocks back in the free queue after step s
@@ -1638,6 +1707,10 @@ class Simulator:
             while j < len(done) and done[j][0] == f:
                 group.append(reqs[done[j][1]])
                 j += 1
+            if early and f in early:
+                self._retire(group, freed=True)
+                freed[f], cfreed[f] = early[f]
+                continue
             self._retire(group)
             freed[f] = pool.num_free - nf
             cfreed[f] = pool.num_cached_free - ncf
@@ -2502,9 +2575,10 @@ class Simulator:
         if self.progress is not None:
             self.progress(self.done)
 
-    def _retire(self, done: list) -> None:
-        """Free the finished requests ``done``'s blocks (in that order), record them and
-        release their closed-loop children."""
+    def _retire(self, done: list, freed: bool = False) -> None:
+        """Free the finished requests ``done``'s blocks (in that order; ``freed``: the pool
+        already took them back, :meth:`_ff_allocate_finishing`), record them and release their
+        closed-loop children."""
         rec = self.rec
         for req in done:
             if req.layout is not None:
@@ -2518,7 +2592,11 @@ class Simulator:
             else:
                 req.end_live = req.n_computed
                 req.end_blocks = req.n_blocks
-            self._free_blocks(req)
+            if freed:
+                req.n_blocks = 0
+                req.n_cached = 0
+            else:
+                self._free_blocks(req)
             req.keys = None
             req.blocks = None
             self.done += 1

@@ -64,10 +64,57 @@ def test_lru_order_across_requests():
     pool = BlockPool(6)
     a = pool.allocate(2)
     b = pool.allocate(2)
+    pool.cache_blocks(np.concatenate([a, b]), np.array([1, 2, 3, 4]))
     pool.free(a[::-1])
     pool.free(b[::-1])
-    # the head of the queue is what was never used (4, 5), then a reversed, then b reversed
+    # cached blocks join the tail: what was never used (4, 5), then a reversed, then b reversed
     assert pool.free_queue_order().tolist() == [4, 5, a[1], a[0], b[1], b[0]]
+
+
+def test_free_puts_unhashed_blocks_at_the_head_in_the_given_order():
+    """vLLM BlockPool.free_blocks: a freed block without a hash (a request's partial last
+    block, every block with caching off) is prepended, so it is reused first; hashed ones are
+    appended. One request's table [full, full, partial] freed last block first."""
+    pool = BlockPool(6)
+    t = pool.allocate(3)
+    pool.cache_blocks(t[:2], np.array([11, 12]))
+    pool.free(t[::-1])
+    assert pool.free_queue_order().tolist() == [t[2], 3, 4, 5, t[1], t[0]]
+    assert pool.num_cached_free == 2
+    assert pool.allocate(1).tolist() == [t[2]]  # the partial block, not a fresh one
+    assert pool.num_cached_free == 2 and pool.evicted_cached_blocks == 0
+    # several unhashed blocks keep the given order at the head
+    u = pool.allocate(3)  # 3, 4, 5
+    pool.free(u[::-1])
+    assert pool.free_queue_order().tolist()[:3] == [u[2], u[1], u[0]]
+    pool.check()
+
+
+def test_free_without_caching_prepends_every_block():
+    pool = BlockPool(4, enable_caching=False)
+    t = pool.allocate(2)
+    pool.cache_blocks(t, np.array([1, 2]))  # (ignored without caching)
+    pool.free(t[::-1])
+    assert pool.free_queue_order().tolist() == [t[1], t[0], 2, 3]
+
+
+@pytest.mark.parametrize("index", ["table", "dict"])
+def test_duplicate_registration_is_queued_as_a_hashed_block(index):
+    """Two requests compute the same block: the first keeps the key and serves hits; the
+    second is marked a duplicate, freed to the tail like a hashed block (vLLM keeps it under
+    the same hash) and unmarked when reallocated."""
+    pool = BlockPool(4, index=index)
+    a = pool.allocate(1)
+    b = pool.allocate(1)
+    pool.cache_blocks(a, np.array([42]))
+    pool.cache_blocks(b, np.array([42]))
+    assert pool.lookup_prefix(np.array([42]), 1).tolist() == a.tolist()
+    assert pool.dup[b].tolist() == [True] and pool.block_hash[b[0]] == NO_HASH
+    pool.free(b)
+    assert pool.free_queue_order().tolist() == [2, 3, b[0]]
+    got = pool.allocate(3)
+    assert got.tolist() == [2, 3, b[0]] and not pool.dup[b].any()
+    pool.check(held_blocks=np.concatenate([a, got]))
 
 
 def test_keys_mooncake_mapping():
