@@ -255,9 +255,18 @@ def main(argv=None) -> int:
     rp.add_argument("--max-model-len", type=int, default=131072)
     rp.add_argument("--no-blocks", action="store_true", help="omit block tables")
     rp.add_argument("--out", required=True)
+    hi = sub.add_parser("hits", help="a replay's prefix hits in request_id order (compact)")
+    hi.add_argument("replay")
+    hi.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "export":
         Path(a.out).write_text(json.dumps(export(a)))
+        return 0
+    if a.cmd == "hits":
+        g = json.loads(Path(a.replay).read_text())
+        rows = sorted(g.pop("requests"), key=lambda r: r["request_id"])
+        g["prefix_hit_tokens"] = [r.get("prefix_hit_tokens", -1) for r in rows]
+        Path(a.out).write_text(json.dumps(g, separators=(",", ":")) + "\n")
         return 0
     scen = json.loads(Path(a.scenario).read_text())
     if scen.get("version") != SCENARIO_VERSION:

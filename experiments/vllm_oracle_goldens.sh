@@ -38,3 +38,13 @@ multiturn8 32 7000 500 --no-blocks
 weka12 16 24000 3000 --no-blocks
 weka12 32 12000 1500 --no-blocks
 LIST
+# the whole Mooncake conversation trace (shared traces), 20,000 usable 16-token blocks: hits only
+MC=${KVSIM_TRACES_DIR:-../shared/traces}/mooncake/conversation_trace.jsonl
+if [ -f "$MC" ]; then
+  T=$(mktemp -d)
+  "$KV" "$ORACLE" export --trace mooncake_conversation --out "$T/mc.scen.json"
+  "$VLLM_PY" "$ORACLE" replay "$T/mc.scen.json" --block-size 16 --num-blocks 20000 --no-blocks \
+    --out "$T/mc.json"
+  "$KV" "$ORACLE" hits "$T/mc.json" --out "$D/mooncake_conversation_b16_n20000.hits.json"
+  rm -r "$T"
+fi

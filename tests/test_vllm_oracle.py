@@ -14,16 +14,21 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import make_workload
 from sim.cost import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
-from sim.run import compose_config
+from sim.run import compose_config, run_simulation
+from traces import traces_dir
 
 DATA = Path(__file__).parent / "data" / "vllm_oracle"
-GOLDENS = sorted(p.name[:-5] for p in DATA.glob("*_b*_n*.json"))
+GOLDENS = sorted(p.name[:-5] for p in DATA.glob("*_b*_n*.json")
+                 if not p.name.endswith(".hits.json"))
+MOONCAKE = traces_dir() / "mooncake" / "conversation_trace.jsonl"
 
 
 class _Recording(Simulator):
@@ -98,3 +103,23 @@ def test_turn_two_hits_the_previous_prompt_and_answer():
         r["parent_request_id"] = -1  # (no session: answers stay unique)
     req, _ = kvsim_one_at_a_time(scen, 16, 1000, 131072)
     assert req.prefix_hit_tokens.tolist()[:3] == [0, 96, 176]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MOONCAKE.exists(), reason=f"{MOONCAKE} not present (shared traces absent; set KVSIM_TRACES_DIR to the shared traces folder)")
+def test_mooncake_conversation_matches_vllm_with_20000_blocks(tmp_path):
+    """The whole Mooncake conversation trace (12,031 requests) one at a time with 20,000 usable
+    16-token blocks: every request's prefix hit equals vLLM's."""
+    g = json.loads((DATA / "mooncake_conversation_b16_n20000.hits.json").read_text())
+    cfg = compose_config([
+        "trace=mooncake_conversation", "trace.time_scale=1000", "trace.timestamp_spread=even",
+        "cache.num_gpu_blocks=20000", "scheduler.max_num_seqs=1", "sim.progress=false",
+        "output.write_steps=false"])
+    run_simulation(cfg, tmp_path)
+    req = pd.read_parquet(tmp_path / "requests.parquet").set_index("request_id")
+    want = np.array(g["prefix_hit_tokens"])
+    got = req.prefix_hit_tokens.reindex(np.arange(len(want))).to_numpy()
+    differ = np.flatnonzero(got != want)
+    assert len(want) == 12031 and req.status.eq("finished").all()
+    assert not len(differ), (f"{len(differ)} requests differ from vLLM: "
+                             f"{[(int(i), int(got[i]), int(want[i])) for i in differ[:5]]}")
