@@ -598,6 +598,10 @@ class BlockPool:
         self._next_seq = n
         self.num_free = n
         self.num_cached_free = 0
+        # the most blocks held at once (ref count > 0) since the pool was made: the physical peak,
+        # counted as blocks are taken, so a request that finishes in the step that allocated
+        # its blocks counts too
+        self.peak_used = 0
         # key -> block (see the module docstring: the table holds live entries only, the dict's
         # are live only while block_hash[block] == key)
         if self._table:
@@ -761,6 +765,8 @@ class BlockPool:
         n_free, n_cached = _touch(self.ref_cnt, self.free_seq, self.block_hash, blocks)
         self.num_free -= n_free
         self.num_cached_free -= n_cached
+        if self.num_blocks - self.num_free > self.peak_used:
+            self.peak_used = self.num_blocks - self.num_free
 
     def allocate(self, n: int, return_evicted: bool = False):
         """Pop ``n`` blocks from the head of the free queue (LRU), evicting their cached hashes.
@@ -810,6 +816,8 @@ class BlockPool:
             self._head, out, self._cf if cached is None else cached, self._ev, self._tab,
             self._mask, self._shift, rb, rk, self._sel)
         self.num_free -= n
+        if self.num_blocks - self.num_free > self.peak_used:
+            self.peak_used = self.num_blocks - self.num_free
         if m:
             # their table entries are deleted (a dict index's are now stale: lazy deletion)
             if d:

@@ -2653,6 +2653,9 @@ class Simulator:
         self.env.process(self._arrivals())
         self.env.process(self._engine())
         self.env.run()
+        # the steps' rows count the pool after each step's finished requests left; its peak is
+        # the most blocks held at once (BlockPool.peak_used), finishing requests included
+        self.rec.peak_blocks_used = max(self.rec.peak_blocks_used, self.pool.peak_used)
         if self.env.now > MAX_CLOCK_S:
             # (tier copies still landing after the last request: a disk latency or bandwidth
             # off by orders of magnitude)

@@ -300,6 +300,18 @@ class Recorder:
         return self.steps.frame()
 
 
+def _time_mean_blocks(rec: Recorder) -> float | None:
+    """Blocks used averaged over the steps' durations (blocks; the steps' ``blocks_used``,
+    counted after each step's finished requests left), or None without step rows."""
+    if not rec.record_steps or rec.steps.n == 0:
+        return None
+    c = rec.steps.cols
+    n = rec.steps.n
+    d = c["duration_s"][:n]
+    tot = float(d.sum())
+    return float((c["blocks_used"][:n] * d).sum() / tot) if tot > 0 else None
+
+
 def _stats(x: pd.Series) -> dict:
     x = x.dropna()
     if len(x) == 0:
@@ -318,6 +330,15 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     of finished requests) / simulated duration; ``output_throughput_tokens_per_s`` counts output
     tokens only. ``sim_duration_s``: from 0 to the last request's finish or rejection (the
     caller's ``sim_duration_s``; tier copies landing later do not count).
+    ``peak_gpu_blocks_used``: the most blocks held at once (the pool's high-water mark, so a
+    request finishing in the step that allocated its blocks counts; the steps' rows show the
+    pool after each step's finishes). Memory saved by a compression policy:
+    ``blocks_freed_total`` is gross (every block a round returned, a block freed and taken
+    back again counted each time); ``blocks_saved_net`` the blocks the finished requests did
+    not hold at their finish against an uncompressed cache (sum of ``ceil((input + output - 1)
+    / block_size) - end_blocks``); ``blocks_used_time_mean`` the steps' blocks used weighted
+    by their durations (None without step rows): set beside the same run with ``policy=full``
+    for the blocks a policy keeps free.
     """
     fin = req[req["status"] == "finished"]
     prompt = float(fin["input_tokens"].sum())
@@ -367,7 +388,12 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     live = float(fin["end_live_tokens"].sum())
     held = float(fin["end_blocks"].sum())
     s["tokens_evicted_total"] = int(req["tokens_evicted"].sum())
+    # gross: every block a round returned, counted again each time a request frees a block it
+    # later takes back (per-step churn); net: the blocks the finished requests did not hold at
+    # their finish against an uncompressed cache (dense blocks - blocks held)
     s["blocks_freed_total"] = int(req["blocks_freed"].sum())
+    s["blocks_saved_net"] = int(dense_blocks - held)
+    s["blocks_used_time_mean"] = _time_mean_blocks(rec)
     s["logical_compression_ratio"] = float(seq_tokens.sum()) / live if live > 0 else None
     s["physical_compression_ratio"] = dense_blocks / held if held > 0 else None
     s["onboard_s"] = _stats(fin["onboard_s"])
