@@ -183,6 +183,25 @@ def test_a_second_sweep_into_a_running_sweeps_folder_is_refused(tmp_path):
     assert (sweep / ".kvsim_sweep_id").read_text() == "1-1\n"
 
 
+def test_a_sweep_job_whose_folder_another_process_holds_fails_the_sweep(tmp_path):
+    """A job whose own folder another process holds (a worker of an earlier sweep still
+    writing there) writes nothing into it; the sweep still lists the job as failed, naming
+    the holder, and exits 2 (its job ledger records what the folder cannot)."""
+    import socket
+
+    from sim.locks import hold
+
+    sweep = tmp_path / "sw"
+    (sweep / "0").mkdir(parents=True)
+    with hold(sweep / "0" / RUN_LOCK):
+        r = _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
+                   "cache.block_size=16", "trace.max_requests=20", *QUIET)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert (f"kvsim: sweep job 0 failed: output.dir={sweep}/0: another kvsim run (process "
+            f"{os.getpid()} on {socket.gethostname()}) is writing its results there") in r.stderr
+    assert not (sweep / "0" / MARKER).exists() and not (sweep / "0" / "summary.json").exists()
+
+
 def test_an_output_dir_claimed_by_another_running_sweep_is_refused(tmp_path):
     """A folder holding the results of a job of another sweep that still runs (a shared
     ``output.dir=R/${hydra:job.num}``): a sweep's job into it fails naming that sweep (the
