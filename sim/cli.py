@@ -515,7 +515,8 @@ def _run(cfg: DictConfig, hc, multirun: bool) -> str | None:
 
     try:  # the results folder is this run's until it ends: no other run writes it meanwhile
         # (a file in its way: run_simulation's error names it)
-        lock = hold_output_dir(out_dir) if blocking_file(out_dir) is None else None
+        lock = hold_output_dir(out_dir, None if cfg.output.dir else f"the run folder {out_dir}") \
+            if blocking_file(out_dir) is None else None
     except OutputDirBusy as e:
         mine = read_claim(out_dir) if multirun else None
         sid = (sweep_dir / SWEEP_ID).read_text().strip() if multirun and \

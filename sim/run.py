@@ -42,7 +42,7 @@ class OutputDirBusy(ConfigError):
     """The results folder is held by another kvsim run that is still running."""
 
 
-def hold_output_dir(out: Path):
+def hold_output_dir(out: Path, name: str | None = None):
     """Claim the results folder ``out`` for this run (created if missing): take the exclusive
     lock of its ``RUN_LOCK`` file (:func:`sim.locks.hold`, an ``flock`` the operating system
     lets go of when this process ends in any way, a SIGKILL included), and return the
@@ -51,7 +51,8 @@ def hold_output_dir(out: Path):
 
     Raises OutputDirBusy (a ConfigError) when another process holds the folder (on this host
     or, on a shared filesystem, another), so that two runs never write one folder's tables at
-    once; OSError when the lock file cannot be created (a read-only or full filesystem)."""
+    once; OSError when the lock file cannot be created (a read-only or full filesystem).
+    ``name``: how the error names the folder (default ``output.dir=<out>``)."""
     from .locks import Busy, hold
 
     out.mkdir(parents=True, exist_ok=True)
@@ -59,9 +60,9 @@ def hold_output_dir(out: Path):
         return hold(out / RUN_LOCK)
     except Busy as e:
         raise OutputDirBusy(
-            f"output.dir={out}: another kvsim run ({e.holder}) is writing its results there; "
-            f"expected a folder no other run is using (wait for it, or pick another "
-            f"output.dir)") from None
+            f"{name or f'output.dir={out}'}: another kvsim run ({e.holder}) is writing its "
+            f"results there; expected a folder no other run is using (wait for it, or pick "
+            f"another output.dir)") from None
 
 
 def validate_config(cfg) -> None:

@@ -197,7 +197,7 @@ def test_a_sweep_job_whose_folder_another_process_holds_fails_the_sweep(tmp_path
         r = _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
                    "cache.block_size=16", "trace.max_requests=20", *QUIET)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert (f"kvsim: sweep job 0 failed: output.dir={sweep}/0: another kvsim run (process "
+    assert (f"kvsim: sweep job 0 failed: the run folder {sweep}/0: another kvsim run (process "
             f"{os.getpid()} on {socket.gethostname()}) is writing its results there") in r.stderr
     assert not (sweep / "0" / MARKER).exists() and not (sweep / "0" / "summary.json").exists()
 
