@@ -112,7 +112,7 @@ class CacheConfig:
 
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
-    kv_cache_dtype: str = "auto"  # auto (= model dtype) | fp16 | bf16 | fp8
+    kv_cache_dtype: str = "auto"  # auto (= model dtype) | fp16 | bf16 | fp8 | nvfp4
     enable_prefix_caching: bool = True
     num_gpu_blocks: Optional[int] = None
     activation_reserve_gib: Optional[float] = None

@@ -6,6 +6,11 @@ Rules (design.md section 3, seed 004):
 * MLA (DeepSeek-V2/V3): one compressed latent per token per layer shared by K and V:
   ``layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes`` (DeepSeek-V3 BF16: 61 x 576 x 2
   = 70,272 B/token).
+* Quantised caches store what real servers store (:func:`kv_bytes_per_token_per_layer`): FP8
+  GQA/MHA one byte a value (per-tensor scales live in the layer); FP8 MLA DeepSeek's record,
+  the latent in FP8 with one FP32 scale per 128 values and the RoPE part in BF16 (656 B per
+  token per layer for DeepSeek-V3); NVFP4 4-bit values with one E4M3 scale per 16 (0.5625 B a
+  value), for MLA the latent so and the RoPE part in FP8 (352 B for DeepSeek-V3).
 * Sliding-window layers hold at most ``window`` tokens per sequence, so they are not part of the
   per-token block size; their memory is a per-sequence reserve (see :func:`num_gpu_blocks`).
 * vLLM's three precisions are separate (seed 004): ``--dtype`` (model dtype: activations and
@@ -24,6 +29,13 @@ GIB = 1 << 30
 
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0,
                "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
+# cache.kv_cache_dtype: the model dtypes plus nvfp4 (4-bit E2M1 values + one E4M3 scale per 16:
+# vLLM's NVFP4 KV cache, vllm/utils/torch_utils.py nvfp4_kv_cache_full_dim: head_size // 2 +
+# head_size // 16 bytes a head), here its mean bytes per value
+KV_DTYPE_BYTES = {**DTYPE_BYTES, "nvfp4": 0.5 + 1.0 / 16}
+# FP8 MLA record (vLLM fp8_ds_mla, vllm/v1/attention/backends/mla/flashmla_sparse.py): the latent
+# ("NoPE") in FP8 with one FP32 scale per tile of this many values, the RoPE part in BF16
+MLA_FP8_SCALE_TILE = 128
 
 # Bytes per weight parameter by quantization method (``model.weight_quant``).
 # fp8: one E4M3 byte per value; its scales (one FP32 per tensor, or per 128 x 128 block in
@@ -72,10 +84,55 @@ def dtype_bytes(name: str, field_name: str) -> float:
 
 
 def kv_dtype_bytes(model, cache) -> float:
-    """Bytes per cached K/V value: ``cache.kv_cache_dtype`` or, for ``auto``, the model dtype."""
+    """Bytes per cached K/V value of the cache's dtype: ``cache.kv_cache_dtype`` or, for
+    ``auto``, the model dtype (nvfp4: 0.5625, its scales included). A record's bytes, which
+    may keep part of it in another precision, are :func:`kv_bytes_per_token_per_layer`'s.
+    Raises ConfigError naming the field for an unknown dtype."""
     if str(cache.kv_cache_dtype).lower() == "auto":
         return dtype_bytes(model.dtype, "model.dtype")
-    return dtype_bytes(cache.kv_cache_dtype, "cache.kv_cache_dtype")
+    try:
+        return KV_DTYPE_BYTES[str(cache.kv_cache_dtype).lower()]
+    except KeyError:
+        raise ConfigError(
+            f"cache.kv_cache_dtype={cache.kv_cache_dtype!r} is not a known KV cache dtype; "
+            f"expected auto or one of {sorted(KV_DTYPE_BYTES)}") from None
+
+
+def kv_bytes_per_token_per_layer(model, cache) -> float:
+    """Bytes one token's K/V record takes in one layer, as the server stores it (bytes):
+
+    * 16/32-bit dtypes, and FP8 for GQA/MHA: values x bytes per value (vLLM's FP8 cache keeps
+      one scale per tensor, in the layer, not per token);
+    * FP8 MLA: ``kv_lora_rank`` FP8 bytes + one FP32 scale per 128 of them + the RoPE part in
+      BF16 (vLLM ``fp8_ds_mla``, vllm/v1/attention/backends/mla/flashmla_sparse.py: 512 + 16 +
+      128 = 656 B for DeepSeek-V3);
+    * NVFP4 (``nvfp4``): 4-bit values + one E4M3 scale per 16 (vLLM
+      ``nvfp4_kv_cache_full_dim``: 72 B per 128-value head); for MLA the latent so and the RoPE
+      part in FP8 (vLLM ``nvfp4_ds_mla``, flashmla_sparse.py: 256 + 32 + 64 = 352 B for
+      DeepSeek-V3).
+
+    Raises ConfigError (naming the field) for an unknown dtype, or for NVFP4 where a head (GQA)
+    or the latent (MLA) is not a multiple of 16 values.
+    """
+    name = str(cache.kv_cache_dtype).lower()
+    values = kv_values_per_token_per_layer(model)
+    per_value = kv_dtype_bytes(model, cache)
+    mla = model.attention == "mla"
+    if name == "nvfp4":
+        width = int(model.kv_lora_rank) if mla else int(model.head_dim)
+        if width % 16:
+            what = "model.kv_lora_rank" if mla else "model.head_dim"
+            raise ConfigError(
+                f"cache.kv_cache_dtype=nvfp4 needs {what} in multiples of 16 (one scale per 16 "
+                f"values); model {model.name} has {width}")
+        if mla:
+            return float(model.kv_lora_rank) * per_value + float(model.qk_rope_head_dim) * 1.0
+        return values * per_value
+    if mla and name.startswith("fp8"):
+        nope = int(model.kv_lora_rank)
+        return float(nope + 4 * math.ceil(nope / MLA_FP8_SCALE_TILE)
+                     + 2 * int(model.qk_rope_head_dim))
+    return values * per_value
 
 
 def kv_values_per_token_per_layer(model) -> int:
@@ -97,13 +154,13 @@ def kv_bytes_per_token(model, cache) -> int:
 
     Returns bytes (int). Sliding-window layers are excluded (see :func:`window_kv_bytes_per_seq`).
     """
-    b = kv_values_per_token_per_layer(model) * full_attention_layers(model) * kv_dtype_bytes(model, cache)
+    b = kv_bytes_per_token_per_layer(model, cache) * full_attention_layers(model)
     return int(round(b))
 
 
 def window_kv_bytes_per_token(model, cache) -> int:
     """KV bytes per token summed over the sliding-window layers only (0 if none)."""
-    b = kv_values_per_token_per_layer(model) * model.num_sliding_window_layers * kv_dtype_bytes(model, cache)
+    b = kv_bytes_per_token_per_layer(model, cache) * model.num_sliding_window_layers
     return int(round(b))
 
 

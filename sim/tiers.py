@@ -45,7 +45,8 @@ import numpy as np
 
 from .block_pool import NO_HASH, PrefixTable, _home, _pair_delete, _pair_discard, _pair_probe
 from .clock import exact_delays
-from .hardware import GIB, ConfigError, dtype_bytes, full_attention_layers, kv_dtype_bytes
+from .hardware import (GIB, ConfigError, dtype_bytes, full_attention_layers, kv_bytes_per_block,
+                       kv_dtype_bytes)
 from .jit import PREFETCH_AHEAD, kernel, prefetch
 
 D = PREFETCH_AHEAD  # (kernels fetch key i + D's table slot while on key i)
@@ -87,8 +88,8 @@ def cold_page_bytes(model, cache, codec) -> int:
     side = int(codec.side_buffer_bytes)
     if side < 0:
         raise ConfigError(f"codec.side_buffer_bytes={side}; expected >= 0")
-    if name == "identity":
-        return int(v * hot) + side
+    if name == "identity":  # (the hot record as the GPU stores it, scales included)
+        return kv_bytes_per_block(model, cache) + side
     if hot != 2.0:
         raise ConfigError(
             f"codec {name} encodes a 16-bit hot cache; cache.kv_cache_dtype gives {hot:g} "

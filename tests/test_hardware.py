@@ -253,3 +253,42 @@ def test_gpt_oss_matmul_active_is_openais_published_count():
     p = linear_param_counts(cfg("model=gpt_oss_120b").model)
     assert p.active_matmul / 1e9 == pytest.approx(5.13, abs=0.01)
     assert p.active - p.active_matmul == 201_088 * 2_880
+
+
+@pytest.mark.parametrize("model,dtype,per_layer,per_token", [
+    # DeepSeek's FP8 MLA record: 512 FP8 latent + 4 FP32 scales (one per 128) + 64 BF16 RoPE
+    ("deepseek_v3", "fp8", 512 + 16 + 128, 61 * 656),
+    # NVFP4 MLA: 512 values at 4 bits + 32 E4M3 scales + 64 FP8 RoPE
+    ("deepseek_v3", "nvfp4", 256 + 32 + 64, 61 * 352),
+    ("deepseek_v3", "auto", 576 * 2, 70_272),
+    # GQA: each 128-value head 64 B of values + 8 E4M3 scales; FP8 one byte a value
+    ("qwen3_8b", "nvfp4", 2 * 8 * (64 + 8), 36 * 1152),
+    ("qwen3_8b", "fp8", 2 * 8 * 128, 73_728),
+    ("llama3_1_8b", "nvfp4", 2 * 8 * 72, 32 * 1152),
+])
+def test_kv_bytes_per_token_per_layer_are_the_stored_records(model, dtype, per_layer, per_token):
+    from sim.hardware import kv_bytes_per_token_per_layer
+    c = cfg(f"model={model}", f"cache.kv_cache_dtype={dtype}")
+    assert kv_bytes_per_token_per_layer(c.model, c.cache) == per_layer
+    assert kv_bytes_per_token(c.model, c.cache) == per_token
+
+
+def test_nvfp4_kv_cache_grows_capacity_less_than_4x():
+    """4 bits + one E4M3 scale per 16 values (+ the MLA RoPE part in FP8): the pool holds
+    3.56x the BF16 blocks for Qwen3-8B and 3.27x for DeepSeek-V3 (FP8: 2x and 1.76x), not 4x."""
+    for model, tp, lo, hi in (("qwen3_8b", 1, 3.5, 3.6), ("deepseek_v3", 8, 3.2, 3.3)):
+        blocks = {}
+        for d in ("auto", "fp8", "nvfp4"):
+            c = cfg(f"model={model}", f"cache.kv_cache_dtype={d}", f"cost.tensor_parallel_size={tp}")
+            blocks[d] = plan_memory(c.model, c.gpu, c.cache, c.scheduler, tp).num_gpu_blocks
+        assert lo < blocks["nvfp4"] / blocks["auto"] < hi
+        assert blocks["fp8"] / blocks["auto"] < 2.01
+
+
+def test_kv_cache_dtype_errors_name_the_field():
+    c = cfg("cache.kv_cache_dtype=int3")
+    with pytest.raises(ConfigError, match=r"cache\.kv_cache_dtype='int3'.*nvfp4"):
+        kv_bytes_per_token(c.model, c.cache)
+    c = cfg("cache.kv_cache_dtype=nvfp4", "model.head_dim=120")
+    with pytest.raises(ConfigError, match=r"nvfp4 needs model\.head_dim in multiples of 16.*120"):
+        kv_bytes_per_token(c.model, c.cache)
