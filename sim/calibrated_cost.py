@@ -47,11 +47,13 @@ def _curve(xs, ys):
     return f
 
 
-def _grid(rows, xkey, ykey, tkey):
+def _grid(rows, xkey, ykey, tkey, below_x: str = "hold"):
     """Bilinear interpolation over a measured grid of ``rows`` (dicts with ``xkey``, ``ykey``
     and the time ``tkey``): a function of ``(x, y)`` (scalars or arrays, broadcast). Along
     ``y`` each measured ``x`` is a :func:`_curve` of its own points; along ``x`` the same rule
-    (linear between, the first value below, proportional above the last)."""
+    (linear between, proportional above the last), and below the first ``x`` its value held
+    (``below_x="hold"``: a kernel's floor) or scaled in proportion (``"proportional"``: a
+    prefill chunk shorter than the smallest measured one does proportionally less work)."""
     xs = np.array(sorted({r[xkey] for r in rows}), np.float64)
     curves = []
     for x in xs:
@@ -62,13 +64,16 @@ def _grid(rows, xkey, ykey, tkey):
         x, y = np.broadcast_arrays(np.atleast_1d(np.asarray(x, np.float64)),
                                    np.atleast_1d(np.asarray(y, np.float64)))
         cols = np.stack([c(y) for c in curves])  # (len(xs),) + y.shape
+        scale_below = below_x == "proportional"
         if len(xs) == 1:
-            return np.where(x > xs[0], cols[0] * x / xs[0], cols[0])
+            return np.where((x > xs[0]) | scale_below, cols[0] * x / xs[0], cols[0])
         i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
         w = np.clip((x - xs[i]) / (xs[i + 1] - xs[i]), 0.0, 1.0)
         lo = np.take_along_axis(cols, i[None], 0)[0]
         hi = np.take_along_axis(cols, (i + 1)[None], 0)[0]
         out = lo + w * (hi - lo)
+        if scale_below:
+            out = np.where(x < xs[0], cols[0] * x / xs[0], out)
         return np.where(x > xs[-1], cols[-1] * x / xs[-1], out)
     return f
 
@@ -186,7 +191,8 @@ class CalibratedOperatorModel(OperatorCostModel):
                 self.reasons[term] = (f"{self.path} has no {table} rows for {kvd} KV, {q} query / "
                                       f"{kv} KV heads of {shape['head_dim']} ({model.name}, tp {tp})")
                 continue
-            f = _grid(rows, x, y, "seconds_per_layer")
+            f = _grid(rows, x, y, "seconds_per_layer",
+                      below_x="hold" if term == "decode_attention" else "proportional")
             if term == "decode_attention":
                 self._dec_cal = f
             else:

@@ -156,6 +156,8 @@ class CostConfig:
     # MoE layers (all-to-all instead of the MLP all-reduce)
     attention_mbu: float = 0.8
     expert_mfu: float = 0.6  # routed experts' grouped GEMMs: achieved fraction of the peak
+    fp8_mfu: Optional[float] = None  # FP8 GEMMs' fraction of the FP8 peak (null: mfu)
+    fp4_mfu: Optional[float] = None  # FP4 GEMMs' fraction of the FP4 peak (null: mfu)
     seq_overhead_s: float = 0.0
     prefill_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0

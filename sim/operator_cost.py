@@ -23,8 +23,10 @@ Precision (``cost.gemm_precision``): a group's weights are read at their stored 
 (``model.weight_quant`` within ``model.weight_quant_scope``; :data:`sim.hardware.WEIGHT_QUANT_BYTES`)
 and computed on the tensor-core peak of their precision where the GPU card lists one
 (``gpu.fp8_dense_tflops``, ``gpu.fp4_dense_tflops``), else on the BF16 peak after
-dequantisation (weight-only kernels such as Marlin). ``gemm_precision=bf16|fp8|fp4`` forces one
-peak for every quantised group; a peak the card lacks is a ConfigError naming the card.
+dequantisation (weight-only kernels such as Marlin), at the achieved fraction of that peak
+``cost.mfu`` (BF16), ``cost.fp8_mfu`` or ``cost.fp4_mfu`` (null: ``cost.mfu``).
+``gemm_precision=bf16|fp8|fp4`` forces one peak for every quantised group; a peak the card
+lacks is a ConfigError naming the card.
 
 Attention: a chunk of ``m`` new tokens after ``c`` cached ones costs, per full-attention layer,
 ``pairs = m c + m (m + 1) / 2`` query-key pairs; prefill FLOPs ``pairs x 2 x q_heads x
@@ -135,7 +137,13 @@ class OperatorCostModel(AnalyticCostModel):
         if scope not in ("linear", "experts"):
             raise ConfigError(f"model.weight_quant_scope={model.weight_quant_scope!r}; expected "
                               f"'linear' or 'experts'")
-        qf = peaks[qprec] * 1e12 * tp * self.mfu  # quantised groups' FLOP/s
+        effs = {"bf16": self.mfu}
+        for prec in ("fp8", "fp4"):
+            v = getattr(cost, f"{prec}_mfu")
+            effs[prec] = self.mfu if v is None else float(v)
+            if not 0 < effs[prec] <= 1:
+                raise ConfigError(f"cost.{prec}_mfu={v}; expected 0 < value <= 1 or null (= cost.mfu)")
+        qf = peaks[qprec] * 1e12 * tp * effs[qprec]  # quantised groups' FLOP/s
         bf = peaks["bf16"] * 1e12 * tp * self.mfu
         if scope == "experts":
             dense_b, dense_f = dt, bf
@@ -145,7 +153,8 @@ class OperatorCostModel(AnalyticCostModel):
         self._groups = [
             (float(p.attention * p.num_layers + p.dense_mlp * p.num_dense_layers
                    + (p.shared_experts + p.router) * p.num_moe_layers), dense_b, dense_f)]
-        self._expert = (float(p.routed_experts), qbytes, qf / self.mfu * float(cost.expert_mfu))
+        self._expert = (float(p.routed_experts), qbytes,
+                        peaks[qprec] * 1e12 * tp * float(cost.expert_mfu))
         self._lm_head = (float(p.lm_head or p.embedding), dt, bf)
         self.E = int(model.num_experts)
         self.k = int(model.num_experts_per_tok)

@@ -62,6 +62,9 @@ def test_curve_and_grid_interpolate_hold_and_scale():
     assert g(2.5, 55)[0] == pytest.approx(2.5 * 55)  # bilinear is exact on x*y inside the grid
     assert g(8, 100)[0] == pytest.approx(800)  # proportional beyond the last x
     assert g(0.5, 10)[0] == pytest.approx(10)  # the first x held below it
+    gp = _grid([dict(x=x, y=y, t=x * y) for x in (1, 4) for y in (10, 100)], "x", "y", "t",
+               below_x="proportional")
+    assert gp(0.5, 10)[0] == pytest.approx(5)  # or scaled in proportion
 
 
 def test_gemm_and_attention_come_from_the_tables(cal_file):
