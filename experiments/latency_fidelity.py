@@ -20,7 +20,10 @@ set the median absolute error of TTFT and TPOT, and the signed median (bias).
 
 Run:
 ``python -m experiments.latency_fidelity [--cost operator,analytic] [--jobs 2] [--only tune]``
-``python -m experiments.latency_fidelity --fit`` (a bounded Powell search, SciPy, of the operator
+``python -m experiments.latency_fidelity --fit-decode`` (the decode step's settings fitted to
+the ``tune`` set's TPOT through a steady-state model, :func:`steady_tpot`), then
+``python -m experiments.latency_fidelity --fit --fit-params fp8_mfu,frontend_latency_s,prefill_overhead_s``
+(a bounded Powell search, SciPy, of the operator
 model's efficiencies and overheads on the ``tune`` set; prints the values for
 ``experiments/conf/cost/operator.yaml``).
 
@@ -332,7 +335,10 @@ def simulate_blis_run(name: str, run: dict, cost: str, extra: dict | None = None
                         if r["output_tokens"] > 1 else np.nan for r in rows]
         req["m_e2e"] = [r["server_e2e_s"] for r in rows]
     out = []
-    for g, d in req.groupby("group", sort=False):
+    groups = list(req.groupby("group", sort=False))
+    if len(groups) > 1:  # (and the whole run: every request of every benchmark)
+        groups.append(("all", req))
+    for g, d in groups:
         out.append({"run": name, "model": card, "group": g, "side": "client" if client else "server",
                     "requests": len(d), "cost": cost,
                     "ttft_s": d["m_ttft"].mean(), "sim_ttft_s": d["ttft_s"].mean(),
@@ -410,6 +416,64 @@ def fit(points: list[Point], start: dict, *, jobs: int, prompts_per_client: int,
     return best
 
 
+#: the settings :func:`fit_decode` fits (the decode step's), in FIT_PARAMS' bounds
+DECODE_PARAMS = ("layer_overhead_s", "mbu", "fp8_mfu", "seq_overhead_s", "step_overhead_s",
+                 "expert_mfu", "attention_mbu", "prefill_overhead_s", "comm_efficiency")
+
+
+def steady_tpot(m, p: Point) -> float:
+    """A steady-state TPOT (s) of point ``p`` under cost model ``m``, without the simulator:
+    the decode step of ``N`` sequences at the mean context (input + half the output, lengths at
+    0.9 L as the client draws them), plus the ``N / output`` prefills of the requests that
+    replace finishing ones, each adding its mixed step's extra time (one chunk per
+    ``max_num_batched_tokens``)."""
+    isl, osl = LABEL_LENGTHS[p.label]
+    inp, out, n = 0.9 * isl, 0.9 * osl, p.concurrency
+    ctx = np.full(n, int(inp + out / 2), dtype=np.int64)
+    dec = m.step_time(np.ones(n, dtype=np.int64), ctx, n)
+    chunk = int(min(inp, p.max_num_batched_tokens))
+    mixed = m.step_time(np.concatenate([[chunk], np.ones(n - 1, dtype=np.int64)]),
+                        np.concatenate([[0], ctx[1:]]), n)
+    return dec + n / out * (mixed - dec) * math.ceil(inp / p.max_num_batched_tokens)
+
+
+def fit_decode(points: list[Point], start: dict, log=print) -> dict:
+    """Fit :data:`DECODE_PARAMS` to the measured TPOT of ``points`` (the ``tune`` set only)
+    through :func:`steady_tpot` (no simulation: seconds, not hours): SciPy's Nelder-Mead on the
+    median |log(model / measured)|, within :data:`FIT_PARAMS`' bounds. Returns the settings."""
+    import copy
+
+    from scipy.optimize import minimize
+
+    from sim.cost import build_cost_model
+
+    assert all(p.split == "tune" for p in points), "fit sees the tune set only"
+    base = [(_config(p, "operator", None), p) for p in points]
+    meas = np.array([p.tpot_s for p in points])
+    lo = np.array([FIT_PARAMS[n][0] for n in DECODE_PARAMS])
+    hi = np.array([FIT_PARAMS[n][1] for n in DECODE_PARAMS])
+
+    def obj(x):
+        if np.any(x < lo) or np.any(x > hi):
+            return 10.0
+        pred = []
+        models = {}
+        for c, p in base:
+            key = id(c)
+            if key not in models:
+                cc = copy.deepcopy(c)
+                for n, v in zip(DECODE_PARAMS, x):
+                    cc.cost[n] = float(v)
+                models[key] = build_cost_model(cc.model, cc.gpu, cc.cache, cc.cost)
+            pred.append(steady_tpot(models[key], p))
+        return float(np.median(np.abs(np.log(np.array(pred) / meas))))
+
+    x0 = np.array([start[n] for n in DECODE_PARAMS])
+    r = minimize(obj, x0, method="Nelder-Mead", options={"maxfev": 600, "xatol": 1e-7, "fatol": 1e-5})
+    log(f"fit_decode: median |log TPOT error| {obj(x0):.4f} -> {r.fun:.4f}")
+    return {**start, **{n: float(v) for n, v in zip(DECODE_PARAMS, r.x)}}
+
+
 def _fmt_pct(x: float) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:+.1f}%"
 
@@ -463,7 +527,10 @@ def main(argv=None) -> int:
                          "client does (default 0.8, its setting)")
     ap.add_argument("--fit", action="store_true",
                     help="fit the operator model on the tune set and print the settings")
-    ap.add_argument("--fit-prompts-per-client", type=int, default=4)
+    ap.add_argument("--fit-decode", action="store_true",
+                    help="fit the decode settings (DECODE_PARAMS) to the tune set's TPOT through a "
+                         "steady-state model, no simulation, and print the settings")
+    ap.add_argument("--fit-prompts-per-client", type=int, default=10)
     ap.add_argument("--fit-evals", type=int, default=80, help="replays of the tune set the fit may make")
     ap.add_argument("--fit-params", default="",
                     help="fit only these settings (comma-separated; default: all of FIT_PARAMS), "
@@ -486,6 +553,9 @@ def main(argv=None) -> int:
             ap.error(f"--fit-params: {unknown} are not fitted settings; expected some of {list(FIT_PARAMS)}")
         keep = {int(c) for c in a.fit_concurrency.split(",")} if a.fit_concurrency else None
         tune = [p for p in points if p.split == "tune" and (keep is None or p.concurrency in keep)]
+        if a.fit_decode:
+            print(json.dumps(fit_decode([p for p in points if p.split == "tune"], start), indent=1))
+            return 0
         best = fit(tune, start, jobs=a.jobs, prompts_per_client=a.fit_prompts_per_client,
                    range_ratio=a.range_ratio, max_evals=a.fit_evals, params=params)
         print(json.dumps(best, indent=1))
