@@ -59,7 +59,8 @@ def test_seed000_qwen3_32b_int4_on_24gb():
     activations; kvsim's default keeps embeddings/lm_head at BF16 (as AWQ checkpoints do) and
     estimates the activation reserve, which leaves much less room. FP8 KV doubles both."""
     seed_like = ("model=qwen3_32b", "gpu=rtx4090", "model.weight_quant=int4_awq",
-                 "model.embedding_params_b=0.0", "cache.activation_reserve_gib=0")
+                 "model.embedding_params_b=0.0", "cache.activation_reserve_gib=0",
+                 "model.max_model_len=16384")  # (vLLM refuses a context the pool cannot hold)
     p = plan_memory(*[getattr(cfg(*seed_like), k) for k in ("model", "gpu", "cache", "scheduler")])
     tokens = p.token_capacity(16)
     assert 20_000 <= tokens <= 28_000, tokens
@@ -68,10 +69,12 @@ def test_seed000_qwen3_32b_int4_on_24gb():
                        for k in ("model", "gpu", "cache", "scheduler")])
     assert p8.token_capacity(16) == pytest.approx(2 * tokens, rel=0.002)
     # realistic default: embeddings at BF16 + activation reserve -> far below the seed's 24K
-    c = cfg("model=qwen3_32b", "gpu=rtx4090", "model.weight_quant=int4_awq")
+    c = cfg("model=qwen3_32b", "gpu=rtx4090", "model.weight_quant=int4_awq",
+            "model.max_model_len=2048")
     real = plan_memory(c.model, c.gpu, c.cache, c.scheduler).token_capacity(16)
     assert 2_000 < real < tokens
-    c8 = cfg("model=qwen3_32b", "gpu=rtx4090", "model.weight_quant=int4_awq", "cache.kv_cache_dtype=fp8")
+    c8 = cfg("model=qwen3_32b", "gpu=rtx4090", "model.weight_quant=int4_awq", "cache.kv_cache_dtype=fp8",
+             "model.max_model_len=2048")
     assert plan_memory(c8.model, c8.gpu, c8.cache, c8.scheduler).token_capacity(16) == pytest.approx(2 * real, rel=0.01)
 
 
@@ -292,3 +295,37 @@ def test_kv_cache_dtype_errors_name_the_field():
     c = cfg("cache.kv_cache_dtype=nvfp4", "model.head_dim=120")
     with pytest.raises(ConfigError, match=r"nvfp4 needs model\.head_dim in multiples of 16.*120"):
         kv_bytes_per_token(c.model, c.cache)
+
+
+def _rtx3090(max_model_len: int):
+    # vllm-project/vllm #10517: Llama-3.1-8B-Instruct on an RTX 3090 (total_gpu_memory=23.58GiB),
+    # gpu_memory_utilization 0.90, no chunked prefill (the profile batch is max_model_len tokens)
+    return cfg("model=llama3_1_8b", "gpu=rtx4090", "gpu.name=RTX-3090", "gpu.memory_gib=23.58",
+               f"model.max_model_len={max_model_len}", "scheduler.enable_chunked_prefill=false",
+               f"scheduler.max_num_batched_tokens={max_model_len}",
+               "cache.gpu_memory_utilization=0.9")
+
+
+def test_pool_size_within_1_percent_of_vllms_logs():
+    """vLLM logged 1,952 blocks at max_model_len 20,000 (kv_cache_size 3.81 GiB)."""
+    c = _rtx3090(20000)
+    n = plan_memory(c.model, c.gpu, c.cache, c.scheduler).num_gpu_blocks
+    assert abs(n - 1952) <= 0.01 * 1952
+
+
+def test_pool_that_cannot_hold_one_max_model_len_request_refuses_to_start():
+    """vLLM logged 1,478 blocks at max_model_len 29,000 and refused to start: 'The model's max
+    seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache
+    (23648)'. kvsim: one error naming the numbers; an explicit cache.num_gpu_blocks is taken
+    as given (a what-if pool)."""
+    c = _rtx3090(29000)
+    with pytest.raises(ConfigError) as e:
+        plan_memory(c.model, c.gpu, c.cache, c.scheduler)
+    msg = str(e.value)
+    assert "model.max_model_len=29,000" in msg and "cache.block_size=16" in msg
+    blocks = int(msg.split(" blocks x")[0].split()[-1].replace(",", ""))
+    assert abs(blocks - 1478) <= 0.01 * 1478
+    assert f"{blocks * 16:,} tokens" in msg
+    c = cfg("model=llama3_1_8b", "gpu=rtx4090", "gpu.memory_gib=23.58",
+            "model.max_model_len=29000", "cache.num_gpu_blocks=1000")
+    assert plan_memory(c.model, c.gpu, c.cache, c.scheduler).num_gpu_blocks == 1000
