@@ -169,6 +169,12 @@ COMPACTION_READERS = {"position_index_bytes": ("hole_fill",), "position_index_pe
                       "pin_prompt": ()}
 
 
+# cost settings only the per-operator models read (sim.operator_cost)
+OPERATOR_ONLY_COST = ("fp8_mfu", "fp4_mfu", "expert_mfu", "attention_mbu", "seq_overhead_s",
+                      "prefill_overhead_s", "layer_overhead_s", "comm_efficiency",
+                      "gemm_precision", "expert_parallel")
+
+
 def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                          cost_kind: str = "analytic", policy: str = "full",
                          compaction: str = "none", codec: str = "identity") -> list[str]:
@@ -194,6 +200,13 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
         elif key == "cost.file" and cost_kind != "calibrated":
             notes.append(f"cost.file is read with cost.kind=calibrated; this run's cost.kind is "
                          f"{cost_kind}: it changes nothing")
+        elif key == "cost.kind":
+            notes.append(f"cost.kind={cost_kind} keeps the other cost.* settings of the cost "
+                         f"preset; cost={cost_kind} selects that model with its own (fitted) "
+                         f"settings")
+        elif group == "cost" and field in OPERATOR_ONLY_COST and cost_kind == "analytic":
+            notes.append(f"{key} is read by cost.kind=operator and calibrated; this run's "
+                         f"cost.kind is analytic: it changes nothing")
         elif group == "tiers" and field in TIER_ONLY_FIELDS and tiers == "gpu_only":
             notes.append(f"{key} applies to host and disk tiers; with none (tiers.host_gib = "
                          f"tiers.disk_gib = 0) it changes nothing")

@@ -24,9 +24,10 @@ Precision (``cost.gemm_precision``): a group's weights are read at their stored 
 and computed on the tensor-core peak of their precision where the GPU card lists one
 (``gpu.fp8_dense_tflops``, ``gpu.fp4_dense_tflops``), else on the BF16 peak after
 dequantisation (weight-only kernels such as Marlin), at the achieved fraction of that peak
-``cost.mfu`` (BF16), ``cost.fp8_mfu`` or ``cost.fp4_mfu`` (null: ``cost.mfu``).
+``cost.mfu`` (BF16), ``cost.fp8_mfu`` (null: ``cost.mfu``) or ``cost.fp4_mfu`` (null: the FP8
+efficiency: both quantise activations on the fly).
 ``gemm_precision=bf16|fp8|fp4`` forces one peak for every quantised group; a peak the card
-lacks is a ConfigError naming the card.
+lacks, or fp8/fp4 with unquantised weights, is a ConfigError naming the field.
 
 Attention: a chunk of ``m`` new tokens after ``c`` cached ones costs, per full-attention layer,
 ``pairs = m c + m (m + 1) / 2`` query-key pairs; prefill FLOPs ``pairs x 2 x q_heads x
@@ -96,6 +97,7 @@ class OperatorCostModel(AnalyticCostModel):
         super().__init__(model, gpu, cache, cost)
         tp = int(cost.tensor_parallel_size)
         self.tp = tp
+        self._cost = cost
         for name in ("attention_mbu", "comm_efficiency", "expert_mfu"):
             v = float(getattr(cost, name))
             if not 0 < v <= 1:
@@ -126,6 +128,11 @@ class OperatorCostModel(AnalyticCostModel):
             qprec = QUANT_PRECISION.get(q, "bf16")
             if peaks[qprec] <= 0:
                 qprec = "bf16"  # weight-only: dequantised to BF16 in the kernel
+        elif want != "bf16" and q in ("none", ""):
+            raise ConfigError(
+                f"cost.gemm_precision={want} with model.weight_quant={model.weight_quant}: "
+                f"{model.dtype} weights run on BF16/FP16 GEMMs; expected auto or bf16, or a "
+                f"quantised model.weight_quant")
         else:
             qprec = want
             if peaks[qprec] <= 0:
@@ -138,11 +145,13 @@ class OperatorCostModel(AnalyticCostModel):
             raise ConfigError(f"model.weight_quant_scope={model.weight_quant_scope!r}; expected "
                               f"'linear' or 'experts'")
         effs = {"bf16": self.mfu}
-        for prec in ("fp8", "fp4"):
+        for prec, fallback in (("fp8", "bf16"), ("fp4", "fp8")):
             v = getattr(cost, f"{prec}_mfu")
-            effs[prec] = self.mfu if v is None else float(v)
+            effs[prec] = effs[fallback] if v is None else float(v)
             if not 0 < effs[prec] <= 1:
-                raise ConfigError(f"cost.{prec}_mfu={v}; expected 0 < value <= 1 or null (= cost.mfu)")
+                raise ConfigError(f"cost.{prec}_mfu={v}; expected 0 < value <= 1 or null "
+                                  f"(= cost.{'mfu' if fallback == 'bf16' else 'fp8_mfu'})")
+        self.gemm_efficiency = effs
         qf = peaks[qprec] * 1e12 * tp * effs[qprec]  # quantised groups' FLOP/s
         bf = peaks["bf16"] * 1e12 * tp * self.mfu
         if scope == "experts":
@@ -404,8 +413,14 @@ class OperatorCostModel(AnalyticCostModel):
 
     def describe(self, codec=None, disk: bool = False, compaction: bool = False) -> dict:
         """The model and the settings behind its terms (for ``summary.json``)."""
+        c = self._cost
+        settings = {k: (None if getattr(c, k) is None else float(getattr(c, k)))
+                    for k in ("mfu", "fp8_mfu", "fp4_mfu", "expert_mfu", "mbu", "attention_mbu",
+                              "attention_efficiency", "step_overhead_s", "seq_overhead_s",
+                              "prefill_overhead_s", "layer_overhead_s", "comm_efficiency",
+                              "frontend_latency_s")}
         return {"kind": "operator", "file": None, "calibrated": [], "analytic_fallback": [],
-                "fallback_reasons": {}, "gemm_precision": self.gemm_precision,
+                "fallback_reasons": {}, "settings": settings, "gemm_precision": self.gemm_precision,
                 "tensor_parallel_size": self.tp, "collective_link": self.link_name if self.tp > 1 else None,
                 "expert_parallel": self.expert_parallel,
                 "moe": ({"num_experts": self.E, "top_k": self.k} if self.E else None)}

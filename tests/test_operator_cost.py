@@ -48,7 +48,8 @@ def test_gemm_precision_follows_weights_and_card():
     m = model_of(cfg("model=llama3_1_70b", "gpu=b200", "model.weight_quant=nvfp4"))
     assert m.gemm_precision == "fp4"
     with pytest.raises(ConfigError, match=r"cost.gemm_precision=fp4: gpu H100-SXM lists no fp4"):
-        model_of(cfg("model=llama3_1_70b", "gpu=h100", "cost.gemm_precision=fp4"))
+        model_of(cfg("model=llama3_1_70b", "gpu=h100", "model.weight_quant=nvfp4",
+                     "cost.gemm_precision=fp4"))
     with pytest.raises(ConfigError, match=r"cost.gemm_precision='int3'"):
         model_of(cfg("cost.gemm_precision=int3"))
 
@@ -145,3 +146,28 @@ def test_operator_settings_are_checked(field, value, msg):
 
 def test_operator_is_an_operator_cost_model():
     assert isinstance(model_of(cfg()), OperatorCostModel)
+
+
+def test_gemm_precision_fp8_needs_quantised_weights():
+    with pytest.raises(ConfigError, match=r"cost.gemm_precision=fp8 with model.weight_quant=none"):
+        model_of(cfg("cost.gemm_precision=fp8"))
+
+
+def test_fp4_efficiency_falls_back_to_fp8_then_bf16():
+    m = model_of(cfg("gpu=b200", "model.weight_quant=nvfp4", "cost.mfu=0.7", "cost.fp8_mfu=0.5",
+                     "cost.fp4_mfu=null"))
+    assert m.gemm_efficiency == {"bf16": 0.7, "fp8": 0.5, "fp4": 0.5}
+    m = model_of(cfg("cost.mfu=0.6", "cost.fp8_mfu=null", "cost.fp4_mfu=null"))
+    assert m.gemm_efficiency == {"bf16": 0.6, "fp8": 0.6, "fp4": 0.6}
+    assert model_of(cfg()).describe()["settings"]["frontend_latency_s"] > 0
+
+
+def test_cost_overrides_that_change_nothing_get_notes():
+    from sim.cli import inert_override_notes
+
+    notes = inert_override_notes(["cost.fp8_mfu=0.4", "cost.mbu=0.5"], "mooncake", "gpu_only",
+                                 "analytic")
+    assert notes == ["cost.fp8_mfu is read by cost.kind=operator and calibrated; this run's "
+                     "cost.kind is analytic: it changes nothing"]
+    notes = inert_override_notes(["cost.kind=operator"], "mooncake", "gpu_only", "operator")
+    assert notes and "cost=operator selects that model with its own (fitted) settings" in notes[0]
