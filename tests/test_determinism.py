@@ -74,9 +74,10 @@ def test_a_parsed_trace_cache_hit_gives_identical_results(tmp_path):
         assert wall["load_cache"] == name
     digests = [{k: v for k, v in r["digests"].items() if k != "summary.json"} for r in runs.values()]
     assert digests[0] == digests[1] == digests[2]
-    # (the runs' overrides differ, and so does the config.yaml each wrote: its size is in
-    # output_files; the tables' sizes there are equal)
-    summaries = [{k: v for k, v in r["summary"].items() if k not in ("overrides", "output_files")}
+    # (the runs' overrides differ, and so do the config.yaml each wrote, whose size is in
+    # output_files, and the fingerprint of that config; the tables' sizes there are equal)
+    summaries = [{k: v for k, v in r["summary"].items()
+                  if k not in ("overrides", "output_files", "config_fingerprint")}
                  for r in runs.values()]
     assert summaries[0] == summaries[1] == summaries[2]
     sizes = [[f for f in r["summary"]["output_files"] if f[0] != "config.yaml"] for r in runs.values()]
