@@ -28,7 +28,8 @@ def test_delay_workload_shifts_roots_and_children():
 
 
 def test_frontend_latency_adds_to_client_times_only(tmp_path):
-    base = run_simulation(compose_config(["sim.progress=false", "output.print_summary=false"]),
+    base = run_simulation(compose_config(["sim.progress=false", "output.print_summary=false",
+                                          "cost.frontend_latency_s=0"]),
                           tmp_path / "a", workload=make_workload(rows()))
     late = run_simulation(compose_config(["sim.progress=false", "output.print_summary=false",
                                           "cost.frontend_latency_s=0.05"]),
