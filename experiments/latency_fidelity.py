@@ -542,7 +542,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS), help="results folder")
     a = ap.parse_args(argv)
     points, skipped = load_points()
-    if a.fit:
+    if a.fit or a.fit_decode:
         from omegaconf import OmegaConf
 
         from sim.config import CostConfig
