@@ -205,8 +205,8 @@ def main(argv=None) -> None:
             col = load_collected(SCRATCH / tag / f"{trace}_{group}" / "collected")
             for table, into in (("rounds", parts), ("steps", step_parts)):
                 if table in col.tables():
-                    df = col.table(table, run_columns=["cache.block_size", "policy", "compaction"])
-                    into.append(df.assign(run_id=f"{group}/" + df["run_id"].astype(str)))
+                    tab = col.table(table, run_columns=["cache.block_size", "policy", "compaction"])
+                    into.append(tab.assign(run_id=f"{group}/" + tab["run_id"].astype(str)))
         rounds = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         if rounds.empty:
             continue
