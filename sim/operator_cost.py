@@ -349,21 +349,6 @@ class OperatorCostModel(AnalyticCostModel):
                                      pw * self.win_kv_tok / (self.hbm_bw * self.mbu_attn))
         return self._fixed_step_times(b)[b] + attn
 
-    def chunk_stretch_times(self, new_tokens, ctx0, samples, k, start, first, stop):
-        """As :meth:`sim.cost.AnalyticCostModel.chunk_stretch_times`, each later step timed by
-        :meth:`step_time`."""
-        t = start + first
-        durs = [first]
-        ends = [t]
-        ctx = ctx0.copy()
-        while len(ends) < k and t < stop:
-            ctx += new_tokens
-            d = self.step_time(new_tokens, ctx, samples)
-            t = t + d
-            durs.append(d)
-            ends.append(t)
-        return durs, ends
-
     def prefill_time(self, tokens: int, context: int = 0) -> float:
         """Time to prefill ``tokens`` after ``context`` cached tokens alone (s, no host time)."""
         d, p = self._attention_parts(np.array([tokens]), np.array([context]))
