@@ -658,6 +658,8 @@ def _run(cfg: DictConfig, hc, multirun: bool) -> str | None:
         if lock is not None:
             lock.release()
     cm = summary.get("cost_model") or {}
+    for note in cm.get("notes") or []:
+        say(f"kvsim: note: {note}")
     if cm.get("kind") == "calibrated" and cm.get("analytic_fallback"):
         why = cm.get("fallback_reasons") or {}
         for term in cm["analytic_fallback"]:

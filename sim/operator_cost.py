@@ -62,6 +62,9 @@ from .hardware import (ConfigError, WEIGHT_QUANT_BYTES, dtype_bytes, full_attent
                        kv_bytes_per_token, kv_replication, linear_param_counts,
                        window_kv_bytes_per_token)
 
+#: GPUs an NVLink domain of the shipped cards' HGX boards holds (H100/H200/B200/B300 HGX: 8)
+GPUS_PER_NODE = 8
+
 #: weight_quant -> the tensor-core precision that computes it where the GPU has one
 QUANT_PRECISION = {"fp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4"}
 
@@ -404,8 +407,14 @@ class OperatorCostModel(AnalyticCostModel):
                               "attention_efficiency", "step_overhead_s", "seq_overhead_s",
                               "prefill_overhead_s", "layer_overhead_s", "comm_efficiency",
                               "frontend_latency_s")}
+        notes = []
+        if self.tp > GPUS_PER_NODE:
+            notes.append(f"tensor_parallel_size {self.tp} spans more than one {GPUS_PER_NODE}-GPU "
+                         f"node; its all-reduces are priced on one node's {self.link_name}, "
+                         f"not the network between nodes")
         return {"kind": "operator", "file": None, "calibrated": [], "analytic_fallback": [],
-                "fallback_reasons": {}, "settings": settings, "gemm_precision": self.gemm_precision,
+                "fallback_reasons": {}, "notes": notes, "settings": settings,
+                "gemm_precision": self.gemm_precision,
                 "tensor_parallel_size": self.tp, "collective_link": self.link_name if self.tp > 1 else None,
                 "expert_parallel": self.expert_parallel,
                 "moe": ({"num_experts": self.E, "top_k": self.k} if self.E else None)}

@@ -171,3 +171,9 @@ def test_cost_overrides_that_change_nothing_get_notes():
                      "cost.kind is analytic: it changes nothing"]
     notes = inert_override_notes(["cost.kind=operator"], "mooncake", "gpu_only", "operator")
     assert notes and "cost=operator selects that model with its own (fitted) settings" in notes[0]
+
+
+def test_tensor_parallel_beyond_one_node_is_noted():
+    assert model_of(cfg("model=llama3_1_70b", "cost.tensor_parallel_size=8")).describe()["notes"] == []
+    notes = model_of(cfg("model=llama3_1_70b", "cost.tensor_parallel_size=16")).describe()["notes"]
+    assert notes and "spans more than one 8-GPU node" in notes[0]
