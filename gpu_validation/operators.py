@@ -605,6 +605,21 @@ class OperatorBench:
                 self.fp8 = False
                 self.fp8_why = f"torch._scaled_mm failed: {type(e).__name__}: {str(e)[:200]}"
 
+    def _time_modes(self, table, fns, est, eager, row, time_key, line):
+        """Time ``fns`` as CUDA-graph replays, and eagerly too when ``eager``, and append one
+        row per mode that ran to ``self.out[table]``: ``row`` with the median time (s) under
+        ``time_key`` and the mode; a mode that fell back to one already recorded (a graph
+        capture that failed runs eagerly) is not repeated. ``line(seconds, mode)`` is the log
+        line. ``est``: the expected time (s), which sets the repeats."""
+        done = set()
+        for mode in ["graph"] + (["eager"] if eager else []):
+            s, used = self.timer.time(fns, mode, reps=_reps(est))
+            if used in done:
+                continue
+            done.add(used)
+            self.out[table].append(dict(row, **{time_key: s}, mode=used))
+            self.log(line(s, used))
+
     def _gemm_point(self, dt, tdt, el, m, n, k, ws, nw):
         """Time one (dtype, m, n, k) point (graph; eager too for the first card's shapes)."""
         est = max(2 * m * n * k / (1.1e15 if dt == "fp8" else 6.5e14),
@@ -622,16 +637,11 @@ class OperatorBench:
             fns = [self._gemm_fn(dt, x, w) for w in ws[:c]]
             fns[0]()
             self.fp8_padded.append(dict(m=m, padded_to=mm, why=str(e)[:160]))
-        modes = ["graph"] + (["eager"] if (n, k) in self.plan.eager_gemm and m in EAGER_M else [])
-        done = set()
-        for mode in modes:
-            s, used = self.timer.time(fns, mode, reps=_reps(est))
-            if used in done:  # (graph capture failed: the eager row is already there)
-                continue
-            done.add(used)
-            self.out["gemm"].append(dict(dtype=dt, m=m, n=n, k=k, seconds=s, mode=used))
-            self.log(f"gemm {dt:4s} m={m:6d} n={n:6d} k={k:6d} {s*1e6:10.2f} us "
-                     f"{2*m*n*k/s/1e12:7.1f} TFLOP/s ({used}, {c} weight copies)")
+        self._time_modes(
+            "gemm", fns, est, (n, k) in self.plan.eager_gemm and m in EAGER_M,
+            dict(dtype=dt, m=m, n=n, k=k), "seconds",
+            lambda s, used: f"gemm {dt:4s} m={m:6d} n={n:6d} k={k:6d} {s*1e6:10.2f} us "
+                            f"{2*m*n*k/s/1e12:7.1f} TFLOP/s ({used}, {c} weight copies)")
 
     def bench_gemm(self):
         t = self.torch
@@ -812,18 +822,13 @@ class OperatorBench:
         cl = [counts] + [counts[t.randperm(E, generator=self.gen)] for _ in range(c - 1)]
         x = self.randn(int(self._rows(counts, meth).sum()), k, dtype=tdt)
         fns = self._grouped_fns(dt, x, w, cl, meth)
-        modes = ["graph"] + (["eager"] if key in self.plan.eager_grouped and T in EAGER_T else [])
-        done = set()
-        for mode in modes:
-            s, used = self.timer.time(fns, mode, reps=_reps(est))
-            if used in done:
-                continue
-            done.add(used)
-            self.out["grouped_gemm"].append(dict(
-                dtype=dt, tokens=T, experts_active=active, n=n, k=k, seconds=s, method=method,
-                mode=used, experts=E, top_k=top))
-            self.log(f"grouped {dt:4s} E={E:3d} top{top} T={T:6d} active={active:3d} n={n:5d} k={k:5d} "
-                     f"{s*1e6:10.2f} us {2*T*top*n*k/s/1e12:7.1f} TFLOP/s ({used}, {c} routings)")
+        self._time_modes(
+            "grouped_gemm", fns, est, key in self.plan.eager_grouped and T in EAGER_T,
+            dict(dtype=dt, tokens=T, experts_active=active, n=n, k=k, method=method, experts=E,
+                 top_k=top), "seconds",
+            lambda s, used: f"grouped {dt:4s} E={E:3d} top{top} T={T:6d} active={active:3d} "
+                            f"n={n:5d} k={k:5d} {s*1e6:10.2f} us "
+                            f"{2*T*top*n*k/s/1e12:7.1f} TFLOP/s ({used}, {c} routings)")
 
     # ---- attention
     def _sdpa_ctx(self):
@@ -959,19 +964,13 @@ class OperatorBench:
         q = self.randn(b, Hk, Hq // Hk, D)
         kvs = [(self.randn(b, Hk, S, D), self.randn(b, Hk, S, D)) for _ in range(c)]
         fns = [self._decode_fn(q, k, v) for k, v in kvs]
-        modes = ["graph"] + (["eager"] if (Hq, Hk, D) in self.plan.eager_attention
-                             and (b, S) in EAGER_DECODE else [])
-        done = set()
-        for mode in modes:
-            s, used = self.timer.time(fns, mode, reps=_reps(est))
-            if used in done:
-                continue
-            done.add(used)
-            self.out["attention_decode"].append(dict(
-                kv_dtype="bf16", batch=b, kv_tokens=S, q_heads=Hq, kv_heads=Hk, head_dim=D,
-                seconds_per_layer=s, method=method, mode=used))
-            self.log(f"decode q{Hq:3d} kv{Hk:2d} d{D:3d} b={b:4d} S={S:6d} {s*1e6:9.2f} us "
-                     f"KV {kvb/s/1e9:7.1f} GB/s ({used}, {c} KV copies)")
+        self._time_modes(
+            "attention_decode", fns, est,
+            (Hq, Hk, D) in self.plan.eager_attention and (b, S) in EAGER_DECODE,
+            dict(kv_dtype="bf16", batch=b, kv_tokens=S, q_heads=Hq, kv_heads=Hk, head_dim=D,
+                 method=method), "seconds_per_layer",
+            lambda s, used: f"decode q{Hq:3d} kv{Hk:2d} d{D:3d} b={b:4d} S={S:6d} "
+                            f"{s*1e6:9.2f} us KV {kvb/s/1e9:7.1f} GB/s ({used}, {c} KV copies)")
 
     def _prefill_point(self, Hq, Hk, D, n, c_, rep, method):
         """One prefill chunk: ``n`` new tokens (causal) after ``c_`` cached tokens, one sequence
@@ -983,19 +982,13 @@ class OperatorBench:
         qkv = [(self.randn(1, Hq, n, D), self.randn(1, Hk * rep, c_ + n, D), self.randn(1, Hk * rep, c_ + n, D))
                for _ in range(c)]
         fns = [self._prefill_fn(q, k, v, rep) for q, k, v in qkv]
-        modes = ["graph"] + (["eager"] if (Hq, Hk, D) in self.plan.eager_attention
-                             and (n, c_) in EAGER_PREFILL else [])
-        done = set()
-        for mode in modes:
-            s, used = self.timer.time(fns, mode, reps=_reps(est))
-            if used in done:
-                continue
-            done.add(used)
-            self.out["attention_prefill"].append(dict(
-                kv_dtype="bf16", new_tokens=n, context_tokens=c_, q_heads=Hq, kv_heads=Hk, head_dim=D,
-                seconds_per_layer=s, method=method, mode=used))
-            self.log(f"prefill q{Hq:3d} kv{Hk:2d} d{D:3d} new={n:5d} ctx={c_:6d} {s*1e6:10.1f} us "
-                     f"{fl/s/1e12:6.1f} TFLOP/s ({used}, {c} q/K/V copies)")
+        self._time_modes(
+            "attention_prefill", fns, est,
+            (Hq, Hk, D) in self.plan.eager_attention and (n, c_) in EAGER_PREFILL,
+            dict(kv_dtype="bf16", new_tokens=n, context_tokens=c_, q_heads=Hq, kv_heads=Hk,
+                 head_dim=D, method=method), "seconds_per_layer",
+            lambda s, used: f"prefill q{Hq:3d} kv{Hk:2d} d{D:3d} new={n:5d} ctx={c_:6d} "
+                            f"{s*1e6:10.1f} us {fl/s/1e12:6.1f} TFLOP/s ({used}, {c} q/K/V copies)")
 
     # ---- notes
     def finish_notes(self):
