@@ -791,7 +791,8 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
         wanted = [n for n in wanted if n in tables]
     _check_table_files([r for r in runs if r.complete], wanted)
 
-    from sim.locks import Busy, hold
+    from sim.errors import Busy
+    from sim.locks import hold
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:

@@ -170,7 +170,7 @@ def simulate_point(p: Point, cost: str, extra: dict | None, prompts_per_client: 
                    range_ratio: float, seed: int = 0) -> dict:
     """Replay one point; returns ``{"sim_ttft_s", "sim_tpot_s", "error"}`` (means over the
     finished requests; ``error`` is the message of a config the model cannot run)."""
-    from sim.hardware import ConfigError
+    from sim.errors import ConfigError
     from sim.run import run_simulation
     from traces.bench import generate_bench
 

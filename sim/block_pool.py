@@ -37,6 +37,7 @@ from itertools import repeat
 
 import numpy as np
 
+from .errors import PoolExhausted
 from .jit import PREFETCH_AHEAD, kernel, prefetch
 
 D = PREFETCH_AHEAD  # (kernels fetch element i + D's lines while on element i)
@@ -555,10 +556,6 @@ INDEX_LOAD_DIV = 4
 INDEX_START_BLOCKS = 1 << 16
 SMALL_BATCH = 8  # DictIndex: at most this many keys take the scalar path
 INDEX_BACKENDS = {"dict": DictIndex, "table": PrefixTable}
-
-
-class PoolExhausted(RuntimeError):
-    """Raised when more blocks are requested than are free (callers check first)."""
 
 
 class BlockPool:

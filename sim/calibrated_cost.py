@@ -31,7 +31,8 @@ import re
 import numpy as np
 
 from .cost import CALIBRATION_DIR, gpu_short_name, resolve_calibration_path
-from .hardware import ConfigError, kv_dtype_bytes
+from .errors import ConfigError
+from .hardware import kv_dtype_bytes
 from .operator_cost import OperatorCostModel
 
 

@@ -30,7 +30,8 @@ import numpy as np
 from policies import (CompactionConfig, ModelShape, PagedLayout, PolicyConfig, make_compactor,
                       make_importance, make_policy, score_slots)
 
-from .hardware import ConfigError, kv_bytes_per_token
+from .errors import ConfigError
+from .hardware import kv_bytes_per_token
 
 ROUND_LAUNCH_OVERHEAD_S = 10e-6  # one mover launch (H200 calibration: 10.4 us fixed cost)
 
@@ -199,7 +200,6 @@ class Compression:
             scores = (score_slots(self.importance, lay, step=st.generated,
                                   from_pos=pol.scores_from(lay)) if pol.uses_scores else None)
         except KeyError as e:  # (a recorded file without the scores this round needs)
-            from .hardware import ConfigError
             raise ConfigError(f"policy.importance_file: {e.args[0]}; expected scores for every "
                               f"position a round scores") from None
         keep = self.policy.select(lay, scores, req.n_computed, st.generated)

@@ -60,15 +60,15 @@ class AnalyticCostModel:
         for name, v in (("cost.mfu", self.mfu), ("cost.attention_efficiency", self.attn_eff),
                         ("cost.mbu", self.mbu)):
             if not 0 < v <= 1:
-                from .hardware import ConfigError
+                from .errors import ConfigError
                 raise ConfigError(f"{name}={v}; expected 0 < value <= 1")
         if self.overhead < 0:
-            from .hardware import ConfigError
+            from .errors import ConfigError
             raise ConfigError(f"cost.step_overhead_s={self.overhead}; expected >= 0")
         self.weight_bytes = weight_bytes(model)
         self.active_nonemb = (float(model.active_params_b) - float(model.embedding_params_b)) * 1e9
         if self.active_nonemb <= 0:
-            from .hardware import ConfigError
+            from .errors import ConfigError
             raise ConfigError(
                 f"model {model.name}: active_params_b={model.active_params_b} must exceed "
                 f"embedding_params_b={model.embedding_params_b}"
@@ -405,7 +405,7 @@ def resolve_calibration_path(cost, gpu) -> Path:
     ``cost.file`` is looked up in the working directory, then in the repository root. Raises
     ConfigError naming the path(s) tried and the files available when none exists.
     """
-    from .hardware import ConfigError
+    from .errors import ConfigError
 
     if cost.file is None or str(cost.file) == "":
         tried = [CALIBRATION_DIR / f"{gpu_short_name(gpu)}.json"]
@@ -437,7 +437,7 @@ def build_cost_model(model, gpu, cache, cost):
     kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedOperatorModel,
              "operator": OperatorCostModel}
     if cost.kind not in kinds:
-        from .hardware import ConfigError
+        from .errors import ConfigError
         raise ConfigError(f"cost.kind={cost.kind!r}; expected one of {sorted(kinds)}")
     return kinds[cost.kind](model, gpu, cache, cost)
 

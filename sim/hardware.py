@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 GIB = 1 << 30
 
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0,
@@ -56,10 +58,6 @@ WEIGHT_QUANT_BYTES = {
 
 # model.weight_quant_scope: which parameters model.weight_quant applies to
 WEIGHT_QUANT_SCOPES = ("linear", "experts")
-
-
-class ConfigError(ValueError):
-    """An impossible or inconsistent configuration; the message names the field(s)."""
 
 
 def check_prefill_budget(max_num_batched_tokens: int, max_model_len: int, chunked: bool) -> None:

@@ -9,7 +9,7 @@ its holder, for the message of a refused process only. On a local filesystem and
 (Linux emulates ``flock`` with NFS's byte-range locks) the lock works across processes and,
 on NFS, across hosts.
 
-:func:`hold` takes a lock without waiting and raises :class:`Busy` (naming the holder) when
+:func:`hold` takes a lock without waiting and raises :class:`sim.errors.Busy` (naming the holder) when
 another process holds it; :meth:`Held.release` deletes the file while still holding it. A
 process that opened the file before it was deleted and then wins the ``flock`` finds that the
 path now names another file (or none) and tries again, so at most one process ever holds the
@@ -24,6 +24,8 @@ import os
 import socket
 from pathlib import Path
 
+from .errors import Busy
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - (Windows: no flock; runs are not guarded there)
@@ -31,17 +33,6 @@ except ImportError:  # pragma: no cover - (Windows: no flock; runs are not guard
 
 # errno values of a flock that another process holds
 _CONTENDED = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}
-
-
-class Busy(Exception):
-    """Another process holds the lock: ``holder`` is ``"process PID on HOST"`` (or ``"a
-    process that is starting"`` when it has not written its name yet); ``path`` the lock
-    file."""
-
-    def __init__(self, path: Path, holder: str):
-        super().__init__(f"{path} is held by {holder}")
-        self.path = Path(path)
-        self.holder = holder
 
 
 class Held:

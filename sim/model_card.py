@@ -4,7 +4,7 @@
 :func:`card_from_hf_config` reads the architecture fields of the families below and returns the
 card's fields as a dict; ``python -m sim.model_card CONFIG.json [--name N] >
 experiments/conf/model/<name>.yaml`` prints it as a YAML card whose ``source`` line names the
-file. Every error is a :class:`sim.hardware.ConfigError` naming the file, the field and what was
+file. Every error is a :class:`sim.errors.ConfigError` naming the file, the field and what was
 expected.
 
 Families (``architectures``): LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
@@ -51,7 +51,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .hardware import ConfigError, WEIGHT_QUANT_BYTES, dtype_bytes, linear_param_counts
+from .errors import ConfigError
+from .hardware import WEIGHT_QUANT_BYTES, dtype_bytes, linear_param_counts
 
 __all__ = ["card_from_hf_config", "card_yaml", "ARCHITECTURES", "main"]
 

@@ -58,9 +58,9 @@ from __future__ import annotations
 import numpy as np
 
 from .cost import AnalyticCostModel
-from .hardware import (ConfigError, WEIGHT_QUANT_BYTES, dtype_bytes, full_attention_layers,
-                       kv_bytes_per_token, kv_replication, linear_param_counts,
-                       window_kv_bytes_per_token)
+from .errors import ConfigError
+from .hardware import (WEIGHT_QUANT_BYTES, dtype_bytes, full_attention_layers, kv_bytes_per_token,
+                       kv_replication, linear_param_counts, window_kv_bytes_per_token)
 
 #: GPUs an NVLink domain of the shipped cards' HGX boards holds (H100/H200/B200/B300 HGX: 8)
 GPUS_PER_NODE = 8

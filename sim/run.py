@@ -31,15 +31,12 @@ from .compression import ROUND_COLUMNS, Compression
 from .config import CONF_DIR, blocked_folder
 from .cost import build_cost_model
 from .engine import Simulator
-from .hardware import ConfigError, kv_bytes_per_block, kv_bytes_per_token, plan_memory
+from .errors import Busy, ConfigError, OutputDirBusy
+from .hardware import kv_bytes_per_block, kv_bytes_per_token, plan_memory
 from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
 MARKER = "INCOMPLETE"
 RUN_LOCK = ".kvsim_running"  # in a results folder while a run writes there: "<host> <pid>"
-
-
-class OutputDirBusy(ConfigError):
-    """The results folder is held by another kvsim run that is still running."""
 
 
 def hold_output_dir(out: Path, name: str | None = None):
@@ -53,7 +50,7 @@ def hold_output_dir(out: Path, name: str | None = None):
     or, on a shared filesystem, another), so that two runs never write one folder's tables at
     once; OSError when the lock file cannot be created (a read-only or full filesystem).
     ``name``: how the error names the folder (default ``output.dir=<out>``)."""
-    from .locks import Busy, hold
+    from .locks import hold
 
     out.mkdir(parents=True, exist_ok=True)
     try:

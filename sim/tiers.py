@@ -45,8 +45,8 @@ import numpy as np
 
 from .block_pool import NO_HASH, PrefixTable, _home, _pair_delete, _pair_discard, _pair_probe
 from .clock import exact_delays
-from .hardware import (GIB, ConfigError, dtype_bytes, full_attention_layers, kv_bytes_per_block,
-                       kv_dtype_bytes)
+from .errors import ConfigError
+from .hardware import GIB, dtype_bytes, full_attention_layers, kv_bytes_per_block, kv_dtype_bytes
 from .jit import PREFETCH_AHEAD, kernel, prefetch
 
 D = PREFETCH_AHEAD  # (kernels fetch key i + D's table slot while on key i)

@@ -1,7 +1,7 @@
 """Every check a config must pass before a simulation starts.
 
 :func:`validate_config` (called by :func:`sim.run.validate_config`, hence by ``run_simulation``
-before anything is loaded or simulated) raises :class:`sim.hardware.ConfigError` naming the config
+before anything is loaded or simulated) raises :class:`sim.errors.ConfigError` naming the config
 field, the value found and what was expected. ``kvsim`` turns it into one ``kvsim: error: ...``
 line and exit status 2; the results directory then holds only the ``INCOMPLETE`` marker.
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-from .hardware import ConfigError, check_prefill_budget
+from .errors import ConfigError
+from .hardware import check_prefill_budget
 
 __all__ = ["validate_config", "validate_workload", "check_model_card"]
 

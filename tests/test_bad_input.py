@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import make_workload
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.run import MARKER, compose_config, run_simulation
 from sim.validation import validate_config, validate_workload
 from traces import TraceConfig, TraceError, load_workload
@@ -550,7 +550,7 @@ def test_random_configs_keep_invariants(scenario):
 
 
 def test_tier_smaller_than_one_page_is_an_error():
-    from sim.hardware import ConfigError
+    from sim.errors import ConfigError
     from sim.run import compose_config, run_simulation
 
     cfg = compose_config(["tiers=gpu_host", "tiers.host_gib=0.001", "trace.max_requests=5",

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_workload
 from gpu_validation.calibration_model import load_calibration
 from sim.cost import AnalyticCostModel, build_cost_model
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.run import compose_config, run_simulation
 
 H200 = "gpu_validation/calibrations/h200.json"

@@ -238,7 +238,8 @@ def test_an_output_dir_claimed_by_another_running_sweep_is_refused(tmp_path):
 # --- locks --------------------------------------------------------------------------------------
 
 def _contend(path, start, done, wins, i, trials):
-    from sim.locks import Busy, hold
+    from sim.errors import Busy
+    from sim.locks import hold
 
     for t in range(trials):
         start.wait()
@@ -282,7 +283,8 @@ def test_a_lock_file_no_process_holds_blocks_nothing(tmp_path):
     process holds is refused, naming it."""
     import socket
 
-    from sim.locks import Busy, hold, is_held
+    from sim.errors import Busy
+    from sim.locks import hold, is_held
 
     lock = tmp_path / "reused" / RUN_LOCK
     lock.parent.mkdir()
@@ -386,7 +388,7 @@ def test_the_pool_memory_check_uses_the_memory_available(monkeypatch):
     """The pool's bookkeeping is checked against the memory available now (free memory and
     droppable caches, a cgroup's limit), not the machine's total."""
     import sim.hardware as H
-    from sim.hardware import ConfigError
+    from sim.errors import ConfigError
 
     monkeypatch.setattr(H, "available_host_memory", lambda: 2**20)
     cfg = compose_config(["cache.num_gpu_blocks=100000"])

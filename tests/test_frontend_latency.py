@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import make_workload
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.run import compose_config, delay_workload, run_simulation
 
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from sim.hardware import (ConfigError, kv_bytes_per_token, plan_memory, weight_bytes,
-                          window_kv_bytes_per_seq)
+from sim.errors import ConfigError
+from sim.hardware import kv_bytes_per_token, plan_memory, weight_bytes, window_kv_bytes_per_seq
 from sim.config import CONF_DIR as CONF
 from sim.run import compose_config
 

@@ -141,7 +141,7 @@ def test_rerun_into_completed_dir_that_fails_is_not_complete(tmp_path):
     """A finished directory reused by a run rejected by the config checks keeps its results
     (nothing is touched before the checks pass); reused by a run that fails while simulating,
     it loses its summary.json and gets the marker back, so it no longer reads as complete."""
-    from sim.hardware import ConfigError
+    from sim.errors import ConfigError
     from sim.run import compose_config, run_simulation
 
     out = tmp_path / "run"

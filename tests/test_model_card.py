@@ -16,7 +16,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from sim.config import ModelConfig
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.model_card import card_from_hf_config, main
 from sim.run import compose_config
 from sim.validation import validate_config

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sim.cost import build_cost_model
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.hardware import linear_param_counts
 from sim.operator_cost import OperatorCostModel, expected_experts, ring_allreduce_time
 from sim.run import compose_config, run_simulation

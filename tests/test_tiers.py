@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import make_workload
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.run import compose_config, run_simulation
 from sim.tiers import ARCStore, LRUStore, cold_page_bytes
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sim.config import CONF_DIR
-from sim.hardware import ConfigError
+from sim.errors import ConfigError
 from sim.run import compose_config
 from sim.validation import validate_config
 
