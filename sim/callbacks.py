@@ -234,9 +234,18 @@ def _hydra_problem(config, run: bool) -> str | None:
     return bad
 
 
-def _exit_with(msg: str) -> None:
+def _exit_with(msg: str, status: int = 2) -> None:
     print(f"kvsim: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(status)
+
+
+def _write_error(e: OSError, folder: Path) -> str:
+    """The one-line error for a write into the sweep folder ``folder`` that failed (``e``)."""
+    from .cli import resource_error
+
+    return resource_error(e) or (f"hydra.sweep.dir={folder}: cannot write {e.filename} "
+                                 f"({type(e).__name__}: {e.strerror or e}); expected a sweep "
+                                 f"folder kvsim can write")
 
 
 class FailedRunsExit(Callback):
@@ -250,6 +259,13 @@ class FailedRunsExit(Callback):
     def on_run_start(self, config, **kwargs) -> None:
         bad = _hydra_problem(config, run=True)
         if bad is not None:
+            from .cli import complete_run_folder, write_line
+
+            done = complete_run_folder(config)  # (output.skip_completed: a read-only folder)
+            if done is not None:
+                write_line(sys.stderr, f"kvsim: skipping {done}: already complete")
+                write_line(sys.stdout, f"results: {done}")
+                sys.exit(0)
             _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
@@ -257,7 +273,7 @@ class FailedRunsExit(Callback):
         if bad is not None:
             _exit_with(bad)
         from .errors import SweepBusy
-        from .sweep import clear_ledger, guard_joblib_launcher, hold_sweep_dir
+        from .sweep import clear_ledger, guard_joblib_launcher, hold_sweep_dir, release_sweep_dir
 
         sweep = Path(str(config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
@@ -265,8 +281,21 @@ class FailedRunsExit(Callback):
             hold_sweep_dir(sweep)
         except SweepBusy as e:
             _exit_with(str(e))
-        clear_ledger(sweep)
-        (sweep / SWEEP_ID).write_text(f"{time.time_ns()}-{os.getpid()}\n")
+        except OSError as e:  # (a full disk: Hydra's callbacks turn an exception into a warning)
+            _exit_with(_write_error(e, sweep), 1)
+        from omegaconf import OmegaConf
+
+        from .hydra_record import write_whole
+
+        try:
+            clear_ledger(sweep)
+            write_whole(sweep / SWEEP_ID, f"{time.time_ns()}-{os.getpid()}\n")
+            # (Hydra's sweeper writes the same bytes there next, truncating the file first: a
+            # disk with no room for them stops the sweep here with one line, not a traceback)
+            write_whole(sweep / "multirun.yaml", OmegaConf.to_yaml(config))
+        except OSError as e:
+            release_sweep_dir()
+            _exit_with(_write_error(e, sweep), 1)
         guard_joblib_launcher()
 
     def on_multirun_end(self, config, **kwargs) -> None:
@@ -274,6 +303,11 @@ class FailedRunsExit(Callback):
 
         try:
             self._report_sweep(config)
+        except Exception as e:  # noqa: BLE001 - (Hydra turns it into a warning and exit 0)
+            msg = " ".join(f"{type(e).__name__}: {e}".split())
+            _exit_with(f"the sweep's closing report failed ({msg}); each job's outcome is in "
+                       f"{config.hydra.sweep.dir}/.kvsim_jobs and its folder (kvsim-collect "
+                       f"lists the failed ones)", 1)
         finally:
             release_sweep_dir()
 

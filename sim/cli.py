@@ -20,6 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from . import hydra_record
 from .config import CONF_DIR, REJECTED_RUN_PREFIX, TiersConfig, blocking_file, register_configs
 
 log = logging.getLogger("kvsim")
@@ -39,6 +40,7 @@ def _run_record() -> logging.Logger:
     return rec
 
 register_configs()
+hydra_record.install()  # (Hydra's .hydra/ record of a job: whole or not at all, sim.hydra_record)
 
 
 def _rate(v: float) -> str:
@@ -261,6 +263,32 @@ def _input_files(cfg):
         return _UNKNOWN
 
 
+def complete_run_folder(config) -> Path | None:
+    """For a single run into its Hydra run folder (no ``output.dir``) with
+    ``output.skip_completed=true``: that folder (``hydra.run.dir``) when it holds this very run
+    complete (:func:`sim.run.is_complete`: the same overrides, trace content, input files and
+    config fingerprint), else None. ``config``: Hydra's whole config of the run. Only reads,
+    so a complete run in a read-only folder is skipped without writing."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from .callbacks import config_fingerprint, run_overrides
+    from .run import is_complete
+
+    if config.output.dir or not config.output.skip_completed:
+        return None
+    task = copy.deepcopy(config)  # (the config the job gets, as Hydra's run_job makes it)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    out = Path(str(config.hydra.run.dir)).absolute()
+    given = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    if is_complete(out, run_overrides(given), _trace_input(task.trace), _input_files(task),
+                   config_fingerprint(task)):
+        return out
+    return None
+
+
 def _bad_output_dir(out: Path, job_dir: Path, blocked: bool = False) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
     are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
@@ -360,12 +388,17 @@ def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory (:func:`_run`). A
     sweep's job also records its outcome in the sweep's job ledger (:mod:`sim.sweep`), and a
     worker process of a local sweep ends when the sweep's process is gone
-    (:func:`sim.sweep.end_with_sweep`)."""
+    (:func:`sim.sweep.end_with_sweep`). A sweep job that failed where neither the ledger nor
+    its folder can record it (a full disk) raises :class:`sim.sweep.UnrecordedJobFailure`:
+    Hydra's sweeper ends the sweep with its one line, exit status 1."""
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
+    # Hydra's .hydra/ record of this job, when one of its files could not be written
+    record_failed = None if hc.output_subdir is None else hydra_record.take_failure(
+        Path(hc.runtime.output_dir) / str(hc.output_subdir))
     if hc.mode != RunMode.MULTIRUN:
-        _run(cfg, hc, multirun=False)
+        _run(cfg, hc, multirun=False, record_failed=record_failed)
         return
     from . import sweep as S
     from .callbacks import SWEEP_ID
@@ -386,9 +419,12 @@ def app(cfg: DictConfig) -> None:
     S.record_job(sweep_dir, num, "running", name=name)
     why = "its process stopped before the job finished"
     try:
-        why = _run(cfg, hc, multirun=True)
+        why = _run(cfg, hc, multirun=True, record_failed=record_failed)
     finally:
-        S.record_job(sweep_dir, num, "complete" if why is None else "failed", why, name=name)
+        recorded = S.record_job(sweep_dir, num, "complete" if why is None else "failed", why,
+                                name=name)
+    if why is not None and not recorded:
+        raise S.UnrecordedJobFailure(name, why, sweep_dir)
 
 
 def _same_folder(a: Path, b: Path) -> bool:
@@ -424,13 +460,16 @@ def resource_error(e: BaseException) -> str | None:
     return None
 
 
-def _run(cfg: DictConfig, hc, multirun: bool) -> str | None:
+def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     """Simulate ``cfg`` into its results folder (``output.dir``, or Hydra's run or job folder)
     while holding it (:func:`sim.run.hold_output_dir`). Returns None when the run completed or
     was skipped as complete; a sweep's job returns the one-line error of its failure (also
     written into its folder), a single run exits with status 2 (bad input, a folder another
     run holds), 1 (out of memory, a full disk: :func:`resource_error`) or 130/143
-    (interrupted)."""
+    (interrupted). ``record_failed``: the write of Hydra's ``.hydra/`` record that failed at
+    the job's start and the record files replaced before it
+    (:func:`sim.hydra_record.take_failure`): the run fails with it, or is skipped when
+    ``output.skip_completed`` finds it complete."""
     from rich.console import Console
 
     from .callbacks import config_fingerprint, run_overrides
@@ -486,6 +525,26 @@ def _run(cfg: DictConfig, hc, multirun: bool) -> str | None:
         log.info("skipping %s: already complete", os.path.abspath(out_dir))
         write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")  # (the earlier run's)
 
+    if record_failed is not None:
+        if complete_already():  # (its results and record are there already: nothing to write)
+            skipped()
+            return None
+        e, replaced = record_failed
+        msg = resource_error(e) or (f"cannot write Hydra's record of the run, {e.filename} "
+                                    f"({type(e).__name__}: {e.strerror or e}); expected a run "
+                                    f"folder kvsim can write")
+        if not replaced and is_complete(out_dir):
+            state = f"nothing was written; {out_dir} keeps an earlier complete run"
+        elif _try_mark_failed(out_dir, msg, overrides):
+            state = f"{out_dir} is marked INCOMPLETE with it"
+        else:  # (an empty marker, where the disk took the file but not its text)
+            state = (f"{out_dir} is marked INCOMPLETE" if (out_dir / "INCOMPLETE").exists()
+                     else f"{out_dir} could not be marked INCOMPLETE")
+        print(f"kvsim: error: {msg}; {state}", file=sys.stderr)
+        _run_record().info("kvsim: error: %s; %s", msg, state)  # (the job's cli.log)
+        if multirun:
+            return msg
+        sys.exit(1)
     bad = _bad_output_dir(out_dir, job_dir, multirun) if cfg.output.dir else None
     if bad is not None:
         if not multirun and complete_already():

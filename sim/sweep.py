@@ -8,7 +8,9 @@
   state there, ``running`` when it starts, then ``complete`` (simulated or skipped as already
   complete) or ``failed`` with its reason. The sweep's end reads it, so a job that could not
   even mark its results folder (a folder another process held) is still reported, and a
-  killed worker's report names the jobs that were running and those that never started.
+  killed worker's report names the jobs that were running and those that never started. A
+  failure the ledger cannot record (a full disk) ends the sweep with one line, exit status 1
+  (:class:`UnrecordedJobFailure`).
 * **Workers end with their sweep** (:func:`end_with_sweep`): a worker process of the local
   (joblib) launcher kills itself once the sweep's process is gone (SIGKILL, a closed SSH
   session), instead of finishing its jobs into folders a resumed sweep is writing.
@@ -26,6 +28,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from hydra.errors import CompactHydraException
 
 from .errors import Busy, SweepBusy
 from .locks import Held, hold, is_held
@@ -82,21 +86,42 @@ def clear_ledger(sweep: Path) -> None:
 
 
 def record_job(sweep: Path, job: int, state: str, why: str | None = None,
-               name: str | None = None, overrides: list[str] | None = None) -> None:
+               name: str | None = None, overrides: list[str] | None = None) -> bool:
     """Record job ``job``'s ``state`` (``running``, ``complete`` or ``failed``, with ``why``)
-    in the ledger of ``sweep``; ``name``: its job folder relative to the sweep folder. A
-    ledger that cannot be written (a full disk) is left as it is: the job's own marker still
-    tells."""
+    in the ledger of ``sweep``; ``name``: its job folder relative to the sweep folder. False
+    when the ledger cannot be written (a full disk): it is left as it was (the caller raises
+    :class:`UnrecordedJobFailure` for a failure it could not record)."""
     d = Path(sweep) / LEDGER
     entry = {"state": state, "why": why, "pid": os.getpid(), "name": name,
              "overrides": overrides}
+    tmp = d / f".{job}.{os.getpid()}.tmp"
     try:
         d.mkdir(exist_ok=True)
-        tmp = d / f".{job}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(entry) + "\n")
         os.replace(tmp, d / str(job))
     except OSError:
-        pass
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+    return True
+
+
+class UnrecordedJobFailure(CompactHydraException):
+    """A sweep job (folder ``name``) failed (``why``) and the job ledger of ``sweep`` could
+    not record it (a full disk). Raised by the job function: the job's launcher hands it to
+    Hydra's sweeper in the sweep's process, which raises it once the launched jobs have ended,
+    and Hydra prints it as one line and exits with status 1 (a compact Hydra error), so a sweep
+    never ends with status 0 after a failure that nothing on disk tells of."""
+
+    def __init__(self, name: str, why: str, sweep) -> None:
+        super().__init__(name, why, str(sweep))
+
+    def __str__(self) -> str:
+        name, why, sweep = self.args
+        return (f"kvsim: error: sweep job {name} failed: {why}; the sweep's job ledger in "
+                f"{sweep} could not record it, so the sweep stops here; {RESUME_HINT}")
 
 
 def read_ledger(sweep: Path) -> dict[int, dict]:
