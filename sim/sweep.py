@@ -120,8 +120,9 @@ class UnrecordedJobFailure(CompactHydraException):
 
     def __str__(self) -> str:
         name, why, sweep = self.args
-        return (f"kvsim: error: sweep job {name} failed: {why}; the sweep's job ledger in "
-                f"{sweep} could not record it, so the sweep stops here; {RESUME_HINT}")
+        hint = "" if "skip_completed=true" in why else f"; {RESUME_HINT}"
+        return (f"kvsim: error: sweep job {name} failed and the sweep's job ledger in {sweep} "
+                f"could not record it, so the sweep stops here: {why}{hint}")
 
 
 def read_ledger(sweep: Path) -> dict[int, dict]:

@@ -11,6 +11,7 @@ and labels of one run beside results of another. Small traces throughout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -331,6 +332,134 @@ def test_a_full_disk_is_one_line_and_a_resume_completes_the_run(tmp_path):
     assert is_complete(out)
 
 
+def _no_file_data():
+    """``ulimit -f 0``: no file can get a byte (a disk full from the start); empty files and
+    folders can still be made."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def test_a_full_disk_as_hydra_writes_the_run_record_is_one_line(tmp_path):
+    """No room for Hydra's ``.hydra/`` record at a run's start (no ``output.dir``): one
+    ``kvsim: error:`` line naming the record file (exit 1), no traceback, the folder not
+    complete, no lock or temporary file left; the same command with room completes it."""
+    run = tmp_path / "r"
+    args = [f"hydra.run.dir={run}", "trace.max_requests=20", *QUIET,
+            "output.skip_completed=true"]
+    r = _kvsim(*args, preexec_fn=_no_file_data)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        f"kvsim: error: the file size limit (ulimit -f) is reached writing {run}/.hydra/"
+        f"config.yaml (EFBIG: File too large); expected room for the results: free space (or "
+        f"pick another output.dir), then run the same command with output.skip_completed=true; "
+        f"{run} is marked INCOMPLETE"]
+    assert (run / MARKER).exists() and not (run / "summary.json").exists()
+    assert not (run / RUN_LOCK).exists() and not list(run.rglob("*.tmp"))
+    assert list((run / ".hydra").iterdir()) == []
+    r = _kvsim(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert is_complete(run, ["trace.max_requests=20"])
+
+
+def test_a_full_disk_as_hydra_writes_the_record_keeps_an_earlier_complete_run(tmp_path):
+    """A run into the folder of an earlier complete run, with no room for its record: the
+    earlier run's ``.hydra/`` record is left byte for byte (each record file is replaced whole
+    or not at all) and the run stays complete; with ``output.skip_completed`` and the same
+    settings the run is skipped as complete."""
+    run = tmp_path / "r"
+    base = [f"hydra.run.dir={run}", "trace.max_requests=20", *QUIET]
+    assert _kvsim(*base).returncode == 0
+    record = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    r = _kvsim(*base, "seed=7", preexec_fn=_no_file_data)
+    assert r.returncode == 1, r.stderr[-2000:]
+    (line,) = r.stderr.splitlines()
+    assert line.endswith(f"; nothing was written; {run} keeps an earlier complete run"), line
+    assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == record
+    assert is_complete(run, ["trace.max_requests=20"])
+    r = _kvsim(*base, "output.skip_completed=true", preexec_fn=_no_file_data)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == f"results: {run}"
+
+
+def test_a_sweep_on_a_full_disk_is_one_line_and_leaves_no_lock_that_blocks(tmp_path):
+    """A sweep whose folder has no room (``ulimit -f 0``): one line naming the sweep's lock
+    file (exit 1), no traceback; the next sweep into the folder runs every job."""
+    sweep = tmp_path / "sw"
+    args = ["-m", "hydra/launcher=basic", f"hydra.sweep.dir={sweep}", "cache.block_size=16,32",
+            "trace.max_requests=20", *QUIET]
+    r = _kvsim(*args, preexec_fn=_no_file_data)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        f"kvsim: error: the file size limit (ulimit -f) is reached writing {sweep}/"
+        f".kvsim_sweep_lock (EFBIG: File too large); expected room for the results: free space "
+        f"(or pick another output.dir), then run the same command with "
+        f"output.skip_completed=true"]
+    r = _kvsim(*args, "output.skip_completed=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    _assert_labelled(sweep, tmp_path / "c", [16, 32])
+
+
+# job 1's record (and, with FULL_LEDGER set, its ledger entries) meets a full disk
+_FULL_FOR_JOB_1 = """
+import errno, os, sys
+import sim.hydra_record as R
+import sim.sweep as S
+write, record = R.write_whole, S.record_job
+
+def write_whole(path, text):
+    if f"{os.sep}1{os.sep}.hydra{os.sep}" in str(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    write(path, text)
+
+def record_job(sweep, job, *args, **kwargs):
+    return False if job == 1 and os.environ.get("FULL_LEDGER") else record(sweep, job, *args,
+                                                                            **kwargs)
+
+R.write_whole, S.record_job = write_whole, record_job
+from sim.cli import main
+sys.argv = ["kvsim", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_sweep_job_that_meets_a_full_disk_fails_alone_and_a_resume_completes_it(tmp_path):
+    """In a sweep, the disk is full as Hydra writes job 1's record: job 1 fails with one line
+    naming the file and is marked INCOMPLETE, jobs 0 and 2 complete, the sweep lists job 1 and
+    exits 2. When the sweep's job ledger cannot record the failure either, the sweep ends with
+    one line naming the job (exit 1). A resume completes every job, each with its settings."""
+    grid = ["cache.block_size=16,32,64", "trace.max_requests=20", *QUIET]
+    err = {}
+    for name, env in (("sw", {}), ("sw_ledger", {"FULL_LEDGER": "1"})):
+        sweep = tmp_path / name
+        r = subprocess.run([sys.executable, "-c", _FULL_FOR_JOB_1, "-m", "hydra/launcher=basic",
+                            f"hydra.sweep.dir={sweep}", *grid], cwd=REPO, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, **env))
+        err[name] = (r.returncode, [ln for ln in r.stderr.splitlines() if "kvsim:" in ln])
+        assert "Traceback" not in r.stderr
+        assert "this run failed: no space left on the device writing " \
+            f"{sweep}/1/.hydra/config.yaml" in (sweep / "1" / MARKER).read_text()
+        assert list((sweep / "1" / ".hydra").iterdir()) == []
+    why = (f"no space left on the device writing {tmp_path}/sw/1/.hydra/config.yaml (ENOSPC: "
+           f"No space left on device); expected room for the results: free space (or pick "
+           f"another output.dir), then run the same command with output.skip_completed=true")
+    assert err["sw"] == (2, [f"kvsim: error: {why}; {tmp_path}/sw/1 is marked INCOMPLETE with "
+                             f"it",
+                             f"kvsim: sweep job 1 failed: {why}",
+                             f"kvsim: 1 sweep job(s) failed; the other jobs completed (their "
+                             f"job folders are in {tmp_path}/sw; their results too unless "
+                             f"output.dir put them elsewhere)"]), err["sw"]
+    rc, lines = err["sw_ledger"]
+    assert rc == 1 and lines[-1] == (
+        f"kvsim: error: sweep job 1 failed and the sweep's job ledger in {tmp_path}/sw_ledger "
+        f"could not record it, so the sweep stops here: "
+        f"{why.replace('/sw/', '/sw_ledger/')}"), lines
+    for name in ("sw", "sw_ledger"):
+        assert is_complete(tmp_path / name / "0") and is_complete(tmp_path / name / "2")
+        r = _kvsim("-m", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path / name}", *grid,
+                   "output.skip_completed=true")
+        assert r.returncode == 0, r.stderr[-2000:]
+        _assert_labelled(tmp_path / name, tmp_path / f"c_{name}", [16, 32, 64])
+
+
 def _kill_after_first_table(cfg, out):
     """A run that SIGKILLs itself once its first table is written (a process killed while it
     writes its results)."""
@@ -396,36 +525,61 @@ def test_the_pool_memory_check_uses_the_memory_available(monkeypatch):
         H.plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, 1)
 
 
+@contextlib.contextmanager
+def _read_only(folder: Path):
+    """``folder`` read-only while the block runs: without write permission, or, for root (who
+    writes anywhere), a read-only bind mount (skipped where mount is not permitted)."""
+    if os.geteuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", str(folder)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chmod", "-R", "u+w", str(folder)])
+        return
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs a read-only folder: root here, and mount is not permitted")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("needs a read-only folder: root here, and remount is not permitted")
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)])
+
+
 def test_skip_completed_skips_a_complete_run_in_a_read_only_folder(tmp_path):
     """``output.skip_completed=true`` on a complete run whose folder cannot be written (a
-    read-only mount) skips it (exit 0, its results line) instead of refusing the folder."""
+    read-only mount), an ``output.dir`` or a Hydra run folder, skips it (exit 0, "already
+    complete", its results line) without writing; a run of other settings there is refused
+    with one line."""
     out = tmp_path / "ro" / "r"
+    run = tmp_path / "ro" / "h"
     out.parent.mkdir()
     run_simulation(compose_config(["trace.max_requests=20", "sim.progress=false"]), out,
                    overrides=["trace.max_requests=20"])
-    if os.geteuid() != 0:
-        undo = [["chmod", "-R", "u+w", str(out.parent)]]
-        subprocess.run(["chmod", "-R", "a-w", str(out.parent)], check=True)
-    else:  # (root writes anywhere: a read-only bind mount, where this machine allows one)
-        undo = [["umount", str(out.parent)]]
-        if subprocess.run(["mount", "--bind", str(out.parent), str(out.parent)],
-                          capture_output=True).returncode != 0:
-            pytest.skip("needs a read-only folder: root here, and mount is not permitted")
-        if subprocess.run(["mount", "-o", "remount,bind,ro", str(out.parent)],
-                          capture_output=True).returncode != 0:
-            subprocess.run(undo[0])
-            pytest.skip("needs a read-only folder: root here, and remount is not permitted")
-    try:
+    assert _kvsim(f"hydra.run.dir={run}", "trace.max_requests=20", *QUIET).returncode == 0
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in out.parent.rglob("*"))
+    with _read_only(out.parent):
         r = _kvsim(f"output.dir={out}", "trace.max_requests=20", "output.skip_completed=true",
                    *QUIET)
         again = _kvsim(f"output.dir={out}", "trace.max_requests=30", "output.skip_completed=true",
                        *QUIET)
-    finally:
-        for cmd in undo:
-            subprocess.run(cmd)
+        hydra_run = _kvsim(f"hydra.run.dir={run}", "trace.max_requests=20",
+                           "output.skip_completed=true", *QUIET)
+        hydra_again = _kvsim(f"hydra.run.dir={run}", "trace.max_requests=30",
+                             "output.skip_completed=true", *QUIET)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == f"results: {out}"
+    assert "already complete" in r.stderr + r.stdout
     assert again.returncode == 2 and "cannot create or write the folder" in again.stderr
+    assert hydra_run.returncode == 0, hydra_run.stderr[-2000:]
+    assert hydra_run.stdout.splitlines() == [f"results: {run}"]
+    assert hydra_run.stderr.splitlines() == [f"kvsim: skipping {run}: already complete"]
+    assert hydra_again.returncode == 2 and hydra_again.stderr.splitlines() == [
+        f"kvsim: error: hydra.run.dir={run}: cannot create the run folder (OSError: Read-only "
+        f"file system); expected a folder kvsim can create and write"] or os.geteuid() != 0
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in out.parent.rglob("*")) == before
 
 
 # --- labels, collections, caches ----------------------------------------------------------------
