@@ -202,11 +202,18 @@ class TiersConfig:
 
 @dataclass
 class CodecConfig:
-    """Cold-page codec applied when a page leaves the GPU (see :func:`sim.tiers.cold_page_bytes`)."""
+    """Cold-page codec applied when a page leaves the GPU; its page bytes come from its format
+    (:func:`sim.tiers.cold_page_bytes`, :mod:`sim.codecs`). ``name``: identity | fp8 | nvfp4;
+    ``keep_rope_hot``: K's RoPE part stays at the hot precision; ``tensor_scale``: where each
+    tensor's FP32 scale lives, ``layer`` (held once by the server) or ``page`` (in every page);
+    ``fp8_scale_block``: fp8's values per FP32 block scale (0: the tensor scale only);
+    ``align_bytes``: each section of a page padded to a multiple of it."""
 
     name: str = "identity"
     keep_rope_hot: bool = False
-    side_buffer_bytes: int = 0
+    tensor_scale: str = "layer"
+    fp8_scale_block: int = 0
+    align_bytes: int = 1
 
 
 @dataclass

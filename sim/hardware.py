@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .codecs import NVFP4, fp8_blocks
 from .errors import ConfigError
 
 GIB = 1 << 30
@@ -33,8 +34,8 @@ DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "bf16": 2.0, "bfloat16": 2.0, "fp16"
                "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0}
 # cache.kv_cache_dtype: the model dtypes plus nvfp4 (4-bit E2M1 values + one E4M3 scale per 16:
 # vLLM's NVFP4 KV cache, vllm/utils/torch_utils.py nvfp4_kv_cache_full_dim: head_size // 2 +
-# head_size // 16 bytes a head), here its mean bytes per value
-KV_DTYPE_BYTES = {**DTYPE_BYTES, "nvfp4": 0.5 + 1.0 / 16}
+# head_size // 16 bytes a head; sim.codecs.NVFP4), here its mean bytes per value
+KV_DTYPE_BYTES = {**DTYPE_BYTES, "nvfp4": NVFP4.bytes_per_value}
 # FP8 MLA record (vLLM fp8_ds_mla, vllm/v1/attention/backends/mla/flashmla_sparse.py): the latent
 # ("NoPE") in FP8 with one FP32 scale per tile of this many values, the RoPE part in BF16
 MLA_FP8_SCALE_TILE = 128
@@ -123,12 +124,11 @@ def kv_bytes_per_token_per_layer(model, cache) -> float:
             raise ConfigError(
                 f"cache.kv_cache_dtype=nvfp4 needs {what} in multiples of 16 (one scale per 16 "
                 f"values); model {model.name} has {width}")
-        if mla:
-            return float(model.kv_lora_rank) * per_value + float(model.qk_rope_head_dim) * 1.0
-        return values * per_value
-    if mla and name.startswith("fp8"):
-        nope = int(model.kv_lora_rank)
-        return float(nope + 4 * math.ceil(nope / MLA_FP8_SCALE_TILE)
+        if mla:  # (the latent in NVFP4, the RoPE part in FP8: one byte a value)
+            return float(NVFP4.row_bytes(width) + int(model.qk_rope_head_dim))
+        return float(2 * int(model.num_kv_heads) * NVFP4.row_bytes(width))
+    if mla and name.startswith("fp8"):  # (the latent in FP8 with FP32 tile scales, RoPE in BF16)
+        return float(fp8_blocks(MLA_FP8_SCALE_TILE).row_bytes(int(model.kv_lora_rank))
                      + 2 * int(model.qk_rope_head_dim))
     return values * per_value
 

@@ -5,15 +5,21 @@ Hierarchy (design.md section 3; vLLM CPU offloading, LMCache, SGLang HiCache): G
 tokens) leaving the GPU is encoded by the cold-page codec; host and disk hold the same encoded
 page, so host -> disk copies raw bytes. It is decoded when it returns to the GPU.
 
-Cold page bytes (:func:`cold_page_bytes`), per block of ``B`` tokens with ``V`` cached values:
+Cold page bytes (:func:`cold_page_bytes`), per block of ``B`` tokens with ``V`` cached values,
+from the codec's format (:mod:`sim.codecs`, which cites the formats):
 
-* ``identity``: the hot layout concatenated: ``V x hot_bytes``.
-* ``fp8`` (E4M3, from a 16-bit hot cache): ``V x 1``; the per-(layer, K/V) scale lives in metadata.
-* ``nvfp4``: 4-bit E2M1 values + one E4M3 scale per 16 values = ``V x 0.5625`` bytes; the per-layer
-  global scale lives in metadata (NVIDIA NVFP4; seed 001: 43.75% smaller than an FP8 page,
-  71.875% smaller than BF16). Needs head dims in multiples of 16.
-* ``keep_rope_hot``: K's RoPE part (``rope_dim`` of each K head) stays at hot precision.
-* ``side_buffer_bytes``: lossless per-page buffers copied as is.
+* ``identity``: the hot record as the GPU stores it (``V x hot_bytes``, or the FP8 / NVFP4
+  record of ``cache.kv_cache_dtype`` with its scales).
+* ``fp8`` (E4M3, from a 16-bit hot cache): ``V x 1``, plus one FP32 scale per
+  ``codec.fp8_scale_block`` values of a row when set, plus one FP32 per tensor (layer x K/V)
+  with ``codec.tensor_scale=page`` (``layer``: the scale is the layer's, in no page).
+* ``nvfp4``: 4-bit E2M1 values + one E4M3 scale per 16 values = ``V x 0.5625`` bytes (seed 001:
+  43.75% smaller than an FP8 page, 71.875% smaller than BF16), plus the FP32 tensor scales as
+  for fp8. Needs rows (head dims) in multiples of 16.
+* ``keep_rope_hot``: K's RoPE part (``rope_dim`` of each K head; MLA's ``qk_rope_head_dim``)
+  stays at hot precision.
+* Each section of the page (values, block scales, tensor scales, hot RoPE part) is padded to
+  ``codec.align_bytes``.
 
 Replacement (``tiers.replacement``): ``lru``, or ``arc`` (Megiddo & Modha, FAST 2003; as vLLM's
 CPU offload manager offers). Pages of one request are inserted deepest block first, so the
@@ -46,7 +52,7 @@ import numpy as np
 from .block_pool import NO_HASH, PrefixTable, _home, _pair_delete, _pair_discard, _pair_probe
 from .clock import exact_delays
 from .errors import ConfigError
-from .hardware import GIB, dtype_bytes, full_attention_layers, kv_bytes_per_block, kv_dtype_bytes
+from .hardware import GIB, dtype_bytes, kv_bytes_per_block
 from .jit import PREFETCH_AHEAD, kernel, prefetch
 
 D = PREFETCH_AHEAD  # (kernels fetch key i + D's table slot while on key i)
@@ -55,60 +61,21 @@ from .metrics import TransferLog
 CODECS = ("identity", "fp8", "nvfp4")
 REPLACEMENTS = ("lru", "arc")
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
-NVFP4_BYTES_PER_VALUE = 0.5 + 1.0 / 16  # 4-bit code + one 8-bit E4M3 scale per 16 values
-
-
-def page_values(model, block_size: int) -> int:
-    """Cached values in one block over the full-attention layers (K and V together)."""
-    if model.attention == "mla":
-        per_layer = model.kv_lora_rank + model.qk_rope_head_dim
-    else:
-        per_layer = 2 * model.num_kv_heads * model.head_dim
-    return int(per_layer * full_attention_layers(model) * block_size)
-
-
-def rope_values(model, block_size: int) -> int:
-    """Values of K's RoPE part in one block (kept hot with ``codec.keep_rope_hot``)."""
-    if model.attention == "mla":
-        per_layer = model.qk_rope_head_dim
-    else:
-        per_layer = model.num_kv_heads * model.rope_dim
-    return int(per_layer * full_attention_layers(model) * block_size)
 
 
 def cold_page_bytes(model, cache, codec) -> int:
-    """Bytes of one encoded (cold) page; see the module docstring. Raises ConfigError when the
-    codec cannot express the model's cache (NVFP4 head dims not multiples of 16, FP8/NVFP4 from
-    a cache that is not 16-bit)."""
+    """Bytes of one encoded (cold) page; see the module docstring (``fp8`` and ``nvfp4``:
+    :func:`sim.codecs.cold_page_layout`'s ``page_bytes``). Raises ConfigError when the codec
+    cannot express the model's cache (NVFP4 rows not multiples of 16, FP8/NVFP4 from a cache
+    that is not 16-bit) or a codec field is out of range."""
+    from .codecs import cold_page_layout
+
     name = codec.name
     if name not in CODECS:
         raise ConfigError(f"codec.name={name!r}; expected one of {list(CODECS)}")
-    hot = kv_dtype_bytes(model, cache)
-    v = page_values(model, cache.block_size)
-    side = int(codec.side_buffer_bytes)
-    if side < 0:
-        raise ConfigError(f"codec.side_buffer_bytes={side}; expected >= 0")
     if name == "identity":  # (the hot record as the GPU stores it, scales included)
-        return kv_bytes_per_block(model, cache) + side
-    if hot != 2.0:
-        raise ConfigError(
-            f"codec {name} encodes a 16-bit hot cache; cache.kv_cache_dtype gives {hot:g} "
-            f"bytes per value (use codec=identity)")
-    rope = rope_values(model, cache.block_size) if codec.keep_rope_hot else 0
-    if name == "fp8":
-        return int((v - rope) * 1 + rope * hot) + side
-    dims = [model.kv_lora_rank, model.qk_rope_head_dim] if model.attention == "mla" else [model.head_dim]
-    if codec.keep_rope_hot and model.attention != "mla":
-        dims = [model.head_dim - model.rope_dim] if model.head_dim != model.rope_dim else []
-    bad = [d for d in dims if d % 16]
-    if bad:
-        raise ConfigError(
-            f"codec nvfp4 needs head dims in multiples of 16 (one scale per 16 values); "
-            f"model {model.name} has {bad}")
-    nv = (v - rope) * NVFP4_BYTES_PER_VALUE
-    if nv != int(nv):
-        raise ConfigError(f"codec nvfp4: {v - rope} values per page is not a multiple of 16")
-    return int(nv + rope * hot) + side
+        return kv_bytes_per_block(model, cache)
+    return cold_page_layout(model, cache, codec)["page_bytes"]
 
 
 class LRUStore:
@@ -628,8 +595,7 @@ def codec_time(codec_name: str, hot_bytes: float, cold_bytes: float, hbm_Bps: fl
 
 
 __all__ = [
-    "CODECS", "REPLACEMENTS", "WRITE_POLICIES", "NVFP4_BYTES_PER_VALUE", "page_values",
-    "rope_values", "cold_page_bytes", "LRUStore", "ARCStore", "make_store", "Link",
+    "CODECS", "REPLACEMENTS", "WRITE_POLICIES", "cold_page_bytes", "LRUStore", "ARCStore", "make_store", "Link",
     "tier_capacity_pages", "codec_time", "dtype_bytes",
 ]
 

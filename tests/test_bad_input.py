@@ -74,7 +74,7 @@ CONFIG_CASES = [
     (["tiers=gpu_host", "cache.enable_prefix_caching=false"],
      r"tiers below the GPU need cache\.enable_prefix_caching=true"),
     (["codec=nvfp4", "model.head_dim=72", "model.rope_dim=72"],
-     r"codec nvfp4 needs head dims in multiples of 16 .* model Qwen3-8B has \[72\]"),
+     r"codec nvfp4 needs rows in multiples of 16 values .* model Qwen3-8B has model\.head_dim = 72"),
     (["codec=fp8", "cache.kv_cache_dtype=fp8"], r"codec fp8 encodes a 16-bit hot cache"),
     (["codec.name=zstd"], r"codec\.name='zstd'; expected one of \['identity', 'fp8', 'nvfp4'\]"),
     (["cost.mfu=1.5"], r"cost\.mfu=1\.5; expected 0 < value <= 1"),
