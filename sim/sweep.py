@@ -188,8 +188,9 @@ def dead_worker_line(sweep: Path, first: int, count: int, error: BaseException) 
                                              if "SIGKILL" in codes.group(1) else ")") \
         if codes else ""
     return (f"a sweep worker process died{how} while job(s) {_jobs_text(running) or '-'} "
-            f"ran: they are marked INCOMPLETE; job(s) {_jobs_text(waiting) or '-'} never "
-            f"started; {len(done)} of {count} jobs completed (in {sweep}); {RESUME_HINT}")
+            f"ran (joblib stops every worker of a pool one of whose workers died): they are "
+            f"marked INCOMPLETE; job(s) {_jobs_text(waiting) or '-'} never started; "
+            f"{len(done)} of {count} jobs completed (in {sweep}); {RESUME_HINT}")
 
 
 def guard_joblib_launcher() -> None:

@@ -148,7 +148,8 @@ def test_a_killed_sweep_worker_is_one_line_naming_the_jobs_and_a_resume_complete
     assert rc == 1, err[-2000:]
     line = [ln for ln in err.splitlines() if ln.startswith("kvsim: error: ")]
     assert len(line) == 1 and "a sweep worker process died" in line[0], err[-2000:]
-    assert "SIGKILL" in line[0] and "job(s) 0, 1 ran" in line[0], line[0]
+    assert "SIGKILL" in line[0] and "job(s) 0, 1 ran (joblib stops every worker of a pool one " \
+        "of whose workers died)" in line[0], line[0]
     assert "job(s) 2 never started" in line[0] and "output.skip_completed=true" in line[0]
     assert "Traceback" not in err
     r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
