@@ -271,6 +271,14 @@ class FailedRunsExit(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
         bad = _hydra_problem(config, run=False)
         if bad is not None:
+            from .sweep import complete_sweep
+
+            done = complete_sweep(config)  # (output.skip_completed: a read-only sweep folder)
+            if done is not None:
+                print(f"kvsim: skipping the sweep into {config.hydra.sweep.dir}: its {len(done)} "
+                      f"job(s) are already complete", file=sys.stderr)
+                sys.stdout.write("".join(f"results: {d}\n" for d in done))
+                sys.exit(0)
             _exit_with(bad)
         from .errors import SweepBusy
         from .sweep import clear_ledger, guard_joblib_launcher, hold_sweep_dir, release_sweep_dir

@@ -17,6 +17,9 @@
 * **A killed worker is one line** (:func:`guard_joblib_launcher`): the joblib launcher's
   ``TerminatedWorkerError`` becomes a line naming the jobs that were running, those that never
   started and how to resume, exit status 1.
+* **A complete sweep needs no writing** (:func:`complete_sweep`): with
+  ``output.skip_completed=true``, a sweep whose folder cannot be written and whose every job is
+  complete is skipped as complete.
 """
 
 from __future__ import annotations
@@ -144,6 +147,63 @@ def read_ledger(sweep: Path) -> dict[int, dict]:
         if isinstance(e, dict):
             out[int(n)] = e
     return out
+
+
+def complete_sweep(config) -> list[Path] | None:
+    """For a sweep run with ``output.skip_completed=true`` through Hydra's basic sweeper
+    (``config``: Hydra's whole config of the sweep): the results folder of each of its jobs
+    when every one holds its job complete (:func:`sim.run.is_complete`, as the job itself
+    checks: the same overrides, trace content, input files and config fingerprint); else None.
+    Each job's config is composed as the launchers compose it (Hydra's config loader, job
+    number set); nothing is written, so a complete sweep in a read-only folder is skipped."""
+    import copy
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from traces import TraceError, input_fingerprint
+
+    from .callbacks import config_fingerprint, run_overrides
+    from .run import input_files, is_complete
+
+    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+    if not config.output.skip_completed or sweeper != (
+            "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"):
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    params = config.hydra.sweeper.get("params") or {}
+    given = [f"{k}={v}" for k, v in params.items()] + [
+        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    folders = []
+    try:
+        for num, job in enumerate(jobs):
+            job_cfg = loader.load_sweep_config(config, list(job))
+            with open_dict(job_cfg):
+                job_cfg.hydra.job.num = num
+                job_cfg.hydra.job.id = f"{num}"
+            HydraConfig.instance().set_config(job_cfg)  # (${hydra:job.num} in output.dir)
+            task = copy.deepcopy(job_cfg)
+            with read_write(task), open_dict(task):
+                del task["hydra"]
+            out = Path(str(task.output.dir)) if task.output.dir else \
+                Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
+            try:
+                trace, inputs = input_fingerprint(task.trace), input_files(task)
+            except (TraceError, OSError, ValueError, TypeError):
+                return None  # (the job reads its inputs and names the problem)
+            overrides = run_overrides(OmegaConf.to_container(job_cfg.hydra.overrides.task,
+                                                             resolve=False))
+            if not is_complete(out, overrides, trace, inputs, config_fingerprint(task)):
+                return None
+            folders.append(out.absolute())
+    finally:
+        HydraConfig.instance().set_config(config)
+    return folders or None
 
 
 _watching = [False]

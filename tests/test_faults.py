@@ -583,6 +583,34 @@ def test_skip_completed_skips_a_complete_run_in_a_read_only_folder(tmp_path):
     assert sorted((str(p), p.stat().st_mtime_ns) for p in out.parent.rglob("*")) == before
 
 
+def test_skip_completed_skips_a_complete_sweep_in_a_read_only_folder(tmp_path):
+    """A sweep with ``output.skip_completed=true`` whose folder cannot be written and whose
+    every job is complete, in its job folder or its own ``output.dir``: one "already complete"
+    line, each job's results line, exit 0, nothing written; a grid with a job not run yet is
+    refused with one line (exit 2)."""
+    sweeps = {"jobs": [], "outs": [f"output.dir={tmp_path / 'ro' / 'res'}/${{hydra:job.num}}"]}
+    grid = ["-m", "hydra/launcher=basic", "trace.max_requests=20", *QUIET]
+    for name, extra in sweeps.items():
+        r = _kvsim(*grid, f"hydra.sweep.dir={tmp_path / 'ro' / name}", "cache.block_size=16,32",
+                   *extra)
+        assert r.returncode == 0, r.stderr[-2000:]
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in (tmp_path / "ro").rglob("*"))
+    with _read_only(tmp_path / "ro"):
+        runs = {name: _kvsim(*grid, f"hydra.sweep.dir={tmp_path / 'ro' / name}",
+                             "cache.block_size=16,32", "output.skip_completed=true", *extra)
+                for name, extra in sweeps.items()}
+        more = _kvsim(*grid, f"hydra.sweep.dir={tmp_path / 'ro' / 'jobs'}",
+                      "cache.block_size=16,32,64", "output.skip_completed=true")
+    for name, r in runs.items():
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stderr.splitlines() == [f"kvsim: skipping the sweep into {tmp_path / 'ro' / name}:"
+                                         f" its 2 job(s) are already complete"]
+        folders = tmp_path / "ro" / ("jobs" if name == "jobs" else "res")
+        assert r.stdout.splitlines() == [f"results: {folders / '0'}", f"results: {folders / '1'}"]
+    assert more.returncode == 2 and "cannot create the sweep folder" in more.stderr
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in (tmp_path / "ro").rglob("*")) == before
+
+
 # --- labels, collections, caches ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
