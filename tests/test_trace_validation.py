@@ -1,6 +1,8 @@
-"""Break-it pass on the trace loaders: inputs that crashed with a traceback, were dropped or read
-silently, or were named wrongly are TraceErrors naming the file, line (window, session, request)
-and field; synthetic prompts obey max_context_tokens from the first turn."""
+"""Trace validation: every loader turns a malformed input into a TraceError naming the file, the
+line (window, session, request) and the field, with what was found and what was expected, and
+``trace.on_error=skip`` skips and counts such rows instead; nothing malformed is read silently
+or dropped. Synthetic generators check their parameters the same way (named by their config
+key) and keep every prompt, the first included, within ``max_context_tokens``."""
 from __future__ import annotations
 
 import json
@@ -44,12 +46,12 @@ def _req(t, ids=(1, 2), **kw):
     return {"t": t, "type": "n", "in": 128, "out": 5, "hash_ids": list(ids), **kw}
 
 
-# ------------------------------------------------------------------ 1. Weka sub-agent start
+# ------------------------------------------------------------------ Weka sub-agent start
 def test_weka_subagent_starting_before_its_session_is_an_error(tmp_path):
-    """A sub-agent marker before any main request with duration_ms/1000 > t started at -5 s:
-    its request was a root before the session and was dropped by the loader's slicing (1 of 2
-    requests loaded, nothing said). A start before the session is an error naming the line,
-    session, request and fields; with on_error=skip the session is skipped and counted."""
+    """A sub-agent marker whose start (t - duration_ms / 1000) falls before its session is an
+    error naming the line, session, request and fields; with on_error=skip the session is
+    skipped and counted. A marker before any main request that starts inside the session is a
+    root at its start."""
     bad = {"id": "s1", "block_size": 64, "hash_id_scope": "local", "requests": [
         {"type": "subagent", "t": 0, "duration_ms": 5000, "requests": [_req(0)]}, _req(1)]}
     p = _weka(tmp_path, bad)
@@ -70,9 +72,10 @@ def test_weka_subagent_starting_before_its_session_is_an_error(tmp_path):
     assert len(w) == 2 and sorted(w.arrival_s.tolist()) == [0.5, 1.0]
 
 
-# ------------------------------------------------------------------ 2. ServeGen clients
+# ------------------------------------------------------------------ ServeGen clients
 def test_servegen_client_listed_twice_is_an_error(tmp_path):
-    """trace.clients=[0, 0] sampled client 0 twice (twice its load)."""
+    """trace.clients names each chunk once: a repeated client (which would sample its load
+    twice) and an empty list are errors."""
     d = _servegen(tmp_path)
     assert len(_sg(d, clients=[0])) == 50
     with pytest.raises(TraceError, match=r"field 'clients': repeated client, found \[0, 0\], "
@@ -82,10 +85,11 @@ def test_servegen_client_listed_twice_is_an_error(tmp_path):
         _sg(d, clients=[])
 
 
-# ------------------------------------------------------------------ 3. ServeGen file names
+# ------------------------------------------------------------------ ServeGen file names
 def test_servegen_two_files_of_one_client_and_a_file_path_are_errors(tmp_path):
-    """chunk-0-trace.csv and chunk-00-trace.csv both mapped to client 0 and directory order
-    chose one; trace.path naming one chunk file loaded every client of its folder."""
+    """Two trace files of one client (chunk-0-trace.csv and chunk-00-trace.csv) are an error
+    naming both, as is a trace.path naming one chunk file instead of its folder; a file only
+    like a chunk file's name is not read as a client's."""
     d = _servegen(tmp_path)
     shutil.copy(d / "chunk-0-trace.csv", d / "chunk-00-trace.csv")
     shutil.copy(d / "chunk-0-dataset.json", d / "chunk-00-dataset.json")
@@ -105,8 +109,8 @@ def test_servegen_two_files_of_one_client_and_a_file_path_are_errors(tmp_path):
 
 def test_servegen_dataset_file_follows_the_trace_file_name(tmp_path):
     """A client's dataset file is its trace file's name with -dataset.json (chunk-00-trace.csv
-    -> chunk-00-dataset.json: it looked for chunk-0-dataset.json); a differently spelled number
-    is named in the error."""
+    -> chunk-00-dataset.json); a dataset file spelling the number differently is named in the
+    error."""
     d = _servegen(tmp_path)
     ref = _sg(d).table
     for f in d.iterdir():
@@ -118,11 +122,11 @@ def test_servegen_dataset_file_follows_the_trace_file_name(tmp_path):
         _sg(d)
 
 
-# ------------------------------------------------------------------ 4. ServeGen crashes
+# ------------------------------------------------------------------ ServeGen unreadable input
 def test_servegen_undecodable_bytes_long_fields_and_folders_are_trace_errors(tmp_path):
-    """A 0xff byte (UnicodeDecodeError), a field past the csv module's limit (_csv.Error) and a
-    folder named like the dataset file (IsADirectoryError) ended in tracebacks, also with
-    on_error=skip."""
+    """A byte that is not UTF-8, a field past the csv module's limit and a folder named like the
+    dataset file are TraceErrors naming the file and line (or the file), also with
+    on_error=skip, which skips a bad trace row and counts it."""
     d = _servegen(tmp_path, "byte")
     csv_path = d / "chunk-0-trace.csv"
     rows = csv_path.read_bytes().splitlines()
@@ -155,13 +159,14 @@ def test_servegen_undecodable_bytes_long_fields_and_folders_are_trace_errors(tmp
         _sg(d)
 
 
-# ------------------------------------------------------------------ 5. ServeGen numbers
+# ------------------------------------------------------------------ ServeGen numbers
 @pytest.mark.parametrize("key, found", [
     ("nan", "'nan'"), ("-inf", "'-inf'"), ("1e309", "'1e309'"), ("600", "'600'"), ("-21600", "'-21600'"),
     ("21600\u0660", "'21600\u0660'")])
 def test_servegen_dataset_window_keys_are_finite_starts_on_the_6h_grid(tmp_path, key, found):
-    """Window keys 'nan', '-inf', '1e309' were accepted (float()); a key off the 6 h grid
-    overlapped its neighbours."""
+    """A dataset window key is a finite decimal number of seconds >= 0 on the 6 h grid: 'nan',
+    '-inf', '1e309', a key off the grid (which would overlap its neighbours) and non-ASCII
+    digits are errors naming the key."""
     d = _servegen(tmp_path)
     ds = d / "chunk-0-dataset.json"
     obj = json.loads(ds.read_text())
@@ -197,7 +202,8 @@ def test_servegen_dataset_repeated_windows_and_keys_are_errors(tmp_path):
 @pytest.mark.parametrize("field, value", [("cv", "1_0"), ("window_start_s", "\u0666\u0660\u0660"),
                                           ("rate", "1_0"), ("cv", "nan"), ("cv", "-1")])
 def test_servegen_trace_numbers_are_ascii_decimals(tmp_path, field, value):
-    """float() took '1_0' (10) and Arabic-Indic digits ('٦٠٠' = 600) in trace.csv."""
+    """trace.csv numbers are ASCII decimals: '1_0', Arabic-Indic digits, NaN and a negative cv
+    are errors naming the line and field."""
     cols = {"window_start_s": "600", "rate": "1.0", "cv": "1.0"}
     cols[field] = value
     d = _servegen(tmp_path)
@@ -221,10 +227,11 @@ def test_servegen_cv_is_checked_but_does_not_change_the_sample(tmp_path):
     assert "``cv`` is checked so but not used" in sg.__doc__
 
 
-# ------------------------------------------------------------------ 6. Azure crashes
+# ------------------------------------------------------------------ Azure long fields
 def test_azure_long_token_count_and_long_field_are_trace_errors(tmp_path):
-    """A token count of more than 4,300 digits raised ValueError (int()'s limit) and a quoted
-    extra column past 131,072 characters _csv.Error, also with on_error=skip."""
+    """A token count of more than 4,300 digits (past int()'s limit) and a quoted extra column
+    past 131,072 characters are TraceErrors naming the line and field, also with on_error=skip;
+    leading zeros do not count as digits of the value."""
     az = tmp_path / "az.csv"
     good = "2023-11-16 18:15:46.6805900,374,44\n"
     az.write_text(AZ_HEAD + good + "2023-11-16 18:15:47.0,1" + "0" * 5000 + ",44\n" + good)
@@ -247,9 +254,9 @@ def test_azure_long_token_count_and_long_field_are_trace_errors(tmp_path):
     assert len(w) == 1 and w.skipped["count"] == 1
 
 
-# ------------------------------------------------------------------ 7. Azure header and timestamps
+# ------------------------------------------------------------------ Azure header and timestamps
 def test_azure_repeated_header_column_is_an_error(tmp_path):
-    """A header with ContextTokens twice silently used the first."""
+    """A header naming a column twice is an error naming the column and the header."""
     az = tmp_path / "az.csv"
     az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
                   "2023-11-16 18:15:46.6805900,374,44,999\n")
@@ -262,8 +269,9 @@ def test_azure_repeated_header_column_is_an_error(tmp_path):
                                 "2023-11-16 18:15:46.", "2023-11-16 18:15:46.12345678",
                                 "2023-1-16 18:15:46.1", "2023-11-16 18:15:46.1 ", "2023-11-16T18:15:46"])
 def test_azure_timestamp_is_strict_ascii(tmp_path, ts):
-    """strptime and str.isdigit took Arabic-Indic digits, and '46.' (an empty fraction)
-    loaded as 46; one-digit fields passed strptime."""
+    """TIMESTAMP is 'YYYY-MM-DD HH:MM:SS[.fffffff]' in ASCII digits with 1-7 fraction digits:
+    non-ASCII digits, an empty fraction, one-digit fields and a 'T' separator are errors;
+    surrounding blanks are allowed."""
     az = tmp_path / "az.csv"
     az.write_text(AZ_HEAD + f"{ts},374,44\n")
     if ts.endswith(" "):  # surrounding blanks are allowed
@@ -282,9 +290,10 @@ def test_azure_timestamp_fraction_digits_still_load(tmp_path):
     assert _load(format="azure", path=str(az)).arrival_s.tolist() == [0.0, 0.5, 0.5000001]
 
 
-# ------------------------------------------------------------------ 8. Mooncake element type
+# ------------------------------------------------------------------ Mooncake element type
 def test_mooncake_float_hash_id_is_named_as_a_float(tmp_path):
-    """hash_ids element 1.0 was reported as 'found element 1', hiding that it is a float."""
+    """A hash_ids element that is not an integer is named with its type (1.0 (float),
+    True (bool), '1' (str))."""
     p = tmp_path / "m.jsonl"
     for elem, found in ((1.0, "1.0 (float)"), (True, "True (bool)"), ("1", "'1' (str)")):
         p.write_text(json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4,
@@ -296,8 +305,9 @@ def test_mooncake_float_hash_id_is_named_as_a_float(tmp_path):
 
 
 def test_mooncake_repeated_key_is_an_error(tmp_path):
-    """A row with a field twice was read with the last value (the JSON parser's choice), so a
-    corrupted row passed as a different request."""
+    """A row naming a field twice is an error naming the line and the field (a JSON parser
+    would keep the last value and read a corrupted row as another request); fields the loader
+    does not read are not checked."""
     p = tmp_path / "m.jsonl"
     p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 4, "hash_ids": [0]}\n'
                  '{"timestamp": 5, "input_length": 10, "output_length": 4, "hash_ids": [1], '
@@ -311,10 +321,10 @@ def test_mooncake_repeated_key_is_an_error(tmp_path):
     assert _load(path=str(p)).output_tokens.tolist() == [4]
 
 
-# ------------------------------------------------------------------ 9. Synthetic first turn
+# ------------------------------------------------------------------ Synthetic first turn
 def test_synthetic_cap_below_the_shared_prefix_is_an_error():
-    """max_context_tokens=1000 gave first prompts of 13,851 / 12,459 / 14,715 tokens (the shared
-    prefix alone is 12,000) and only a warning."""
+    """A max_context_tokens at or below the shared prefix (12,000 tokens for synthetic_agentic)
+    leaves no room for a first prompt: an error naming the key and the prefix."""
     with pytest.raises(TraceError, match=r"field 'trace.max_context_tokens': found 1000, expected > "
                                          r"shared_prefix_tokens=12000"):
         load_workload(TraceConfig(name="synthetic_agentic", format="synthetic_agentic",
@@ -349,18 +359,18 @@ def test_synthetic_first_input_is_the_truncated_lognormal():
 
 
 def test_synthetic_defaults_never_reach_the_first_turn_cap():
-    """The default configs' first prompts are far inside max_context_tokens (so the cap leaves
-    their workloads as before)."""
+    """The default configs' prompts stay within max_context_tokens, so the cap never changes
+    their workloads."""
     for fmt in ("synthetic_agentic", "synthetic_reasoning", "synthetic_multiturn"):
         w = load_workload(TraceConfig(name=fmt, format=fmt), 0)
         cap = w.notes["params"]["max_context_tokens"]
         assert w.input_tokens.max() <= cap
 
 
-# ------------------------------------------------------------------ 10. Weka clock range
+# ------------------------------------------------------------------ Weka clock range
 def test_weka_t_past_the_clock_range_names_line_session_request_and_t(tmp_path):
-    """A request t of 1e300 s was rejected by the loader as 'row 2 of the parsed trace, field
-    'timestamp'' (Weka has t, and the row is a session's request)."""
+    """A request t past the simulated clock's range (2**32 s), or a sub-agent request's t
+    before its sub-agent's start, is an error naming the line, session, request and 't'."""
     p = _weka(tmp_path, {"id": "s1", "requests": [_req(0), _req(1e300, think_time=1.0)]})
     with pytest.raises(TraceError, match=re.escape(
             "w.jsonl line 1 (session 's1', request 1), field 't': found 1e+300, expected a number "
@@ -375,9 +385,9 @@ def test_weka_t_past_the_clock_range_names_line_session_request_and_t(tmp_path):
 
 
 def test_weka_far_session_start_names_line_session_request_and_t(tmp_path):
-    """Session starts far out (session_interval_s=5e9) gave the loader's 'field 'timestamp''
-    message; the Weka loader names the request and the session_arrival settings. Sessions the
-    slicing drops (start_s, duration_s) are not errors."""
+    """A session start past the clock's range (session_interval_s=5e9) is an error naming the
+    request, 't' and the session_arrival settings. Sessions the slicing drops (start_s,
+    duration_s, max_requests) are not errors."""
     p = _weka(tmp_path, {"id": "s1", "requests": [_req(0)]},
               {"id": "s2", "requests": [_req(0, (3, 4)), _req(2, (3, 4), think_time=1.0)]})
     kw = dict(format="weka", path=str(p), session_arrival="recorded", session_interval_s=5e9)
