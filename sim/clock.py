@@ -31,6 +31,14 @@ def exact_delays(now: float, end: float) -> tuple[float, ...]:
     raise RuntimeError(f"cannot advance the SimPy clock from {now!r} to exactly {end!r}")
 
 
+def advance_to(env, end: float):
+    """SimPy process fragment: advance ``env``'s clock to exactly ``end`` (s, >= now), so a
+    stretch of steps timed as one lands on the clock value the per-step loop's additions
+    (``now += dt`` per step) reach (:func:`exact_delays`)."""
+    for d in exact_delays(env.now, end):
+        yield env.timeout(d)
+
+
 def step_ends(start: float, durs: np.ndarray) -> np.ndarray:
     """End times (s) of consecutive steps of ``durs`` seconds from ``start``: ``start + d0``,
     ``start + d0 + d1``, ... added one at a time, left to right (the values the per-step loop

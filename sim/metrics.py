@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from .jit import kernel
+from .request import STATUS_NAMES
 
 REQUEST_COLUMNS = [
     "request_id", "session_id", "arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s",
@@ -38,7 +39,6 @@ REQUEST_COLUMNS = [
     "peak_blocks", "end_live_tokens", "end_blocks", "status", "reject_reason",
 ]
 
-STATUS_NAMES: dict | None = None  # sim.engine.STATUS_NAMES, read at the first request_done
 TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s", "queue_s", "codec"]
 
 
@@ -164,9 +164,6 @@ class Recorder:
 
     def request_done(self, r) -> None:
         """Record a request in its terminal state (finished or rejected)."""
-        global STATUS_NAMES
-        if STATUS_NAMES is None:  # (sim.engine imports this module)
-            from .engine import STATUS_NAMES
         ttft = r.first_token - r.arrival
         tpot = (r.finish - r.first_token) / (r.output - 1) if r.output > 1 else math.nan
         e2e = r.finish - r.arrival

@@ -483,6 +483,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         "load_cache": str((getattr(wl, "notes", None) or {}).get("trace_cache", "off")),
         "simulate_s": t_sim,
         "peak_rss_mb": peak_rss_mb,
+        # the engine's fast paths: {name: {"taken": stretches, "steps": steps they covered}}
+        "stretches": sim.stretch_counts(),
     }
     summary["prefix_index"] = sim.prefix_index  # the backend sim.prefix_index resolved to
     summary = _clean_nan(summary)

@@ -170,40 +170,23 @@ ADMIT_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(ADMIT_CASES))
-def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch, case):
+def test_admission_step_starts_a_compression_stretch(tmp_path, case):
     """A step that admits requests whose prompt completes in it, with every other running
     request decoding, is a step of a fast-forward stretch: its first (no waiting request a
     later step could admit on budget and slots), or the step after requests finish inside one
     (the scheduler's step time, the prefill ends handled at its end); the run's tables equal
     the per-step loop's (bundled Mooncake slice: prefix hits, rounds every 16 tokens)."""
-    from sim.engine import Simulator
-
-    calls = {"admitted": 0}
-    orig = Simulator._fast_forward_rounds
-    orig_change = Simulator._ff_batch_change
-
-    def spy(self, reqs, ctx0, extra_first=0.0, admitted=None):
-        calls["admitted"] += admitted is not None
-        return (yield from orig(self, reqs, ctx0, extra_first, admitted))
-
-    def spy_change(self, *args):
-        res = yield from orig_change(self, *args)
-        calls["admitted"] += len(res[-1]) > 0  # admitted inside a stretch
-        return res
-
-    monkeypatch.setattr(Simulator, "_fast_forward_rounds", spy)
-    monkeypatch.setattr(Simulator, "_ff_batch_change", spy_change)
     out = {}
     for ff in ("true", "false"):
         cfg = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=150",
                               "policy=triattention", "policy.budget=64", "policy.beta=16",
                               "compaction=forward_pack", "sim.progress=false",
                               f"sim.fast_forward={ff}", *ADMIT_CASES[case]])
-        run_simulation(cfg, tmp_path / ff)
+        summary = run_simulation(cfg, tmp_path / ff)
         out[ff] = {t: pd.read_parquet(tmp_path / ff / f"{t}.parquet")
                    for t in ("requests", "steps", "rounds")}
         if ff == "true":
-            assert calls["admitted"] > 0
+            assert summary["wall"]["stretches"]["rounds"]["admitted"] > 0
     assert len(out["true"]["rounds"]) > 0
     for t in ("requests", "steps", "rounds"):
         pd.testing.assert_frame_equal(out["true"][t], out["false"][t], check_exact=True)
@@ -212,7 +195,7 @@ def test_admission_step_starts_a_compression_stretch(tmp_path, monkeypatch, case
 def test_compression_stretch_ends_before_it_takes_the_waiting_heads_hit(tmp_path):
     """A compression run's decode stretch with a request waiting whose chunk is capped
     (long_prefill_token_threshold) ends before the first step whose new blocks take one of the
-    head's prefix-hit blocks off the free queue (Simulator._head_hit_step): the head's hit is
+    head's prefix-hit blocks off the free queue (sim.stretches.common.head_hit_step): the head's hit is
     cut there while hit blocks after it are still free, so it may fit. Requests, steps and
     rounds equal the per-step loop's; this case (found by a differential search) admitted the
     head one step later than the per-step loop before the fix."""

@@ -173,28 +173,19 @@ def batch_workload(seed, n=40):
 @pytest.mark.parametrize("seed,num_blocks,steps", [(0, 1000, True), (1, 1000, False),
                                                    (2, 60, True), (3, 45, False), (4, 4000, True),
                                                    (1, 36, True), (4, 45, False)])
-def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, steps):
+def test_stretches_past_finishes_equal_per_step(seed, num_blocks, steps):
     """A dense decode stretch with nothing waiting goes on past requests that finish inside it
-    (Simulator._finishing_stretch_end): the requests, steps and counters equal the per-step
-    loop's, bit for bit, with small pools (the stretch cut by free blocks; preemptions) and a
+    (DecodeStretch.finishing_end): the requests, steps and counters equal the per-step loop's,
+    bit for bit, with small pools (the stretch cut by free blocks; preemptions) and a
     closed-loop child (its parent's finish ends the stretch); an admission step whose chunks
     complete their prompts is the stretch's first step (a preempted request re-admitted with
-    one token to compute counts it as a decode token, as the per-step loop does; the last two
-    cases failed without that). Both paths are taken."""
-    finishes = []
-    admissions = []
-    orig = Simulator._finishing_stretch_end
-
-    def spy(self, reqs, fin, slot0, start, cum, *a):
-        finishes.append(int((fin < len(cum)).sum()))
-        admissions.append(a[-2])  # (the first step's prefill tokens)
-        return orig(self, reqs, fin, slot0, start, cum, *a)
-
-    monkeypatch.setattr(Simulator, "_finishing_stretch_end", spy)
+    one token to compute counts it as a decode token, as the per-step loop does). Both paths
+    are taken (the decode stretch's public counters)."""
     wl = batch_workload(seed)
-    a, sa, ra, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=True)
+    a, sa, ra, sim = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=True)
     b, sb, rb, _ = simulate(wl, num_blocks=num_blocks, steps=steps, fast_forward=False)
-    assert sum(finishes) > 0 and sum(admissions) > 0
+    dec = sim.stretch_counts()["decode"]
+    assert dec["finished_inside"] > 0 and dec["admission_tokens"] > 0
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     pd.testing.assert_frame_equal(sa, sb, check_exact=True)
     assert (ra.num_steps, ra.sum_decode, ra.sum_prefill, ra.peak_blocks_used, ra.preemptions) == \
@@ -204,25 +195,16 @@ def test_stretches_past_finishes_equal_per_step(monkeypatch, seed, num_blocks, s
 @pytest.mark.parametrize("seed,num_blocks,budget,steps", [
     (0, 1000, 64, True), (1, 1000, 100, False), (2, 90, 64, True), (3, 70, 128, True),
     (4, 130, 48, False), (5, 4000, 80, True), (6, 60, 32, True)])
-def test_prefill_stretches_equal_per_step(monkeypatch, seed, num_blocks, budget, steps):
+def test_prefill_stretches_equal_per_step(seed, num_blocks, budget, steps):
     """A chunked prefill whose chunk takes the rest of the token budget while the other running
-    requests decode is advanced several steps at once (Simulator._prefill_stretch): requests,
-    steps and counters equal the per-step loop's, bit for bit, with small pools (stretches cut
-    by the free blocks; preemptions), prompts sharing prefixes, decodes finishing at a
-    stretch's last step and closed-loop children. Stretches are taken in every case."""
-    taken = []
-    orig = Simulator._prefill_stretch
-
-    def spy(self, *a):
-        k = yield from orig(self, *a)
-        taken.append(k)
-        return k
-
-    monkeypatch.setattr(Simulator, "_prefill_stretch", spy)
+    requests decode is advanced several steps at once (PrefillStretch): requests, steps and
+    counters equal the per-step loop's, bit for bit, with small pools (stretches cut by the
+    free blocks; preemptions), prompts sharing prefixes, decodes finishing at a stretch's last
+    step and closed-loop children. Stretches are taken in every case."""
     wl = chunk_workload(seed)
     o = [f"scheduler.max_num_batched_tokens={budget}"]
-    a, sa, ra, _ = simulate(wl, *o, num_blocks=num_blocks, steps=steps, fast_forward=True)
-    assert sum(k > 0 for k in taken) >= 3
+    a, sa, ra, sim = simulate(wl, *o, num_blocks=num_blocks, steps=steps, fast_forward=True)
+    assert sim.stretch_counts()["prefill"]["taken"] >= 3
     b, sb, rb, _ = simulate(wl, *o, num_blocks=num_blocks, steps=steps, fast_forward=False)
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     pd.testing.assert_frame_equal(sa, sb, check_exact=True)
@@ -237,7 +219,7 @@ def test_decode_stretch_ends_before_it_takes_the_waiting_heads_hit(seed, n, num_
                                                                     thr):
     """With a request waiting whose chunk is capped (here by long_prefill_token_threshold), a
     decode stretch whose new blocks take one of the head's prefix-hit blocks off the free queue
-    ends before that step (Simulator._head_hit_step): the head's hit is cut there while hit
+    ends before that step (sim.stretches.common.head_hit_step): the head's hit is cut there while hit
     blocks after it are still free, so the head may fit where it did not. Requests and steps
     equal the per-step loop's; the first case (found by a differential search) admitted the
     head one step later in the stretch than in the per-step loop before the fix."""
@@ -324,7 +306,7 @@ def test_arrival_created_inside_a_step_at_its_exact_end_waits_for_the_scheduling
 def test_block_pairs_equal_the_numpy_expansion(first, last, B):
     """The compiled (request, step) pairs of a stretch's new blocks equal their numpy
     expansion: counts, request-major order, steps (requests past the stretch get none)."""
-    from sim.engine import _block_pairs
+    from sim.stretches.common import block_pairs as _block_pairs
 
     f = np.asarray(first + [np.iinfo(np.int64).max // 2], dtype=np.int64)
     cnt, pi, ps = _block_pairs(f, last, B)
@@ -347,7 +329,7 @@ def test_stretch_pairs_equal_the_request_major_pairs_sorted_by_step(rows, k, B, 
     cumulative need fits ``free``, the pairs in allocation order (a stable sort of the
     request-major pairs by step). ``chunk = (computed, c)``: a prefill computing ``c`` more
     prompt tokens a step also takes its new blocks from ``free`` (``extra``)."""
-    from sim.engine import _NO_EXTRA, _block_pairs, _stretch_pairs
+    from sim.stretches.common import NO_EXTRA as _NO_EXTRA, block_pairs as _block_pairs, stretch_pairs as _stretch_pairs
 
     s = np.asarray([r[0] for r in rows], dtype=np.int64)
     last = np.asarray([r[1] for r in rows], dtype=np.int64)
@@ -494,7 +476,8 @@ def test_deferred_decode_block_is_allocated_before_its_registration(block_size):
     block the deferred allocation writes into the table is one the queued registration names;
     the registration must see the new id (the fused allocate-and-register call is taken only
     for block_size > 1). With 16 the queued block is an older one."""
-    from sim.engine import Request, _queue_registration
+    from sim.kv_manager import queue_registration as _queue_registration
+    from sim.request import Request
 
     wl = make_workload([dict(arrival_s=0.0, input_tokens=40, output_tokens=2,
                              prefix_ids=[1, 2, 3, 4, 5])], prefix_block_tokens=8)
@@ -514,7 +497,7 @@ def test_deferred_decode_block_is_allocated_before_its_registration(block_size):
     pool.cache_blocks(req.blocks[:req.n_cached], req.keys[:req.n_cached])
     reg = ([], [])
     _queue_registration(req, full, reg)
-    sim._flush_grow([req], reg)
+    sim.kv.flush_grow([req], reg)
     assert req.n_blocks == (3 if block_size == 1 else 4) and (req.blocks[:req.n_blocks] >= 0).all()
     held = req.blocks[:full]
     assert pool.block_hash[held].tolist() == req.keys[:full].tolist()

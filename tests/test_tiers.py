@@ -297,47 +297,39 @@ def test_lru_store_long_random_run_matches_an_ordered_dict():
     assert s.lru_order().tolist() == list(ref)
 
 
-def _ff_on_off(tmp_path, monkeypatch, method: str, overrides: list):
+def _ff_on_off(tmp_path, stretch: str, overrides: list):
     """Run ``overrides`` on the bundled slice with fast-forward on, then off (into
-    ``tmp_path/true`` and ``tmp_path/false``), counting the steps each call of the stretch
-    ``Simulator.<method>`` took. Returns (those counts, the sha256 of the requests, steps and
-    transfers tables per setting)."""
+    ``tmp_path/true`` and ``tmp_path/false``). Returns (the counters of the engine's stretch
+    ``stretch`` in the fast run: summary.json ``wall.stretches``, the sha256 of the requests,
+    steps and transfers tables per setting)."""
     import hashlib
 
-    from sim.engine import Simulator
-
-    taken = []
-    orig = getattr(Simulator, method)
-
-    def spy(self, *args):
-        k = yield from orig(self, *args)
-        taken.append(k)
-        return k
-
-    monkeypatch.setattr(Simulator, method, spy)
     digests = {}
     for ff in ("true", "false"):
         out = tmp_path / ff
-        run_simulation(compose_config([*overrides, "sim.progress=false", f"sim.fast_forward={ff}"]), out)
+        summary = run_simulation(compose_config([*overrides, "sim.progress=false",
+                                                 f"sim.fast_forward={ff}"]), out)
+        if ff == "true":
+            counts = summary["wall"]["stretches"][stretch]
         digests[ff] = {t: hashlib.sha256((out / t).read_bytes()).hexdigest()
                        for t in ("requests.parquet", "steps.parquet", "transfers.parquet")}
-    return taken, digests
+    return counts, digests
 
 
 @pytest.mark.parametrize("extra", [
     ["tiers=gpu_host_disk", "codec=nvfp4", "tiers.host_gib=2", "tiers.disk_gib=8"],
     ["tiers=gpu_host", "tiers.write_policy=write_through_selective", "tiers.host_gib=4"],
 ], ids=["write_back-host-disk", "write_through_selective"])
-def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, monkeypatch, extra):
+def test_fast_forward_byte_identical_with_tiers_on_real_trace(tmp_path, extra):
     """The bundled Mooncake slice on a small pool with a long waiting queue: the fast-forward
     gives byte-identical tables to the per-step loop. (It did not when offloads landing or GPU
     evictions inside a stretch changed what the waiting head could be admitted with, or when a
     stretch's last offloads were issued after the next scheduling.) The tier stretches run
     through landings with the head waiting: most decode steps are taken by them."""
-    taken, digests = _ff_on_off(tmp_path, monkeypatch, "_tier_stretch", [
+    counts, digests = _ff_on_off(tmp_path, "tiers", [
         "trace.max_requests=1200", "cache.num_gpu_blocks=4000", *extra])
     steps = len(pd.read_parquet(tmp_path / "true" / "steps.parquet"))
-    assert max(taken) >= 20 and sum(taken) > steps / 2, (max(taken), sum(taken), steps)
+    assert counts["longest"] >= 20 and counts["steps"] > steps / 2, (counts, steps)
     assert digests["true"] == digests["false"]
 
 
@@ -483,15 +475,15 @@ def test_write_back_holds_the_step_until_evicted_pages_are_copied(tmp_path):
     assert np.all(ends.to_numpy()[:-1] <= steps["time_s"].to_numpy()[1:] + 1e-9)
 
 
-def test_fast_forward_byte_identical_with_write_back_and_compression(tmp_path, monkeypatch):
-    """Compression with tiers fast-forwards through :meth:`Simulator._fast_forward`; with
+def test_fast_forward_byte_identical_with_write_back_and_compression(tmp_path):
+    """Compression with tiers fast-forwards through :class:`sim.stretches.decode.DecodeStretch`; with
     write_back a step that evicts a cached block is held for its copy, so the stretch ends
     before it, with or without requests waiting (it did not: the held step's wait was missing
     and the tables differed from the per-step loop's late in the run)."""
-    taken, digests = _ff_on_off(tmp_path, monkeypatch, "_fast_forward", [
+    counts, digests = _ff_on_off(tmp_path, "decode", [
         "trace.max_requests=600", "cache.num_gpu_blocks=3000", "tiers=gpu_host_disk",
         "policy=triattention", "compaction=forward_pack"])
-    assert sum(taken) > 1000, sum(taken)
+    assert counts["steps"] > 1000, counts
     assert digests["true"] == digests["false"]
 
 

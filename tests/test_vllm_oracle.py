@@ -31,14 +31,6 @@ GOLDENS = sorted(p.name[:-5] for p in DATA.glob("*_b*_n*.json")
 MOONCAKE = traces_dir() / "mooncake" / "conversation_trace.jsonl"
 
 
-class _Recording(Simulator):
-    """A simulator that keeps each request's block table as it is freed."""
-
-    def _free_blocks(self, req):
-        self.tables[req.idx] = req.blocks[:req.n_blocks].tolist()
-        super()._free_blocks(req)
-
-
 def kvsim_one_at_a_time(scen: dict, block_size: int, num_blocks: int, max_model_len: int):
     """Run a scenario through kvsim one request at a time: roots (in row order) arrive 10^5 s
     apart, children when their parent finishes, one sequence at a time. Returns the requests
@@ -54,12 +46,19 @@ def kvsim_one_at_a_time(scen: dict, block_size: int, num_blocks: int, max_model_
                           "scheduler.max_num_seqs=1", f"model.max_model_len={max_model_len}"])
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     rec = Recorder(len(wl), wl.table.column("session_id").to_numpy(), record_steps=False)
-    sim = _Recording(wl, num_blocks, block_size, cfg.scheduler, cfg.cache, cost, max_model_len,
-                     rec)
-    sim.tables = {}
+    sim = Simulator(wl, num_blocks, block_size, cfg.scheduler, cfg.cache, cost, max_model_len,
+                    rec)
+    tables = {}
+    free_blocks = sim.kv.free_blocks
+
+    def keep_table(req):  # each request's block table as it is freed
+        tables[req.idx] = req.blocks[:req.n_blocks].tolist()
+        free_blocks(req)
+
+    sim.kv.free_blocks = keep_table
     sim.run()
     assert rec.preemptions == 0
-    return rec.requests_frame().set_index("request_id"), sim.tables
+    return rec.requests_frame().set_index("request_id"), tables
 
 
 def _crc(table) -> int:

@@ -1,0 +1,179 @@
+"""The tier stretch: pure-decode steps of a dense batch with host/disk tiers, one SimPy timeout per
+step (offload landings and arrivals keep their order) without the per-request work of the
+per-step loop."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kv_manager import queue_registration
+from ..request import FINISHED
+from .base import Stretch
+
+
+class TierStretch(Stretch):
+    """Tier stretches of one engine (``sim``)."""
+
+    name = "tiers"
+
+    def eligible(self, plan, dt: float, hold: float | None) -> bool:
+        """Dense runs with host/disk tiers: a pure-decode step (held or not)."""
+        sim = self.sim
+        return sim.tiers is not None and sim.comp is None and sim.sched.pure_decode(plan)
+
+    def start(self, plan, n_arr, ctx_arr, dt: float, extra_dt: float, hold: float | None):
+        return self.advance(plan.reqs, ctx_arr, dt, hold)
+
+    def advance(self, reqs, ctx0, dt: float, hold: float | None = None):
+        """Pure-decode steps of a dense batch with host/disk tiers, the first of them scheduled by
+        :meth:`Scheduler.schedule` (duration ``dt``; held until ``hold`` (s) for write-back copies
+        when not None), without the per-request work of the per-step loop.
+
+        Offloads land during almost every step and the waiting head's hit may change with them, so
+        the stretch keeps one SimPy timeout per step, created where the per-step loop creates its
+        own (after the step-end offloads were issued): every other event (offload and demotion
+        landings, arrivals, onboarding transfers) runs in the same order as there. At each step's
+        end it does what the per-step loop does for such a step: the write-policy offloads
+        (:meth:`Simulator.tier_step_end`), the step's row, and the next step's scheduling made for
+        the few requests it concerns: one new block for each request whose token starts a block (in
+        running order, from the free queue) and the registration of each block a token fills, then
+        the waiting head's admission check (:meth:`TierStretch.next_step`), and with write_back the
+        copies of the cached blocks those new blocks evicted, the next step waiting for them as the
+        engine's steps do (:meth:`sim.tiers.TierManager.write_back`). The per-request counters
+        (computed and generated tokens) are committed at the end. It ends, leaving the rest of the
+        next scheduling to :meth:`Scheduler.schedule`, where the per-step loop would decide anything
+        else:
+
+        * the running list changed (an onboarding request joined it) or the waiting head may be
+          admitted (the batch's part of that scheduling is then done; the scheduler does the
+          rest);
+        * the next step's new blocks exceed the free blocks (the scheduler preempts; nothing of
+          that step is done);
+        * requests finish at the step's end (they are committed and retired there, as the
+          per-step loop does, and the stretch returns).
+
+        Returns the number of steps taken (0: not taken, the engine runs the step).
+        """
+        sim = self.sim
+        env = sim.env
+        pool = sim.pool
+        B = sim.B
+        b = len(reqs)
+        k = min([r.output - r.n_generated for r in reqs])  # the first finish: at step k's end
+        if k < 2 or (sim.tiers.layerwise and any(r.load_event is not None for r in reqs)):
+            return 0  # (layer-by-layer loads: the per-step loop waits for them, then clears)
+        nc0 = [r.n_computed for r in reqs]  # before step 1
+        durs = sim.cost.decode_step_times(ctx0, k)
+        durs[0] = dt
+        live0 = sum(nc0)
+        caching = sim.caching
+        rec = sim.rec
+        # the steps at which each request next starts a block (grow) and fills one (its
+        # registration), as buckets step -> request indices: a step touches only its own
+        grow_at: dict = {}
+        reg_at: dict = {}
+        for i, (req, c) in enumerate(zip(reqs, nc0)):
+            grow_at.setdefault(max(req.n_blocks * B - c + 1, 2), []).append(i)
+            if caching:
+                reg_at.setdefault(max((req.n_cached + 1) * B - c, 2), []).append(i)
+        s = 1  # (hold: when the write-back copies the step's new blocks wait for land)
+        while True:
+            start = env.now
+            if hold is not None:
+                yield from sim.wait_write_back(hold)
+            yield env.timeout(float(durs[s - 1]))
+            step_dur = float(durs[s - 1]) if hold is None else env.now - start
+            done = s == k
+            if done:
+                now = env.now
+                self.commit_counts(reqs, nc0, s)
+                for req in reqs:
+                    if req.n_generated >= req.output:
+                        req.status = FINISHED
+                        req.finish = now
+                sim.retire_finished()
+            sim.tier_step_end()
+            if done:
+                live = sim.live_tokens()
+            else:  # the batch's counters are committed at the end; a request that joined the
+                # running list during the step (its onboarding ended) counts its own
+                live = live0 + s * b + sum(r.n_computed for r in sim.running[b:])
+            rec.step(start, step_dur, len(sim.running), len(sim.waiting), 0, b,
+                     pool.num_used, pool.num_cached_free, live)
+            if not done:
+                sim.check_sim_time()
+            if done or self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:
+                break  # (step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule goes on)
+            hold = sim.write_back_hold()  # (as the engine after a scheduling)
+            s += 1
+        if not done:
+            self.commit_counts(reqs, nc0, s)
+        if sim.check:
+            sim.check_invariants()
+        return s
+
+    def commit_counts(self, reqs, nc0, steps: int) -> None:
+        """Commit ``steps`` decode steps to the counters of ``reqs`` (``nc0``: computed tokens
+        before the first; every request sampled a token in each)."""
+        for req, c in zip(reqs, nc0):
+            req.n_computed = c + steps
+            req.n_generated += steps
+
+    def next_step(self, reqs, nc0, s: int, B: int, grow_at: dict, reg_at: dict) -> int:
+        """For :meth:`TierStretch.advance`: schedule its step ``s`` (token index ``nc0[i] + s - 1``
+        of request ``i``) as :meth:`Scheduler.schedule` would for the unchanged decode batch.
+        ``grow_at`` and ``reg_at`` map a step to the indices of the requests whose token starts a
+        block there (``nc0 + s > n_blocks x B``) and of those whose token fills one (``(nc0 + s) //
+        B > n_cached``, with prefix caching), the stretch's buckets, moved on here. Returns 1 when
+        that is the whole scheduling; 0 (nothing done) when the new blocks exceed the free ones (the
+        scheduler preempts); 2 when the batch's part is done (its new blocks allocated and full
+        blocks registered, in the scheduler's order) but the rest may decide something: the running
+        list grew (an onboarding request joined it, after the batch in running order), or the
+        waiting head may be admitted. :meth:`Scheduler.schedule` then does the rest: it finds the
+        batch's blocks in place and goes on to the others and the admission. The head is checked as
+        the scheduler checks it: while the memo of its last failed check holds (no key of its hit in
+        the change logs, these evictions included) it fails again (no more blocks are free than
+        then); else :meth:`Scheduler.admission_plan` decides."""
+        sim = self.sim
+        pool = sim.pool
+        # requests whose step-s token starts a block, and those whose token fills one
+        # (registered at this scheduling), in running order
+        gi = grow_at.get(s)
+        if gi is not None:
+            gi.sort()
+            if len(gi) > pool.num_free:
+                return 0  # the scheduler preempts
+            grow = [reqs[i] for i in gi]
+        else:
+            grow = []
+        reg = ([], [])
+        ri = reg_at.pop(s, None)
+        if ri is not None:
+            ri.sort()
+            for i in ri:
+                req = reqs[i]
+                full = (nc0[i] + s) // B
+                queue_registration(req, full, reg)
+                reg_at.setdefault((full + 1) * B - nc0[i], []).append(i)
+        sim.kv.flush_grow(grow, reg)  # the new blocks, then the registrations, as the scheduler
+        if gi is not None:
+            del grow_at[s]
+            for i in gi:  # (one block more: the next starts B tokens on)
+                grow_at.setdefault(reqs[i].n_blocks * B - nc0[i] + 1, []).append(i)
+        # the batch's part of the scheduling is done; the rest is the admission's
+        if len(sim.running) != len(reqs):
+            return 2
+        head = sim.waiting[0] if sim.waiting else None
+        if head is not None and sim.sched.head_retried(len(reqs)):
+            kt = sim.kv.head_key_table(head)
+            logs = pool.change_log + sim.tiers.change_log
+            if kt is not None and not (logs and (kt.get_many(np.concatenate(logs)) >= 0).any()):
+                # the memo of the head's last (failed) check holds, with no more free blocks
+                # now: it fails again; the logs are cleared as the memo's revalidation clears them
+                pool.change_log.clear()
+                sim.tiers.change_log.clear()
+            elif sim.sched.admission_plan(head, sim.max_tokens - len(reqs)) is not None:
+                return 2  # it may be admitted: the scheduler does it
+            # (else the admission's own checks, as the scheduler makes them, failed: its hit
+            # walk is up to date and the logs cleared, as there)
+        return 1
