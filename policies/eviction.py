@@ -102,8 +102,8 @@ def topk_mask(score: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
         return np.zeros(score.shape, dtype=bool)
     # per row, a partition finds the k-th largest candidate score; every candidate above it is
     # kept, and of those equal to it the lowest slots (the stable sort's tie order): one
-    # compiled call over the rows (_topk_rows), O(S) a row where the sort was O(S log S) (a
-    # per-layer policy's 36 rows took most of its round in the sort)
+    # compiled call over the rows (_topk_rows), O(S) a row against a sort's O(S log S) (a
+    # per-layer policy selects over 36 rows a round)
     if score.dtype != np.float32 and score.dtype != np.float64:
         score = score.astype(np.float64)  # exact and order-preserving for the scores used
     elif not score.flags.writeable:  # a broadcast view: the kernel takes writable arrays
@@ -191,7 +191,7 @@ def _pool_along_positions(score: np.ndarray, pos: np.ndarray, region: np.ndarray
     srt = np.where(region[rows, order], score[rows, order].astype(np.float64), np.nan)
     # a window wider than 2S - 1 reaches every token from every token, as a 2S - 1 one does: the
     # same maxima and sums (the average still divides by the kernel), without the S x kernel work
-    # of a huge kernel (break-it: pooling_kernel=1000001 took minutes)
+    # of a huge kernel (pooling_kernel=1000001 would take minutes)
     k = max(1, min(kernel, 2 * S - 1))
     half = k // 2
     fill = -np.inf if kind == "max" else 0.0

@@ -21,7 +21,7 @@ README of gpu_validation), term by term where the file has the shapes:
 Every other term (host time, collectives, per-layer overhead; any term whose shapes or dtype
 the file lacks) is the operator model's, and ``summary.json["cost_model"]`` lists which came
 from where, with the reason for each fallback. Host/disk copies, codecs and the compaction
-mover read the same file (``self.calibration``) as before.
+mover read the same file (``self.calibration``).
 """
 
 from __future__ import annotations

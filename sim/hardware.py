@@ -343,7 +343,7 @@ def weight_bytes(model) -> float:
     dt = dtype_bytes(model.dtype, "model.dtype")
     per = weight_quant_bytes(model)
     q = quantised_params(model)
-    if str(model.weight_quant_scope) == "linear":  # (the embeddings' bytes as before the scope)
+    if str(model.weight_quant_scope) == "linear":  # (the rest is the embeddings: their own count)
         return q * per + model.embedding_params_b * 1e9 * dt
     return q * per + (model.num_params_b * 1e9 - q) * dt
 

@@ -1,10 +1,11 @@
 """Parsed-trace cache: a loader's result kept on disk, so that a sweep parses a trace once.
 
-A sweep runs the same trace under many configurations; each run used to parse the file again
-(the full Weka file: about 12 s of a run's wall time, 460 MB of JSON). The cache stores the
-loader's :class:`~traces._common.Parsed` result (its arrays as ``.npy`` files, the rest as JSON)
-under a key that names everything the result depends on, and a later run with the same key
-maps the arrays back (``numpy.load(mmap_mode="r")``) instead of parsing.
+A sweep runs the same trace under many configurations; without the cache each run parses the
+file again (the full Weka file is 460 MB of JSON; BENCHMARKS.md has its load times). The
+cache stores the loader's :class:`~traces._common.Parsed` result (its arrays as ``.npy``
+files, the rest as JSON) under a key that names everything the result depends on, and a
+later run with the same key maps the arrays back (``numpy.load(mmap_mode="r")``) instead
+of parsing.
 
 The key (xxh3-128 of a JSON document) covers:
 
