@@ -462,17 +462,16 @@ def test_a_sweep_job_that_meets_a_full_disk_fails_alone_and_a_resume_completes_i
 
 
 def _kill_after_first_table(cfg, out):
-    """A run that SIGKILLs itself once its first table is written (a process killed while it
-    writes its results)."""
-    import sim.run as R
+    """A run that SIGKILLs itself once its first table is in place (renamed to its
+    ``.parquet`` name): a process killed while it writes its results."""
+    real = os.replace
 
-    real = R._write_parquet
+    def replace_then_die(src, dst, *args, **kwargs):
+        real(src, dst, *args, **kwargs)
+        if str(dst).endswith(".parquet"):
+            os.kill(os.getpid(), signal.SIGKILL)
 
-    def write_then_die(df, path):
-        real(df, path)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    R._write_parquet = write_then_die
+    os.replace = replace_then_die  # (this forked process only)
     run_simulation(cfg, out, overrides=["trace.max_requests=20"])
 
 
