@@ -80,7 +80,8 @@ def test_gemm_and_attention_come_from_the_tables(cal_file):
     assert float(m.gemm_time(136, 0)) == pytest.approx(mid, rel=1e-9)
     # decode attention: 8 sequences of mean 1024 cached + 1 new token
     ctx = np.full(8, 1023, dtype=np.int64)
-    d, p = m._attention_parts(np.ones(8, dtype=np.int64), ctx)
+    parts = m.breakdown(np.ones(8, dtype=np.int64), ctx, 8)
+    d, p = parts["attention_decode"], parts["attention_prefill"]
     row = 3e-6 + 8 * 1024 * 2 * 8 * 128 * 2 / 3e12
     assert d == pytest.approx(36 * row, rel=1e-9) and p == 0.0
     cm = m.describe()

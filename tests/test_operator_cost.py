@@ -7,7 +7,7 @@ import pytest
 
 from sim.cost import build_cost_model
 from sim.errors import ConfigError
-from sim.hardware import linear_param_counts
+from sim.hardware import linear_param_counts, weight_quant_bytes
 from sim.operator_cost import OperatorCostModel, expected_experts, ring_allreduce_time
 from sim.run import compose_config, run_simulation
 
@@ -69,13 +69,15 @@ def test_decode_weight_traffic_hand_value():
 
 
 def test_moe_weight_traffic_grows_with_batch_until_all_experts_hot():
-    m = model_of(cfg("model=gpt_oss_120b", "gpu=h200"))
+    c = cfg("model=gpt_oss_120b", "gpu=h200")
+    m = model_of(c)
     if m.E == 0:
         pytest.skip("the gpt-oss card has no MoE fields yet")
     g = [m.gemm_time(b, b) for b in (1, 4, 16, 64, 256, 1024)]
     assert all(b > a for a, b in zip(g, g[1:]))
     # at 1 token 4 of 128 experts are read: far less than the whole expert weights
-    full = m._expert[0] * m._expert[1] / m._bytes_s
+    full = (linear_param_counts(c.model).routed_experts * weight_quant_bytes(c.model)
+            / (c.gpu.hbm_bandwidth_gbps * 1e9 * c.cost.mbu))
     assert g[0] < 0.2 * full
 
 
