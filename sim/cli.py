@@ -272,16 +272,20 @@ def complete_run_folder(config) -> Path | None:
     import copy
 
     from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
 
     from .callbacks import config_fingerprint, run_overrides
     from .run import is_complete
 
-    if config.output.dir or not config.output.skip_completed:
+    try:  # (a setting that does not resolve: the caller's error line names it)
+        if config.output.dir or not config.output.skip_completed:
+            return None
+        out = Path(str(config.hydra.run.dir)).absolute()
+    except OmegaConfBaseException:
         return None
     task = copy.deepcopy(config)  # (the config the job gets, as Hydra's run_job makes it)
     with read_write(task), open_dict(task):
         del task["hydra"]
-    out = Path(str(config.hydra.run.dir)).absolute()
     given = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
     if is_complete(out, run_overrides(given), _trace_input(task.trace), _input_files(task),
                    config_fingerprint(task)):

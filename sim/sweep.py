@@ -153,9 +153,25 @@ def complete_sweep(config) -> list[Path] | None:
     """For a sweep run with ``output.skip_completed=true`` through Hydra's basic sweeper
     (``config``: Hydra's whole config of the sweep): the results folder of each of its jobs
     when every one holds its job complete (:func:`sim.run.is_complete`, as the job itself
-    checks: the same overrides, trace content, input files and config fingerprint); else None.
-    Each job's config is composed as the launchers compose it (Hydra's config loader, job
-    number set); nothing is written, so a complete sweep in a read-only folder is skipped."""
+    checks: the same overrides, trace content, input files and config fingerprint); else None,
+    also when a setting does not resolve or a job's config does not compose (the caller's
+    error names it). Each job's config is composed as the launchers compose it (Hydra's config
+    loader, job number set); nothing is written, so a complete sweep in a read-only folder is
+    skipped."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _complete_jobs(config)
+    except (OmegaConfBaseException, HydraException):
+        return None
+    finally:
+        HydraConfig.instance().set_config(config)
+
+
+def _complete_jobs(config) -> list[Path] | None:
+    """:func:`complete_sweep`'s check (which sets Hydra's config back after it)."""
     import copy
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -180,29 +196,26 @@ def complete_sweep(config) -> list[Path] | None:
     parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     folders = []
-    try:
-        for num, job in enumerate(jobs):
-            job_cfg = loader.load_sweep_config(config, list(job))
-            with open_dict(job_cfg):
-                job_cfg.hydra.job.num = num
-                job_cfg.hydra.job.id = f"{num}"
-            HydraConfig.instance().set_config(job_cfg)  # (${hydra:job.num} in output.dir)
-            task = copy.deepcopy(job_cfg)
-            with read_write(task), open_dict(task):
-                del task["hydra"]
-            out = Path(str(task.output.dir)) if task.output.dir else \
-                Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
-            try:
-                trace, inputs = input_fingerprint(task.trace), input_files(task)
-            except (TraceError, OSError, ValueError, TypeError):
-                return None  # (the job reads its inputs and names the problem)
-            overrides = run_overrides(OmegaConf.to_container(job_cfg.hydra.overrides.task,
-                                                             resolve=False))
-            if not is_complete(out, overrides, trace, inputs, config_fingerprint(task)):
-                return None
-            folders.append(out.absolute())
-    finally:
-        HydraConfig.instance().set_config(config)
+    for num, job in enumerate(jobs):
+        job_cfg = loader.load_sweep_config(config, list(job))
+        with open_dict(job_cfg):
+            job_cfg.hydra.job.num = num
+            job_cfg.hydra.job.id = f"{num}"
+        HydraConfig.instance().set_config(job_cfg)  # (${hydra:job.num} in output.dir)
+        task = copy.deepcopy(job_cfg)
+        with read_write(task), open_dict(task):
+            del task["hydra"]
+        out = Path(str(task.output.dir)) if task.output.dir else \
+            Path(str(job_cfg.hydra.sweep.dir)) / str(job_cfg.hydra.sweep.subdir)
+        try:
+            trace, inputs = input_fingerprint(task.trace), input_files(task)
+        except (TraceError, OSError, ValueError, TypeError):
+            return None  # (the job reads its inputs and names the problem)
+        overrides = run_overrides(OmegaConf.to_container(job_cfg.hydra.overrides.task,
+                                                         resolve=False))
+        if not is_complete(out, overrides, trace, inputs, config_fingerprint(task)):
+            return None
+        folders.append(out.absolute())
     return folders or None
 
 

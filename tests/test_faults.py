@@ -610,6 +610,17 @@ def test_skip_completed_skips_a_complete_sweep_in_a_read_only_folder(tmp_path):
     assert sorted((str(p), p.stat().st_mtime_ns) for p in (tmp_path / "ro").rglob("*")) == before
 
 
+def test_skip_completed_with_a_folder_setting_that_does_not_resolve_is_one_line(tmp_path):
+    """``output.skip_completed=true`` with a results or sweep folder whose interpolation does
+    not resolve: the interpolation's one error line (exit 2), as without skip_completed."""
+    for args in (["output.dir=${oc.env:KVSIM_NOT_SET}"],
+                 ["-m", "hydra.sweep.dir=${oc.env:KVSIM_NOT_SET}", "seed=1,2"]):
+        r = _kvsim(*args, "trace.max_requests=20", "output.skip_completed=true", *QUIET)
+        assert r.returncode == 2, (args, r.stderr[-2000:])
+        (line,) = r.stderr.splitlines()
+        assert line.startswith("kvsim: error: ") and "cannot resolve the interpolation" in line
+
+
 # --- labels, collections, caches ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
