@@ -621,6 +621,11 @@ class BlockPool:
         # when a list: every key registered, evicted or uncached (any change of the index), as
         # int64 arrays, none empty
         self.change_log: list[np.ndarray] | None = None
+        # when a list: the prefix index's changes in order, as ``(+1, keys)`` for keys newly
+        # registered and ``(-1, keys)`` for keys an allocation evicted or uncache dropped (int64
+        # arrays, none empty): a replica's KV events (vLLM's BlockStored / BlockRemoved) that a
+        # cluster's router reads (sim.cluster)
+        self.event_log: list[tuple[int, np.ndarray]] | None = None
 
     # ------------------------------------------------------------------ counts
     @property
@@ -692,7 +697,8 @@ class BlockPool:
             idx.count += added
             if m < len(keys):
                 self._mark_dups(blocks, keys)
-            if m and (self.cached_log is not None or self.change_log is not None):
+            if m and (self.cached_log is not None or self.change_log is not None
+                      or self.event_log is not None):
                 self._note_cached(keys[sel[:m]])
             return
         if idx.count + len(keys) > idx.size // INDEX_LOAD_DIV:
@@ -708,7 +714,7 @@ class BlockPool:
         else:
             nb, nk = blocks[new], keys[new]
         self.block_hash[nb] = nk
-        if self.cached_log is not None or self.change_log is not None:
+        if self.cached_log is not None or self.change_log is not None or self.event_log is not None:
             self._note_cached(nk.copy() if nk is keys else nk)  # (keys may be a reused view)
 
     def _mark_dups(self, blocks: np.ndarray, keys: np.ndarray) -> None:
@@ -742,6 +748,8 @@ class BlockPool:
             self.uncached_blocks += len(h)
             if self.change_log is not None:
                 self.change_log.append(h)
+            if self.event_log is not None:
+                self.event_log.append((-1, h))
             if self._table:
                 idx = self.index
                 idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
@@ -824,7 +832,8 @@ class BlockPool:
             self.index.count += added
             if nreg < nr:
                 self._mark_dups(blocks, keys)
-            if nreg and (self.cached_log is not None or self.change_log is not None):
+            if nreg and (self.cached_log is not None or self.change_log is not None
+                         or self.event_log is not None):
                 self._note_cached(keys[self._sel[:nreg]])
         elif nr:
             self.cache_blocks(blocks, keys)
@@ -833,12 +842,14 @@ class BlockPool:
         """Bookkeeping of the ``m`` cached hashes an allocation evicted (the scratch
         ``_ev[:m]``, in allocation order): the tier and memo logs (a copy), the cached-free and
         eviction counts."""
-        if self.evict_log is not None or self.change_log is not None:
+        if self.evict_log is not None or self.change_log is not None or self.event_log is not None:
             keys = self._ev[:m].copy()
             if self.evict_log is not None:
                 self.evict_log.append(keys)
             if self.change_log is not None:
                 self.change_log.append(keys)
+            if self.event_log is not None:
+                self.event_log.append((-1, keys))
         self.num_cached_free -= m
         self.evicted_cached_blocks += m
 
@@ -849,6 +860,8 @@ class BlockPool:
             self.cached_log.append(keys)
         if self.change_log is not None:
             self.change_log.append(keys)
+        if self.event_log is not None:
+            self.event_log.append((1, keys))
 
     def peek_free(self, n: int) -> np.ndarray:
         """The ``n`` blocks :meth:`allocate` would take next, in order, without taking them

@@ -217,6 +217,24 @@ class CodecConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Replicas of the engine behind a router (:mod:`sim.cluster`, :mod:`sim.routers`).
+
+    ``replicas``: engines, each with its own GPU pool, scheduler and host/disk tiers (1: the
+    single engine, tables without a ``replica`` column). ``router``: round_robin |
+    least_loaded | session_affinity | prefix_aware. ``event_staleness_s``: how long after a
+    replica publishes its KV events (end of each engine step) the router applies them
+    (prefix_aware). ``overlap_weight``: prefix_aware's weight of the prefill blocks against
+    the active blocks (NVIDIA Dynamo's ``kv-overlap-score-weight``).
+    """
+
+    replicas: int = 1
+    router: str = "round_robin"
+    event_staleness_s: float = 0.0
+    overlap_weight: float = 1.0
+
+
+@dataclass
 class SimConfig:
     """Engine switches."""
 
@@ -258,6 +276,7 @@ class KvsimConfig:
     codec: CodecConfig = field(default_factory=CodecConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     seed: int = 0

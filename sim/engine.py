@@ -62,13 +62,22 @@ class Simulator:
     longest accepted request (input + output tokens). recorder: metrics sink; check_invariants:
     verify pool invariants after every step. prefix_index: ``dict`` | ``table`` | ``auto`` (=
     ``table``; see :class:`sim.block_pool.BlockPool`). progress: a callable ``progress(n_done)`` or
-    None. """
+    None.
+
+    As one replica of a cluster (:class:`sim.cluster.Cluster`): ``env``, the cluster's SimPy
+    environment (None: the engine makes its own); ``release``, a callable ``release(row, think_s)``
+    that takes each closed-loop child this engine's requests release (the cluster routes it
+    after its think time; None: it arrives here); ``on_iteration``, a callable run at the top of
+    every pass of the engine loop (after each step or fast-forward stretch, before the next
+    scheduling; the cluster publishes the replica's KV events there). A replica's loop does not
+    end when its own requests are done: it waits for the next arrival the cluster routes to it,
+    and the cluster's run ends when every request is done. """
 
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
                  fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
-                 prefix_index: str = "auto"):
+                 prefix_index: str = "auto", env=None, release=None, on_iteration=None):
         self.wl = workload
         self.B = int(block_size)
         if prefix_index == "auto":
@@ -92,7 +101,9 @@ class Simulator:
         self.fast_forward = bool(fast_forward)
         from .hardware import check_prefill_budget
         check_prefill_budget(self.max_tokens, self.max_model_len, self.chunked)
-        self.env = simpy.Environment()
+        self.env = simpy.Environment() if env is None else env
+        self.release = release
+        self.on_iteration = on_iteration
         # tiers: a factory env -> TierManager (None = GPU only)
         self.tiers = tiers(self.env) if tiers is not None else None
         self.num_layers = max(1, int(num_layers))
@@ -222,7 +233,9 @@ class Simulator:
         env = self.env
         for c in kids:
             think = float(self.w_think[c])
-            if think <= 0:
+            if self.release is not None:
+                self.release(c, think)
+            elif think <= 0:
                 self._arrive(c)
             else:
                 ev = env.timeout(think)
@@ -275,7 +288,11 @@ class Simulator:
     def _engine(self):
         env = self.env
         rec = self.rec
+        # (a cluster's replica serves part of the n requests: its loop waits for arrivals until
+        # the cluster's run ends)
         while self.done < self.n:
+            if self.on_iteration is not None:
+                self.on_iteration()
             if not self.running and not self.waiting:
                 self.wake = env.event()
                 yield self.wake

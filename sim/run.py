@@ -312,6 +312,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     # every config and trace check runs before the results directory is touched, so a
     # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
+    from .cluster import validate_cluster
+
+    validate_cluster(cfg.cluster)
     inputs = input_files(cfg)  # (before they are read: a file changed during the run reruns)
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
@@ -364,8 +367,11 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
 
             shutil.rmtree(out / ".hydra")
     n = len(wl)
-    rec = Recorder(n, wl.table.column("session_id").to_numpy(),
-                   record_steps=bool(cfg.output.write_steps))
+    replicas = int(cfg.cluster.replicas)
+    from .cluster import Cluster, ClusterRecorder
+
+    rec = (ClusterRecorder if replicas > 1 else Recorder)(
+        n, wl.table.column("session_id").to_numpy(), record_steps=bool(cfg.output.write_steps))
     show = cfg.sim.progress is not False if progress_bar is None else progress_bar
     bar = None
     progress = None
@@ -375,12 +381,14 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
 
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
-    sim = Simulator(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
-                    cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
-                    progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
-                    fast_forward=cfg.sim.fast_forward, tiers=tiers_factory,
-                    num_layers=cfg.model.num_layers, compression=comp,
-                    prefix_index=cfg.sim.prefix_index)
+    # (one replica: the single engine; more: a Cluster, whose tables gain a replica column)
+    engine = Simulator if replicas == 1 else (lambda *a, **k: Cluster(cfg.cluster, *a, **k))
+    sim = engine(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                 cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
+                 progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
+                 fast_forward=cfg.sim.fast_forward, tiers=tiers_factory,
+                 num_layers=cfg.model.num_layers, compression=comp,
+                 prefix_index=cfg.sim.prefix_index)
     t_sim = time.perf_counter()
     try:
         sim.run()
@@ -471,6 +479,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     extra["tier_copies_end_s"] = float(sim.env.now) if tm is not None else None
     if hasattr(cost, "run_breakdown"):  # (cost.kind=operator: where the step time went)
         extra["cost_model"]["step_time_s"] = cost.run_breakdown(rec.steps_frame())
+    if replicas > 1:  # (per replica; the top-level block counts are one replica's)
+        extra["cluster"] = sim.summary(req)
     summary = summarize(req, rec, serve_end, plan.num_gpu_blocks, extra,
                         block_size=int(cfg.cache.block_size))
     from traces.loader import peak_rss_mb as _peak

@@ -1,0 +1,493 @@
+"""A cluster: ``cluster.replicas`` engines behind a router, in one SimPy environment.
+
+Each replica is a :class:`sim.engine.Simulator` with its own GPU pool, scheduler and host/disk
+tiers, on the run's cost model. The cluster's arrival process replays the workload's open-loop
+arrivals in time order (as the single engine's does) and hands each to the replica the router
+(:mod:`sim.routers`) picks at that instant; a closed-loop child goes through the router too,
+after its think time. A request is served by one replica from arrival to finish (the
+``replica`` column of the requests table); the steps table carries each step's replica.
+
+Exactness. One replica (``cluster.replicas=1``) is the single engine: the same environment,
+event for event (tests/test_cluster.py checks every table). With more, a router reads replica
+state at each arrival, so every replica must be in the state its per-step loop would have
+then. The fast-forward stretches (:mod:`sim.stretches`) commit several steps at once, so a
+replica's stretch never holds a step whose end is at or after a *barrier*: each arrival's time
+and each ``arrival - cluster.event_staleness_s`` (the instant up to which that arrival's router
+sees KV events) (:meth:`Replica.tie_inside`, :meth:`ReplicaEnv.peek`). Those instants are known
+ahead for open-loop arrivals only, so a cluster of several replicas runs its replicas through
+the per-step loop when the workload has closed-loop children, or when a replica has host/disk
+tiers or an active compression policy (whose stretches let events happen inside them); the
+summary's ``cluster.per_step_reason`` says which. Either way the run is deterministic and ties go to
+the lowest replica index; with fast paths the tables equal the per-step loop's bit for bit
+(tests/test_cluster.py).
+
+KV events. With a router that reads them (``prefix_aware``), each replica's pool logs the keys
+its prefix index gains and loses (:attr:`sim.block_pool.BlockPool.event_log`); the replica
+publishes them as one batch at the end of every engine step (or fast-forward stretch: all its
+steps end on one side of every barrier, so the batches a router sees are the per-step loop's),
+and the router applies a batch published at ``t`` to its :class:`sim.routers.KVView` of that
+replica for the arrivals after ``t + cluster.event_staleness_s`` (strictly after, so that the
+order of simultaneous events never matters).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import simpy
+from simpy.core import NORMAL
+
+from .engine import MAX_CLOCK_S, Simulator
+from .errors import ConfigError
+from .keys import block_keys
+from .metrics import Recorder, _Growable
+from .routers import KVView, make_router
+
+
+def validate_cluster(cfg) -> None:
+    """ConfigError naming the field when the ``cluster`` node is not usable: ``replicas`` an
+    integer >= 1, ``router`` a known router, ``event_staleness_s`` and ``overlap_weight``
+    finite and >= 0."""
+    from .routers import ROUTERS
+
+    n = cfg.replicas
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"cluster.replicas={n!r}; expected an integer >= 1 (engines)")
+    if str(cfg.router) not in ROUTERS:
+        raise ConfigError(f"cluster.router={cfg.router!r}; expected one of {sorted(ROUTERS)}")
+    for f in ("event_staleness_s", "overlap_weight"):
+        v = float(getattr(cfg, f))
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"cluster.{f}={getattr(cfg, f)!r}; expected a finite number >= 0")
+
+
+class ReplicaEnv(simpy.Environment):
+    """One replica's handle on the cluster's environment: events it creates go into the shared
+    queue (``shared``), and :meth:`peek` answers for this replica alone: its own next event,
+    or the float just below the cluster's next barrier (:meth:`Cluster.next_barrier`), whichever
+    is first, so that a fast-forward stretch ends with a step that ends before the barrier.
+    Running the environment is the cluster's (:meth:`step` and :meth:`run` raise)."""
+
+    def __init__(self, shared: simpy.Environment, cluster: "Cluster"):
+        self._shared = shared
+        self._cluster = cluster
+        self._active_proc = None
+        self._own: list = []  # heap of (time, seq, event) this replica scheduled
+        self._seq = itertools.count()
+
+    @property
+    def now(self) -> float:
+        return self._shared.now
+
+    def schedule(self, event, priority=NORMAL, delay=0) -> None:
+        self._shared.schedule(event, priority, delay)
+        own = self._own
+        while own and own[0][2].callbacks is None:  # (processed)
+            heapq.heappop(own)
+        heapq.heappush(own, (self._shared.now + delay, next(self._seq), event))
+
+    def peek(self) -> float:
+        own = self._own
+        while own and own[0][2].callbacks is None:
+            heapq.heappop(own)
+        t = own[0][0] if own else math.inf
+        b = self._cluster.next_barrier()
+        return min(t, float(np.nextafter(b, -math.inf))) if b < math.inf else t
+
+    def step(self) -> None:
+        raise RuntimeError("a replica's environment is run by its cluster")
+
+    def run(self, until=None):
+        raise RuntimeError("a replica's environment is run by its cluster")
+
+
+class Replica(Simulator):
+    """A :class:`Simulator` as replica ``index`` of ``cluster``: its fast-forward stretches do
+    not enter a step in which one of the cluster's barriers lands (:meth:`tie_inside`)."""
+
+    def __init__(self, cluster: "Cluster", index: int, *args, **kwargs):
+        self.cluster = cluster
+        self.index = index
+        super().__init__(*args, **kwargs)
+
+    def tie_inside(self, lo: float, end: float) -> bool:
+        """Whether a barrier of the cluster lands in the step ``(lo, end]`` (s): the stretch
+        ends before that step."""
+        return self.cluster.barrier_in(lo, end)
+
+
+class ReplicaRecorder(Recorder):
+    """One replica's :class:`Recorder`, which also tells the cluster of each request done."""
+
+    def __init__(self, cluster: "Cluster", index: int, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+        self.index = index
+
+    def request_done(self, r) -> None:
+        super().request_done(r)
+        self.cluster.request_done(self.index, r)
+
+
+class ClusterRecorder(Recorder):
+    """The run's :class:`Recorder` for a cluster: after :meth:`Cluster.run` it holds every
+    replica's rows and counters; its tables carry a ``replica`` column (int64)."""
+
+    replica_of: np.ndarray | None = None  # the replica of each of ``rows``
+
+    def requests_frame(self) -> pd.DataFrame:
+        df = super().requests_frame()  # (rows sorted by request_id, stable)
+        rid = np.array([row[0] for row in self.rows], dtype=np.int64)
+        df["replica"] = self.replica_of[np.argsort(rid, kind="stable")]
+        return df
+
+
+class ClusterTiers:
+    """The replicas' tier managers seen as one for the run's summary: bytes moved summed,
+    capacities of one replica, peaks the highest replica's, transfers of all (``replica``
+    column)."""
+
+    def __init__(self, tms: list):
+        t0 = tms[0]
+        self.tms = tms
+        self.codec = t0.codec
+        self.host_pages = t0.host_pages
+        self.disk_pages = t0.disk_pages
+        self.bytes_offloaded = {k: sum(t.bytes_offloaded[k] for t in tms) for k in t0.bytes_offloaded}
+        self.bytes_onboarded = {k: sum(t.bytes_onboarded[k] for t in tms) for k in t0.bytes_onboarded}
+        self.host = SimpleNamespace(peak=max(t.host.peak for t in tms))
+        self.disk = None if t0.disk is None else SimpleNamespace(peak=max(t.disk.peak for t in tms))
+        self.records = _ClusterTransfers(tms)
+
+
+class _ClusterTransfers:
+    def __init__(self, tms):
+        self.tms = tms
+
+    def __len__(self) -> int:
+        return sum(len(t.records) for t in self.tms)
+
+    def __iter__(self):
+        for t in self.tms:
+            yield from t.records
+
+    def frame(self) -> pd.DataFrame:
+        parts = []
+        for r, t in enumerate(self.tms):
+            f = t.records.frame()
+            f["replica"] = np.full(len(f), r, dtype=np.int64)
+            parts.append(f)
+        return pd.concat(parts, ignore_index=True)
+
+
+class Cluster:
+    """``cfg.replicas`` replicas of one engine behind ``cfg.router``, replaying ``workload``.
+
+    Args: cfg: the ``cluster`` config node (:class:`sim.config.ClusterConfig`); the others as
+    :class:`sim.engine.Simulator`'s, for every replica (``tiers``: a factory env -> TierManager
+    called once per replica); ``recorder``: the single engine's with one replica, else a
+    :class:`ClusterRecorder` that :meth:`run` fills with every replica's rows.
+
+    After :meth:`run` it answers what the run's results read of a single engine (``tiers``,
+    ``rounds``, ``preempted_lookups``, ``recomputed_instead_of_load``, ``write_back_stall_s``,
+    ``write_back_stalls``, ``env``, ``stretch_counts()``, ``prefix_index``) summed or joined
+    over the replicas, and :meth:`summary` gives the per-replica part of ``summary.json``.
+    Raises ConfigError for a bad ``cfg`` (:func:`validate_cluster`)."""
+
+    def __init__(self, cfg, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
+                 cost_model, max_model_len: int, recorder: ClusterRecorder,
+                 check_invariants: bool = False, progress=None, max_sim_time_s=None,
+                 fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
+                 prefix_index: str = "auto"):
+        validate_cluster(cfg)
+        self.cfg = cfg
+        self.wl = workload
+        self.num_replicas = n = int(cfg.replicas)
+        self.B = int(block_size)
+        self.staleness = float(cfg.event_staleness_s)
+        self.rec = recorder
+        self.progress = progress
+        self.env = simpy.Environment()
+        self.n = len(workload)
+        self.done = 0
+        self.where = np.full(self.n, -1, dtype=np.int64)  # row -> replica
+        session = workload.table.column("session_id").to_numpy()
+        has_children = bool((np.asarray(workload.parent_request_id) >= 0).any())
+        comp_on = compression is not None and compression.active
+        # the fast paths of several replicas: open loop, no tiers, no active compression
+        # (module docstring)
+        if n == 1:
+            self.ff_reason = None
+        elif has_children:
+            self.ff_reason = "closed-loop children (their arrivals are not known ahead)"
+        elif tiers is not None:
+            self.ff_reason = "host/disk tiers"
+        elif comp_on:
+            self.ff_reason = "a compression policy"
+        else:
+            self.ff_reason = None
+        ff = bool(fast_forward) and self.ff_reason is None
+        self.fast_forward = ff
+        self.router = make_router(self, cfg)
+        self.replicas: list[Simulator] = []
+        self._done_by = [0] * n
+        for r in range(n):
+            rec = recorder if n == 1 else ReplicaRecorder(self, r, self.n, session,
+                                                          record_steps=recorder.record_steps)
+            prog = None if progress is None else (lambda d, r=r: self._progress(r, d))
+            common = dict(check_invariants=check_invariants, progress=prog,
+                          max_sim_time_s=max_sim_time_s, fast_forward=ff, tiers=tiers,
+                          num_layers=num_layers, compression=compression,
+                          prefix_index=prefix_index, release=self.release)
+            if n == 1:  # the single engine on the cluster's environment
+                sim = Simulator(workload, num_gpu_blocks, block_size, scheduler, cache,
+                                cost_model, max_model_len, rec, env=self.env, **common)
+            else:
+                sim = Replica(self, r, workload, num_gpu_blocks, block_size, scheduler, cache,
+                              cost_model, max_model_len, rec, env=ReplicaEnv(self.env, self),
+                              on_iteration=(lambda r=r: self._publish(r)), **common)
+            self.replicas.append(sim)
+        self.prefix_index = self.replicas[0].prefix_index
+        # arrival order and barriers (module docstring)
+        s0 = self.replicas[0]
+        self.order = s0.roots[np.argsort(s0.w_arrival[s0.roots], kind="stable")]
+        self.arrival_times = np.asarray(s0.w_arrival, dtype=np.float64)[self.order].tolist()
+        self.cut_times = [t - self.staleness for t in self.arrival_times]
+        self.next_root = 0  # index into order of the next root to arrive
+        self._cut = 0  # first cut after the clock, as far as seen
+        # KV events (prefix-aware routers)
+        self.views: list[KVView] = []
+        self.pending: deque = deque()  # (publish time, replica, events)
+        if self.router.needs_kv_events and n > 1:
+            if not cache.enable_prefix_caching:
+                raise ConfigError(f"cluster.router={cfg.router}: needs "
+                                  f"cache.enable_prefix_caching=true (it routes by cached blocks)")
+            for sim in self.replicas:
+                sim.pool.event_log = []
+                self.views.append(KVView(sim.pool.num_blocks))
+
+    # ------------------------------------------------------------------ barriers
+    def next_barrier(self) -> float:
+        """The cluster's next barrier (s): the next root arrival not yet handed to a replica,
+        or the next ``arrival - event_staleness_s`` after the clock; inf when none is left."""
+        now = self.env.now
+        ct = self.cut_times
+        j = self._cut
+        while j < len(ct) and ct[j] <= now:
+            j += 1
+        self._cut = j
+        b = ct[j] if j < len(ct) else math.inf
+        if self.next_root < len(self.arrival_times):
+            b = min(b, self.arrival_times[self.next_root])
+        return b
+
+    def barrier_in(self, lo: float, end: float) -> bool:
+        """Whether an arrival or a cut lands in ``(lo, end]`` (s)."""
+        for ts in (self.arrival_times, self.cut_times):
+            i = bisect.bisect_right(ts, lo)
+            if i < len(ts) and ts[i] <= end:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ arrivals
+    def _arrivals(self):
+        env = self.env
+        times = self.arrival_times
+        for k, i in enumerate(self.order.tolist()):
+            t = times[k]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.next_root = k + 1
+            self.dispatch(i)
+
+    def dispatch(self, i: int) -> None:
+        """Route workload row ``i``, arriving now, and hand it to its replica."""
+        r = self.router.route(i) if self.num_replicas > 1 else 0
+        self.where[i] = r
+        self.router.routed(i, r)
+        self.replicas[r]._arrive(i)
+
+    def release(self, i: int, think: float) -> None:
+        """A closed-loop child (row ``i``) released now: it arrives after ``think`` s (at once
+        when ``think <= 0``), routed then."""
+        if think <= 0:
+            self.dispatch(i)
+        else:
+            ev = self.env.timeout(think)
+            ev.callbacks.append(lambda _ev, i=i: self.dispatch(i))
+
+    def request_done(self, r: int, req) -> None:
+        self.done += 1
+        self.router.done(req.idx, r)
+
+    def _progress(self, r: int, done_r: int) -> None:
+        self._done_by[r] = done_r
+        self.progress(sum(self._done_by))
+
+    # ------------------------------------------------------------------ router's inputs
+    def queue_length(self, r: int) -> int:
+        """Replica ``r``'s requests waiting, running or onboarding now."""
+        s = self.replicas[r]
+        return len(s.waiting) + len(s.running) + s.onboarding
+
+    def kv_blocks_used(self, r: int) -> int:
+        """GPU blocks replica ``r`` holds now."""
+        return self.replicas[r].pool.num_used
+
+    def prompt_keys(self, i: int):
+        """Row ``i``'s block keys as its replica will compute them (:func:`sim.keys.block_keys`),
+        its prompt blocks (``ceil(input / block_size)``) and the most blocks a prefix hit can
+        cover (``(input - 1) // block_size``): ``(keys, blocks, limit)``."""
+        s = self.replicas[0]
+        n_in = int(s.w_in[i])
+        total = -(-(n_in + int(s.w_out[i]) - 1) // self.B)
+        ids = s.p_val[s.p_off[i]:s.p_off[i + 1]]
+        nxt, reach = s.kv.continuation(i, ids) if s.reuse_answers else (None, 0)
+        keys = block_keys(ids, s.G, n_in, self.B, int(s.w_rid[i]), max(total, 1), nxt, reach)
+        limit = (n_in - 1) // self.B if s.caching else 0
+        return np.ascontiguousarray(keys, dtype=np.int64), -(-n_in // self.B), limit
+
+    def _publish(self, r: int) -> None:
+        """Replica ``r``'s engine loop, between steps: its pool's events since the last call
+        become one batch published now."""
+        log = self.replicas[r].pool.event_log
+        if log:
+            self.pending.append((self.env.now, r, log))
+            self.replicas[r].pool.event_log = []
+
+    def apply_events(self) -> None:
+        """Apply to the views every batch published more than ``event_staleness_s`` ago."""
+        now = self.env.now
+        p = self.pending
+        S = self.staleness
+        while p and p[0][0] + S < now:
+            _, r, events = p.popleft()
+            self.views[r].apply(events)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        """Run until every request has finished or been rejected; then fill the recorder.
+        Raises ConfigError as :meth:`Simulator.run` (the clock past its limits) and
+        RuntimeError when requests are left unfinished."""
+        env = self.env
+        env.process(self._arrivals())
+        for sim in self.replicas:
+            env.process(sim._engine())
+        env.run()
+        if self.num_replicas == 1:  # (its recorder is the run's)
+            self.done = self.replicas[0].done
+        for sim in self.replicas:
+            sim.rec.peak_blocks_used = max(sim.rec.peak_blocks_used, sim.pool.peak_used)
+            if env.now > MAX_CLOCK_S:  # (tier copies landing after the last request)
+                sim.check_sim_time()
+        if self.done != self.n:
+            raise RuntimeError(f"simulation ended with {self.n - self.done} requests unfinished")
+        if self.num_replicas > 1:
+            self._merge()
+
+    def _merge(self) -> None:
+        rec = self.rec
+        recs = [s.rec for s in self.replicas]
+        rec.rows = [row for r in recs for row in r.rows]
+        rec.replica_of = np.concatenate([np.full(len(r.rows), k, dtype=np.int64)
+                                         for k, r in enumerate(recs)]) if rec.rows else \
+            np.empty(0, dtype=np.int64)
+        rec.preemptions = sum(r.preemptions for r in recs)
+        rec.num_steps = sum(r.num_steps for r in recs)
+        rec.sum_prefill = sum(r.sum_prefill for r in recs)
+        rec.sum_decode = sum(r.sum_decode for r in recs)
+        rec.peak_blocks_used = max(r.peak_blocks_used for r in recs)
+        if rec.record_steps:
+            names = recs[0].steps.names
+            dtypes = [(nm, recs[0].steps.cols[nm].dtype) for nm in names]
+            st = _Growable(dtypes + [("replica", np.int64)], cap=max(1, sum(r.steps.n for r in recs)))
+            for k, r in enumerate(recs):
+                m = r.steps.n
+                if m:
+                    st.extend(*[r.steps.cols[nm][:m] for nm in names],
+                              np.full(m, k, dtype=np.int64))
+            rec.steps = st
+
+    # ------------------------------------------------------------------ results
+    @property
+    def tiers(self):
+        tms = [s.tiers for s in self.replicas]
+        if tms[0] is None:
+            return None
+        return tms[0] if self.num_replicas == 1 else ClusterTiers(tms)
+
+    @property
+    def rounds(self) -> list:
+        rows = [row for s in self.replicas for row in s.rounds]
+        rows.sort(key=lambda row: row[0])  # (by time; stable: replica order at equal times)
+        return rows
+
+    @property
+    def preempted_lookups(self) -> dict:
+        out = {"requests": 0, "query_tokens": 0, "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
+        for s in self.replicas:
+            p = s.preempted_lookups
+            out["requests"] += p["requests"]
+            out["query_tokens"] += p["query_tokens"]
+            for t in out["hit_tokens"]:
+                out["hit_tokens"][t] += p["hit_tokens"][t]
+        return out
+
+    @property
+    def recomputed_instead_of_load(self) -> dict:
+        out = {"admissions": 0, "tokens": 0, "disk_tokens": 0}
+        for s in self.replicas:
+            for k in out:
+                out[k] += s.recomputed_instead_of_load[k]
+        return out
+
+    @property
+    def write_back_stall_s(self) -> float:
+        return float(sum(s.write_back_stall_s for s in self.replicas))
+
+    @property
+    def write_back_stalls(self) -> int:
+        return int(sum(s.write_back_stalls for s in self.replicas))
+
+    def stretch_counts(self) -> dict:
+        out: dict = {}
+        for s in self.replicas:
+            for name, c in s.stretch_counts().items():
+                o = out.setdefault(name, {})
+                for k, v in c.items():
+                    o[k] = max(o.get(k, 0), v) if k == "longest" else o.get(k, 0) + v
+        return out
+
+    def summary(self, req: pd.DataFrame) -> dict:
+        """``summary.json``'s ``cluster`` part: the settings, whether the replicas took their fast
+        paths (``per_step_reason``: why the replicas run per step whatever
+        ``sim.fast_forward`` says, or None), and per replica its requests, prefix-hit ratio, TTFT p50/p99 (s),
+        preemptions, engine steps and peak GPU blocks. ``req``: the run's requests table."""
+        per = []
+        for k, s in enumerate(self.replicas):
+            mine = req[req["replica"] == k]
+            fin = mine[mine["status"] == "finished"]
+            prompt = float(fin["input_tokens"].sum())
+            ttft = fin["ttft_s"].dropna().to_numpy()
+            q = np.percentile(ttft, [50, 99]).tolist() if len(ttft) else [None, None]
+            per.append({
+                "replica": k, "requests": int(len(mine)), "requests_finished": int(len(fin)),
+                "prefix_hit_ratio": (float(fin["prefix_hit_tokens"].sum()) / prompt
+                                     if prompt > 0 else None),
+                "ttft_p50_s": q[0], "ttft_p99_s": q[1],
+                "preemptions": int(s.rec.preemptions), "engine_steps": int(s.rec.num_steps),
+                "peak_gpu_blocks_used": int(s.rec.peak_blocks_used),
+                "gpu_blocks_total": int(s.pool.num_blocks)})
+        return {"replicas": self.num_replicas, "router": str(self.cfg.router),
+                "event_staleness_s": self.staleness,
+                "overlap_weight": float(self.cfg.overlap_weight),
+                "gpu_blocks_total_all": int(sum(s.pool.num_blocks for s in self.replicas)),
+                "per_step_reason": self.ff_reason,
+                "per_replica": per}

@@ -1,0 +1,197 @@
+"""sim.cluster and sim.routers: replicas behind a router in one SimPy environment."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import chunk_workload, make_workload
+from sim.block_pool import NO_HASH
+from sim.cluster import Cluster, ClusterRecorder
+from sim.engine import Simulator
+from sim.errors import ConfigError
+from sim.metrics import Recorder
+from sim.run import build_cost_model, compose_config, run_simulation
+
+
+def _cfg(*overrides):
+    return compose_config(["sim.progress=false", *overrides])
+
+
+def single(wl, *overrides, num_blocks=1000, fast_forward=True):
+    """The single engine's (requests, steps) tables."""
+    cfg = _cfg(*overrides)
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    rec = Recorder(len(wl), wl.table.column("session_id").to_numpy())
+    sim = Simulator(wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                    cfg.model.max_model_len, rec, fast_forward=fast_forward,
+                    check_invariants=True)
+    sim.run()
+    return rec.requests_frame(), rec.steps_frame()
+
+
+def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True):
+    """A cluster's (requests, steps, Cluster) for ``cluster.*`` overrides."""
+    cfg = _cfg(*overrides)
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    n = int(cfg.cluster.replicas)
+    rec = (ClusterRecorder if n > 1 else Recorder)(len(wl), wl.table.column("session_id").to_numpy())
+    c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                cfg.model.max_model_len, rec, fast_forward=fast_forward, check_invariants=check)
+    c.run()
+    return rec.requests_frame(), rec.steps_frame(), c
+
+
+def open_loop(seed, n=40, families=3, spread=4.0):
+    """Open-loop requests whose prompts share prefixes by family (ids of 16 tokens)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        inp = int(rng.integers(40, 700))
+        fam = int(rng.integers(0, families))
+        rows.append(dict(arrival_s=float(np.round(rng.uniform(0, spread), 3)), input_tokens=inp,
+                         output_tokens=int(rng.integers(1, 90)),
+                         prefix_ids=[fam * 1000 + j for j in range(-(-inp // 16))]))
+    rows.sort(key=lambda r: r["arrival_s"])
+    return rows
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_cluster_of_one_replica_equals_the_single_engine(fast_forward):
+    wl = chunk_workload(3)  # (closed-loop children, shared prefixes, chunked prefills)
+    r1, s1 = single(wl, num_blocks=60, fast_forward=fast_forward)
+    r2, s2, c = cluster(wl, "cluster.replicas=1", num_blocks=60, fast_forward=fast_forward)
+    pd.testing.assert_frame_equal(r1, r2)
+    pd.testing.assert_frame_equal(s1, s2)
+    assert "replica" not in r2.columns and "replica" not in s2.columns
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_round_robin_over_copies_equals_single_runs(fast_forward):
+    rows = open_loop(5)
+    n = 3
+    wl1 = make_workload(rows, prefix_block_tokens=16)
+    copies = [dict(r, session_id=k * 1000 + j) for j, r in enumerate(rows) for k in range(n)]
+    wln = make_workload(copies, prefix_block_tokens=16)
+    r1, s1 = single(wl1, num_blocks=120, fast_forward=fast_forward)
+    rn, sn, _ = cluster(wln, f"cluster.replicas={n}", "cluster.router=round_robin",
+                        num_blocks=120, fast_forward=fast_forward)
+    assert (rn["replica"].to_numpy() == rn["request_id"].to_numpy() % n).all()
+    drop = ["request_id", "session_id", "replica"]
+    for k in range(n):
+        rk = rn[rn["replica"] == k].drop(columns=drop).reset_index(drop=True)
+        pd.testing.assert_frame_equal(rk, r1.drop(columns=["request_id", "session_id"]))
+        sk = sn[sn["replica"] == k].drop(columns="replica").reset_index(drop=True)
+        pd.testing.assert_frame_equal(sk, s1)
+
+
+def _resend(first):
+    """Four documents (16 blocks each, answers of 400 tokens) at t=0..0.3, then ``first``'s
+    resent at t=30 (every request done)."""
+    rows = [dict(arrival_s=0.1 * d, input_tokens=256, output_tokens=400,
+                 prefix_ids=[100 * (d + 1) + j for j in range(16)]) for d in range(4)]
+    rows.append(dict(arrival_s=30.0, input_tokens=256, output_tokens=4,
+                     prefix_ids=[100 * (first + 1) + j for j in range(16)]))
+    return make_workload(rows, prefix_block_tokens=16)
+
+
+def test_prefix_aware_sends_a_resent_document_to_its_holder_round_robin_misses():
+    wl = _resend(first=1)
+    req, _, _ = cluster(wl, "cluster.replicas=3", "cluster.router=prefix_aware")
+    assert req["replica"].iloc[4] == req["replica"].iloc[1]
+    assert req["prefix_hit_tokens"].iloc[4] == 240  # (256 - 1) // 16 blocks
+    req, _, _ = cluster(wl, "cluster.replicas=3", "cluster.router=round_robin")
+    assert req["replica"].tolist() == [0, 1, 2, 0, 1]
+    wl0 = _resend(first=0)  # document 0 on replica 0; round robin sends the resend to 1
+    req, _, _ = cluster(wl0, "cluster.replicas=3", "cluster.router=round_robin")
+    assert req["prefix_hit_tokens"].iloc[4] == 0
+
+
+def test_prefix_aware_router_does_not_see_events_younger_than_the_staleness():
+    # document 1 sits on replica 1 (replica 0 is busier when it arrives); at t=30 every ledger
+    # is empty: a fresh view picks replica 1 (hit), a view 100 s stale sees nothing and the tie
+    # goes to replica 0 (miss)
+    wl = _resend(first=1)
+    fresh, _, _ = cluster(wl, "cluster.replicas=2", "cluster.router=prefix_aware")
+    stale, _, _ = cluster(wl, "cluster.replicas=2", "cluster.router=prefix_aware",
+                          "cluster.event_staleness_s=100")
+    assert fresh["replica"].iloc[1] == 1 and fresh["replica"].iloc[4] == 1
+    assert fresh["prefix_hit_tokens"].iloc[4] == 240
+    assert stale["replica"].iloc[4] == 0 and stale["prefix_hit_tokens"].iloc[4] == 0
+
+
+def test_kv_views_mirror_each_replica_prefix_index():
+    wl = make_workload(open_loop(11, n=60, families=4), prefix_block_tokens=16)
+    _, _, c = cluster(wl, "cluster.replicas=3", "cluster.router=prefix_aware", num_blocks=80)
+    for r, sim in enumerate(c.replicas):
+        c._publish(r)
+    c.pending, batches = [], list(c.pending)
+    for _, r, events in batches:
+        c.views[r].apply(events)
+    evicted = sum(s.pool.evicted_cached_blocks for s in c.replicas)
+    assert evicted > 0  # (the pools were small enough to evict cached blocks)
+    for view, sim in zip(c.views, c.replicas):
+        tab = sim.pool.index.tab[0::2]
+        assert np.array_equal(view.keys(), np.sort(tab[tab != NO_HASH]))
+
+
+def test_session_affinity_keeps_a_session_on_one_replica_and_children_go_through_the_router():
+    wl = chunk_workload(4)
+    req, _, c = cluster(wl, "cluster.replicas=3", "cluster.router=session_affinity", num_blocks=60)
+    assert c.ff_reason is not None  # (closed-loop children: per-step replicas)
+    assert req.groupby("session_id")["replica"].nunique().max() == 1
+    assert req["request_id"].is_unique and len(req) == len(wl)
+
+
+def test_least_loaded_picks_the_shortest_queue_ties_to_the_lowest_index():
+    # three long requests at t=0 spread over 3 replicas; the fourth, at t=0.01, goes to the
+    # replica whose request finished (its output is 1 token)
+    rows = [dict(arrival_s=0.0, input_tokens=64, output_tokens=o) for o in (200, 1, 200)]
+    rows.append(dict(arrival_s=1.0, input_tokens=64, output_tokens=3))
+    wl = make_workload(rows)
+    req, _, _ = cluster(wl, "cluster.replicas=3", "cluster.router=least_loaded")
+    assert req["replica"].tolist() == [0, 1, 2, 1]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 4),
+       router=st.sampled_from(["round_robin", "least_loaded", "session_affinity",
+                               "prefix_aware"]),
+       stale=st.sampled_from([0.0, 0.05, 0.4]), blocks=st.sampled_from([60, 200]))
+def test_every_request_served_once_and_fast_paths_equal_the_per_step_loop(seed, n, router,
+                                                                           stale, blocks):
+    wl = make_workload(open_loop(seed, n=30, spread=3.0), prefix_block_tokens=16)
+    ov = (f"cluster.replicas={n}", f"cluster.router={router}",
+          f"cluster.event_staleness_s={stale}")
+    rf, sf, c = cluster(wl, *ov, num_blocks=blocks, fast_forward=True)
+    rp, sp, _ = cluster(wl, *ov, num_blocks=blocks, fast_forward=False)
+    assert c.ff_reason is None
+    assert rf["request_id"].is_unique and len(rf) == len(wl)
+    assert rf["replica"].between(0, n - 1).all()
+    assert set(rf["status"]) <= {"finished", "rejected"}
+    pd.testing.assert_frame_equal(rf, rp)
+    pd.testing.assert_frame_equal(sf, sp)
+
+
+def test_run_writes_replica_columns_and_the_cluster_summary(tmp_path):
+    cfg = _cfg("trace.max_requests=60", "cluster.replicas=2", "cluster.router=prefix_aware")
+    s = run_simulation(cfg, tmp_path, progress_bar=False)
+    req = pd.read_parquet(tmp_path / "requests.parquet")
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert req["replica"].dtype == np.int64 and set(req["replica"]) <= {0, 1}
+    assert set(steps["replica"]) == {0, 1}
+    per = s["cluster"]["per_replica"]
+    assert [p["requests"] for p in per] == [int((req["replica"] == k).sum()) for k in (0, 1)]
+    assert sum(p["engine_steps"] for p in per) == s["engine_steps"] == len(steps)
+
+
+@pytest.mark.parametrize("override,field", [
+    ("cluster.replicas=0", "cluster.replicas=0"),
+    ("cluster.router=random_walk", "cluster.router='random_walk'"),
+    ("cluster.event_staleness_s=-1", "cluster.event_staleness_s=-1"),
+])
+def test_bad_cluster_config_is_one_line_naming_the_field(override, field, tmp_path):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("'", "'?")):
+        run_simulation(_cfg("trace.max_requests=5", override), tmp_path / "o", progress_bar=False)
+    assert not (tmp_path / "o").exists()
