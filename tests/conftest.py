@@ -1,14 +1,36 @@
-"""Shared test helpers: compose configs and build small in-memory workloads."""
+"""Shared test helpers: compose configs, run the ``kvsim`` command, build small in-memory
+workloads."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from sim.run import compose_config
+
+REPO = Path(__file__).resolve().parents[1]
+BAD = Path(__file__).parent / "data" / "bad"  # malformed trace files
+KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
+
+
+def quiet_config(*overrides):
+    """The composed config of ``overrides``, with the progress bar off."""
+    return compose_config(["sim.progress=false", *overrides])
+
+
+def run_kvsim(out, *overrides, timeout=120):
+    """``kvsim output.dir=OUT sim.progress=false OVERRIDES`` in a new process started in the
+    repository, with Hydra's short errors (HYDRA_FULL_ERROR=0); the CompletedProcess, with
+    stdout and stderr as text."""
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    return subprocess.run([*KVSIM, f"output.dir={out}", "sim.progress=false", *overrides],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
 def make_workload(rows, prefix_block_tokens=0, name="test"):

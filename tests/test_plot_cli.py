@@ -8,6 +8,7 @@ simulator to check the decomposition on its own tables."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -291,3 +292,23 @@ def test_a_column_named_twice_in_by_counts_once(seeds, tmp_path):
     for fig in ("ttft-cdf", "ttft-decomposition"):
         assert P.main([fig, str(seeds), "--by", "cache.block_size,cache.block_size,seed,",
                        "--out", str(tmp_path / f"{fig}.png")]) == 0
+
+
+def test_save_names_an_out_path_that_cannot_take_an_image(tmp_path):
+    """:func:`experiments.plots.save` refuses an empty path, a folder and a path under a file,
+    naming the problem and writing nothing, and names the OS's reason for a folder it cannot
+    make (/proc takes no folders)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (tmp_path / "afile").write_text("x")
+    for path, why in (("", "an empty path; expected an image file's path"),
+                      (tmp_path, "is a folder"),
+                      (tmp_path / "afile" / "x.png", "is a file, not a folder")):
+        with pytest.raises(P.PlotError, match=re.escape(why)):
+            P.save(plt.figure(), path)
+    with pytest.raises(P.PlotError, match="cannot save figure to '/proc/kvsim_no/x.png': "):
+        P.save(plt.figure(), "/proc/kvsim_no/x.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

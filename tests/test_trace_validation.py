@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import BAD, quiet_config
 from traces import TraceConfig, TraceError, load_workload
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -399,3 +400,335 @@ def test_weka_far_session_start_names_line_session_request_and_t(tmp_path):
     assert len(_load(**kw, start_s=5e9)) == 2
     assert len(_load(**kw, duration_s=10.0)) == 1
     assert len(_load(**kw, max_requests=1)) == 1
+
+
+# ------------------------------------------------------------------ every format: file, line and field
+TRACE_CASES = [
+    (dict(path=str(BAD / "mooncake_many_bad.jsonl")),
+     r"mooncake_many_bad\.jsonl line 2, field 'hash_ids': found element -2, expected non-negative integers"),
+    (dict(path=str(BAD / "mooncake_truncated.jsonl.gz")),
+     r"mooncake_truncated\.jsonl\.gz after line \d+: unreadable gzip stream, found EOFError"),
+    (dict(path=str(BAD / "blank.jsonl")), r"blank\.jsonl: empty file, found no non-blank lines"),
+    (dict(format="azure", path=str(BAD / "azure_text.csv")),
+     r"azure_text\.csv line 3, field 'ContextTokens': found 'abc', expected an integer"),
+]
+
+
+@pytest.mark.parametrize("kw,pattern", TRACE_CASES, ids=[Path(c[0]["path"]).name for c in TRACE_CASES])
+def test_trace_errors_name_file_line_field(kw, pattern):
+    with pytest.raises(TraceError, match=pattern):
+        load_workload(TraceConfig(name="x", **kw), 0)
+
+
+def test_trace_skip_keeps_count_and_examples():
+    w = load_workload(TraceConfig(name="x", path=str(BAD / "mooncake_many_bad.jsonl"), on_error="skip"), 0)
+    assert len(w) == 2 and w.skipped["count"] == 5
+    ex = w.skipped["examples"]
+    assert "line 3, field 'output_length': found -1, expected >= 0" in ex[1]
+    assert "line 4, field 'hash_ids': found '7', expected a list" in ex[2]
+    assert "line 5: found list, expected a JSON object" in ex[3]
+    assert "line 6, field 'timestamp': found -5, expected >= 0" in ex[4]
+
+
+def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
+    """A blank line before a row is a bad row (an error naming the line, or skipped and counted
+    with on_error=skip), never a silently lost request; blank lines at the end of the file are
+    not rows; an Azure row must have exactly the header's fields."""
+    rows = [json.dumps({"timestamp": i * 10, "input_length": 600, "output_length": 4,
+                        "hash_ids": [i, 100 + i]}) for i in range(4)]
+    mid = tmp_path / "mid.jsonl"
+    mid.write_text("\n".join(rows[:2]) + "\n\n" + "\n".join(rows[2:]) + "\n")
+    # (the message names the blank line, not the JSON parser's words)
+    with pytest.raises(TraceError, match=r"mid\.jsonl line 3: invalid JSON, found a blank line, "
+                                         r"expected one JSON object per line"):
+        load_workload(TraceConfig(name="x", path=str(mid)), 0)
+    w = load_workload(TraceConfig(name="x", path=str(mid), on_error="skip"), 0)
+    assert len(w) == 4 and w.skipped["count"] == 1 and "line 3" in w.skipped["examples"][0]
+    trail = tmp_path / "trail.jsonl"
+    trail.write_text("\n".join(rows) + "\n\n  \n")
+    assert len(load_workload(TraceConfig(name="x", path=str(trail)), 0)) == 4
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    row = "2023-11-16 18:15:46.6805900,374,44\n"
+    for text, pattern in [(head + row + "\n" + row, r"line 3: found 0 fields \(a blank line\), expected 3"),
+                          ("\n" + head + row, r"line 1: blank line, found a blank line, expected the header"),
+                          (head + row + row.strip() + ",7\n", r"line 3: found 4 fields, expected 3")]:
+        az = tmp_path / "az.csv"
+        az.write_text(text)
+        with pytest.raises(TraceError, match=pattern):
+            load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_line_endings(tmp_path):
+    """CRLF rows load as LF rows; a file with CR-only line endings (one long line) is an error
+    naming the line and the CR byte, in every format, instead of a bare JSON or field-count
+    message."""
+    rows = [json.dumps({"timestamp": i * 10, "input_length": 600, "output_length": 4,
+                        "hash_ids": [i, 100 + i]}) for i in range(3)]
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(("\r\n".join(rows) + "\r\n").encode())
+    assert len(load_workload(TraceConfig(name="x", path=str(crlf)), 0)) == 3
+    cr = tmp_path / "cr.jsonl"
+    cr.write_bytes(("\r".join(rows) + "\r").encode())
+    for fmt in ("mooncake", "weka"):
+        with pytest.raises(TraceError, match=r"cr\.jsonl line 1: carriage return inside a line"):
+            load_workload(TraceConfig(name="x", format=fmt, path=str(cr)), 0)
+    az = tmp_path / "az.csv"
+    az.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r2023-11-16 18:15:46.6805900,374,44\r")
+    with pytest.raises(TraceError, match=r"az\.csv line 1: carriage return inside a line"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_relative_trace_path_is_recorded_absolute(tmp_path, monkeypatch):
+    """A relative trace.path is recorded in the workload's source (summary.json's trace_source)
+    as the absolute path it pointed at from the working folder."""
+    row = json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]})
+    (tmp_path / "small.jsonl").write_text(row + "\n")
+    monkeypatch.chdir(tmp_path)
+    w = load_workload(TraceConfig(name="x", path="small.jsonl"), 0)
+    assert w.source == str(tmp_path / "small.jsonl")
+
+
+def test_integers_past_64_bits_are_named(tmp_path):
+    """A hash id or token count of 2**63 or more is a TraceError naming the field and the value as
+    written (a whole float as a float)."""
+    big = 2**63 + 5
+    cases = [({"input_length": 600, "hash_ids": [1, big]}, f"'hash_ids': found element {big}"),
+             ({"input_length": 600, "hash_ids": [1, 2**70]}, f"'hash_ids': found element {2**70}"),
+             ({"input_length": big, "hash_ids": [1]}, f"'input_length': found {big}, expected an integer that fits 64 bits"),
+             # a whole float too large is shown as written, not as its integer value
+             ({"input_length": 1e30, "hash_ids": [1]}, "'input_length': found 1e+30 (float), expected an integer that fits 64 bits")]
+    for fields, msg in cases:
+        p = tmp_path / "b.jsonl"
+        p.write_text(json.dumps({"timestamp": 0, "output_length": 4, **fields}) + "\n")
+        with pytest.raises(TraceError, match=re.escape(msg)):
+            load_workload(TraceConfig(name="x", path=str(p)), 0)
+    az = tmp_path / "az.csv"
+    az.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{big},44\n")
+    with pytest.raises(TraceError, match=re.escape(f"line 2, field 'ContextTokens': found {big}")):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_trace_count_warnings_say_they_count_the_whole_file_when_sliced(tmp_path):
+    """The parser counts before slicing (its result is cached for every slice), so its count
+    warnings say they count the whole file when the slice keeps fewer requests; a generated
+    trace's say they count the whole generated trace."""
+    reqs = [{"t": float(i), "type": "n", "in": 200, "out": 0 if i % 2 else 5,
+             "hash_ids": [1, 2, 3]} for i in range(6)]
+    p = tmp_path / "w.jsonl"
+    p.write_text("".join(json.dumps({"id": f"s{k}", "requests": reqs}) + "\n" for k in range(2)))
+    whole = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert "6 requests had out = 0; loaded as 1 (zero_output=as_one)" in whole.warnings
+    part = load_workload(TraceConfig(name="x", format="weka", path=str(p), max_requests=4), 0)
+    assert len(part) == 4
+    assert ("in the whole file (12 requests; the slice keeps 4): 6 requests had out = 0; "
+            "loaded as 1 (zero_output=as_one)") in part.warnings, part.warnings
+    # a generated trace is no file: its counts are of the whole generated trace
+    syn = load_workload(TraceConfig(name="x", format="synthetic_multiturn", num_sessions=40,
+                                    max_context_tokens=3000, max_requests=5), 0)
+    assert len(syn.warnings) == 1 and syn.warnings[0].startswith(
+        "in the whole generated trace ("), syn.warnings
+
+
+def test_ids_not_prefix_chained_are_an_error(tmp_path):
+    """Mooncake ids must be prefix-chained (block keys trust them to be): an id that follows a
+    different id than at its first occurrence is an error naming both lines, also with
+    on_error=skip; a shared prefix and a repeated prompt still load."""
+    def write(rows):
+        p = tmp_path / "c.jsonl"
+        p.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(h), "output_length": 5,
+                                         "hash_ids": h}) + "\n" for i, h in enumerate(rows)))
+        return TraceConfig(name="x", path=str(p))
+    assert len(load_workload(write([[0, 1, 2], [0, 1, 3], [0, 1, 2], [4]]), 0)) == 4
+    for rows, msg in [([[0, 1, 2], [2, 3]], "line 2, field 'hash_ids': ids not prefix-chained, found id 2 "
+                                              "starts the prompt (position 0); at line 1 it follows id 1"),
+                      ([[0, 1], [5, 6], [5, 1]], "line 3, field 'hash_ids': ids not prefix-chained, found id 1 "
+                                                 "follows id 5 (position 1); at line 1 it follows id 0")]:
+        with pytest.raises(TraceError, match=re.escape(msg)):
+            load_workload(write(rows), 0)
+        with pytest.raises(TraceError, match="not prefix-chained"):
+            load_workload(TraceConfig(name="x", path=str(tmp_path / "c.jsonl"), on_error="skip"), 0)
+
+
+def test_timestamps_past_the_clock_range_name_the_line(tmp_path):
+    """A timestamp past 2**32 s (where the float clock loses its digits) is an error naming its
+    line."""
+    rows = [{"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
+            for t in (0, 10, 1e308)]
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=r"t\.jsonl line 3, field 'timestamp': found 1e\+308 ms"):
+        load_workload(TraceConfig(name="x", path=str(p)), 0)
+
+
+def test_bom_strict_azure_integers_and_null(tmp_path):
+    """A leading UTF-8 byte-order mark (a spreadsheet export) is skipped; Azure token counts are
+    ASCII digits ('1_000' and Arabic-Indic digits are errors); a JSON null is named as null."""
+    az = tmp_path / "az.csv"
+    az.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert len(load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)) == 1
+    for bad in ("1_000", "\u0665\u0660\u0660"):
+        az.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{bad},44\n")
+        with pytest.raises(TraceError, match=r"line 2, field 'ContextTokens': found .*expected an integer"):
+            load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4,
+                                                 "hash_ids": [1, 2]}).encode() + b"\n")
+    assert len(load_workload(TraceConfig(name="x", path=str(p)), 0)) == 1
+    p.write_text(json.dumps({"timestamp": 0, "input_length": None, "output_length": 4, "hash_ids": [1]}) + "\n")
+    with pytest.raises(TraceError, match=r"field 'input_length': found null, expected an integer"):
+        load_workload(TraceConfig(name="x", path=str(p)), 0)
+
+
+def test_azure_rows_past_the_clock_range_name_their_line(tmp_path):
+    """An Azure row past the clock's range from the earliest row is an error naming its file line
+    and the earliest row's, also when the rows are sorted by TIMESTAMP first."""
+    az = tmp_path / "az.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,5\n"
+                  "9999-11-16 18:17:04.0,10,5\n2023-11-16 18:17:04.0,10,5\n")
+    with pytest.raises(TraceError, match=r"az\.csv line 3, field 'TIMESTAMP': arrival past the "
+                                         r"simulated clock's range, found 2\.51698e\+11 s after the "
+                                         r"earliest row \(line 2\)"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,5\n"
+                  "2023-11-16 18:17:04.0,10,5\n1850-11-16 18:17:04.0,10,5\n")
+    with pytest.raises(TraceError, match=r"az\.csv line 2, field 'TIMESTAMP'.*after the earliest row \(line 4\)"):
+        load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
+
+
+def test_weka_unknown_request_type_is_a_warning(tmp_path):
+    """A Weka request type other than the trace's ('n', 's', 'subagent') is loaded as a
+    main-chain request with a warning naming it, its count and its first line."""
+    reqs = [{"t": float(i), "type": typ, "in": 200, "out": 5, "hash_ids": [1, 2, 3][: 200 // 64]}
+            for i, typ in enumerate(["n", "zzz", "s", "zzz"])]
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"id": "s1", "requests": reqs}) + "\n")
+    w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert len(w) == 4
+    assert any("2 requests have type 'zzz'" in x and "line 1" in x for x in w.warnings), w.warnings
+    # inside a sub-agent too
+    sub = {"t": 5.0, "type": "subagent", "requests": [
+        {"t": 0.0, "type": "weird", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}]}
+    p.write_text(json.dumps({"id": "s1", "requests": reqs[:1] + [sub]}) + "\n")
+    w = load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    assert any("1 request has type 'weird'" in x and "sub-agent request 0" in x
+               for x in w.warnings), w.warnings
+
+
+def test_weka_ids_not_prefix_chained_are_an_error_naming_both_requests(tmp_path):
+    """Weka ids must be prefix-chained (block keys trust them to be): a session whose id follows
+    different ids in two requests is an error naming the session's line, both requests and
+    positions; with on_error=skip the session is skipped. Requests without ids (in < 64) and
+    sub-agent requests take part."""
+    def write(*sessions):
+        p = tmp_path / "w.jsonl"
+        p.write_text("".join(json.dumps({"id": f"s{k}", "requests": [
+            {"t": float(i), "type": "n", "in": 64 * len(h) + 10, "out": 5, "hash_ids": h}
+            for i, h in enumerate(hs)]}) + "\n" for k, hs in enumerate(sessions)))
+        return TraceConfig(name="x", format="weka", path=str(p))
+    ok = write([[1, 2], [], [1, 2, 3], [1, 2, 4]], [[1, 5], [1, 5, 6]])
+    assert len(load_workload(ok, 0)) == 6
+    bad = write([[1, 2]], [[1, 2, 3], [], [1, 7], [1, 2, 7]])
+    with pytest.raises(TraceError, match=re.escape(
+            "line 2 (session 's1', request 3), field 'hash_ids': ids not prefix-chained, found id 7 "
+            "follows id 2 (position 2); in line 2 (session 's1', request 2) it follows id 1 "
+            "(position 1)")):
+        load_workload(bad, 0)
+    skip = TraceConfig(name="x", format="weka", path=bad.path, on_error="skip")
+    assert len(load_workload(skip, 0)) == 1
+    with pytest.raises(TraceError, match=re.escape("request 1), field 'hash_ids': ids not prefix-chained, "
+                                                   "found id 2 starts the request's ids (position 0); "
+                                                   "in line 1 (session 's0', request 0) it follows id 1")):
+        load_workload(write([[1, 2], [2, 3]]), 0)
+    sub = {"t": 5.0, "type": "subagent", "requests": [
+        {"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [9, 1, 2]}]}
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps({"id": "s1", "requests": [
+        {"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]}, sub]}) + "\n")
+    with pytest.raises(TraceError, match=r"sub-agent request 0\), field 'hash_ids': ids not prefix-chained, "
+                                         r"found id 1 follows id 9 \(position 1\)"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+
+
+def test_weka_blank_line_and_truncated_xz_are_named_plainly(tmp_path):
+    """A Weka file's blank line is an error naming the line; an .xz file cut before its first line
+    is named as such; a .xz or .gz name on other content (plain text, the other compression) is
+    named with what it holds."""
+    import lzma
+
+    s = {"id": "a", "requests": [{"t": 0.0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]}
+    s2 = dict(s, id="b")
+    p = tmp_path / "w.jsonl"
+    p.write_text(json.dumps(s) + "\n\n" + json.dumps(s2) + "\n")
+    with pytest.raises(TraceError, match=r"w\.jsonl line 2: invalid JSON, found a blank line"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    xz = tmp_path / "cut.jsonl.xz"
+    xz.write_bytes(lzma.compress(((json.dumps(s) + "\n") * 200).encode())[:40])
+    with pytest.raises(TraceError, match=r"cut\.jsonl\.xz before its first line: unreadable xz stream"):
+        load_workload(TraceConfig(name="x", path=str(xz)), 0)
+    # a .xz or .gz name on other content is named with what it holds
+    xz.write_text(json.dumps(s) + "\n")
+    with pytest.raises(TraceError, match=r"cut\.jsonl\.xz: not an xz stream, found first bytes "
+                                         r".* \(uncompressed data\?\), expected xz-compressed"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(xz)), 0)
+    gz = tmp_path / "w.jsonl.gz"
+    gz.write_bytes(lzma.compress((json.dumps(s) + "\n").encode()))
+    with pytest.raises(TraceError, match=r"w\.jsonl\.gz: not a gzip stream, .*\(an xz stream\)"):
+        load_workload(TraceConfig(name="x", format="weka", path=str(gz)), 0)
+
+
+def test_weka_session_fields_and_azure_dates_are_named(tmp_path):
+    """A Weka session id that is not a string and system_tokens or tool_tokens that are not
+    integers are errors naming the field and the value; an Azure TIMESTAMP of the right form
+    that names no date (2023-02-30) is an error saying it needs a real date and time."""
+    req = [{"t": 0.0, "type": "n", "in": 64, "out": 4, "hash_ids": [1]}]
+    p = tmp_path / "w.jsonl"
+    for bad, field, found in (({"id": [1]}, "id", "[1]"), ({"id": None}, "id", "null"),
+                              ({"id": "a", "system_tokens": False}, "system_tokens/tool_tokens",
+                               "False/0"),
+                              ({"id": "a", "tool_tokens": ""}, "system_tokens/tool_tokens", "0/''")):
+        p.write_text(json.dumps(dict(bad, requests=req)) + "\n")
+        with pytest.raises(TraceError, match=re.escape(f"w.jsonl line 1, field '{field}': found {found}")):
+            load_workload(TraceConfig(name="x", format="weka", path=str(p)), 0)
+    a = tmp_path / "a.csv"
+    for ts in ("2023-02-30 00:00:00", "2023-11-16 18:17:60.5"):
+        a.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n{ts},  100 ,5\n")
+        with pytest.raises(TraceError, match=r"a\.csv line 2, field 'TIMESTAMP': found .*expected "
+                                             r"a real date and time"):
+            load_workload(TraceConfig(name="x", format="azure", path=str(a)), 0)
+    a.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-02-28 00:00:00,  100 ,5\n")
+    assert load_workload(TraceConfig(name="x", format="azure", path=str(a)), 0).input_tokens[0] == 100
+
+
+@pytest.mark.parametrize("over", ["output_mean=1e25", "max_context_tokens=134217729"])
+def test_synthetic_lengths_beyond_int_range_are_an_error(over):
+    """An output mean whose draws pass 2**27 tokens, or a larger max_context_tokens, is a
+    TraceError naming the field (lengths stay far inside int64, and the block ids of a shared
+    prefix stay listable). Input draws are bounded by max_context_tokens instead: a first input
+    above it is redrawn below it, a turn input above it ends the session."""
+    fmt = "synthetic_reasoning"
+    cfg = quiet_config(f"trace={fmt}", "trace.num_sessions=5", f"trace.{over}")
+    with pytest.raises(TraceError, match=re.escape(f"trace.{over.split('=')[0]}")):
+        load_workload(cfg.trace, seed=0)
+    cfg = quiet_config(f"trace={fmt}", "trace.num_sessions=5", "trace.max_context_tokens=134217728")
+    assert len(load_workload(cfg.trace, seed=0)) >= 5  # (the bound itself is allowed)
+    # heavy-tailed inputs: draws of ~1e9 tokens, redrawn or ending sessions as before
+    cfg = quiet_config("trace=synthetic_agentic", "trace.num_sessions=300", "trace.input_mean=5e5",
+               "trace.input_sigma=3.5", "trace.turn_input_mean=1e5", "trace.turn_input_sigma=3.5")
+    wl = load_workload(cfg.trace, seed=0)
+    assert int(wl.input_tokens.max()) <= 131072 and any("ended early" in w for w in wl.warnings)
+    cfg = quiet_config("trace=synthetic_multiturn", "trace.num_sessions=5", "trace.turn_input_mean=1e25")
+    assert all(load_workload(cfg.trace, seed=0).turn == 0)  # (every second turn overflows)
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("num_sessions", 0, "found 0, expected >= 1"),
+    ("turns_min", 0, "found 0, expected 1 <= turns_min <= turns_max"),
+    ("arrival_rate_per_s", 0.0, "found 0.0, expected > 0"),
+])
+def test_synthetic_parameter_error_names_the_config_key(field, value, expected):
+    """A synthetic trace's bad parameter is named by the key the user typed
+    (``trace.num_sessions``), as the other config errors are."""
+    from traces.synthetic import synthetic_params
+    cfg = TraceConfig(format="synthetic_agentic", **{field: value})
+    with pytest.raises(TraceError, match=re.escape(f"field 'trace.{field}': {expected}")):
+        synthetic_params(cfg)
