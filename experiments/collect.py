@@ -36,7 +36,7 @@ run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
 
 * ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
   ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
-  the same directory (a larger grid's extra jobs; see ``sim.callbacks``), and
+  the same directory (a larger grid's extra jobs; see ``sim.folders.stale_job``), and
   ``runs_without_config``: collected runs that had no config file (see below), ``sweeps``:
   the multiruns the runs come from (``{sweep id: [run ids]}``, ``""`` for single runs; more
   than one sweep is warned about on stderr: a results folder should hold one sweep), and
@@ -105,8 +105,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from sim.callbacks import (FAILED_PREFIX, JOB_CLAIM, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
-                           is_collection, output_files_problem, stale_job)
+from sim.folders import (FAILED_PREFIX, JOB_CLAIM, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID, is_collection,
+                         output_files_problem, stale_job)
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 
@@ -157,7 +157,7 @@ def _is_run_dir(p: Path) -> bool:
 def results_dir(run_dir: Path) -> tuple[Path, str | None]:
     """Where the results of the run in ``run_dir`` are: ``(folder, problem)``. A multirun job
     whose ``output.dir`` put them elsewhere leaves a pointer to that folder in its Hydra
-    folder (``sim.callbacks.RESULTS_POINTER``); ``problem`` is a one-line reason when the
+    folder (``sim.folders.RESULTS_POINTER``); ``problem`` is a one-line reason when the
     pointed-to folder is missing or now holds another sweep's run (its ``.kvsim_sweep_id``),
     else None. Without a pointer the folder is ``run_dir`` itself."""
     ptr = run_dir / RESULTS_POINTER
@@ -370,12 +370,12 @@ def labels_problem(info: RunInfo, summary: dict) -> str | None:
     """Why the labels read for a run (``info``: its ``.hydra/`` overrides and group choices,
     its config file) are not those of the run whose ``summary.json`` is ``summary``: its
     overrides, group choices (``config_choices``) or config fingerprint
-    (:func:`sim.callbacks.config_fingerprint`) differ, as when a process wrote into the folder
+    (:func:`sim.folders.config_fingerprint`) differ, as when a process wrote into the folder
     after another run had taken it. None when they agree, and for what a summary does not
     record (a kvsim that recorded no fingerprint)."""
     from omegaconf import OmegaConf
 
-    from sim.callbacks import config_fingerprint, run_overrides
+    from sim.folders import config_fingerprint, run_overrides
 
     def mixed(what: str) -> str:
         return (f"{what}: the folder holds the record of one run and the results of another "

@@ -3,7 +3,7 @@
 The measurements (``experiments/data/latency/``, SOURCES.md there says where they come from):
 InferenceMAX sweeps as BLIS vendors them, one point per (deployment, input/output lengths,
 concurrency) with the measured TTFT and TPOT. Each point is replayed as the benchmark client
-drove the server: a closed loop at fixed concurrency N (:func:`traces.bench.generate_bench`),
+drove the server: a closed loop at fixed concurrency N (:func:`traces.generate_bench`),
 ``--prompts-per-client`` x N prompts (InferenceMAX sends 10 x N) whose input and output lengths
 are uniform in ``[0.8 L, L]`` for the label's L (InferenceMAX's ``--random-range-ratio 0.8``
 with its client's one-sided rule), on the deployment's model card, GPU card, tensor-parallel
@@ -172,7 +172,7 @@ def simulate_point(p: Point, cost: str, extra: dict | None, prompts_per_client: 
     finished requests; ``error`` is the message of a config the model cannot run)."""
     from sim.errors import ConfigError
     from sim.run import run_simulation
-    from traces.bench import generate_bench
+    from traces import generate_bench
 
     isl, osl = LABEL_LENGTHS[p.label]
     try:
@@ -445,7 +445,7 @@ def fit_decode(points: list[Point], start: dict, log=print) -> dict:
 
     from scipy.optimize import minimize
 
-    from sim.cost import build_cost_model
+    from sim.cost_models import build_cost_model
 
     assert all(p.split == "tune" for p in points), "fit sees the tune set only"
     base = [(_config(p, "operator", None), p) for p in points]

@@ -1272,7 +1272,7 @@ def image_formats() -> list[str]:
 def _out_problem(path) -> str | None:
     """Why ``path`` cannot be written as an image (no or unknown extension, a folder there, or
     a file where a folder above it would be), or None if it can."""
-    from sim.config import blocking_file
+    from sim.folders import blocking_file
 
     if not str(path).strip():
         return "an empty path; expected an image file's path"

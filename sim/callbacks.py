@@ -20,116 +20,65 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-
-SWEEP_ID = ".kvsim_sweep_id"
-# In a multirun job's Hydra folder when ``output.dir`` put its results elsewhere: that folder's
-# absolute path (kvsim-collect follows it, so collecting the sweep folder finds every job).
-RESULTS_POINTER = ".kvsim_results"
-# In a multirun job's output.dir: "<sweep id> <job number>" (the job that holds the folder)
-JOB_CLAIM = ".kvsim_job"
-# The first line of an INCOMPLETE marker the CLI writes for a rejected run; the second line
-# is "overrides: " and the run's overrides as a JSON list (kvsim-collect reports them).
-FAILED_PREFIX = "this run failed:"
-OVERRIDES_PREFIX = "overrides: "
+from .console import resource_error, write_line
+from .folders import (FAILED_PREFIX, RESULTS_POINTER, SWEEP_ID, config_fingerprint, run_overrides,
+                      stale_job)
 
 
-# overrides that say how a run is executed, not what it simulates: left out of the overrides a
-# run records (summary.json overrides) and of its config fingerprint
-RUN_BOOKKEEPING = ("output.skip_completed", "output.dir", "sim.progress", "output.print_summary")
+_UNKNOWN = object()  # (is_complete then finds no finished run to skip: the run goes ahead)
 
 
-def run_overrides(overrides) -> list[str]:
-    """The overrides that define a run (``overrides``: the command line's, as given), those of
-    :data:`RUN_BOOKKEEPING` left out."""
-    return [str(o) for o in overrides if not str(o).lstrip("+").startswith(RUN_BOOKKEEPING)]
-
-
-def config_fingerprint(config) -> str:
-    """xxh3-128 (hex) of a run's config: ``config`` is the DictConfig the run got, or its
-    record read back (``.hydra/config.yaml`` or ``config.yaml``, ``OmegaConf.load``);
-    interpolations are not resolved, and the keys of :data:`RUN_BOOKKEEPING` are left out.
-    A run records it in summary.json (``config_fingerprint``); kvsim-collect and
-    ``output.skip_completed`` compare it with the config record beside the summary, so a
-    folder whose record and results come from two runs is never taken for one run."""
-    import json
-
-    import xxhash
-    from omegaconf import DictConfig, OmegaConf
-
-    c = OmegaConf.to_container(config, resolve=False, enum_to_str=True) \
-        if isinstance(config, DictConfig) else config
-    c = json.loads(json.dumps(c, default=repr))  # (a copy; the keys below are removed)
-    for key in RUN_BOOKKEEPING:
-        *path, last = key.split(".")
-        node = c
-        for k in path:
-            node = node.get(k) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return xxhash.xxh3_128_hexdigest(json.dumps(c, sort_keys=True, default=repr).encode())
-
-
-def is_collection(path) -> bool:
-    """Whether ``path`` is a directory written by ``kvsim-collect``: it holds a ``manifest.json``
-    that is a JSON object with the keys every collection's manifest has (``sweep_dir``,
-    ``runs_total``, ``tables``)."""
-    import json
+def trace_input(trace_cfg):
+    """The trace's content fingerprint (:func:`traces.input_fingerprint`) for
+    ``output.skip_completed``; when the trace cannot be read or configured, a value no finished
+    run matches, so the run goes ahead and its loader names the problem."""
+    from traces import TraceError, input_fingerprint
 
     try:
-        m = json.loads((Path(path) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(m, dict) and {"sweep_dir", "runs_total", "tables"} <= m.keys()
+        return input_fingerprint(trace_cfg)
+    except (TraceError, OSError, ValueError, TypeError):
+        return _UNKNOWN
 
 
-def output_files_problem(run_dir, summary: dict, sizes: bool = True) -> str | None:
-    """What is wrong with the files a run's ``summary.json`` (``summary``, a dict) lists in
-    ``output_files`` (``[[file name, bytes], ...]``, written by :func:`sim.run.run_simulation`;
-    absent in summaries of kvsim before b5d3cad, which pass): a malformed list, a file gone,
-    or, with ``sizes``, one of another size than written. None when all are as written.
-    ``output.skip_completed`` (:func:`sim.run.is_complete`) reruns such a run; ``kvsim-collect``
-    lists it as failed (without ``sizes``: it reads the tables themselves)."""
-    files = summary.get("output_files")
-    if files is not None and not isinstance(files, list):
-        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes]"
-    for f in files or []:
-        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
-                and isinstance(f[1], int) and not isinstance(f[1], bool)):
-            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes]"
-        p = Path(run_dir) / f[0]
-        if not p.is_file():
-            return f"{f[0]} is missing (the run wrote it, {f[1]:,} bytes)"
-        if sizes and p.stat().st_size != f[1]:
-            return f"{f[0]} is {p.stat().st_size:,} bytes, the run wrote {f[1]:,}"
+def input_files_or_unknown(cfg):
+    """The calibration and importance files' fingerprints (:func:`sim.run.input_files`) for
+    ``output.skip_completed``; when one cannot be read, a value no finished run matches (the run
+    goes ahead and names the problem)."""
+    from .run import input_files
+
+    try:
+        return input_files(cfg)
+    except (OSError, ValueError, TypeError):
+        return _UNKNOWN
+
+
+def complete_run_folder(config) -> Path | None:
+    """For a single run into its Hydra run folder (no ``output.dir``) with
+    ``output.skip_completed=true``: that folder (``hydra.run.dir``) when it holds this very run
+    complete (:func:`sim.run.is_complete`: the same overrides, trace content, input files and
+    config fingerprint), else None. ``config``: Hydra's whole config of the run. Only reads,
+    so a complete run in a read-only folder is skipped without writing."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .run import is_complete
+
+    try:  # (a setting that does not resolve: the caller's error line names it)
+        if config.output.dir or not config.output.skip_completed:
+            return None
+        out = Path(str(config.hydra.run.dir)).absolute()
+    except OmegaConfBaseException:
+        return None
+    task = copy.deepcopy(config)  # (the config the job gets, as Hydra's run_job makes it)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    given = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    if is_complete(out, run_overrides(given), trace_input(task.trace), input_files_or_unknown(task),
+                   config_fingerprint(task)):
+        return out
     return None
-
-
-def failure_marker(msg: str, overrides: list[str]) -> str:
-    """The text of the INCOMPLETE marker of a run rejected with ``msg``: two lines, the error
-    (``msg``: one line) and the run's ``overrides`` as a JSON list."""
-    import json
-
-    return f"{FAILED_PREFIX} {msg}\n{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n"
-
-
-def sweep_root(job_dir: Path) -> Path | None:
-    """The nearest folder above ``job_dir`` holding a sweep id (the sweep directory, also when
-    ``hydra.sweep.subdir`` nests job directories), or None."""
-    for d in job_dir.parents:
-        if (d / SWEEP_ID).is_file():
-            return d
-    return None
-
-
-def stale_job(job_dir: Path) -> bool:
-    """True when ``job_dir`` holds the id of a sweep other than the latest one run into its
-    sweep directory (a job of an earlier, larger grid). A job without an id (written before
-    ids existed, or killed before its first line) is not stale."""
-    mine = job_dir / SWEEP_ID
-    root = sweep_root(job_dir)
-    if root is None or not mine.is_file():
-        return False
-    return mine.read_text().strip() != (root / SWEEP_ID).read_text().strip()
 
 
 def interpolation_error(key: str, exc: Exception, overrides: list[str]) -> str:
@@ -192,7 +141,7 @@ def first_unresolvable(config, skip: tuple = ()) -> tuple[str, Exception] | None
 def _folder_problem(folder: Path, key: str, what: str) -> str | None:
     """The error for the folder ``folder`` (set by ``key``) that kvsim cannot create or write
     (a file in the way, no permission, a system folder); None when it can."""
-    from .config import blocked_folder, uncreatable_folder
+    from .folders import blocked_folder, uncreatable_folder
 
     why = blocked_folder(folder) or uncreatable_folder(folder)
     if why is None:
@@ -241,8 +190,6 @@ def _exit_with(msg: str, status: int = 2) -> None:
 
 def _write_error(e: OSError, folder: Path) -> str:
     """The one-line error for a write into the sweep folder ``folder`` that failed (``e``)."""
-    from .cli import resource_error
-
     return resource_error(e) or (f"hydra.sweep.dir={folder}: cannot write {e.filename} "
                                  f"({type(e).__name__}: {e.strerror or e}); expected a sweep "
                                  f"folder kvsim can write")
@@ -259,8 +206,6 @@ class FailedRunsExit(Callback):
     def on_run_start(self, config, **kwargs) -> None:
         bad = _hydra_problem(config, run=True)
         if bad is not None:
-            from .cli import complete_run_folder, write_line
-
             done = complete_run_folder(config)  # (output.skip_completed: a read-only folder)
             if done is not None:
                 write_line(sys.stderr, f"kvsim: skipping {done}: already complete")

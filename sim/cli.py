@@ -10,7 +10,6 @@ Any part is changed with Hydra overrides, e.g.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import sys
@@ -21,7 +20,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import hydra_record
-from .config import CONF_DIR, REJECTED_RUN_PREFIX, TiersConfig, blocking_file, register_configs
+from .config import CONF_DIR, REJECTED_RUN_PREFIX, TiersConfig, register_configs
+from .console import resource_error, write_line
+from .folders import blocking_file
 
 log = logging.getLogger("kvsim")
 
@@ -236,71 +237,14 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
 ALWAYS_ANALYTIC = ("collectives", "disk_read_write", "compaction_scoring")
 
 
-_UNKNOWN = object()  # (is_complete then finds no finished run to skip: the run goes ahead)
-
-
-def _trace_input(trace_cfg):
-    """The trace's content fingerprint (:func:`traces.input_fingerprint`) for
-    ``output.skip_completed``; when the trace cannot be read or configured, a value no finished
-    run matches, so the run goes ahead and its loader names the problem."""
-    from traces import TraceError, input_fingerprint
-
-    try:
-        return input_fingerprint(trace_cfg)
-    except (TraceError, OSError, ValueError, TypeError):
-        return _UNKNOWN
-
-
-def _input_files(cfg):
-    """The calibration and importance files' fingerprints (:func:`sim.run.input_files`) for
-    ``output.skip_completed``; when one cannot be read, a value no finished run matches (the run
-    goes ahead and names the problem)."""
-    from .run import input_files
-
-    try:
-        return input_files(cfg)
-    except (OSError, ValueError, TypeError):
-        return _UNKNOWN
-
-
-def complete_run_folder(config) -> Path | None:
-    """For a single run into its Hydra run folder (no ``output.dir``) with
-    ``output.skip_completed=true``: that folder (``hydra.run.dir``) when it holds this very run
-    complete (:func:`sim.run.is_complete`: the same overrides, trace content, input files and
-    config fingerprint), else None. ``config``: Hydra's whole config of the run. Only reads,
-    so a complete run in a read-only folder is skipped without writing."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict, read_write
-    from omegaconf.errors import OmegaConfBaseException
-
-    from .callbacks import config_fingerprint, run_overrides
-    from .run import is_complete
-
-    try:  # (a setting that does not resolve: the caller's error line names it)
-        if config.output.dir or not config.output.skip_completed:
-            return None
-        out = Path(str(config.hydra.run.dir)).absolute()
-    except OmegaConfBaseException:
-        return None
-    task = copy.deepcopy(config)  # (the config the job gets, as Hydra's run_job makes it)
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    given = [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
-    if is_complete(out, run_overrides(given), _trace_input(task.trace), _input_files(task),
-                   config_fingerprint(task)):
-        return out
-    return None
-
-
 def _bad_output_dir(out: Path, job_dir: Path, blocked: bool = False) -> str | None:
     """Why ``output.dir`` = ``out`` cannot take a run's results: a folder holding files that
-    are not a kvsim run's (:func:`sim.config.foreign_folder`; the job's own Hydra folder
+    are not a kvsim run's (:func:`sim.folders.foreign_folder`; the job's own Hydra folder
     ``job_dir`` aside, where ``hydra.run.dir`` puts it inside ``out``), one that cannot be
     created or written, or, with ``blocked`` (a sweep's job, which makes the folder before
     simulating), a file in the way; None when it can (a single run's
     :func:`sim.run.run_simulation` names a file in the way)."""
-    from .config import blocked_folder, foreign_folder, uncreatable_folder
+    from .folders import blocked_folder, foreign_folder, uncreatable_folder
 
     why = blocked_folder(out) if blocked else None
     if why is not None:
@@ -375,18 +319,6 @@ def _on_sweep_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def write_line(stream, text: str) -> None:
-    """Write ``text`` and its newline to ``stream`` in one write, flushed before and after.
-
-    A sweep's parallel jobs (the joblib launcher's workers) share one stdout and stderr:
-    ``print`` writes the text and the newline apart, so two jobs' lines could join on one line
-    (``results: /a/0results: /a/1``). One write of a line under the pipe's atomic size
-    (PIPE_BUF, 4,096 bytes on Linux) reaches the pipe whole."""
-    stream.flush()
-    stream.write(text + "\n")
-    stream.flush()
-
-
 @hydra.main(version_base="1.3", config_path="../experiments/conf", config_name="config")
 def app(cfg: DictConfig) -> None:
     """Hydra entry point: simulate ``cfg`` into the Hydra run directory (:func:`_run`). A
@@ -405,7 +337,7 @@ def app(cfg: DictConfig) -> None:
         _run(cfg, hc, multirun=False, record_failed=record_failed)
         return
     from . import sweep as S
-    from .callbacks import SWEEP_ID
+    from .folders import SWEEP_ID
 
     sweep_dir = Path(hc.sweep.dir)
     if not sweep_dir.is_absolute():  # (hydra.job.chdir=true: the job runs in its folder)
@@ -438,32 +370,6 @@ def _same_folder(a: Path, b: Path) -> bool:
         return False
 
 
-# write errors that are the machine's, not kvsim's: one line naming the file, no traceback
-_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
-
-
-def resource_error(e: BaseException) -> str | None:
-    """The one-line error for an exception that is the machine's, not kvsim's: out of memory
-    (MemoryError), a full disk or quota (ENOSPC, EDQUOT), the file size limit (EFBIG, ``ulimit
-    -f``) or a read-only filesystem (EROFS), naming the file and what to do; None for any
-    other exception."""
-    if isinstance(e, MemoryError):
-        return ("out of memory (MemoryError): the simulation needed more memory than this "
-                "machine had free; expected more free memory: run fewer jobs at once "
-                "(hydra.launcher.n_jobs), a shorter trace (trace.max_requests) or a smaller "
-                "pool (cache.num_gpu_blocks)")
-    if isinstance(e, OSError) and e.errno in _RESOURCE_ERRNOS:
-        what = {errno.ENOSPC: "no space left on the device",
-                errno.EDQUOT: "the disk quota is used up",
-                errno.EFBIG: "the file size limit (ulimit -f) is reached",
-                errno.EROFS: "the filesystem is read-only"}[e.errno]
-        where = f" writing {e.filename}" if e.filename else ""
-        return (f"{what}{where} ({errno.errorcode[e.errno]}: {e.strerror}); expected room "
-                f"for the results: free space (or pick another output.dir), then run the "
-                f"same command with output.skip_completed=true")
-    return None
-
-
 def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     """Simulate ``cfg`` into its results folder (``output.dir``, or Hydra's run or job folder)
     while holding it (:func:`sim.run.hold_output_dir`). Returns None when the run completed or
@@ -476,7 +382,8 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     ``output.skip_completed`` finds it complete."""
     from rich.console import Console
 
-    from .callbacks import config_fingerprint, run_overrides
+    from .callbacks import input_files_or_unknown, trace_input
+    from .folders import config_fingerprint, run_overrides
     from .errors import OutputDirBusy
     from .run import hold_output_dir, is_complete, run_simulation
 
@@ -523,7 +430,7 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
 
     def complete_already() -> bool:
         return bool(cfg.output.skip_completed) and is_complete(
-            out_dir, overrides, _trace_input(cfg.trace), _input_files(cfg), run_fp)
+            out_dir, overrides, trace_input(cfg.trace), input_files_or_unknown(cfg), run_fp)
 
     def skipped() -> None:
         log.info("skipping %s: already complete", os.path.abspath(out_dir))
@@ -559,14 +466,14 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
         if multirun:  # (the sweep's failure report lists the job; the others go on)
-            from .callbacks import failure_marker
+            from .folders import failure_marker
 
             job_dir.mkdir(parents=True, exist_ok=True)
             (job_dir / "INCOMPLETE").write_text(failure_marker(bad, overrides))
             return bad
         _drop_rejected_run_dir(hc)
         sys.exit(2)
-    from .callbacks import RESULTS_POINTER, SWEEP_ID, failure_marker
+    from .folders import RESULTS_POINTER, SWEEP_ID, failure_marker
 
     sweep_dir = None
     if multirun:
@@ -901,10 +808,10 @@ def _interrupted_state(out_dir: Path, before) -> str:
 
 def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
     """Mark the results folder ``out_dir`` failed with ``msg`` (one line): its INCOMPLETE
-    marker holds the error and the run's overrides (``sim.callbacks.failure_marker``), which
+    marker holds the error and the run's overrides (``sim.folders.failure_marker``), which
     kvsim-collect lists. False, writing nothing, where ``out_dir`` or a folder above it is a
     file."""
-    from .callbacks import failure_marker
+    from .folders import failure_marker
     from .run import MARKER
 
     if blocking_file(out_dir) is not None:
@@ -914,7 +821,7 @@ def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
     return True
 
 
-from .callbacks import JOB_CLAIM  # noqa: E402 (in a multirun job's output.dir)
+from .folders import JOB_CLAIM  # noqa: E402 (in a multirun job's output.dir)
 
 
 def read_claim(out_dir: Path) -> tuple[str, str, Path | None] | None:

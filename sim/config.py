@@ -20,7 +20,7 @@ from omegaconf import MISSING, OmegaConf
 from policies import CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
-from .callbacks import is_collection
+from .folders import blocking_file, foreign_folder, uncreatable_folder
 
 
 @dataclass
@@ -290,10 +290,11 @@ def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
     An ``output.dir`` naming an existing file or a path under one, a folder holding files that
-    are not a kvsim run's (:func:`foreign_folder`) or a folder that cannot be created or written
-    (:func:`uncreatable_folder`) gives a folder under the system's temporary directory instead,
-    so Hydra can create its run directory (and log file) without writing into or beside it; the
-    job then reports the bad ``output.dir`` itself (one clear line, exit 2)."""
+    are not a kvsim run's (:func:`sim.folders.foreign_folder`) or a folder that cannot be
+    created or written (:func:`sim.folders.uncreatable_folder`) gives a folder under the
+    system's temporary directory instead, so Hydra can create its run directory (and log file)
+    without writing into or beside it; the job then reports the bad ``output.dir`` itself (one
+    clear line, exit 2)."""
     if output_dir is None or str(output_dir) == "":
         return default
     import os
@@ -304,85 +305,6 @@ def _run_dir(output_dir, default: str) -> str:
             or uncreatable_folder(p) is not None:
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
-
-
-# what kvsim and Hydra write into a run's results folder (sim.run, sim.cli, sim.callbacks and
-# Hydra's log); a results file's ``<name>.tmp`` is its atomic write in progress
-RUN_FOLDER_NAMES = (
-    "summary.json", "INCOMPLETE", ".kvsim_running", "cli.log", ".hydra", "config.yaml",
-    "requests.parquet", "steps.parquet", "rounds.parquet", "transfers.parquet", "ops.jsonl",
-    ".kvsim_sweep_id", ".kvsim_job", ".kvsim_results")
-
-
-PROBE_PREFIX = ".kvsim-probe-"  # (uncreatable_folder's test file, removed at once)
-
-
-def foreign_folder(path: Path, ignore: tuple = ()) -> Optional[list]:
-    """The names in the folder ``path`` that are not a kvsim run's (:data:`RUN_FOLDER_NAMES`
-    and their ``.tmp`` files), sorted, when there are any: a sweep folder, a checkout, a
-    ``kvsim-collect`` output, a folder of other files. A run writing its results there would mix
-    them with those files (and replace any of them named like its own), and ``kvsim-collect``
-    would take the folder for one run. None for a missing or empty folder, a run's folder (with
-    or without the ``collected`` folder ``kvsim-collect RUN_DIR`` makes there), or a
-    path that is not a folder (:func:`blocking_file` names that). Names in ``ignore`` are left
-    out (the job's own Hydra folder, when ``hydra.run.dir`` is inside)."""
-    import os
-
-    try:
-        if not path.is_dir():
-            return None
-        names = os.listdir(path)
-    except OSError:
-        return None
-    other = sorted(n for n in names if n not in ignore and n not in RUN_FOLDER_NAMES
-                   and not (n.endswith(".tmp") and n[:-4] in RUN_FOLDER_NAMES)
-                   and not n.startswith(PROBE_PREFIX)  # (another job's probe, for a moment)
-                   and not (n == "collected" and is_collection(path / n)))
-    return other or None
-
-
-def uncreatable_folder(path: Path) -> Optional[str]:
-    """Why the folder ``path`` cannot be created or written (``"PermissionError: ..."``),
-    creating it (and its parents) when it can, and probing it with a file made and removed at
-    once; None when it can take files, or when a file is in the way (:func:`blocking_file`
-    names that)."""
-    import os
-    import tempfile
-
-    if blocking_file(path) is not None:
-        return None
-    for p in (path, *path.parents):  # (mkdir would say "File exists" of a dangling link)
-        if p.is_symlink() and not p.exists():
-            return f"{p} is a symbolic link to {os.readlink(p)}, which does not exist"
-        if p.exists():
-            break
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"{type(e).__name__}: {e.strerror or e}"
-    return None
-
-
-def blocking_file(path: Path) -> Optional[Path]:
-    """The existing file (not a folder) at ``path`` or at the nearest existing folder above it,
-    which keeps ``path`` from being a folder; None when ``path`` is or can become one."""
-    for p in (path, *path.parents):
-        if p.exists():
-            return None if p.is_dir() else p
-    return None
-
-
-def blocked_folder(path: Path) -> Optional[str]:
-    """Why ``path`` cannot become a folder because of a file (:func:`blocking_file`): "exists
-    and is not a folder", or "<file> is a file, not a folder" for a file above it; None when no
-    file is in the way."""
-    f = blocking_file(path)
-    if f is None:
-        return None
-    return "exists and is not a folder" if f == path else f"{f} is a file, not a folder"
 
 
 def _output_subdir(output_dir) -> Optional[str]:

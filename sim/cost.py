@@ -424,24 +424,6 @@ def resolve_calibration_path(cost, gpu) -> Path:
                       f"available: {avail or 'none'} in {CALIBRATION_DIR}")
 
 
-def build_cost_model(model, gpu, cache, cost):
-    """Return the cost model named by ``cost.kind``.
-
-    Raises ConfigError for an unknown kind (valid: ``analytic``, ``calibrated``, ``operator``
-    (:mod:`sim.operator_cost`)) or, for
-    ``calibrated``, a missing / invalid calibration file.
-    """
-    from .calibrated_cost import CalibratedOperatorModel
-    from .operator_cost import OperatorCostModel
-
-    kinds = {"analytic": AnalyticCostModel, "calibrated": CalibratedOperatorModel,
-             "operator": OperatorCostModel}
-    if cost.kind not in kinds:
-        from .errors import ConfigError
-        raise ConfigError(f"cost.kind={cost.kind!r}; expected one of {sorted(kinds)}")
-    return kinds[cost.kind](model, gpu, cache, cost)
-
-
 @kernel("i8(i8[:], i8[:], i8, f8, f8, f8, f8, f8, f8[:], f8, f8, f8[:], f8[:])")
 def _dense_finishing_stretch(ctx0, fin, k, apf, layers, kv_tok, flops_s, bytes_s, fixed, start,
                              stop, durs, ends):  # pragma: no cover (compiled)

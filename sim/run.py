@@ -26,12 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from traces import load_workload
 
-from .callbacks import output_files_problem
 from .compression import ROUND_COLUMNS, Compression
-from .config import CONF_DIR, blocked_folder
-from .cost import build_cost_model
+from .config import CONF_DIR
+from .cost_models import build_cost_model
 from .engine import Simulator
 from .errors import Busy, ConfigError, OutputDirBusy
+from .folders import blocked_folder, output_files_problem
 from .hardware import kv_bytes_per_block, kv_bytes_per_token, plan_memory
 from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
@@ -154,7 +154,7 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
     exactly that content (an edited or replaced trace file is rerun), and when ``inputs`` is
     given (:func:`input_files`' dict), with a calibration and importance file of exactly that
     content (a re-calibrated GPU is rerun), and when ``fingerprint`` is given
-    (:func:`sim.callbacks.config_fingerprint` of the config about to run), from that very
+    (:func:`sim.folders.config_fingerprint` of the config about to run), from that very
     config (a summary of an older kvsim, which records none, passes)."""
     p = Path(out_dir)
     if (p / MARKER).exists() or not (p / "summary.json").exists():
@@ -291,7 +291,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     group (``{"codec": "identity", "tiers": "gpu_host", ...}``, Hydra's ``runtime.choices``; the
     CLI passes them), recorded as the summary's ``config_choices`` so that ``kvsim-collect``
     knows the groups of a run that has no ``.hydra/`` folder (an ``output.dir`` run).
-    ``record_fingerprint``: with ``hydra_record``, :func:`sim.callbacks.config_fingerprint` of
+    ``record_fingerprint``: with ``hydra_record``, :func:`sim.folders.config_fingerprint` of
     the config Hydra recorded in ``.hydra/config.yaml`` (the CLI's config before it made
     paths absolute); the summary records it as ``config_fingerprint`` (without it, or when the
     run writes its own ``config.yaml``, that of ``cfg``).
@@ -353,7 +353,7 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         # (with the run's overrides: kvsim-collect names an interrupted run's settings)
-        from .callbacks import OVERRIDES_PREFIX
+        from .folders import OVERRIDES_PREFIX
 
         (out / MARKER).write_text("this run has not completed\n" + (
             f"{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n" if overrides is not None else ""))
@@ -509,7 +509,7 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         if cfg.output.write_ops:
             summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))
             written.append("ops.jsonl")
-        from .callbacks import config_fingerprint
+        from .folders import config_fingerprint
 
         if not (hydra_record and (out / ".hydra" / "config.yaml").exists()):
             (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))

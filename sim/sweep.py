@@ -76,7 +76,7 @@ def sweep_running(sweep: Path) -> bool:
 
 
 def sweep_pid(sweep_id: str) -> int | None:
-    """The process id in a sweep id (``"<ns>-<pid>"``, ``sim.callbacks.SWEEP_ID``), or None."""
+    """The process id in a sweep id (``"<ns>-<pid>"``, ``sim.folders.SWEEP_ID``), or None."""
     tail = sweep_id.strip().rpartition("-")[2]
     return int(tail) if tail.isdigit() else None
 
@@ -182,7 +182,7 @@ def _complete_jobs(config) -> list[Path] | None:
 
     from traces import TraceError, input_fingerprint
 
-    from .callbacks import config_fingerprint, run_overrides
+    from .folders import config_fingerprint, run_overrides
     from .run import input_files, is_complete
 
     sweeper = OmegaConf.select(config, "hydra.sweeper._target_")

@@ -65,10 +65,10 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 
 def cold_page_bytes(model, cache, codec) -> int:
     """Bytes of one encoded (cold) page; see the module docstring (``fp8`` and ``nvfp4``:
-    :func:`sim.codecs.cold_page_layout`'s ``page_bytes``). Raises ConfigError when the codec
+    :func:`sim.cold_pages.cold_page_layout`'s ``page_bytes``). Raises ConfigError when the codec
     cannot express the model's cache (NVFP4 rows not multiples of 16, FP8/NVFP4 from a cache
     that is not 16-bit) or a codec field is out of range."""
-    from .codecs import cold_page_layout
+    from .cold_pages import cold_page_layout
 
     name = codec.name
     if name not in CODECS:

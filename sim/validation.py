@@ -346,7 +346,7 @@ def validate_config(cfg) -> None:
     _check_policy(cfg)
     _check_sim_output(cfg)
 
-    from .cost import build_cost_model
+    from .cost_models import build_cost_model
     from .hardware import plan_memory, weight_bytes
     from .tiers import TierManager, cold_page_bytes
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from sim.run import compose_config, run_simulation
-from traces import TraceConfig, TraceError, load_workload
-from traces.bench import bench_params, chain_parents, generate_bench, length_bounds
+from traces import TraceConfig, TraceError, generate_bench, load_workload
+from traces.bench import bench_params, chain_parents, length_bounds
 from traces.config import coerce_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import make_workload
 from gpu_validation.calibration_model import load_calibration
-from sim.cost import AnalyticCostModel, build_cost_model
+from sim.cost import AnalyticCostModel
+from sim.cost_models import build_cost_model
 from sim.errors import ConfigError
 from sim.run import compose_config, run_simulation
 

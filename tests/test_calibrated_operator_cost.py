@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sim.calibrated_cost import CalibratedOperatorModel, _curve, _grid
-from sim.cost import CALIBRATION_DIR, build_cost_model
+from sim.cost import CALIBRATION_DIR
+from sim.cost_models import build_cost_model
 from sim.run import compose_config, run_simulation
 
 M = [1, 16, 256, 4096]

@@ -638,7 +638,7 @@ def test_collect_lists_a_run_whose_record_and_results_are_two_runs(two_runs, tmp
     from two runs (a process that wrote into a folder another run had taken) is listed as
     failed naming the files, never collected under the wrong labels; output.skip_completed
     reruns it."""
-    from sim.callbacks import config_fingerprint
+    from sim.folders import config_fingerprint
 
     root = tmp_path / "res"
     shutil.copytree(two_runs, root)

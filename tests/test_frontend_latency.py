@@ -15,7 +15,7 @@ def rows():
 
 
 def test_delay_workload_shifts_roots_and_children():
-    from traces.bench import generate_bench
+    from traces import generate_bench
 
     wl = generate_bench(num_prompts=6, input_len=64, output_len=8, max_concurrency=2, seed=1)
     d = delay_workload(wl, 0.25)

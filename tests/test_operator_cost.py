@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.cost import build_cost_model
+from sim.cost_models import build_cost_model
 from sim.errors import ConfigError
 from sim.hardware import linear_param_counts, weight_quant_bytes
 from sim.operator_cost import OperatorCostModel, expected_experts, ring_allreduce_time

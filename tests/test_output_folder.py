@@ -132,7 +132,7 @@ def test_output_folder_that_exists_but_takes_no_file_is_named(tmp_path, monkeypa
     reason (here a refused temporary file)."""
     import tempfile
 
-    from sim.config import uncreatable_folder
+    from sim.folders import uncreatable_folder
 
     assert uncreatable_folder(tmp_path) is None and list(tmp_path.iterdir()) == []
 
@@ -146,7 +146,7 @@ def test_output_folder_that_exists_but_takes_no_file_is_named(tmp_path, monkeypa
 def test_output_folder_behind_a_dangling_symlink_is_named(tmp_path):
     """An output.dir that is (or lies under) a symbolic link to a missing target is named with
     the link and its target; once the target exists the folder is usable."""
-    from sim.config import uncreatable_folder
+    from sim.folders import uncreatable_folder
 
     (tmp_path / "out").symlink_to(tmp_path / "gone" / "x")
     want = f"{tmp_path / 'out'} is a symbolic link to {tmp_path / 'gone' / 'x'}, which does not exist"

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from conftest import make_workload
-from sim.cost import build_cost_model
+from sim.cost_models import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
 from sim.run import compose_config, run_simulation

@@ -12,7 +12,7 @@ Formats: ``mooncake`` (Qin et al., FAST'25), ``azure`` (Patel et al., Splitwise,
 ``weka`` (WEKA kv-cache-tester agentic traces), ``servegen`` (Xiang et al., arXiv 2505.09999),
 seeded generators ``synthetic_agentic``, ``synthetic_reasoning``, ``synthetic_multiturn``, and
 ``bench``, a serving benchmark's client (closed loop at a fixed concurrency or open loop at a
-request rate, vLLM's random-dataset lengths; :func:`traces.bench.generate_bench`).
+request rate, vLLM's random-dataset lengths; :func:`traces.generate_bench`).
 See ``traces/README.md`` for each mapping and its assumptions. Mooncake timestamps are quantised
 into ~3 s buckets; ``TraceConfig.timestamp_spread`` (default ``even``) spreads requests that share
 a timestamp evenly over the bucket in file order (``keep``: as recorded; ``jitter``: seeded
@@ -21,11 +21,12 @@ uniform offsets, sorted to keep file order).
 from .config import PRESET_PATHS, TRACE_FORMATS, TraceConfig, traces_dir
 from .cache import input_fingerprint
 from .errors import TraceError
-from .loader import load_workload
+from .loader import generate_bench, load_workload
 from .workload import WORKLOAD_SCHEMA, Workload
 
 __all__ = [
     "load_workload",
+    "generate_bench",
     "input_fingerprint",
     "Workload",
     "TraceConfig",

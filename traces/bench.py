@@ -90,8 +90,8 @@ from ._common import MAX_ARRIVAL_S, Parsed, is_int, is_num
 from .errors import ErrorSink, TraceError
 from .synthetic import MAX_LENGTH
 
-__all__ = ["generate_bench", "generate", "bench_params", "length_bounds", "chain_parents",
-           "RANGE_RULES", "CHAIN_ASSIGNMENTS", "BENCH_DEFAULTS"]
+__all__ = ["generate", "bench_params", "length_bounds", "chain_parents", "RANGE_RULES",
+           "CHAIN_ASSIGNMENTS", "BENCH_DEFAULTS"]
 
 #: Valid values of ``range_rule``.
 RANGE_RULES = ("symmetric", "one_sided")
@@ -401,63 +401,6 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
     docstring says)."""
     return _parsed(_check_config(cfg), int(seed))
 
-
-def generate_bench(*, num_prompts: int, input_len: int, output_len: int,
-                   range_ratio: float = 0.0, max_concurrency: Optional[int] = None,
-                   request_rate: Optional[float] = None, burstiness: float = 1.0,
-                   prefix_tokens: int = 0, num_prefix_groups: int = 1, block_tokens: int = 16,
-                   seed: int = 0, range_rule: str = "symmetric",
-                   chain_assignment: str = "earliest_free"):
-    """A serving benchmark's workload (the module docstring), ready for
-    ``sim.run.run_simulation(cfg, workload=...)``.
-
-    Args:
-        num_prompts: prompts sent in all (``--num-prompts``).
-        input_len: random prompt tokens around which lengths are drawn
-            (``--random-input-len``); the prompt is ``prefix_tokens`` longer.
-        output_len: generated tokens around which lengths are drawn (``--random-output-len``).
-        range_ratio: spread of the lengths (``--random-range-ratio``), see ``range_rule``.
-        max_concurrency: closed loop with this many requests in flight
-            (``--max-concurrency``), or None.
-        request_rate: open loop at this many requests per second (``--request-rate``), or
-            None; exactly one of the two is set.
-        burstiness: gamma shape of the open loop's inter-arrival times (``--burstiness``; 1 =
-            Poisson, ``math.inf`` = fixed rate).
-        prefix_tokens: shared prefix tokens at the start of every prompt
-            (``--random-prefix-len``).
-        num_prefix_groups: distinct shared prefixes, given out round robin.
-        block_tokens: tokens per prefix id (G).
-        seed: seeds every draw (the run's ``seed``); same arguments and seed give the same
-            workload bit for bit.
-        range_rule: ``symmetric`` (vLLM) or ``one_sided`` (InferenceMAX, SGLang).
-        chain_assignment: ``earliest_free`` or ``round_robin``, how a closed loop deals
-            prompts to its chains.
-
-    Returns:
-        :class:`traces.workload.Workload`, the table ``kvsim trace=... trace.format=bench``
-        builds from the same values (:func:`traces.load_workload` makes it).
-
-    Raises:
-        TraceError: an argument out of range, naming it and what was expected.
-    """
-    from .config import TraceConfig
-    from .loader import load_workload
-
-    bench_params(dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
-                      range_ratio=range_ratio, max_concurrency=max_concurrency,
-                      request_rate=request_rate, burstiness=burstiness,
-                      prefix_tokens=prefix_tokens, num_prefix_groups=num_prefix_groups,
-                      block_tokens=block_tokens, range_rule=range_rule,
-                      chain_assignment=chain_assignment))
-    if not is_int(seed) or seed < 0:
-        raise TraceError(field="seed", found=repr(seed), expected="an integer >= 0")
-    cfg = TraceConfig(name="bench", format="bench", num_requests=num_prompts,
-                      input_len=input_len, output_len=output_len, range_ratio=range_ratio,
-                      range_rule=range_rule, max_concurrency=max_concurrency,
-                      request_rate=request_rate, burstiness=burstiness,
-                      prefix_tokens=prefix_tokens, num_prefix_groups=num_prefix_groups,
-                      block_tokens=block_tokens, chain_assignment=chain_assignment)
-    return load_workload(cfg, seed=seed)
 
 from ._source import note_source as _note_source  # noqa: E402
 

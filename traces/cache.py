@@ -65,7 +65,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import xxhash
 
-from . import _source
+from ._source import IMPORTED
 from ._common import Parsed
 from .errors import ErrorSink, TraceError
 
@@ -162,12 +162,12 @@ def _code_fingerprint() -> str:
                    for q in here.glob("*.py") if q.stem != "_source")
     h = xxhash.xxh3_128()
     for name in names:
-        if name not in _source.IMPORTED:
+        if name not in IMPORTED:
             importlib.import_module(name)
-        if name not in _source.IMPORTED:
+        if name not in IMPORTED:
             raise RuntimeError(f"module {name} does not record its source "
                                f"(traces._source.note_source at its end)")
-        h.update(f"{name}={_source.IMPORTED[name]};".encode())
+        h.update(f"{name}={IMPORTED[name]};".encode())
     return h.hexdigest()
 
 

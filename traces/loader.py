@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 
-from ._common import MAX_ARRIVAL_S, Parsed
+from ._common import MAX_ARRIVAL_S, Parsed, is_int
 from .cache import _input_fingerprint, parse_cached
 from .config import TraceConfig, coerce_config, resolve_path
 from .errors import ErrorSink, TraceError
+from .slicing import kept_rows
 from .workload import Workload, build_table
 
-__all__ = ["load_workload"]
+__all__ = ["load_workload", "generate_bench"]
 
 
 def peak_rss_mb() -> float:
@@ -35,39 +36,6 @@ def peak_rss_mb() -> float:
 
 
 _peak_rss_mb = peak_rss_mb
-
-
-def _roots_of(parent: np.ndarray) -> np.ndarray:
-    """Index of each row's chain root (parents precede children)."""
-    root = np.arange(parent.size, dtype=np.int64)
-    kids = np.flatnonzero(parent >= 0)
-    if kids.size:
-        par = parent.tolist()
-        r = root.tolist()
-        for i in kids.tolist():
-            r[i] = r[par[i]]
-        root = np.asarray(r, dtype=np.int64)
-    return root
-
-
-def kept_rows(parent: np.ndarray, arr: np.ndarray, cfg: TraceConfig) -> np.ndarray:
-    """The parsed rows the slicing keeps, in canonical order (int64 row indices): roots
-    non-decreasing in arrival, each root's chain after it; roots (with their chains) arriving
-    in ``[start_s, start_s + duration_s)`` on the trace clock; the first ``max_requests``.
-    ``parent``: each row's parent row or -1 (parents precede children); ``arr``: arrivals (s)."""
-    n = parent.size
-    root = _roots_of(parent)
-    order = None
-    ra = arr[parent < 0]
-    if ra.size > 1 and np.any(np.diff(ra) < 0):
-        order = np.lexsort((np.arange(n), root, arr[root]))
-    hi = np.inf if cfg.duration_s is None else cfg.start_s + cfg.duration_s
-    keep_root = (arr[root] >= cfg.start_s) & (arr[root] < hi)
-    idx = np.arange(n) if order is None else order
-    idx = idx[keep_root[idx]]
-    if cfg.max_requests is not None:
-        idx = idx[: cfg.max_requests]
-    return idx
 
 
 def _finalize(pr: Parsed, cfg: TraceConfig) -> tuple[pa.Table, dict, np.ndarray]:
@@ -229,6 +197,64 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
         notes=allnotes,
         extra=extra,
     )
+
+
+def generate_bench(*, num_prompts: int, input_len: int, output_len: int,
+                   range_ratio: float = 0.0, max_concurrency: Optional[int] = None,
+                   request_rate: Optional[float] = None, burstiness: float = 1.0,
+                   prefix_tokens: int = 0, num_prefix_groups: int = 1, block_tokens: int = 16,
+                   seed: int = 0, range_rule: str = "symmetric",
+                   chain_assignment: str = "earliest_free"):
+    """A serving benchmark's workload (:mod:`traces.bench`'s docstring), ready for
+    ``sim.run.run_simulation(cfg, workload=...)``.
+
+    Args:
+        num_prompts: prompts sent in all (``--num-prompts``).
+        input_len: random prompt tokens around which lengths are drawn
+            (``--random-input-len``); the prompt is ``prefix_tokens`` longer.
+        output_len: generated tokens around which lengths are drawn (``--random-output-len``).
+        range_ratio: spread of the lengths (``--random-range-ratio``), see ``range_rule``.
+        max_concurrency: closed loop with this many requests in flight
+            (``--max-concurrency``), or None.
+        request_rate: open loop at this many requests per second (``--request-rate``), or
+            None; exactly one of the two is set.
+        burstiness: gamma shape of the open loop's inter-arrival times (``--burstiness``; 1 =
+            Poisson, ``math.inf`` = fixed rate).
+        prefix_tokens: shared prefix tokens at the start of every prompt
+            (``--random-prefix-len``).
+        num_prefix_groups: distinct shared prefixes, given out round robin.
+        block_tokens: tokens per prefix id (G).
+        seed: seeds every draw (the run's ``seed``); same arguments and seed give the same
+            workload bit for bit.
+        range_rule: ``symmetric`` (vLLM) or ``one_sided`` (InferenceMAX, SGLang).
+        chain_assignment: ``earliest_free`` or ``round_robin``, how a closed loop deals
+            prompts to its chains.
+
+    Returns:
+        :class:`traces.workload.Workload`, the table ``kvsim trace=... trace.format=bench``
+        builds from the same values (:func:`traces.load_workload` makes it).
+
+    Raises:
+        TraceError: an argument out of range, naming it and what was expected.
+    """
+    from .bench import bench_params
+
+    bench_params(dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+                      range_ratio=range_ratio, max_concurrency=max_concurrency,
+                      request_rate=request_rate, burstiness=burstiness,
+                      prefix_tokens=prefix_tokens, num_prefix_groups=num_prefix_groups,
+                      block_tokens=block_tokens, range_rule=range_rule,
+                      chain_assignment=chain_assignment))
+    if not is_int(seed) or seed < 0:
+        raise TraceError(field="seed", found=repr(seed), expected="an integer >= 0")
+    cfg = TraceConfig(name="bench", format="bench", num_requests=num_prompts,
+                      input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+                      range_rule=range_rule, max_concurrency=max_concurrency,
+                      request_rate=request_rate, burstiness=burstiness,
+                      prefix_tokens=prefix_tokens, num_prefix_groups=num_prefix_groups,
+                      block_tokens=block_tokens, chain_assignment=chain_assignment)
+    return load_workload(cfg, seed=seed)
+
 
 from ._source import note_source as _note_source  # noqa: E402
 

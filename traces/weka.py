@@ -389,7 +389,7 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
     message gives both. Called only when some arrival is that late (the rows are the loader's
     :func:`traces.loader.kept_rows`; the late row's session line is parsed again for its
     request's place)."""
-    from .loader import kept_rows
+    from .slicing import kept_rows
 
     p = str(path)
     idx = kept_rows(parent, arrival, cfg)
