@@ -359,8 +359,7 @@ class Simulator:
             finished = False
             decode_tokens = 0
             prefill_tokens = 0
-            live = 0  # computed tokens of the scheduled requests that stay running
-            n_done = 0
+            live = 0  # computed tokens of the scheduled requests (those finishing included)
             comp = self.comp
             for req, n in zip(sched_req, sched_n):
                 c = req.n_computed
@@ -387,19 +386,22 @@ class Simulator:
                         req.status = FINISHED
                         req.finish = now
                         finished = True
-                        n_done += 1
-                        continue
                 live += c
+            # the step's row counts the requests and blocks it ran with: before its finished
+            # requests leave (the waiting count after, with the requests they release)
+            running = len(self.running)
+            if running != len(sched_req):
+                # (some running request was not scheduled, or joined during the step: its
+                # onboarding ended) the whole running list's counters
+                live = self.live_tokens()
+            used = self.pool.num_used
+            cached_free = self.pool.num_cached_free
             if finished:
                 self.retire_finished()
             if self.tiers is not None:
                 self.tier_step_end()
-            if len(self.running) != len(sched_req) - n_done:
-                # (some running request was not scheduled, or joined during the step: its
-                # onboarding ended) the whole running list's counters
-                live = self.live_tokens()
-            rec.step(start, dt, len(self.running), len(self.waiting), prefill_tokens, decode_tokens,
-                     self.pool.num_used, self.pool.num_cached_free, live)
+            rec.step(start, dt, running, len(self.waiting), prefill_tokens, decode_tokens,
+                     used, cached_free, live)
             if self.check:
                 self.check_invariants()
             self.check_sim_time()
@@ -555,8 +557,7 @@ class Simulator:
         self.env.process(self._arrivals())
         self.env.process(self._engine())
         self.env.run()
-        # the steps' rows count the pool after each step's finished requests left; its peak is
-        # the most blocks held at once (BlockPool.peak_used), finishing requests included
+        # the pool's peak: the most blocks held at once (BlockPool.peak_used)
         self.rec.peak_blocks_used = max(self.rec.peak_blocks_used, self.pool.peak_used)
         if self.env.now > MAX_CLOCK_S:
             # (tier copies still landing after the last request: a disk latency or bandwidth

@@ -18,7 +18,10 @@ Tables (written as Parquet by :mod:`sim.results`):
 ``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
   prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens (sum of the
   running requests' computed tokens: logical, a shared prefix counts once per request and
-  compression does not lower it; ``blocks_used`` is the physical count).
+  compression does not lower it; ``blocks_used`` is the physical count). ``running``,
+  ``blocks_used``, ``blocks_cached_free`` and ``live_kv_tokens`` count what the step ran with:
+  a request that finishes at the step's end is counted in its row (its blocks leave after it);
+  ``waiting`` is the queue after the step, with the requests its finishes released.
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ class Recorder:
         evicted at step ``s`` (shape ``(k + 1,)``; indices 0 and 1 are 0: step 1's blocks
         came with its scheduling); ``live0``: computed tokens before the stretch
         (``b`` more per step). ``last``: ``(running, waiting, blocks used, cached free, live
-        tokens)`` of the last row, the state after the finished requests left. Rows equal
+        tokens)`` of the last row (its finishing requests counted; the waiting after). Rows equal
         those :meth:`steps_rows` would write from the same arrays; it writes them whether or
         not ``record_steps`` is set (without per-step rows the engine calls
         :meth:`steps_counted` instead).
@@ -298,8 +301,8 @@ class Recorder:
 
 
 def _time_mean_blocks(rec: Recorder) -> float | None:
-    """Blocks used averaged over the steps' durations (blocks; the steps' ``blocks_used``,
-    counted after each step's finished requests left), or None without step rows."""
+    """Blocks used averaged over the steps' durations (blocks; the steps' ``blocks_used``: the
+    blocks each step ran with), or None without step rows."""
     if not rec.record_steps or rec.steps.n == 0:
         return None
     c = rec.steps.cols
@@ -328,8 +331,7 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     tokens only. ``sim_duration_s``: from 0 to the last request's finish or rejection (the
     caller's ``sim_duration_s``; tier copies landing later do not count).
     ``peak_gpu_blocks_used``: the most blocks held at once (the pool's high-water mark, so a
-    request finishing in the step that allocated its blocks counts; the steps' rows show the
-    pool after each step's finishes). Memory saved by a compression policy:
+    request finishing in the step that allocated its blocks counts, as in the steps' rows). Memory saved by a compression policy:
     ``blocks_freed_total`` is gross (every block a round returned, a block freed and taken
     back again counted each time); ``blocks_saved_net`` the blocks the finished requests did
     not hold at their finish against an uncompressed cache (sum of ``ceil((input + output - 1)
@@ -459,10 +461,9 @@ def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i,
     for s in range(1, k + 1):
         in_step = running if s > 1 else dec1
         n_dec += in_step
-        running -= leave[s]
-        ctx -= leave_ctx[s]
-        u += alloc[s] - freed[s]
-        c += cfreed[s] - ev[s]
+        # the row: the requests and blocks the step ran with, before its finished ones leave
+        u += alloc[s]
+        c -= ev[s]
         if u > pk:
             pk = u
         if write:
@@ -476,4 +477,8 @@ def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i,
             used[r] = u
             cf[r] = c
             live[r] = ctx + s * running
+        running -= leave[s]
+        ctx -= leave_ctx[s]
+        u -= freed[s]
+        c += cfreed[s]
     return pk, n_dec

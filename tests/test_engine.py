@@ -63,9 +63,12 @@ def test_idle_pool_has_no_used_blocks_but_cached_blocks_serve_a_resent_prompt():
         dict(arrival_s=50.0, input_tokens=64, output_tokens=2, prefix_ids=ids),
     ], prefix_block_tokens=16)
     req, steps, rec, sim = simulate(wl)
-    first_done = steps[steps.time_s < 50.0].iloc[-1]
-    assert first_done.blocks_used == 0 and first_done.running == 0
-    assert first_done.blocks_cached_free == 4  # 64 prompt tokens + 1 generated = 4 full blocks
+    last = steps[steps.time_s < 50.0].iloc[-1]  # the first request's last step: the row
+    assert last.blocks_used == 5 and last.running == 1  # counts what it ran with (65 tokens)
+    # idle in between: its 4 full blocks stayed cached; the resent prompt hits 3 of them (the
+    # last prompt token is recomputed: a new 4th block), the 4th stays cached and free
+    second = steps[steps.time_s >= 50.0].iloc[0]
+    assert second.blocks_used == 4 and second.blocks_cached_free == 1
     assert req.prefix_hit_tokens.tolist() == [0, 48]
     assert sim.pool.num_used == 0
 
@@ -550,17 +553,18 @@ def test_fast_forward_equals_per_step_with_answer_reuse(seed=0):
 @pytest.mark.parametrize("fast_forward", [True, False])
 def test_peak_blocks_count_a_request_that_finishes_in_its_first_step(fast_forward):
     """A 1,000-token prompt with 1 output token holds ceil(1000 / 16) = 63 blocks during its
-    only step and frees them at its end: the pool's peak is 63, not the 0 the step's row (the
-    pool after the finish) shows; a trace of such requests peaks at its largest batch."""
+    only step and frees them at its end: the step's row and the pool's peak count the 63
+    (the row counts what the step ran with); a trace of such requests peaks at its largest
+    batch."""
     wl = make_workload([dict(arrival_s=0.0, input_tokens=1000, output_tokens=1)])
     req, steps, rec, sim = simulate(wl, fast_forward=fast_forward)
     assert req.peak_blocks.tolist() == [63]
-    assert steps.blocks_used.tolist() == [0]
+    assert steps.blocks_used.tolist() == [63] and steps.running.tolist() == [1]
     assert rec.peak_blocks_used == sim.pool.peak_used == 63
     wl = make_workload([dict(arrival_s=0.0, input_tokens=100, output_tokens=1)] * 3
                        + [dict(arrival_s=5.0, input_tokens=40, output_tokens=1)])
     req, steps, rec, sim = simulate(wl, fast_forward=fast_forward)
-    assert (steps.blocks_used == 0).all()
+    assert steps.blocks_used.tolist() == [3 * 7, 3] and steps.running.tolist() == [3, 1]
     assert rec.peak_blocks_used == 3 * 7
 
 

@@ -300,6 +300,8 @@ class DecodeStretch(Stretch):
             self.finishing_end(reqs, fin_a, slot0, start, cum, durs, waiting0, used1,
                                         alloc_per_step, cf1, evicted_per_step, pre1, dec1, early)
             return k
+        # the last step's row: the requests and blocks it ran with (before the finished leave)
+        last = (len(sim.running), sim.pool.num_used, sim.pool.num_cached_free, sim.live_tokens())
         if finished:
             sim.retire_finished()
         if tiers is not None:
@@ -309,17 +311,14 @@ class DecodeStretch(Stretch):
                 sim.pool.cached_log.append(np.asarray(t_cached[k], dtype=np.int64))
             sim.tier_step_end()
         if not rec.record_steps:
-            # counters only: the peak of used blocks is before the finished requests left
-            # (used grows through the stretch) or after
-            rec.steps_counted(k, b, max(used1 + int(alloc_per_step[1:k].sum()), sim.pool.num_used))
+            # counters only: used blocks grow through the stretch; its last step's are the most
+            rec.steps_counted(k, b, last[1])
             if sim.check:
                 sim.check_invariants()
             return k
-        # the last step's row reflects the state after finished requests left
         rec.decode_stretch(start, cum, durs, b, waiting0, used1, alloc_per_step, cf1,
                            evicted_per_step, live0,
-                           (len(sim.running), len(sim.waiting), sim.pool.num_used,
-                            sim.pool.num_cached_free, sim.live_tokens()))
+                           (last[0], len(sim.waiting), last[1], last[2], last[3]))
         if sim.check:
             sim.check_invariants()
         return k

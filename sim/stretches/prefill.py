@@ -135,16 +135,13 @@ class PrefillStretch(Stretch):
         rec = sim.rec
         running = np.full(k, b, dtype=np.int64)
         waiting = np.full(k, waiting0, dtype=np.int64)
-        # live KV tokens after each step: the scheduled requests' computed tokens
+        # live KV tokens after each step: the scheduled requests' computed tokens (the rows
+        # count the requests and blocks each step ran with, the last one's finishing requests
+        # included; the waiting count after it, with the requests they release)
         live = np.arange(1, k + 1, dtype=np.int64)
         live *= sim.max_tokens
         live += int(np.add.reduce(ctx_arr))
-        # the last row: the state after the finished requests left
-        running[-1] = len(sim.running)
         waiting[-1] = len(sim.waiting)
-        used[-1] = pool.num_used
-        cfree[-1] = pool.num_cached_free
-        live[-1] = sim.live_tokens()
         starts = np.empty(k, dtype=np.float64)
         starts[0] = start
         starts[1:] = ends[:-1]

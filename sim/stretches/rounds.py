@@ -452,19 +452,21 @@ class RoundsStretch(Stretch):
         cf = pool.num_cached_free
         n_wait = len(sim.waiting)
         sim.retire_finished()
-        round_used[f] += pool.num_used - u
-        round_cf[f] += pool.num_cached_free - cf
+        # (step f's row counts the blocks before they left: the next step's after)
+        round_used[f + 1] += pool.num_used - u
+        round_cf[f + 1] += pool.num_cached_free - cf
         gone_set = set(gone)
         active[:] = [i for i in active if i not in gone_set]
         nxt[gone] = np.iinfo(np.int64).max // 2  # no more blocks
         tokens = (b_old, 0)  # step f's decode and prefill tokens
-        if first_row > f:  # f admitted requests: its row is written; it gets the running after
+        if first_row > f:  # f admitted requests: its row is written again below
             tokens = rows.pop()[2:4]
         elif f > first_row:
             rows.append((first_row, f - 1, b_old, 0, b_old, live_base, b_old))
+        # step f's row: the requests it ran with, the finishing ones included
+        rows.append((f, f, *tokens, b_old, live_base, b_old))
         live_base -= sum(nc0[i] for i in gone)
         b = len(active)
-        rows.append((f, f, *tokens, b, live_base, b))
         first_row = f + 1
         stop = (False, first_row, live_base, nxt, anchor, None, [])
         if len(sim.waiting) != n_wait or not (b or sim.waiting):
@@ -520,12 +522,11 @@ class RoundsStretch(Stretch):
                    ev_log) -> None:
         """Record a compression stretch's ``k`` steps: ``rows`` of ``(first step, last step,
         decode tokens, prefill tokens, running, live base, live per step)`` (live tokens after
-        step s = base + s x per step), ``used`` / ``cached_free`` blocks after each step; the
-        last step's row takes the state after the finished requests left."""
+        step s = base + s x per step), ``used`` / ``cached_free`` blocks each step ran with
+        (before its finished requests left); the last row's waiting count is the one after
+        the stretch."""
         sim = self.sim
         rec = sim.rec
-        used[-1] = sim.pool.num_used
-        cached_free[-1] = sim.pool.num_cached_free
         dec = np.empty(k, dtype=np.int64)
         pre = np.empty(k, dtype=np.int64)
         for s0, s1, d_, p_, *_ in rows:
@@ -540,8 +541,6 @@ class RoundsStretch(Stretch):
         for s0, s1, _, _, r_, lb, bl in rows:
             running[s0 - 1:s1] = r_
             live[s0 - 1:s1] = lb + steps[s0 - 1:s1] * bl
-        running[-1] = len(sim.running)
-        live[-1] = sim.live_tokens()
         waiting = waiting_per_step(waiting0, ev_log, cum)
         waiting[-1] = len(sim.waiting)
         starts = np.concatenate(([start], cum[:-1]))

@@ -84,6 +84,13 @@ class TierStretch(Stretch):
             yield env.timeout(float(durs[s - 1]))
             step_dur = float(durs[s - 1]) if hold is None else env.now - start
             done = s == k
+            # the row: the requests and blocks the step ran with (before its finished requests
+            # leave); the batch's counters are committed at the end, and a request that joined
+            # the running list during the step (its onboarding ended) counts its own
+            running = len(sim.running)
+            live = live0 + s * b + sum(r.n_computed for r in sim.running[b:])
+            used = pool.num_used
+            cached_free = pool.num_cached_free
             if done:
                 now = env.now
                 self.commit_counts(reqs, nc0, s)
@@ -93,13 +100,7 @@ class TierStretch(Stretch):
                         req.finish = now
                 sim.retire_finished()
             sim.tier_step_end()
-            if done:
-                live = sim.live_tokens()
-            else:  # the batch's counters are committed at the end; a request that joined the
-                # running list during the step (its onboarding ended) counts its own
-                live = live0 + s * b + sum(r.n_computed for r in sim.running[b:])
-            rec.step(start, step_dur, len(sim.running), len(sim.waiting), 0, b,
-                     pool.num_used, pool.num_cached_free, live)
+            rec.step(start, step_dur, running, len(sim.waiting), 0, b, used, cached_free, live)
             if not done:
                 sim.check_sim_time()
             if done or self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:

@@ -4,7 +4,7 @@ Each case is a trace x tiers x policy x compactor combination (Hydra overrides) 
 per-step loop (``sim.fast_forward=false``) and with the fast paths; both must give the tables
 recorded in ``tests/data/golden_matrix.json``: a digest of every table the run writes
 (requests, steps, rounds, transfers parquet) and of summary.json without its wall-clock,
-input-file and output-file fields.
+input-file and output-file fields and the trace's path.
 
 Record (only after a deliberate change of results, saying why in the commit message)::
 
@@ -52,8 +52,9 @@ CONFIGS = {
                     "cache=trtllm"],
 }
 MODES = {"per_step": ["sim.fast_forward=false"], "fast": ["sim.fast_forward=true"]}
-_SKIP_SUMMARY = ("wall", "input_files", "output_files", "trace_input", "overrides",
-                 "config_fingerprint")
+# wall-clock figures and the paths of this checkout's files: not results
+_SKIP_SUMMARY = ("wall", "input_files", "output_files", "trace_input", "trace_source",
+                 "overrides", "config_fingerprint")
 
 
 def cases(shared: bool) -> dict[str, list[str]]:
