@@ -285,6 +285,7 @@ def test_folders_hydra_makes_and_sweep_forms(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "sw"]
 
 
+@pytest.mark.slow
 def test_hydra_mode_keys_and_sweep_functions_run_or_fail_in_one_line(tmp_path):
     """``hydra.mode=MULTIRUN`` runs a sweep as ``-m`` does; an unresolvable interpolation in any
     other Hydra key (``hydra.job.name``), a ``hydra.output_subdir`` that cannot be made,
@@ -322,6 +323,7 @@ def test_hydra_mode_keys_and_sweep_functions_run_or_fail_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cd", "g", "mr"]
 
 
+@pytest.mark.slow
 def test_sweep_checks_make_no_folders_and_count_jobs_elsewhere(tmp_path):
     """The sweep-level checks create no folder (a per-job ``output.dir`` leaves only the jobs'
     folders), and a sweep whose ``hydra.sweep.subdir`` puts the jobs outside the sweep folder

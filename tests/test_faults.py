@@ -204,6 +204,7 @@ def test_a_sweep_job_whose_folder_another_process_holds_fails_the_sweep(tmp_path
     assert not (sweep / "0" / MARKER).exists() and not (sweep / "0" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_an_output_dir_claimed_by_another_running_sweep_is_refused(tmp_path):
     """A folder holding the results of a job of another sweep that still runs (a shared
     ``output.dir=R/${hydra:job.num}``): a sweep's job into it fails naming that sweep (the
@@ -422,6 +423,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_a_sweep_job_that_meets_a_full_disk_fails_alone_and_a_resume_completes_it(tmp_path):
     """In a sweep, the disk is full as Hydra writes job 1's record: job 1 fails with one line
     naming the file and is marked INCOMPLETE, jobs 0 and 2 complete, the sweep lists job 1 and
@@ -548,6 +550,7 @@ def _read_only(folder: Path):
         subprocess.run(["umount", str(folder)])
 
 
+@pytest.mark.slow
 def test_skip_completed_skips_a_complete_run_in_a_read_only_folder(tmp_path):
     """``output.skip_completed=true`` on a complete run whose folder cannot be written (a
     read-only mount), an ``output.dir`` or a Hydra run folder, skips it (exit 0, "already

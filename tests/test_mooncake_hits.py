@@ -43,6 +43,7 @@ def independent_hits(path):
     return np.array(hits)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not present (shared traces absent; set KVSIM_TRACES_DIR to the shared traces folder)")
 def test_infinite_cache_hits_match_raw_file(tmp_path):
     expected = independent_hits(TRACE)

@@ -130,6 +130,7 @@ def test_joblib_multirun_completes_six_runs(sweep_dir):
         assert "cache.block_size=" in ov and "scheduler.max_num_seqs=" in ov
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_only_missing_runs(tmp_path):
     """Start a 6-run sweep, SIGKILL its whole process group once the first run has completed,
     rerun the same command with output.skip_completed=true into the same sweep dir: every run
@@ -492,6 +493,7 @@ def test_multirun_with_per_job_output_dirs_reports_a_rejected_job(tmp_path):
 
 # --- output.dir across jobs and runs ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     """Break-it pass: `kvsim -m ... output.dir=X` wrote every job into X, each overwriting the
     last (exit 0), or with two workers raced into a FileNotFoundError traceback. Now the first
@@ -561,6 +563,7 @@ def test_output_dir_under_a_file_is_one_line(tmp_path):
     assert f.read_text() == "x"
 
 
+@pytest.mark.slow
 def test_relative_paths_with_hydra_job_chdir(tmp_path):
     """Break-it pass: with hydra.job.chdir=true a relative trace.path that exists was reported
     "not found" (Hydra had moved into the run folder). Relative trace.path and output.dir name
