@@ -422,7 +422,7 @@ def test_block_keys_take_the_continuations_keys_past_the_own_span():
     # reach is capped by the continuation's identified span (its ids x G)
     short = block_keys(own, 16, 100, 16, 3, 10, next_ids=nxt[:7], next_reach=150)
     assert short[:7].tolist() == child[:7].tolist() and (short[7:] < 0).all()
-    # no continuation: as before
+    # no continuation: the same hit
     assert block_keys(own, 16, 100, 16, 3, 10, next_ids=nxt, next_reach=0).tolist() == \
         block_keys(own, 16, 100, 16, 3, 10).tolist()
 

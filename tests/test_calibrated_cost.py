@@ -238,10 +238,9 @@ def test_compiled_attention_time_equals_the_numpy_formula_bit_for_bit(model):
 
 
 def test_committed_replay_ops_are_what_the_simulator_writes_now(tmp_path):
-    """Newcomer pass: gpu_validation/REPORT.md says its kvsim and trim_ops commands give the
-    committed ops file byte for byte, but the simulator's offload decisions had changed since
-    (534 lines against 539). This runs those commands: a change to what the simulator decides
-    on that slice must come with a regenerated file (and a GPU replay of it, REPORT.md)."""
+    """gpu_validation/REPORT.md's kvsim and trim_ops commands give the committed ops file byte
+    for byte: this runs them, so a change to what the simulator decides on that slice must
+    come with a regenerated file (and a GPU replay of it, REPORT.md)."""
     from pathlib import Path
 
     from gpu_validation.trim_ops import main as trim_main
@@ -258,7 +257,7 @@ def test_committed_replay_ops_are_what_the_simulator_writes_now(tmp_path):
 
 
 def test_trim_ops_per_kind_below_one_is_a_usage_error(tmp_path, capsys):
-    """Break-it pass: --per-kind 0 ended in a ValueError traceback."""
+    """``trim_ops --per-kind`` below 1 is a usage error."""
     from gpu_validation.trim_ops import main as trim_main
 
     src = tmp_path / "ops.jsonl"
@@ -283,8 +282,8 @@ def test_trim_ops_per_kind_below_one_is_a_usage_error(tmp_path, capsys):
     ('{"op": "model"}\n', "no operation (1 model line(s), nothing to trim)"),
 ])
 def test_trim_ops_names_the_bad_line_and_refuses_an_empty_file(tmp_path, text, want):
-    """Break-it pass: a malformed line was reported without its line number, an object without
-    "op" ended in a KeyError, and an empty ops file was trimmed to an empty file with no word."""
+    """A malformed line and an object without "op" are errors naming the line; an empty ops file
+    is refused, not trimmed to an empty file."""
     from gpu_validation.trim_ops import main as trim_main
 
     src = tmp_path / "ops.jsonl"
@@ -296,9 +295,9 @@ def test_trim_ops_names_the_bad_line_and_refuses_an_empty_file(tmp_path, text, w
 
 
 def test_trim_ops_names_a_binary_line_and_an_output_it_cannot_write(tmp_path):
-    """Regression pass: a non-UTF-8 ops file gave the codec's message with no file or line, and
-    an output that is a folder (or under a missing one) a traceback; validate --ops read its
-    file only after finding torch and a GPU."""
+    """A non-UTF-8 ops file is an error naming the file and line, and an output that is a
+    folder (or under a missing one) is one error line; validate --ops reads its file before it
+    looks for torch and a GPU."""
     from gpu_validation import validate as V
     from gpu_validation.trim_ops import main as trim_main
 
@@ -322,9 +321,9 @@ def test_trim_ops_names_a_binary_line_and_an_output_it_cannot_write(tmp_path):
 
 
 def test_validate_dump_ops_writes_the_generated_set_without_a_gpu(tmp_path, capsys):
-    """Break-it pass: ``validate --dump-ops FILE`` refused without a GPU, though the generated
-    ops need none; now it writes them (which trim_ops and validate --ops read) and says that
-    nothing was replayed. With --ops too it is a usage error (the generated set is not used)."""
+    """``validate --dump-ops FILE`` needs no GPU: it writes the generated ops (which trim_ops and
+    validate --ops read) and says that nothing was replayed. With --ops too it is a usage
+    error (the generated set is not used)."""
     from gpu_validation import validate as V
     from gpu_validation.trim_ops import read_ops
 
@@ -345,8 +344,8 @@ def test_validate_dump_ops_writes_the_generated_set_without_a_gpu(tmp_path, caps
 
 @pytest.mark.parametrize("tool", ["validate", "calibrate"])
 def test_gpu_tools_without_torch_give_help_and_say_what_to_install(tool):
-    """Break-it pass: `python -m gpu_validation.validate --help` (and calibrate) ended in a
-    ModuleNotFoundError traceback where torch is not installed (the core install has none)."""
+    """Without torch (the core install has none), ``python -m gpu_validation.validate --help``
+    (and calibrate) print their help, and a run says what to install."""
     import subprocess
     import sys
 
@@ -362,9 +361,9 @@ def test_gpu_tools_without_torch_give_help_and_say_what_to_install(tool):
 
 
 def test_write_ops_counts_the_rounds_it_cannot_hold(tmp_path):
-    """Break-it pass: with several selection groups (policy.mode=per_head) or hole filling,
-    output.write_ops wrote only the model line and said nothing; summary.json now counts the
-    rounds left out (the CLI prints it as a note), 0 for single-group forward packing."""
+    """With several selection groups (policy.mode=per_head) or hole filling, output.write_ops
+    cannot hold the rounds: summary.json counts those left out (the CLI prints it as a note),
+    0 for single-group forward packing."""
     wl = make_workload([dict(arrival_s=0.0, input_tokens=300, output_tokens=400) for _ in range(3)])
     for extra, left_out in ((["policy.mode=per_head"], True), (["compaction=hole_fill"], True), ([], False)):
         c = cfg("policy=triattention", "policy.budget=128", "policy.beta=32", "compaction=forward_pack",
@@ -378,9 +377,8 @@ def test_write_ops_counts_the_rounds_it_cannot_hold(tmp_path):
 
 
 def test_write_ops_counts_what_output_ops_limit_leaves_out(tmp_path):
-    """Break-it pass: output.write_ops wrote the first 500 of 57,811 rounds with no word and
-    ``ops_rounds_left_out`` 0; summary.json now counts what was written and what the limit left
-    out, rounds and host copies apart."""
+    """summary.json counts what output.write_ops wrote and what output.ops_limit left out,
+    rounds and host copies apart."""
     wl = make_workload([doc(i, 2048, t=float(i), out=400) for i in range(3)], prefix_block_tokens=16)
     o = ["policy=triattention", "policy.budget=128", "policy.beta=32", "compaction=forward_pack",
          "tiers=gpu_host", "tiers.write_policy=write_through", "output.write_ops=true",
@@ -398,9 +396,9 @@ def test_write_ops_counts_what_output_ops_limit_leaves_out(tmp_path):
 
 
 def test_write_ops_counts_the_disk_copies_it_cannot_hold(tmp_path):
-    """Break-it pass: ops.jsonl skipped host_to_disk and disk_to_host batches (the GPU replay has
-    no op for a copy that involves no GPU) without a count; summary.json now counts them in
-    ``ops_transfers_left_out``, matching transfers.parquet."""
+    """ops.jsonl holds no host_to_disk or disk_to_host batch (the GPU replay has no op for a copy
+    that involves no GPU); summary.json counts them in ``ops_transfers_left_out``, matching
+    transfers.parquet."""
     out = tmp_path / "run"
     s = run_simulation(compose_config(["trace.max_requests=200", "cache.num_gpu_blocks=3000",
                                        "tiers=gpu_host_disk", "tiers.host_gib=2",

@@ -238,9 +238,8 @@ def test_plots_save_rejects_unknown_extension(tmp_path):
 
 
 def test_pool_fragmentation_with_block_size_as_the_grouping(base_sweep, tmp_path):
-    """Break-it pass: pool-fragmentation asks for ``cache.block_size`` beside the ``--by``
-    columns, so with ``--by cache.block_size`` (its default) the column was joined twice and
-    pandas refused to reindex (a traceback). Each run column is joined once."""
+    """pool-fragmentation reads ``cache.block_size`` beside the ``--by`` columns; with ``--by
+    cache.block_size`` (its default) each run column is joined once."""
     col = C.collect(base_sweep, tmp_path / "c", quiet=True).out_dir
     for extra in ([], ["--by", "cache.block_size"], ["--by", "seed"]):
         out = tmp_path / f"pf{len(extra)}.png"
@@ -249,11 +248,10 @@ def test_pool_fragmentation_with_block_size_as_the_grouping(base_sweep, tmp_path
 
 
 def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
-    """Break-it pass: a run whose steps.parquet was missing (the other run had one) was collected
-    without a word, its steps silently absent. A table the run wrote (its summary.json's
-    output_files) and that is gone makes the run failed, with the file named; a run that lists
-    none (output.write_steps=false writes no steps table; kvsim before output_files) is still
-    collected, with a note on stderr and the manifest's runs_missing_tables."""
+    """A table the run wrote (its summary.json's output_files) and that is gone makes the run
+    failed, with the file named; a run that lists none (output.write_steps=false writes no
+    steps table; a summary without output_files) is still collected, with a note on stderr and
+    the manifest's runs_missing_tables."""
     (sweep / "0" / "steps.parquet").unlink()
     res = C.collect(sweep, tmp_path / "c0")
     assert sorted(res.runs["run_id"]) == ["1"]
@@ -263,7 +261,7 @@ def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
     s = json.loads((sweep / "0" / "summary.json").read_text())
     for bad, why in ((5, "output_files is '5', not a list"), ([{"a": 1}], "entry \"{'a': 1}\" is")):
         (sweep / "0" / "summary.json").write_text(json.dumps({**s, "output_files": bad}))
-        res = C.collect(sweep, tmp_path / "cb", quiet=True)  # (a traceback, second pass)
+        res = C.collect(sweep, tmp_path / "cb", quiet=True)
         (failed,) = json.loads((res.out_dir / "failed_runs.json").read_text())
         assert failed["run_id"] == "0" and why in failed["reason"], failed["reason"]
     s["output_files"] = [f for f in s["output_files"] if f[0] != "steps.parquet"]
@@ -276,8 +274,8 @@ def test_run_without_one_table_is_noted(sweep, tmp_path, capsys):
 
 
 def test_out_that_cannot_be_created_names_it_not_the_temporary(base_sweep, tmp_path):
-    """Break-it pass: ``--out`` where no folder can be made was reported under the collection's
-    temporary name (``/proc/.xx.tmp-4629``); the error names --out's path and the reason."""
+    """An ``--out`` where no folder can be made is one error naming --out's path and the reason,
+    not the collection's temporary folder."""
     out = Path("/proc/kvsim-test-collect")  # (no folder can be made in /proc, even as root)
     with pytest.raises(C.CollectError) as ei:
         C.collect(base_sweep, out, quiet=True)

@@ -161,9 +161,9 @@ def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extr
 
 ADMIT_CASES = {
     "slots_full": [],
-    # break-it pass: a heavy load with free sequence slots, where an admission step's prefill
-    # used the token budget up and the head waited for it; the stretch ran past the next step,
-    # which admits the head in the per-step loop (finish times differed on half the requests)
+    # a heavy load with free sequence slots, where an admission step's prefill uses the token
+    # budget up and the head waits for it: the stretch ends before the next step, which admits
+    # the head in the per-step loop
     "budget_spent": ["trace.time_scale=0.02", "scheduler.enable_chunked_prefill=false",
                      "scheduler.max_num_batched_tokens=131072"],
 }
@@ -195,10 +195,10 @@ def test_admission_step_starts_a_compression_stretch(tmp_path, case):
 def test_compression_stretch_ends_before_it_takes_the_waiting_heads_hit(tmp_path):
     """A compression run's decode stretch with a request waiting whose chunk is capped
     (long_prefill_token_threshold) ends before the first step whose new blocks take one of the
-    head's prefix-hit blocks off the free queue (sim.stretches.common.head_hit_step): the head's hit is
-    cut there while hit blocks after it are still free, so it may fit. Requests, steps and
-    rounds equal the per-step loop's; this case (found by a differential search) admitted the
-    head one step later than the per-step loop before the fix."""
+    head's prefix-hit blocks off the free queue (sim.stretches.common.head_hit_step): the head's
+    hit is cut there while hit blocks after it are still free, so it may fit. Requests, steps
+    and rounds equal the per-step loop's on this case (from a differential search), where the
+    head must be admitted at the same step."""
     from conftest import chunk_workload
 
     wl = chunk_workload(187030, n=26)

@@ -34,8 +34,8 @@ def test_gpt_oss_full_part_and_window_cap():
     assert per_seq == (math.ceil(128 / 16) + 1) * 16 * 18 * 2048
     c2 = cfg("model=gpt_oss_120b", "cache.block_size=32")
     assert window_kv_bytes_per_seq(c2.model, c2.cache) == (4 + 1) * 32 * 18 * 2048
-    # (break-it pass) a window past max_model_len (131,072) holds no more than a whole sequence:
-    # the reserve had doubled from 131,072 to 262,144 tokens of window
+    # a window past max_model_len (131,072) holds no more than a whole sequence (the reserve
+    # stays at 131,072 tokens of window, not 262,144)
     for w in (131072, 262144):
         cw = cfg("model=gpt_oss_120b", f"model.sliding_window={w}")
         assert window_kv_bytes_per_seq(cw.model, cw.cache) == 131072 * 18 * 2048

@@ -85,10 +85,9 @@ def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
 
 
 def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
-    """Break-it pass: SIGTERM to `kvsim -m` killed the launcher and left its joblib workers
-    running, orphaned, writing into job folders that a resumed sweep ran again alongside them.
-    Now the sweep stops as on Ctrl-C: one line, exit 143, every process of the group gone, the
-    unfinished jobs marked INCOMPLETE."""
+    """SIGTERM to ``kvsim -m`` stops the sweep as Ctrl-C does: one line, exit 143, every process
+    of the group gone (no orphaned joblib worker writing into job folders that a resumed sweep
+    runs again), the unfinished jobs marked INCOMPLETE."""
     sweep = tmp_path / "sw"
     proc = subprocess.Popen([*KVSIM, "-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2",
                              f"hydra.sweep.dir={sweep}", "cache.block_size=16,32",
@@ -179,9 +178,9 @@ def test_interrupt_message_says_what_the_folder_holds(tmp_path):
 
 
 def test_collect_names_the_overrides_of_interrupted_and_damaged_runs(tmp_path):
-    """Break-it pass: kvsim-collect listed an interrupted ``output.dir`` run (no .hydra/) and a
-    run whose steps.parquet was deleted with empty overrides. The in-progress marker now records
-    the run's overrides, and a summary's overrides are read before its checks."""
+    """kvsim-collect lists an interrupted ``output.dir`` run (no .hydra/) and a run whose
+    steps.parquet was deleted with their overrides: the in-progress marker records the run's
+    overrides, and a summary's overrides are read before its checks."""
     import json
 
     from experiments import collect as C

@@ -1,6 +1,6 @@
-"""Limits of the ServeGen and Weka loaders: rows and ids that used to hang, exhaust memory, or be
-read silently as something else are TraceErrors naming the file line (and field), and sparse Weka
-ids take memory proportional to the data, not to the largest id.
+"""Limits of the ServeGen and Weka loaders: rows and ids that could hang the loader, exhaust memory,
+or be read silently as something else are TraceErrors naming the file line (and field), and
+sparse Weka ids take memory proportional to the data, not to the largest id.
 
 A ServeGen load that could hang (or allocate without bound) runs in a fresh interpreter with a
 time limit and an address-space cap, so that a regression fails the test instead of the run."""
@@ -133,8 +133,8 @@ def test_servegen_skip_counts_a_degenerate_row(tmp_path):
 
 
 def test_servegen_window_start_off_the_600_s_grid_is_an_error(tmp_path):
-    """Break-it pass: a window starting at 900 s (off the 600 s grid) loaded, overlapping the
-    window at 600 s by 300 s; its start must be a multiple of 600 s (600.0 is)."""
+    """A window start must be a multiple of 600 s (600.0 is): one at 900 s, which would overlap
+    the window at 600 s, is an error naming the line and field."""
     bad = _servegen_dir(tmp_path, "900,1.0,1.0,Gamma,1.0,1.0", name="off")
     ok = _servegen_dir(tmp_path, "600.0,1.0,1.0,Gamma,1.0,1.0", name="on")
     r_bad, r_ok = _isolated([_sg_cfg(bad, num_requests=50), _sg_cfg(ok, num_requests=50)])
@@ -166,9 +166,8 @@ def test_servegen_draw_loop_guard_when_draws_pile_up_before_start_s(tmp_path):
 
 
 def test_servegen_start_s_inside_a_window_keeps_the_rest_of_it(tmp_path):
-    """Guard for the bounded loop (passed before the fix too): a window cut by start_s and drawn
-    in many small buffers (fit mode, mean gap 0.1 s, buffers of 16) still yields its arrivals up
-    to its end."""
+    """A window cut by start_s and drawn in many small buffers (fit mode, mean gap 0.1 s, buffers
+    of 16) still yields its arrivals up to its end."""
     d = _servegen_dir(tmp_path, "600,0.01,1.0,Gamma,1.0,0.1")
     w = load_workload(TraceConfig(**_sg_cfg(d, num_requests=100_000, servegen_iat="fit",
                                             start_s=900.0)), 0)
@@ -336,9 +335,8 @@ def test_weka_subagent_marker_tokens_are_checked(tmp_path):
 
 
 def test_weka_think_time_past_the_clock_range_is_an_error(tmp_path):
-    """Break-it pass: a closed-loop think_time of 1e300 s passed (recorded t and Mooncake
-    timestamps are checked), giving TTFT, TPOT and E2E of exactly 0 at 1e300 s. A think time
-    past 2**32 s is an error naming the line, session, request and field."""
+    """A closed-loop think_time past 2**32 s (as recorded t and Mooncake timestamps are) is an
+    error naming the line, session, request and field."""
     reqs = [{"t": 0.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 3]},
             {"t": 1.0, "type": "n", "in": 200, "out": 5, "hash_ids": [1, 2, 4], "think_time": 1e300}]
     p = tmp_path / "w.jsonl"
@@ -351,9 +349,8 @@ def test_weka_think_time_past_the_clock_range_is_an_error(tmp_path):
 
 
 def test_servegen_files_with_a_bom_load_as_without(tmp_path):
-    """Break-it pass: a ServeGen chunk CSV saved with a UTF-8 byte-order mark failed on its first
-    field ('\\ufeff0'), while the other formats skip the mark. Both chunk files load the same with
-    and without it."""
+    """ServeGen chunk files saved with a UTF-8 byte-order mark load as without it, as the other
+    formats do."""
     import shutil
 
     src = Path(__file__).parent / "data" / "traces" / "servegen_ok"

@@ -74,8 +74,8 @@ def test_slurm_launcher_config_composes():
 
 
 def test_cluster_launcher_without_its_plugin_names_the_install():
-    """Break-it pass: hydra/launcher=slurm without hydra-submitit-launcher was Hydra's "Could not
-    load" and exit 1; it is exit 2 naming the pip extra (likewise ray_cluster)."""
+    """hydra/launcher=slurm without hydra-submitit-launcher is exit 2 naming the pip extra
+    (likewise ray_cluster), not Hydra's "Could not load"."""
     import importlib.util
 
     from sim.cli import LAUNCHER_PLUGINS, missing_launcher_plugin
@@ -94,10 +94,9 @@ def test_cluster_launcher_without_its_plugin_names_the_install():
 
 
 def test_ray_launcher_config_extends_the_plugins_without_recursion():
-    """Break-it pass: our launcher file was named ray.yaml with ``defaults: [ray]``, which found
-    itself before the plugin's ``ray`` config (a RecursionError from Hydra even with the plugin
-    installed). As ray_cluster.yaml it extends the plugin's node, here a stand-in registered the
-    way hydra-ray-launcher registers its own, and sets the resources per run."""
+    """ray_cluster.yaml extends the plugin's ``ray`` node (a file named ray.yaml with ``defaults:
+    [ray]`` would find itself first: Hydra's RecursionError), here a stand-in registered the way
+    hydra-ray-launcher registers its own, and sets the resources per run."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
@@ -471,10 +470,9 @@ def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_pa
 
 
 def test_multirun_with_per_job_output_dirs_reports_a_rejected_job(tmp_path):
-    """Break-it pass: with per-job output.dir folders a rejected job's INCOMPLETE marker sits in
-    its output.dir, outside the sweep folder, and the sweep said "sweep done" with exit 0. The
-    sweep's report follows each job folder's pointer to its results: exit 2 naming the job. With
-    every job rejected it says that no job completed."""
+    """With per-job output.dir folders a rejected job's INCOMPLETE marker sits in its output.dir,
+    outside the sweep folder; the sweep's report follows each job folder's pointer to its
+    results: exit 2 naming the job. With every job rejected it says that no job completed."""
     sweep = tmp_path / "sw"
     per_job = str(tmp_path / "res" / "${hydra:job.num}")
     r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={sweep}",
@@ -495,10 +493,10 @@ def test_multirun_with_per_job_output_dirs_reports_a_rejected_job(tmp_path):
 
 @pytest.mark.slow
 def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
-    """Break-it pass: `kvsim -m ... output.dir=X` wrote every job into X, each overwriting the
-    last (exit 0), or with two workers raced into a FileNotFoundError traceback. Now the first
-    job to start holds X; another job of the same sweep fails with one line naming the job that
-    holds it, and the sweep exits 2. A per-job folder (${hydra:job.num}) works."""
+    """``kvsim -m ... output.dir=X``: the first job to start holds X; another job of the same sweep
+    fails with one line naming the job that holds it, and the sweep exits 2. Collecting the
+    sweep folder counts both jobs; a sweep ends with a line saying how to collect it; a
+    per-job folder (${hydra:job.num}) works, also when the sweep is run again."""
     shared = tmp_path / "od"
     r = _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw'}",
                "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={shared}", *QUIET,
@@ -508,7 +506,7 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
             "this multirun") in r.stderr
     assert "Traceback" not in r.stderr
     assert json.loads((shared / "summary.json").read_text())["block_size"] == 16
-    # (newcomer pass) collecting the sweep folder counts both jobs: job 0's results through its
+    # collecting the sweep folder counts both jobs: job 0's results through its
     # pointer to output.dir, job 1 failed with its overrides (its marker records them)
     res = C.collect(tmp_path / "sw", tmp_path / "c", quiet=True)
     assert list(res.runs["run_id"]) == ["0"] and res.runs["cache.block_size"].tolist() == [16]
@@ -519,7 +517,7 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     per_job = str(tmp_path / "pj_${hydra:job.num}")
     r = _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
                "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
-    # (newcomer pass: a sweep ended with its last job's output and no word on what next)
+    # a sweep ends with a line saying where its jobs are and how to collect them
     assert r.stderr.rstrip().endswith(f"kvsim: sweep done: 2 job(s) in {tmp_path / 'sw2'}; collect "
                                       f"their results with `kvsim-collect {tmp_path / 'sw2'}`")
     assert [json.loads((tmp_path / f"pj_{k}" / "summary.json").read_text())["block_size"]
@@ -538,10 +536,8 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
 
 
 def test_output_dir_reusing_a_hydra_run_folder_drops_its_stale_record(tmp_path):
-    """Break-it pass: re-running into a Hydra run folder with output.dir left the earlier run's
-    .hydra/ (config and overrides) beside the new results, and kvsim-collect reported the old
-    settings. The earlier record is removed with the earlier tables; the run writes its own
-    config.yaml, and the collected row shows the new settings."""
+    """A run into a Hydra run folder with output.dir removes the earlier run's .hydra/ record with
+    its tables and writes its own config.yaml, so the collected row shows the new settings."""
     run = tmp_path / "outputs" / "run"
     _kvsim(f"hydra.run.dir={run}", "trace.max_requests=20", "seed=1", *QUIET)
     assert (run / ".hydra" / "overrides.yaml").is_file()
@@ -554,7 +550,7 @@ def test_output_dir_reusing_a_hydra_run_folder_drops_its_stale_record(tmp_path):
 
 
 def test_output_dir_under_a_file_is_one_line(tmp_path):
-    """Break-it pass: output.dir=FILE/sub crashed in Hydra with a NotADirectoryError traceback."""
+    """output.dir=FILE/sub is one error line, not Hydra's NotADirectoryError."""
     f = tmp_path / "plainfile"
     f.write_text("x")
     r = _kvsim(f"output.dir={f / 'sub'}", "trace.max_requests=5", *QUIET, check=False)
@@ -565,9 +561,8 @@ def test_output_dir_under_a_file_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_relative_paths_with_hydra_job_chdir(tmp_path):
-    """Break-it pass: with hydra.job.chdir=true a relative trace.path that exists was reported
-    "not found" (Hydra had moved into the run folder). Relative trace.path and output.dir name
-    paths from the folder kvsim started in, as without chdir."""
+    """With hydra.job.chdir=true, relative trace.path and output.dir name paths from the folder
+    kvsim started in, as without chdir."""
     lines = (REPO / "traces" / "data" / "mooncake_conversation_10min.jsonl").read_text().splitlines()
     (tmp_path / "m.jsonl").write_text("\n".join(lines[:40]) + "\n")
     r = subprocess.run([*KVSIM, "trace=mooncake_conversation", "trace.path=m.jsonl",
@@ -604,10 +599,9 @@ def test_skip_completed_reruns_a_run_whose_trace_changed(tmp_path):
 
 
 def test_skip_completed_reruns_a_run_whose_calibration_changed(tmp_path):
-    """Break-it pass: ``output.skip_completed=true`` compared only the trace's content, so a run
-    whose calibration file was re-measured (or whose recorded importance scores were rewritten)
-    was skipped with stale results. summary.json's input_files holds each such file's name,
-    size and xxh3-128; an unchanged file is skipped, an edited one rerun."""
+    """``output.skip_completed=true`` compares every input file, not only the trace:
+    summary.json's input_files holds each calibration and recorded-importance file's name, size
+    and xxh3-128; an unchanged file is skipped, an edited one rerun."""
     from sim.run import compose_config, input_files
 
     cal = tmp_path / "cal.json"
@@ -641,11 +635,9 @@ def test_skip_completed_reruns_a_run_whose_calibration_changed(tmp_path):
 
 
 def test_chdir_relative_calibration_results_line_and_wide_title(tmp_path):
-    """Regression pass: with hydra.job.chdir=true a relative cost.file was looked up only in the
-    start folder, not in the repository root as without chdir; a run skipped by
-    output.skip_completed printed no results line, and the line kept '..' parts; a title longer
-    than 110 columns wrapped in a pipe. Each now as without chdir / one normalised absolute
-    line / one title line."""
+    """With hydra.job.chdir=true a relative cost.file is looked up as without chdir (the
+    repository root too); a run skipped by output.skip_completed prints its results line, one
+    normalised absolute path; a title longer than 110 columns stays one line in a pipe."""
     run = tmp_path / "a" / ".." / "res"
     args = ["trace.max_requests=10", "cost=calibrated",
             "cost.file=gpu_validation/calibrations/h200.json", "hydra.job.chdir=true",
@@ -668,10 +660,10 @@ def test_chdir_relative_calibration_results_line_and_wide_title(tmp_path):
 
 
 def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
-    """Break-it pass: ``output.skip_completed=true`` trusted summary.json alone, so a run whose
-    tables were deleted or truncated since was skipped and stayed without them. summary.json
+    """``output.skip_completed=true`` checks the tables as well as summary.json: summary.json
     lists the files the run wrote with their sizes (``output_files``); a run missing one, or
-    with one of another size, is rerun; an untouched one is still skipped."""
+    with one of another size, is rerun; an untouched one is still skipped; a hand-edited
+    summary.json is not a complete run."""
     from sim.run import is_complete
 
     out = tmp_path / "run"
@@ -696,7 +688,7 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     _kvsim(*args)
     pd.read_parquet(out / "requests.parquet")  # (rewritten whole)
     assert is_complete(out)
-    # a hand-edited summary.json (second break-it pass: tracebacks) is not a complete run
+    # a hand-edited summary.json is not a complete run
     good = (out / "summary.json").read_text()
     for bad in (5, True, "abc", {"a": 1}, [{"a": 1}], [["steps.parquet", "x"]], [[1, 2]],
                 [["steps.parquet", True]], [["steps.parquet"]]):
@@ -711,9 +703,8 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
 
 
 def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):
-    """Break-it pass: ``kvsim-collect RUN_DIR`` writes its default ``RUN_DIR/collected``, and a
-    later run into RUN_DIR was then refused ("holds files that are not a kvsim run's
-    (collected)"). The collection is a kvsim file there; a folder named so that is not a
+    """``kvsim-collect RUN_DIR`` writes its default ``RUN_DIR/collected``, and a later run into
+    RUN_DIR is allowed (the collection is a kvsim file there); a folder named so that is not a
     collection is still refused."""
     out = tmp_path / "run"
     args = ["trace.max_requests=20", f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}", *QUIET]
@@ -756,10 +747,9 @@ finally:
 
 @pytest.mark.parametrize("skip", [False, True])
 def test_results_line_and_notes_are_one_write_each(tmp_path, skip):
-    """Break-it pass: with the joblib launcher two jobs' ``results:`` lines joined on one line
-    (``results: /tmp/sw/0results: /tmp/sw/1``): print wrote the text and the newline apart. The
-    results line (also the one of a run skip_completed skips) and every note are written whole,
-    newline included, in one write."""
+    """With the joblib launcher each job's ``results:`` line (also the one of a run
+    skip_completed skips) and every note are written whole, newline included, in one write, so
+    parallel jobs' lines never join."""
     writes = tmp_path / "writes.json"
     args = [f"output.dir={tmp_path / 'r'}", "trace.max_requests=200", "cache.num_gpu_blocks=3000",
             "output.write_ops=true", "tiers=gpu_host_disk", "tiers.host_gib=2", *QUIET]

@@ -130,7 +130,7 @@ def test_disk_hit_with_load_or_recompute_picks_recompute_when_disk_is_slower(tmp
     s2, req2, _ = run_frames(tmp_path / "b", rows, *common, "tiers.load_or_recompute=true")
     assert req2.iloc[3].hit_tokens_disk == 0
     assert req2.iloc[3].ttft_s < req.iloc[3].ttft_s
-    # the hit given up is counted (break-it: the recomputed disk tokens were in no record):
+    # the hit given up is counted:
     # the first run's disk hit is what the second recomputes
     assert s["recomputed_instead_of_load"] == {"admissions": 0, "tokens": 0, "disk_tokens": 0}
     ri = s2["recomputed_instead_of_load"]
@@ -489,10 +489,9 @@ def test_fast_forward_byte_identical_with_write_back_and_compression(tmp_path):
 
 @pytest.mark.parametrize("onboard", ["blocking", "layerwise"])
 def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(tmp_path, onboard):
-    """Break-it pass: a request preempted after its first token reloads its pages from the host
-    when re-admitted; that time was added to onboard_s, so prefill_s = ttft - queue - onboard
-    went negative (3 of 20 requests). onboard_s (and its host/disk split) counts the onboarding
-    before the first token only: every term of ttft = queue + onboard + prefill is >= 0."""
+    """A request preempted after its first token reloads its pages from the host when
+    re-admitted; onboard_s (and its host/disk split) counts the onboarding before the first
+    token only, so every term of ttft = queue + onboard + prefill is >= 0."""
     out = tmp_path / "run"
     run_simulation(compose_config(["trace=synthetic_reasoning", "trace.num_sessions=20", "tiers=gpu_host",
                                    "tiers.host_gib=2", "cache.num_gpu_blocks=1500", f"tiers.onboard={onboard}",
@@ -505,9 +504,8 @@ def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(
 
 
 def test_check_invariants_counts_the_blocks_of_blocking_onboards(tmp_path):
-    """Break-it pass: sim.check_invariants=true with host/disk tiers failed ('ref count not
-    equal to table references') on a valid run: a request waiting for a blocking onboard holds
-    its blocks outside the running list, and the check counted the running list only."""
+    """sim.check_invariants=true holds with host/disk tiers: a request waiting for a blocking
+    onboard holds its blocks outside the running list, and the check counts them."""
     c = compose_config(["trace.max_requests=150", "sim.check_invariants=true", "tiers=gpu_host_disk",
                         "sim.progress=false", "output.write_steps=false"])
     s = run_simulation(c, tmp_path)

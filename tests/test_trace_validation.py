@@ -711,7 +711,7 @@ def test_synthetic_lengths_beyond_int_range_are_an_error(over):
         load_workload(cfg.trace, seed=0)
     cfg = quiet_config(f"trace={fmt}", "trace.num_sessions=5", "trace.max_context_tokens=134217728")
     assert len(load_workload(cfg.trace, seed=0)) >= 5  # (the bound itself is allowed)
-    # heavy-tailed inputs: draws of ~1e9 tokens, redrawn or ending sessions as before
+    # heavy-tailed inputs: draws of ~1e9 tokens are redrawn or end their sessions
     cfg = quiet_config("trace=synthetic_agentic", "trace.num_sessions=300", "trace.input_mean=5e5",
                "trace.input_sigma=3.5", "trace.turn_input_mean=1e5", "trace.turn_input_sigma=3.5")
     wl = load_workload(cfg.trace, seed=0)

@@ -84,10 +84,9 @@ def test_mooncake_nonmonotonic_error():
 
 
 def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
-    """Break-it pass: a Mooncake-format file with Unix-epoch millisecond timestamps ran with its
-    first arrival at ~1.7e9 s, and throughput came out near 0 tok/s, without a word. Arrivals
-    are counted from the first row's timestamp, with a warning naming it; a file starting at 0
-    (the real ones) loads as before, without one."""
+    """A Mooncake-format file with Unix-epoch millisecond timestamps has its arrivals counted from
+    the first row's timestamp, with a warning naming it (not a first arrival at ~1.7e9 s and a
+    throughput near 0); a file starting at 0 (the real ones) loads without one."""
     rows = [{"timestamp": 1_700_000_000_000 + d, "input_length": 600, "output_length": 10,
              "hash_ids": [i, 100 + i]} for i, d in enumerate((0, 1500, 1500, 4000))]
     f = tmp_path / "epoch.jsonl"
@@ -103,7 +102,7 @@ def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w0 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
     assert w0.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0] and not w0.warnings
-    for r in rows:  # a slice of a real file (first row at 300 s) keeps its clock, as before
+    for r in rows:  # a slice of a real file (first row at 300 s) keeps its clock
         r["timestamp"] += 300_000
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w3 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
@@ -116,10 +115,10 @@ def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
 
 
 def test_mooncake_spread_over_a_long_gap_is_named(tmp_path):
-    """Break-it pass: 10 requests sharing timestamp 0 followed by one an hour later were spread
-    over the hour (timestamp_spread=even, the default) without a word. The spread is for the
-    real files' ~3 s buckets; one over a gap longer than 30 s (or 10x the median gap) is named
-    in a warning pointing to timestamp_spread=keep, which keeps the burst as recorded."""
+    """The timestamp spread (timestamp_spread=even, the default) is for the real files' ~3 s
+    buckets: a spread over a gap longer than 30 s (or 10x the median gap), such as 10 requests
+    at 0 followed by one an hour later, is named in a warning pointing to
+    timestamp_spread=keep, which keeps the burst as recorded."""
     rows = [{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [i, 100 + i]}
             for i in range(10)]
     rows.append({"timestamp": 3_600_000, "input_length": 600, "output_length": 10,
@@ -421,8 +420,7 @@ def test_servegen_flat_pmf_literal_reads_as_python_does(pairs, sep, trailing):
 
 
 def test_null_hash_ids_is_named_as_found(tmp_path):
-    """Break-it pass: ``"hash_ids": null`` was reported as a missing field that found nothing;
-    it is named as found (null), and an absent field is still a missing one."""
+    """``"hash_ids": null`` is named as found (null); an absent field is a missing one."""
     f = tmp_path / "n.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": null}\n')
     with pytest.raises(TraceError, match=r"line 1, field 'hash_ids': found null, expected a list"):
