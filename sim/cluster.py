@@ -28,6 +28,17 @@ steps end on one side of every barrier, so the batches a router sees are the per
 and the router applies a batch published at ``t`` to its :class:`sim.routers.KVView` of that
 replica for the arrivals after ``t + cluster.event_staleness_s`` (strictly after, so that the
 order of simultaneous events never matters).
+
+Shared store. With ``cluster.store.enabled`` the replicas share one
+:class:`sim.kv_store.SharedStore` below their host and disk tiers, each over its own
+:class:`sim.kv_store.StoreLink`: a replica's full blocks are put there and its prefix walk
+extends into it (the remote tier, code :data:`sim.tiers.REMOTE`). Every replica then has a tier
+manager (with no host or disk capacity: the store only), so the replicas run per step
+(``per_step_reason``: a shared KV store). Each store change is logged to every replica whose
+waiting head's prefix walk is memoised, so that walk equals a fresh one. The requests table
+gains ``hit_tokens_remote`` (and ``hit_tokens_gpu`` no longer counts them) and
+``onboard_remote_s``; ``transfers.parquet`` the store's batches (``gpu_to_store``,
+``store_to_gpu``, tier ``remote``); ``summary.json`` ``hit_ratio.remote`` and ``cluster.store``.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from simpy.core import NORMAL
 from .engine import MAX_CLOCK_S, Simulator
 from .errors import ConfigError
 from .keys import block_keys
+from .kv_store import StoreLink, validate_store
 from .metrics import Recorder, _Growable
 from .routers import KVView, make_router
 
@@ -54,7 +66,7 @@ from .routers import KVView, make_router
 def validate_cluster(cfg) -> None:
     """ConfigError naming the field when the ``cluster`` node is not usable: ``replicas`` an
     integer >= 1, ``router`` a known router, ``event_staleness_s`` and ``overlap_weight``
-    finite and >= 0."""
+    finite and >= 0, ``store`` as :func:`sim.kv_store.validate_store` checks it."""
     from .routers import ROUTERS
 
     n = cfg.replicas
@@ -66,6 +78,7 @@ def validate_cluster(cfg) -> None:
         v = float(getattr(cfg, f))
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"cluster.{f}={getattr(cfg, f)!r}; expected a finite number >= 0")
+    validate_store(cfg.store)
 
 
 class ReplicaEnv(simpy.Environment):
@@ -124,35 +137,51 @@ class Replica(Simulator):
 
 
 class ReplicaRecorder(Recorder):
-    """One replica's :class:`Recorder`, which also tells the cluster of each request done."""
+    """One replica's :class:`Recorder`, which also tells the cluster of each request done.
+    With a shared store, ``remote`` holds each row's ``(hit_remote, onboard_remote_s)``."""
 
-    def __init__(self, cluster: "Cluster", index: int, *args, **kwargs):
+    def __init__(self, cluster: "Cluster", index: int, *args, store: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.cluster = cluster
         self.index = index
+        self.remote: list | None = [] if store else None
 
     def request_done(self, r) -> None:
         super().request_done(r)
+        if self.remote is not None:
+            self.remote.append((r.hit_remote, r.onboard_remote_s))
         self.cluster.request_done(self.index, r)
 
 
 class ClusterRecorder(Recorder):
     """The run's :class:`Recorder` for a cluster: after :meth:`Cluster.run` it holds every
-    replica's rows and counters; its tables carry a ``replica`` column (int64)."""
+    replica's rows and counters; its tables carry a ``replica`` column (int64). With a shared
+    store the requests table also has ``hit_tokens_remote`` (int64, tokens; after
+    ``hit_tokens_disk``, and ``hit_tokens_gpu`` excludes them) and ``onboard_remote_s`` (s;
+    after ``onboard_disk_s``)."""
 
     replica_of: np.ndarray | None = None  # the replica of each of ``rows``
+    remote: list | None = None  # (hit_remote, onboard_remote_s) of each of ``rows``
 
     def requests_frame(self) -> pd.DataFrame:
         df = super().requests_frame()  # (rows sorted by request_id, stable)
         rid = np.array([row[0] for row in self.rows], dtype=np.int64)
-        df["replica"] = self.replica_of[np.argsort(rid, kind="stable")]
+        order = np.argsort(rid, kind="stable")
+        df["replica"] = self.replica_of[order]
+        if self.remote is not None:
+            rem = (np.array(self.remote, dtype=np.float64).reshape(-1, 2)[order]
+                   if len(self.remote) else np.empty((0, 2)))
+            hit = rem[:, 0].astype(np.int64)
+            df["hit_tokens_gpu"] = df["hit_tokens_gpu"] - hit
+            df.insert(df.columns.get_loc("hit_tokens_disk") + 1, "hit_tokens_remote", hit)
+            df.insert(df.columns.get_loc("onboard_disk_s") + 1, "onboard_remote_s", rem[:, 1])
         return df
 
 
 class ClusterTiers:
     """The replicas' tier managers seen as one for the run's summary: bytes moved summed,
     capacities of one replica, peaks the highest replica's, transfers of all (``replica``
-    column)."""
+    column; with a shared store its batches too)."""
 
     def __init__(self, tms: list):
         t0 = tms[0]
@@ -168,20 +197,24 @@ class ClusterTiers:
 
 
 class _ClusterTransfers:
+    """Every replica's transfer records, replica after replica: its host/disk batches, then
+    its shared-store batches."""
+
     def __init__(self, tms):
-        self.tms = tms
+        self.logs = [(r, log) for r, t in enumerate(tms)
+                     for log in ((t.records,) if t.store is None else (t.records, t.store.records))]
 
     def __len__(self) -> int:
-        return sum(len(t.records) for t in self.tms)
+        return sum(len(log) for _, log in self.logs)
 
     def __iter__(self):
-        for t in self.tms:
-            yield from t.records
+        for _, log in self.logs:
+            yield from log
 
     def frame(self) -> pd.DataFrame:
         parts = []
-        for r, t in enumerate(self.tms):
-            f = t.records.frame()
+        for r, log in self.logs:
+            f = log.frame()
             f["replica"] = np.full(len(f), r, dtype=np.int64)
             parts.append(f)
         return pd.concat(parts, ignore_index=True)
@@ -199,13 +232,16 @@ class Cluster:
     ``rounds``, ``preempted_lookups``, ``recomputed_instead_of_load``, ``write_back_stall_s``,
     ``write_back_stalls``, ``env``, ``stretch_counts()``, ``prefix_index``) summed or joined
     over the replicas, and :meth:`summary` gives the per-replica part of ``summary.json``.
-    Raises ConfigError for a bad ``cfg`` (:func:`validate_cluster`)."""
+    ``store``: a :class:`sim.kv_store.SharedStore` the replicas share (``tiers`` is then
+    required: each replica's tier manager gets a :class:`sim.kv_store.StoreLink` to it), or
+    None. Raises ConfigError for a bad ``cfg`` (:func:`validate_cluster`) or a store without
+    tiers or with one replica."""
 
     def __init__(self, cfg, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: ClusterRecorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
                  fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
-                 prefix_index: str = "auto"):
+                 prefix_index: str = "auto", store=None):
         validate_cluster(cfg)
         self.cfg = cfg
         self.wl = workload
@@ -223,8 +259,15 @@ class Cluster:
         comp_on = compression is not None and compression.active
         # the fast paths of several replicas: open loop, no tiers, no active compression
         # (module docstring)
+        if store is not None and (n < 2 or tiers is None):
+            raise ConfigError(f"a shared KV store with cluster.replicas={n} and "
+                              f"{'tier managers' if tiers is not None else 'no tier manager'}; "
+                              f"expected replicas >= 2, each with a tier manager")
+        self.store = store
         if n == 1:
             self.ff_reason = None
+        elif store is not None:
+            self.ff_reason = "a shared KV store"
         elif has_children:
             self.ff_reason = "closed-loop children (their arrivals are not known ahead)"
         elif tiers is not None:
@@ -240,7 +283,8 @@ class Cluster:
         self._done_by = [0] * n
         for r in range(n):
             rec = recorder if n == 1 else ReplicaRecorder(self, r, self.n, session,
-                                                          record_steps=recorder.record_steps)
+                                                          record_steps=recorder.record_steps,
+                                                          store=store is not None)
             prog = None if progress is None else (lambda d, r=r: self._progress(r, d))
             common = dict(check_invariants=check_invariants, progress=prog,
                           max_sim_time_s=max_sim_time_s, fast_forward=ff, tiers=tiers,
@@ -254,6 +298,8 @@ class Cluster:
                               cost_model, max_model_len, rec, env=ReplicaEnv(self.env, self),
                               on_iteration=(lambda r=r: self._publish(r)), **common)
             self.replicas.append(sim)
+            if store is not None:
+                self._attach(sim, r)
         self.prefix_index = self.replicas[0].prefix_index
         # arrival order and barriers (module docstring)
         s0 = self.replicas[0]
@@ -272,6 +318,21 @@ class Cluster:
             for sim in self.replicas:
                 sim.pool.event_log = []
                 self.views.append(KVView(sim.pool.num_blocks))
+
+    def _attach(self, sim: Simulator, r: int) -> None:
+        """Give replica ``r`` (``sim``) its link to the shared store, count its preempted
+        lookups' remote hits, and log the store's changes to it while its waiting head's walk
+        is memoised (sim.kv_manager.KVManager.prefix_hit)."""
+        tm = sim.tiers
+        tm.store = StoreLink(self.env, self.store, r, tm.batch)
+        sim.preempted_lookups["hit_tokens"]["remote"] = 0
+        kv = sim.kv
+
+        def watch(keys, kv=kv, log=tm.change_log):
+            if kv.hit_memo is not None:
+                log.append(keys)
+
+        self.store.watchers.append(watch)
 
     # ------------------------------------------------------------------ barriers
     def next_barrier(self) -> float:
@@ -404,6 +465,8 @@ class Cluster:
         rec.sum_prefill = sum(r.sum_prefill for r in recs)
         rec.sum_decode = sum(r.sum_decode for r in recs)
         rec.peak_blocks_used = max(r.peak_blocks_used for r in recs)
+        if self.store is not None:
+            rec.remote = [x for r in recs for x in r.remote]
         if rec.record_steps:
             names = recs[0].steps.names
             dtypes = [(nm, recs[0].steps.cols[nm].dtype) for nm in names]
@@ -432,6 +495,8 @@ class Cluster:
     @property
     def preempted_lookups(self) -> dict:
         out = {"requests": 0, "query_tokens": 0, "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
+        if self.store is not None:
+            out["hit_tokens"]["remote"] = 0
         for s in self.replicas:
             p = s.preempted_lookups
             out["requests"] += p["requests"]
@@ -469,7 +534,9 @@ class Cluster:
         """``summary.json``'s ``cluster`` part: the settings, whether the replicas took their fast
         paths (``per_step_reason``: why the replicas run per step whatever
         ``sim.fast_forward`` says, or None), and per replica its requests, prefix-hit ratio, TTFT p50/p99 (s),
-        preemptions, engine steps and peak GPU blocks. ``req``: the run's requests table."""
+        preemptions, engine steps and peak GPU blocks; with a shared store, per replica its
+        remote hit ratio and pages put and fetched, and ``store``
+        (:meth:`sim.kv_store.SharedStore.summary`). ``req``: the run's requests table."""
         per = []
         for k, s in enumerate(self.replicas):
             mine = req[req["replica"] == k]
@@ -485,9 +552,22 @@ class Cluster:
                 "preemptions": int(s.rec.preemptions), "engine_steps": int(s.rec.num_steps),
                 "peak_gpu_blocks_used": int(s.rec.peak_blocks_used),
                 "gpu_blocks_total": int(s.pool.num_blocks)})
-        return {"replicas": self.num_replicas, "router": str(self.cfg.router),
-                "event_staleness_s": self.staleness,
-                "overlap_weight": float(self.cfg.overlap_weight),
-                "gpu_blocks_total_all": int(sum(s.pool.num_blocks for s in self.replicas)),
-                "per_step_reason": self.ff_reason,
-                "per_replica": per}
+            if self.store is not None:
+                recs = s.tiers.store.records
+                pages = {d: 0 for d in recs.DIRECTIONS}
+                for row in recs:
+                    pages[row[1]] += row[3]
+                per[-1].update({
+                    "remote_hit_ratio": (float(fin["hit_tokens_remote"].sum()) / prompt
+                                         if prompt > 0 else None),
+                    "store_pages_put": pages["gpu_to_store"],
+                    "store_pages_fetched": pages["store_to_gpu"]})
+        out = {"replicas": self.num_replicas, "router": str(self.cfg.router),
+               "event_staleness_s": self.staleness,
+               "overlap_weight": float(self.cfg.overlap_weight),
+               "gpu_blocks_total_all": int(sum(s.pool.num_blocks for s in self.replicas)),
+               "per_step_reason": self.ff_reason,
+               "per_replica": per}
+        if self.store is not None:
+            out["store"] = self.store.summary()
+        return out

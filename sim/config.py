@@ -217,6 +217,25 @@ class CodecConfig:
 
 
 @dataclass
+class StoreConfig:
+    """A KV store shared by a cluster's replicas, below each replica's host and disk tiers
+    (:mod:`sim.kv_store`). ``enabled``: off by default (no store: tables unchanged).
+    ``capacity_gib``: the store's capacity (GiB), in pages of its codec. ``replacement``: lru |
+    arc. ``codec``: identity | fp8 | nvfp4, or null for the run's ``codec.name`` (the other
+    ``codec.*`` fields apply). ``net_gbps`` (1e9 bytes/s, each direction) and ``net_latency_s``
+    (s per batch): each replica's network link to the store (defaults: one 400 Gb/s RDMA NIC per
+    GPU at the ~47 GB/s Mooncake's Transfer Engine reaches; 100 us per batch, assumed).
+    """
+
+    enabled: bool = False
+    capacity_gib: float = 1024.0
+    replacement: str = "lru"
+    codec: Optional[str] = None
+    net_gbps: float = 47.0
+    net_latency_s: float = 100e-6
+
+
+@dataclass
 class ClusterConfig:
     """Replicas of the engine behind a router (:mod:`sim.cluster`, :mod:`sim.routers`).
 
@@ -225,13 +244,15 @@ class ClusterConfig:
     least_loaded | session_affinity | prefix_aware. ``event_staleness_s``: how long after a
     replica publishes its KV events (end of each engine step) the router applies them
     (prefix_aware). ``overlap_weight``: prefix_aware's weight of the prefill blocks against
-    the active blocks (NVIDIA Dynamo's ``kv-overlap-score-weight``).
+    the active blocks (NVIDIA Dynamo's ``kv-overlap-score-weight``). ``store``: a KV store
+    shared by the replicas (:class:`StoreConfig`).
     """
 
     replicas: int = 1
     router: str = "round_robin"
     event_staleness_s: float = 0.0
     overlap_weight: float = 1.0
+    store: StoreConfig = field(default_factory=StoreConfig)
 
 
 @dataclass

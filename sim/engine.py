@@ -457,7 +457,8 @@ class Simulator:
             pool.change_log.clear()
             tiers.change_log.clear()
         if pool.cached_log:
-            if tiers.write_policy == "write_through":  # (the only policy copying them now)
+            # (write_through is the only policy copying them down now; a shared store takes them)
+            if tiers.write_policy == "write_through" or tiers.store is not None:
                 tiers.on_gpu_cached(np.concatenate(pool.cached_log))
             pool.cached_log.clear()
         tiers.flush()

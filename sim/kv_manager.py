@@ -16,7 +16,7 @@ from .block_pool import KeyTable
 from .clock import advance_to
 from .keys import block_keys, continues
 from .request import ONBOARDING, RUNNING, Request
-from .tiers import DISK, GPU, HOST
+from .tiers import DISK, GPU, HOST, REMOTE
 
 
 MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped
@@ -278,28 +278,35 @@ class KVManager:
         host_keys = keys[codes == HOST]
         disk_keys = keys[codes == DISK]
         tiers.touch(host_keys, disk_keys)
+        remote_keys = None
+        if tiers.store is not None:  # (a cluster's shared store: fetched over its link)
+            remote_keys = keys[codes == REMOTE]
+            tiers.store.store.touch(remote_keys)
         if blocking:
             req.status = ONBOARDING
             sim.onboarding += 1
             if sim.check:
                 sim.onboarding_reqs[req.rid] = req  # (check_invariants counts their blocks)
         req.load_event = sim.env.process(
-            self.onboard(req, pos, host_keys, disk_keys, blocking, req.gen))
+            self.onboard(req, pos, host_keys, disk_keys, blocking, req.gen, remote_keys))
 
-    def onboard(self, req: Request, pos, host_keys, disk_keys, blocking: bool, gen: int):
+    def onboard(self, req: Request, pos, host_keys, disk_keys, blocking: bool, gen: int,
+                remote_keys=None):
         sim = self.sim
         env = sim.env
         t0 = env.now
         out = {}
         if sim.wb_until > env.now:  # (write_back) the reused blocks' old pages leave first
             yield from advance_to(env, sim.wb_until)
-        yield env.process(sim.tiers.onboard(host_keys, disk_keys, out))
+        yield env.process(sim.tiers.onboard(host_keys, disk_keys, out, remote_keys))
         if req.gen != gen:  # preempted while loading (layerwise): its blocks are gone
             return
         sim.pool.cache_blocks(req.blocks[pos], req.keys[pos])
         if req.n_generated == 0:  # before the first token (the TTFT split: queue + onboard + prefill)
             req.onboard_host_s += out["onboard_host_s"]
             req.onboard_disk_s += out["onboard_disk_s"]
+            if remote_keys is not None:
+                req.onboard_remote_s += out["onboard_remote_s"]
         if blocking:
             if req.n_generated == 0:
                 req.onboard_s += env.now - t0

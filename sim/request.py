@@ -18,7 +18,7 @@ class Request:
         "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
-        "next_round", "prefill_end", "recompute_cut",
+        "next_round", "prefill_end", "recompute_cut", "hit_remote", "onboard_remote_s",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -45,9 +45,11 @@ class Request:
         self.total_blocks = 0
         self.hit_host = 0
         self.hit_disk = 0
+        self.hit_remote = 0  # prefix-hit tokens a cluster's shared store served (sim.kv_store)
         self.onboard_s = 0.0
         self.onboard_host_s = 0.0
         self.onboard_disk_s = 0.0
+        self.onboard_remote_s = 0.0
         self.load_event = None
         self.gen = 0  # incremented at preemption (invalidates in-flight loads)
         self.layout = None  # policies.PagedLayout when a compression policy is active

@@ -203,7 +203,7 @@ def _write_ops(cfg, comp, tm, path: Path) -> dict:
         codec = {"identity": "none"}.get(tm.codec, tm.codec)
         for (t, direction, tier, pages, nbytes, dur, q, c) in tm.records:
             if direction not in ("d2h", "h2d"):
-                disk[direction] += 1
+                disk[direction] = disk.get(direction, 0) + 1  # (a shared store's too)
                 continue
             if n_tr < int(cfg.output.ops_limit):
                 lines.append({"op": direction, "codec": codec, "fused": True, "pages": int(pages),
@@ -247,8 +247,9 @@ def delay_workload(wl, delay_s: float):
 
 def _tiers_factory(cfg, plan, calibration=None):
     """Validate the tier and codec config; return (factory env -> TierManager or None, cold page
-    bytes). A tier manager exists when host or disk capacity is above zero. ``calibration``
-    (``cost.kind=calibrated``) times the host copies and codecs."""
+    bytes). A tier manager exists when host or disk capacity is above zero, or with a cluster's
+    shared store (``cluster.store.enabled``). ``calibration`` (``cost.kind=calibrated``) times
+    the host copies and codecs."""
     from .tiers import TierManager, cold_page_bytes
 
     cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
@@ -262,7 +263,7 @@ def _tiers_factory(cfg, plan, calibration=None):
                 f"tiers.{f}={gib} holds no page of {cold} bytes ({cfg.codec.name} page of "
                 f"{cfg.cache.block_size} tokens); use 0 to disable the tier or at least "
                 f"{cold / 2**30:.6f} GiB")
-    if t.host_gib == 0 and t.disk_gib == 0:
+    if t.host_gib == 0 and t.disk_gib == 0 and not cfg.cluster.store.enabled:
         return None, cold
     if not cfg.cache.enable_prefix_caching:
         raise ConfigError("tiers below the GPU need cache.enable_prefix_caching=true")
@@ -329,6 +330,9 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     wl = delay_workload(wl, delay)
     t_load = time.perf_counter() - t_load
     calibration = getattr(cost, "calibration", None)  # cost.kind=calibrated
+    from .kv_store import build_store
+
+    store = build_store(cfg, plan.block_bytes)  # (None: no shared store)
     tiers_factory, page_bytes = _tiers_factory(cfg, plan, calibration)
     comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
                        float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed), calibration=calibration)
@@ -339,7 +343,7 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     try:
         return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
                               progress_bar, overrides, hydra_record, wall0, t_load, inputs,
-                              config_choices, record_fingerprint)
+                              config_choices, record_fingerprint, store=store)
     finally:
         if lock is not None:
             lock.release()
@@ -347,9 +351,10 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
 def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
                    overrides, hydra_record, wall0, t_load, inputs=None,
-                   config_choices=None, record_fingerprint=None) -> dict:
+                   config_choices=None, record_fingerprint=None, store=None) -> dict:
     """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
-    None) is held by this run: simulate, then write the results."""
+    None) is held by this run: simulate, then write the results. ``store``: the cluster's
+    shared store (:func:`sim.kv_store.build_store`) or None."""
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         # (with the run's overrides: kvsim-collect names an interrupted run's settings)
@@ -382,7 +387,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         def progress(done, _bar=bar):
             _bar.update(done - _bar.n)
     # (one replica: the single engine; more: a Cluster, whose tables gain a replica column)
-    engine = Simulator if replicas == 1 else (lambda *a, **k: Cluster(cfg.cluster, *a, **k))
+    engine = Simulator if replicas == 1 else (
+        lambda *a, **k: Cluster(cfg.cluster, *a, store=store, **k))
     sim = engine(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                  cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                  progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
@@ -483,6 +489,10 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         extra["cluster"] = sim.summary(req)
     summary = summarize(req, rec, serve_end, plan.num_gpu_blocks, extra,
                         block_size=int(cfg.cache.block_size))
+    if store is not None:  # (the remote tier's hit ratios; no such keys without a store)
+        from .kv_store import add_remote_hit_ratios
+
+        add_remote_hit_ratios(summary, req)
     from traces.loader import peak_rss_mb as _peak
 
     peak_rss_mb = _peak()

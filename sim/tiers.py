@@ -601,6 +601,7 @@ __all__ = [
 
 
 GPU, HOST, DISK = 0, 1, 2
+REMOTE = 3  # a cluster's shared store (sim.kv_store), below host and disk
 
 
 def _joined(parts: list) -> np.ndarray:
@@ -669,6 +670,10 @@ class TierManager:
         # cleared the list (int64 arrays, none empty): it revalidates its memo of the waiting
         # head's hit walk with it
         self.change_log: list[np.ndarray] = []
+        # no host or disk capacity (a replica with a shared store only): nothing is offloaded
+        self.local = self.host_pages > 0 or self.disk is not None
+        # a cluster's shared store: this replica's sim.kv_store.StoreLink, set by the cluster
+        self.store = None
 
     # ------------------------------------------------------------------ timing
     def _copy_time(self, pages: int, link: "Link", fused_op: str, plain_op: str) -> float:
@@ -737,11 +742,35 @@ class TierManager:
     def locate(self, pool, keys: np.ndarray, stop: bool = False):
         """Where each of ``keys`` (int64 array of block hashes) is served from: ``(blk, code)``,
         ``blk`` the GPU block of ``pool`` (:class:`sim.block_pool.BlockPool`) caching it or -1
-        (int64), ``code`` GPU, HOST, DISK (the fastest tier holding it) or -1 where none does
-        (int8). With ``stop`` the arrays end before the first key held nowhere (the walk of a
-        prefix hit). One compiled pass when the prefix index is a :class:`PrefixTable` and the
-        stores are :class:`LRUStore` (the defaults), else numpy lookups giving the same arrays.
-        """
+        (int64), ``code`` GPU, HOST, DISK, REMOTE (the fastest tier holding it; REMOTE: held by
+        the cluster's shared store only) or -1 where none does (int8). With ``stop`` the arrays
+        end before the first key held nowhere (the walk of a prefix hit)."""
+        blk, code = self._locate_local(pool, keys, stop)
+        st = self.store
+        if st is None:
+            return blk, code
+        q = np.ascontiguousarray(keys, dtype=np.int64)
+        if not stop:
+            miss = np.flatnonzero(code < 0)
+            if len(miss):
+                code[miss[st.store.contains_many(q[miss])]] = REMOTE
+            return blk, code
+        m = len(blk)
+        if m == len(q) or not st.store.contains_many(q[m:m + 1])[0]:
+            return blk, code
+        rest_b, rest_c = self._locate_local(pool, q[m:], False)
+        miss = np.flatnonzero(rest_c < 0)
+        rest_c[miss[st.store.contains_many(q[m:][miss])]] = REMOTE
+        bad = rest_c < 0
+        if bad.any():
+            k = int(np.argmax(bad))
+            rest_b, rest_c = rest_b[:k], rest_c[:k]
+        return np.concatenate([blk, rest_b]), np.concatenate([code, rest_c])
+
+    def _locate_local(self, pool, keys: np.ndarray, stop: bool):
+        """:meth:`locate` over the GPU, host and disk only. One compiled pass when the prefix
+        index is a :class:`PrefixTable` and the stores are :class:`LRUStore` (the defaults),
+        else numpy lookups giving the same arrays."""
         q = np.ascontiguousarray(keys, dtype=np.int64)
         disk = self.disk
         idx = pool.index
@@ -790,9 +819,12 @@ class TierManager:
 
     def on_gpu_cached(self, keys) -> None:
         """write_through: blocks are copied down as soon as they are full (registered;
-        ``keys``: an int64 array or a list, in registration order)."""
+        ``keys``: an int64 array or a list, in registration order). With a shared store they
+        are put there too (:meth:`sim.kv_store.StoreLink.put`, deepest first)."""
         if self.write_policy == "write_through":
             self._queue(keys[::-1])
+        if self.store is not None:
+            self.store.put(np.asarray(keys, dtype=np.int64)[::-1])
 
     def on_gpu_hit(self, keys) -> None:
         """write_through_selective: a block is copied down once it has been hit N times
@@ -811,9 +843,10 @@ class TierManager:
 
     def _queue(self, keys) -> None:
         """Queue the pages among ``keys`` (int64 array or list) that are neither on the host
-        nor already queued or being copied, each once, in order."""
+        nor already queued or being copied, each once, in order (none without a host or disk
+        tier)."""
         q = np.asarray(keys, dtype=np.int64)
-        if not len(q):
+        if not len(q) or not self.local:
             return
         host, inflight = self.host, self.inflight
         if isinstance(host, LRUStore):  # one compiled pass
@@ -832,7 +865,10 @@ class TierManager:
                 self.pending.append(new)
 
     def flush(self) -> None:
-        """Issue queued offloads as batched D2H transfers (called at the end of each step)."""
+        """Issue queued offloads as batched D2H transfers (called at the end of each step), and
+        the queued puts to a shared store."""
+        if self.store is not None:
+            self.store.flush()
         if self.pending:
             self._issue_offloads()
         if self.pending_demote:
@@ -921,12 +957,21 @@ class TierManager:
             if after is not None:
                 after(chunk)
 
-    def onboard(self, host_keys: np.ndarray, disk_keys: np.ndarray, out: dict):
+    def onboard(self, host_keys: np.ndarray, disk_keys: np.ndarray, out: dict,
+                remote_keys: np.ndarray | None = None):
         """SimPy process: read ``disk_keys`` from disk (promoting them into the host store), then
         copy all pages to the GPU in batches. Fills ``out`` with onboard_host_s and
-        onboard_disk_s (time spent per tier, queueing included)."""
+        onboard_disk_s (time spent per tier, queueing included). ``remote_keys`` (a shared
+        store's pages) are fetched at the same time over the store link
+        (:meth:`sim.kv_store.StoreLink.fetch`, ``out["onboard_remote_s"]``); the process ends
+        when both paths have."""
         env = self.env
         t0 = env.now
+        fetch = None
+        if remote_keys is not None:
+            out["onboard_remote_s"] = 0.0
+            if len(remote_keys):
+                fetch = env.process(self.store.fetch(remote_keys, out))
         def promote(chunk):  # read pages land in the host store batch by batch
             self.bytes_onboarded["disk"] += len(chunk) * self.cold
             self._insert_host(chunk)
@@ -939,3 +984,5 @@ class TierManager:
         self.flush()
         out["onboard_disk_s"] = t1 - t0
         out["onboard_host_s"] = env.now - t1
+        if fetch is not None:
+            yield fetch
