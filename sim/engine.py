@@ -133,8 +133,14 @@ class Simulator:
         self.ff_decode = DecodeStretch(self)
         self.ff_rounds = RoundsStretch(self)
         self.ff_tiers = TierStretch(self)
-        # the fast paths, in the order the loop asks them (their conditions exclude each other)
+        # the fast paths, in the order the loop asks them (their conditions exclude each other),
+        # and those this run's configuration lets take a step
         self.stretches = (self.ff_tiers, self.ff_rounds, self.ff_decode, self.ff_prefill)
+        self.candidates = tuple(s for s, on in (
+            (self.ff_tiers, self.tiers is not None and self.comp is None),
+            (self.ff_rounds, self.rounds_in_stretches),
+            (self.ff_decode, not self.rounds_in_stretches),
+            (self.ff_prefill, self.admit_in_stretches)) if on)
         if self.tiers is not None:
             self.pool.cached_log = []
             self.pool.change_log = []
@@ -324,7 +330,7 @@ class Simulator:
                                     if r.layout is not None and n == 1)
                 dt += extra_dt
             if self.fast_forward:
-                for stretch in self.stretches:
+                for stretch in self.candidates:
                     if stretch.eligible(plan, dt, hold):
                         break
                 else:
