@@ -150,9 +150,11 @@ def _open_loop(seed, n, families):
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 3),
        router=st.sampled_from(["round_robin", "least_loaded", "prefix_aware"]),
        pages=st.sampled_from([8, 40, 400]), host=st.sampled_from([0, 30]),
-       blocks=st.sampled_from([60, 150]), seqs=st.sampled_from([1, 2, 256]))
+       blocks=st.sampled_from([60, 150]), seqs=st.sampled_from([1, 2, 256]),
+       replacement=st.sampled_from(["lru", "arc"]))
 def test_store_invariants_and_memoised_walks_equal_fresh_walks(seed, n, router, pages, host,
-                                                               blocks, seqs, monkeypatch):
+                                                               blocks, seqs, replacement,
+                                                               monkeypatch):
     """Store pages never exceed its capacity; every page fetched from the store was put by some
     replica before; each request's hit tokens split over the tiers exactly; every store batch
     moves pages x page bytes; the memoised prefix walks (revalidated by the store's change
@@ -161,6 +163,7 @@ def test_store_invariants_and_memoised_walks_equal_fresh_walks(seed, n, router, 
     page = 147_456 * 16
     ov = (f"cluster.replicas={n}", f"cluster.router={router}", f"scheduler.max_num_seqs={seqs}",
           f"cluster.store.capacity_gib={(pages + 0.5) * page / GIB!r}",
+          f"cluster.store.replacement={replacement}",
           f"tiers.host_gib={(host + 0.5) * page / GIB if host else 0.0!r}")
     seen = []
     req, steps, tr, c, audit = store_cluster(wl, *ov, num_blocks=blocks)
