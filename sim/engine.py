@@ -38,6 +38,8 @@ from traces._common import MAX_ARRIVAL_S
 
 from .block_pool import BlockPool
 from .clock import advance_to
+from .errors import ConfigError
+from .hardware import check_prefill_budget
 from .kv_manager import MEMO_LOG_MAX, KVManager
 from .metrics import Recorder
 from .request import FINISHED, ONBOARDING, REJECTED, RUNNING, WAITING, Request
@@ -99,7 +101,6 @@ class Simulator:
         self.progress = progress
         self.max_sim_time = max_sim_time_s
         self.fast_forward = bool(fast_forward)
-        from .hardware import check_prefill_budget
         check_prefill_budget(self.max_tokens, self.max_model_len, self.chunked)
         self.env = simpy.Environment() if env is None else env
         self.release = release
@@ -437,7 +438,6 @@ class Simulator:
         every step and every fast-forward stretch, which ends at the step that passes it)."""
         now = self.env.now
         if now > MAX_CLOCK_S:
-            from .hardware import ConfigError
             raise ConfigError(
                 f"the simulated clock passed 2**32 s (~136 years) at t={now:.6g} s with "
                 f"{self.done} of {self.n} requests done: float64 seconds stop resolving a "
@@ -445,7 +445,6 @@ class Simulator:
                 f"it (check the cost.* and tiers.* options: a step overhead, latency, efficiency or "
                 f"bandwidth off by orders of magnitude?)")
         if self.max_sim_time is not None and now > self.max_sim_time:
-            from .hardware import ConfigError
             raise ConfigError(
                 f"sim.max_sim_time_s={self.max_sim_time}: the simulated clock passed it at "
                 f"t={now:.3f} s with {self.done} of {self.n} requests done; expected a limit "
