@@ -96,6 +96,11 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     hm = s.get("prefix_hit_ratio_mean_per_request")
     t.add_row("prefix-hit ratio (tokens / mean per request)",
               "-" if hr is None else f"{hr:.1%} / {hm:.1%}")
+    pc = s.get("provider_cache") or {}
+    if pc.get("provider_cached_tokens"):  # (a trace that records the provider's cache reads)
+        t.add_row("prefix-hit tokens kvsim / provider's cache reads",
+                  f"{pc['kvsim_hit_tokens']:,} / {pc['provider_cached_tokens']:,} "
+                  f"({pc['difference_pct']:+.1f}%)")
     if s.get("tiers", "gpu_only") != "gpu_only" or (s.get("hit_ratio") or {}).get("host"):
         h = s["hit_ratio"]
         t.add_row("hit ratio by tier (GPU / host / disk)",
@@ -127,9 +132,16 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
 # trace options that only one kind of trace reads (traces.TraceConfig's groups): set on another
 # kind they change nothing, which the command line says
 TRACE_FORMAT_FIELDS = {
-    "mooncake": ("timestamp_spread",),
+    "mooncake": ("timestamp_spread", "rebase_to_first_arrival"),
+    "azure": ("rebase_to_first_arrival",),
     "weka": ("session_arrival", "session_rate_per_s", "session_interval_s", "share_system_prefix",
-             "max_sessions"),
+             "max_sessions", "rebase_to_first_arrival"),
+    "claude_code": ("session_arrival", "session_rate_per_s", "session_interval_s",
+                    "share_system_prefix", "max_sessions", "block_tokens",
+                    "rebase_to_first_arrival"),
+    "openai_log": ("session_arrival", "session_rate_per_s", "session_interval_s",
+                   "share_system_prefix", "max_sessions", "block_tokens",
+                   "rebase_to_first_arrival"),
     "servegen": ("num_requests", "clients", "servegen_iat"),
     "synthetic": ("num_sessions", "turns_min", "turns_max", "arrival_rate_per_s",
                   "think_time_mean_s", "shared_prefix_tokens", "input_mean", "input_sigma",

@@ -13,7 +13,10 @@ Tables (written as Parquet by :mod:`sim.results`):
   part of a prefill that a preemption cut before it ran; their sum is the steps' prefill_tokens
   but for one token per recompute whose chunk is a single generated token, e.g. after a hit of
   all but it: the step counts that one as decode, as it computes one generated token and
-  samples, as a decode step does), preemptions, status (finished | rejected), reject_reason.
+  samples, as a decode step does), preemptions, status (finished | rejected), reject_reason;
+  with a trace that records the provider's prompt cache (sim.provider_cache), also
+  provider_cached_tokens and provider_cache_write_tokens (the provider's cache reads and writes
+  of that call, as recorded).
 
 ``steps`` — one row per engine step: time_s (start), duration_s, running, waiting,
   prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens (sum of the
@@ -327,9 +330,11 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     ``prefix_hit_ratio`` = sum of hit tokens / sum of prompt tokens over finished requests;
     ``prefix_hit_ratio_mean_per_request`` = mean of per-request ratios (they differ when long
     prompts hit more or less than short ones). ``throughput_tokens_per_s`` = (prompt + output tokens
-    of finished requests) / simulated duration; ``output_throughput_tokens_per_s`` counts output
+    of finished requests) / ``serving_span_s``; ``output_throughput_tokens_per_s`` counts output
     tokens only. ``sim_duration_s``: from 0 to the last request's finish or rejection (the
-    caller's ``sim_duration_s``; tier copies landing later do not count).
+    caller's ``sim_duration_s``; tier copies landing later do not count); ``serving_span_s``:
+    from the first request's arrival (``first_arrival_s``) to that end, the span that holds
+    requests (a trace whose first request arrives late is not charged the idle lead).
     ``peak_gpu_blocks_used``: the most blocks held at once (the pool's high-water mark, so a
     request finishing in the step that allocated its blocks counts, as in the steps' rows). Memory saved by a compression policy:
     ``blocks_freed_total`` is gross (every block a round returned, a block freed and taken
@@ -345,6 +350,8 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     per_req = (fin["prefix_hit_tokens"] / fin["input_tokens"]) if len(fin) else pd.Series(dtype=float)
     out_tokens = float(fin["output_tokens"].sum())
     dur = float(sim_duration_s)
+    first = float(req["arrival_s"].min()) if len(req) else 0.0
+    span = dur - min(max(first, 0.0), dur)
     rejected = req[req["status"] == "rejected"]
     s = {
         "complete": True,
@@ -356,8 +363,8 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
         "tpot_s": _stats(fin["tpot_s"]),
         "e2e_s": _stats(fin["e2e_s"]),
         "queue_s": _stats(fin["queue_s"]),
-        "throughput_tokens_per_s": (prompt + out_tokens) / dur if dur > 0 else None,
-        "output_throughput_tokens_per_s": out_tokens / dur if dur > 0 else None,
+        "throughput_tokens_per_s": (prompt + out_tokens) / span if span > 0 else None,
+        "output_throughput_tokens_per_s": out_tokens / span if span > 0 else None,
         "prompt_tokens_total": int(prompt),
         "output_tokens_total": int(out_tokens),
         "prefix_hit_tokens_total": int(hits),
@@ -371,6 +378,8 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
         "prefill_tokens_computed": int(rec.sum_prefill),
         "decode_tokens_computed": int(rec.sum_decode),
         "sim_duration_s": dur,
+        "first_arrival_s": first,
+        "serving_span_s": span,
     }
     tier_hits = {t: float(fin[f"hit_tokens_{t}"].sum()) for t in ("gpu", "host", "disk")}
     s["hit_ratio"] = {t: (v / prompt if prompt > 0 else None) for t, v in tier_hits.items()}

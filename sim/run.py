@@ -403,6 +403,9 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
             bar.close()
     t_sim = time.perf_counter() - t_sim
     req = rec.requests_frame()
+    from .provider_cache import attach_provider_columns, compare_with_provider
+
+    req = attach_provider_columns(req, wl)  # (a trace that records the provider's cache reads)
     delay = float(cfg.cost.frontend_latency_s)
     if delay:  # (times as the client measures them: it sent each request delay s earlier)
         req["arrival_s"] = req["arrival_s"] - delay
@@ -436,6 +439,9 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
                            if config_choices is not None else None),
         # the trace's files as read ([[name, bytes, xxh3-128], ...]; None: generated)
         "trace_input": (getattr(wl, "notes", None) or {}).get("trace_input"),
+        # seconds the loader moved the clock so that the first request arrives at 0
+        # (trace.rebase_to_first_arrival; 0: none; None: a workload passed in, not loaded)
+        "trace_rebase_s": (getattr(wl, "notes", None) or {}).get("rebase_s"),
         # the calibration and importance files read (input_files: {field: [name, bytes, xxh3]})
         "input_files": input_files(cfg) if inputs is None else inputs,
     }
@@ -483,6 +489,9 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     # demotions) do not stretch the throughput's denominator
     serve_end = float(req["finish_s"].max()) if len(req) else float(sim.env.now)
     extra["tier_copies_end_s"] = float(sim.env.now) if tm is not None else None
+    provider = compare_with_provider(req, wl)
+    if provider is not None:  # (kvsim's hits beside the provider's cache reads)
+        extra["provider_cache"] = provider
     if hasattr(cost, "run_breakdown"):  # (cost.kind=operator: where the step time went)
         extra["cost_model"]["step_time_s"] = cost.run_breakdown(rec.steps_frame())
     if replicas > 1:  # (per replica; the top-level block counts are one replica's)

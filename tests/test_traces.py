@@ -47,12 +47,16 @@ def test_timestamp_spread_modes():
     keep = load_workload(cfg(timestamp_spread="keep"), 0).arrival_s
     assert keep[1] == 0.0 and np.unique(keep).size < len(keep) / 1.2
     assert np.allclose(keep * 1000, np.rint(keep * 1000))
-    j1 = load_workload(cfg(timestamp_spread="jitter"), 1).arrival_s
-    j1b = load_workload(cfg(timestamp_spread="jitter"), 1).arrival_s
-    j2 = load_workload(cfg(timestamp_spread="jitter"), 2).arrival_s
+    # (on the trace clock: by default arrivals count from the first, jittered, one)
+    raw = dict(timestamp_spread="jitter", rebase_to_first_arrival=False)
+    j1 = load_workload(cfg(**raw), 1).arrival_s
+    j1b = load_workload(cfg(**raw), 1).arrival_s
+    j2 = load_workload(cfg(**raw), 2).arrival_s
     assert np.array_equal(j1, j1b) and not np.array_equal(j1, j2)
     assert np.all(np.diff(j1) >= 0)
     assert np.all(j1 >= keep) and np.all(j1 < keep + 3.01)
+    rebased = load_workload(cfg(timestamp_spread="jitter"), 1).arrival_s
+    assert rebased[0] == 0.0 and np.allclose(rebased, j1 - j1[0])
 
 
 def test_slicing_and_time_scale():
@@ -95,17 +99,18 @@ def test_mooncake_timestamps_on_another_clock_start_at_zero(tmp_path):
     assert w.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0]
     assert any("timestamps start at 1700000000000 ms (line 1)" in m for m in w.warnings)
     win = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep", start_s=1.0,
-                            duration_s=2.0), 0)  # (the window counts from the first row too)
-    assert win.arrival_s.tolist() == [0.5, 0.5]
+                            duration_s=2.0, rebase_to_first_arrival=False), 0)
+    assert win.arrival_s.tolist() == [0.5, 0.5]  # (the window counts from the first row too)
     for r in rows:
         r["timestamp"] -= 1_700_000_000_000
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     w0 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
     assert w0.arrival_s.tolist() == [0.0, 1.5, 1.5, 4.0] and not w0.warnings
-    for r in rows:  # a slice of a real file (first row at 300 s) keeps its clock
-        r["timestamp"] += 300_000
+    for r in rows:  # a slice of a real file (first row at 300 s) keeps its clock with
+        r["timestamp"] += 300_000  # rebase_to_first_arrival=false (by default it starts at 0)
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    w3 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep"), 0)
+    w3 = load_workload(cfg(name="x", path=str(f), timestamp_spread="keep",
+                           rebase_to_first_arrival=False), 0)
     assert w3.arrival_s.tolist() == [300.0, 301.5, 301.5, 304.0] and not w3.warnings
     for r in rows:  # nanoseconds for ms: still the unit mix-up error, not a shifted clock
         r["timestamp"] = 1_700_000_000_000_000_000 + r["timestamp"] * 1_000_000

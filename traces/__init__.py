@@ -12,7 +12,9 @@ Formats: ``mooncake`` (Qin et al., FAST'25), ``azure`` (Patel et al., Splitwise,
 ``weka`` (WEKA kv-cache-tester agentic traces), ``servegen`` (Xiang et al., arXiv 2505.09999),
 seeded generators ``synthetic_agentic``, ``synthetic_reasoning``, ``synthetic_multiturn``, and
 ``bench``, a serving benchmark's client (closed loop at a fixed concurrency or open loop at a
-request rate, vLLM's random-dataset lengths; :func:`traces.generate_bench`).
+request rate, vLLM's random-dataset lengths; :func:`traces.generate_bench`), and agent
+transcripts: ``claude_code`` (Claude Code session JSONL) and ``openai_log`` (OpenAI-compatible
+chat completion logs), docs/AGENT_TRACES.md.
 See ``traces/README.md`` for each mapping and its assumptions. Mooncake timestamps are quantised
 into ~3 s buckets; ``TraceConfig.timestamp_spread`` (default ``even``) spreads requests that share
 a timestamp evenly over the bucket in file order (``keep``: as recorded; ``jitter``: seeded

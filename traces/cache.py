@@ -12,7 +12,8 @@ The key (xxh3-128 of a JSON document) covers:
 * the cache layout version (:data:`CACHE_FORMAT`) and a fingerprint of the source of every
   module of the ``traces`` package (a changed loader never reads an older entry);
 * the trace format, the resolved path and the content of the input (each file's size and
-  xxh3-128 of its bytes; a ServeGen folder's ``chunk-N-*`` files);
+  xxh3-128 of its bytes; a ServeGen folder's ``chunk-N-*`` files; a folder of Claude Code or
+  OpenAI-log transcripts: each file the loader reads);
 * the seed and every trace option a loader reads: all :class:`~traces.config.TraceConfig`
   fields except :data:`SLICING_FIELDS`, which only the slicing after the loader reads. A parse
   that drew no random number (Mooncake with ``timestamp_spread`` even or keep, Azure, Weka with
@@ -23,8 +24,9 @@ The key (xxh3-128 of a JSON document) covers:
 The code fingerprint is of each module's source as it was imported (``traces._source``): a module
 reloaded after an edit (``importlib.reload``, Jupyter's autoreload) counts with its new source, an
 edited file not yet reloaded with the old one. Only a regular file is cached (a ServeGen folder:
-its ``chunk-N-trace.csv`` / ``chunk-N-dataset.json`` files); a pipe or a folder given for a file
-format is parsed without the cache, so the loader names the problem.
+its ``chunk-N-trace.csv`` / ``chunk-N-dataset.json`` files; a transcript folder: its ``*.jsonl``
+files); a pipe or a folder given for a file format is parsed without the cache, so the loader
+names the problem.
 
 A hit returns the very arrays, warnings, notes and skipped-row record the parse gave (the
 bad-row examples of ``on_error=skip`` are replayed into the run's sink; the parse's own
@@ -132,13 +134,22 @@ def _file_digest(p: Path) -> str:
 
 def _input_fingerprint(fmt: str, path: Path) -> Optional[list]:
     """``[[name, size in bytes, xxh3-128 hex], ...]`` of what the loader of ``fmt`` reads: the
-    input file, or a ServeGen folder's ``chunk-N-*`` files (sorted by name); None when the input
+    input file, a ServeGen folder's ``chunk-N-*`` files (sorted by name) or a folder of agent
+    transcripts' files (named by their path in it); None when the input
     is not of that kind (a pipe, a folder for a file format): the loader, run without the cache,
     says what is wrong. Raises OSError when a file cannot be read."""
     if fmt == "servegen":
         if not path.is_dir():
             return None
         files = sorted(q for q in path.iterdir() if _SERVEGEN_RE.fullmatch(q.name) and q.is_file())
+    elif fmt in ("claude_code", "openai_log") and path.is_dir():
+        # (a folder of transcripts: every file the loader reads, named by its path in the folder)
+        from .claude_code import transcript_files
+        try:
+            files = transcript_files(path)
+        except TraceError:
+            return None  # (the loader names it)
+        return [[q.relative_to(path).as_posix(), *file_fingerprint(q)[1:]] for q in files]
     else:
         if not stat.S_ISREG(path.stat().st_mode):
             return None

@@ -30,6 +30,8 @@ TRACE_FORMATS: tuple[str, ...] = (
     "synthetic_reasoning",
     "synthetic_multiturn",
     "bench",
+    "claude_code",
+    "openai_log",
 )
 
 SYNTHETIC_FORMATS = ("synthetic_agentic", "synthetic_reasoning", "synthetic_multiturn")
@@ -43,7 +45,17 @@ BUNDLED_FILE = Path(__file__).resolve().parent / "data" / "mooncake_conversation
 BUNDLED_FILES: dict[str, Path] = {
     BUNDLED_PRESET: BUNDLED_FILE,
     "weka_agentic_slice": Path(__file__).resolve().parent / "data" / "weka_agentic_trace_0002.jsonl.xz",
+    "claude_code": Path(__file__).resolve().parent / "data" / "claude_code_sample.jsonl.xz",
 }
+#: Formats whose ``trace.path`` may be a folder (read recursively; see docs/AGENT_TRACES.md).
+FOLDER_FORMATS = ("servegen", "claude_code", "openai_log")
+#: Formats whose arrivals can be recorded timestamps: ``rebase_to_first_arrival`` applies to
+#: them (Weka, Claude Code and OpenAI logs with ``session_arrival=absolute`` only: poisson and
+#: recorded session starts are made up; the generated formats and ServeGen's sampled arrivals
+#: keep their own clock too). See :func:`recorded_clock`.
+RECORDED_CLOCK_FORMATS = ("mooncake", "azure", "weka", "claude_code", "openai_log")
+#: ``session_arrival`` when it is null, by format (the others do not read it).
+SESSION_ARRIVAL_DEFAULTS = {"weka": "poisson", "claude_code": "absolute", "openai_log": "absolute"}
 
 #: Default location of each preset's data, relative to :func:`traces_dir` (``path: null``).
 PRESET_PATHS: dict[str, str] = {
@@ -83,7 +95,14 @@ class TraceConfig:
         max_requests: keep only the first N rows (canonical order) after time slicing.
         start_s, duration_s: keep roots with ``start_s <= arrival < start_s + duration_s`` on the
             trace clock (before ``time_scale``) plus their descendants; arrivals are rebased so
-            ``start_s`` becomes 0.
+            ``start_s`` becomes 0 (then, with ``rebase_to_first_arrival``, the first kept arrival).
+        rebase_to_first_arrival: traces of recorded timestamps (Mooncake, Azure; Weka, Claude
+            Code and OpenAI logs with ``session_arrival=absolute``: :func:`recorded_clock`):
+            count arrivals from the first kept request's arrival instead of ``start_s`` (a slice
+            of a trace whose clock does not start at 0, such as Mooncake's arXiv trace at
+            1,178,625 ms, then starts at 0 s; the shift is ``Workload.notes['rebase_s']``, named
+            in ``warnings`` and in summary.json's ``trace_rebase_s``). ``false``: the trace clock
+            minus ``start_s``. Generated traces and ServeGen's sampled arrivals keep their clock.
         timestamp_spread: Mooncake's quantised (~3 s) timestamps: ``keep`` | ``even`` | ``jitter``.
         on_error: ``fail`` (raise on the first bad row) | ``skip`` (skip, count, keep 10 examples).
         zero_output: rows whose recorded output length is 0: ``as_one`` (load with
@@ -94,13 +113,22 @@ class TraceConfig:
             same bit for bit). cache_dir: where (None = ``$KVSIM_CACHE_DIR/traces``, else
             ``~/.cache/kvsim/traces``).
 
-    Weka:
+    Weka, Claude Code and OpenAI logs (sessions):
         session_arrival: ``poisson`` (seeded, ``session_rate_per_s``; first session at 0) |
-            ``recorded`` (file order, ``session_interval_s`` apart: the traces hold no absolute
-            session start).
+            ``recorded`` (session order, ``session_interval_s`` apart) | ``absolute`` (the
+            sessions' recorded wall-clock starts: Weka needs a session ``start_time``, which
+            the published traces lack) | null (the format's default: Weka ``poisson``, Claude
+            Code and OpenAI logs ``absolute``).
         share_system_prefix: map the leading ids covering ``system_tokens + tool_tokens`` to one
             id space shared across sessions (assumption: same system/tool prompt everywhere).
-        max_sessions: read only the first N sessions (file order).
+        max_sessions: read only the first N sessions (Weka: file order; Claude Code and OpenAI
+            logs: in order of their first call).
+
+    Claude Code transcripts (``claude_code``) and OpenAI-compatible chat completion logs
+    (``openai_log``): ``path`` is a file or a folder (read recursively); docs/AGENT_TRACES.md
+    has the accepted fields and the mapping. block_tokens: G of the prefix ids made up for the
+    calls' prompts (null = 16); share_system_prefix: the leading tokens each chain's first call
+    read from the provider's cache are taken as one prefix shared by every chain (an assumption).
 
     ServeGen:
         num_requests: requests to sample; clients: chunk numbers (None = all in the folder);
@@ -152,8 +180,9 @@ class TraceConfig:
     zero_output: str = "as_one"
     cache: bool = True
     cache_dir: Optional[str] = None
-    # Weka
-    session_arrival: str = "poisson"
+    rebase_to_first_arrival: bool = True
+    # Weka, Claude Code, OpenAI logs (None: the format's default, SESSION_ARRIVAL_DEFAULTS)
+    session_arrival: Optional[str] = None
     session_rate_per_s: float = 0.2
     session_interval_s: float = 5.0
     share_system_prefix: bool = False
@@ -248,7 +277,15 @@ def _validate(c: TraceConfig) -> None:
     _choice(c, "timestamp_spread", ("keep", "even", "jitter"))
     _choice(c, "on_error", ("fail", "skip"))
     _choice(c, "zero_output", ("as_one", "error"))
-    _choice(c, "session_arrival", ("poisson", "recorded"))
+    if c.session_arrival is not None:
+        _choice(c, "session_arrival", ("poisson", "recorded", "absolute"))
+    if not isinstance(c.rebase_to_first_arrival, bool):
+        raise TraceError(field="rebase_to_first_arrival", found=repr(c.rebase_to_first_arrival),
+                         expected="true or false")
+    if c.format in ("claude_code", "openai_log") and c.block_tokens is not None \
+            and not (isinstance(c.block_tokens, int) and c.block_tokens >= 1):
+        raise TraceError(field="block_tokens", found=repr(c.block_tokens),
+                         expected="an integer >= 1 (tokens per prefix id) or null (16)")
     _choice(c, "servegen_iat", ("rate", "fit"))
     if not isinstance(c.cache, bool):
         raise TraceError(field="cache", found=repr(c.cache), expected="true or false")
@@ -277,6 +314,20 @@ def _validate(c: TraceConfig) -> None:
         _check_config(c)
 
 
+def session_arrival_of(c: TraceConfig) -> str:
+    """``c.session_arrival``, or the format's default when it is null
+    (:data:`SESSION_ARRIVAL_DEFAULTS`; ``poisson`` for a format without one)."""
+    return c.session_arrival or SESSION_ARRIVAL_DEFAULTS.get(c.format, "poisson")
+
+
+def recorded_clock(c: TraceConfig) -> bool:
+    """Whether ``c``'s arrivals are recorded timestamps (``rebase_to_first_arrival`` applies):
+    Mooncake and Azure, and the session formats with ``session_arrival=absolute``."""
+    if c.format not in RECORDED_CLOCK_FORMATS:
+        return False
+    return c.format in ("mooncake", "azure") or session_arrival_of(c) == "absolute"
+
+
 def traces_dir() -> Path:
     """Folder holding the real traces: env ``KVSIM_TRACES_DIR``, else ``<repo>/../shared/traces``
     where ``<repo>`` is the parent of the ``traces`` package folder."""
@@ -299,6 +350,9 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
     hint = ("Point trace.path at the folder of chunk-N-trace.csv / chunk-N-dataset.json files "
             "(e.g. `trace.path=/data/traces/servegen_deepseek_r1` on the Hydra command line)"
             if c.format == "servegen" else
+            "Point trace.path at a transcript file or a folder of them (e.g. "
+            "`trace.path=~/.claude/projects/-home-me-myproject`; docs/AGENT_TRACES.md)"
+            if c.format in ("claude_code", "openai_log") else
             "Point trace.path at the file (e.g. `trace.path=/data/traces/x.jsonl` on the Hydra "
             "command line)") + " or set KVSIM_TRACES_DIR to the folder holding the traces"
     if c.path is not None:
@@ -319,7 +373,8 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
             expected=f"a preset in {[*BUNDLED_FILES, *PRESET_PATHS]} or a format name",
             hint=hint)
     if not p.exists():
-        what = "trace folder" if c.format == "servegen" else "trace file"
+        what = "trace folder" if c.format == "servegen" else \
+            "trace file or folder" if c.format in FOLDER_FORMATS else "trace file"
         raise TraceError(f"{what} not found", path=str(p),
                          expected=f"the {c.format} trace for '{c.name}'", hint=hint)
     return p.absolute()  # (a relative trace.path is recorded where it pointed: provenance)

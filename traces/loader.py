@@ -10,12 +10,15 @@ import pyarrow as pa
 
 from ._common import MAX_ARRIVAL_S, Parsed, is_int
 from .cache import _input_fingerprint, parse_cached
-from .config import TraceConfig, coerce_config, resolve_path
+from .config import TraceConfig, coerce_config, recorded_clock, resolve_path
 from .errors import ErrorSink, TraceError
 from .slicing import kept_rows
 from .workload import Workload, build_table
 
 __all__ = ["load_workload", "generate_bench"]
+
+# formats whose loader is fn(path, cfg, rng, sink) (the others also take the seed)
+FILE_LOADERS = ("mooncake", "azure", "weka", "claude_code", "openai_log")
 
 
 def peak_rss_mb() -> float:
@@ -58,11 +61,19 @@ def _finalize(pr: Parsed, cfg: TraceConfig) -> tuple[pa.Table, dict, np.ndarray]
     new_par = np.where(par >= 0, new_id[np.maximum(par, 0)], -1)
     if np.any((par >= 0) & (new_par < 0)):  # cannot happen: parents precede children
         raise TraceError("internal: slicing dropped a parent", path=pr.source)
-    arrival = (arr[idx] - cfg.start_s) * cfg.time_scale
+    # the clock's origin: start_s, or (rebase_to_first_arrival, recorded clocks) the first kept
+    # root's arrival, so that a slice of a trace whose clock starts late starts at 0 s
+    origin = cfg.start_s
+    if cfg.rebase_to_first_arrival and recorded_clock(cfg):
+        first = float(arr[idx[parent[idx] < 0]].min())
+        if first > origin:
+            origin = first
+    notes["rebase_s"] = float(origin - cfg.start_s)
+    arrival = (arr[idx] - origin) * cfg.time_scale
     late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
     if late.size:
         k = int(late[0])
-        scaled = arr[idx[k]] - cfg.start_s <= MAX_ARRIVAL_S  # (then time_scale took it there)
+        scaled = arr[idx[k]] - origin <= MAX_ARRIVAL_S  # (then time_scale took it there)
         raise TraceError("arrival past the simulated clock's range", path=pr.source,
                          where=f"row {int(idx[k]) + 1} of the parsed trace (in file order)",
                          field="time_scale" if scaled else "timestamp",
@@ -139,9 +150,13 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
         from .servegen import load_servegen as fn
     elif c.format == "bench":
         from .bench import generate as fn
+    elif c.format == "claude_code":
+        from .claude_code import load_claude_code as fn
+    elif c.format == "openai_log":
+        from .openai_log import load_openai_log as fn
     else:
         from .synthetic import generate as fn
-    if c.format in ("mooncake", "azure", "weka"):
+    if c.format in FILE_LOADERS:
         def parse() -> Parsed:
             return fn(path, c, rng, sink)
     else:
@@ -155,7 +170,7 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
             c, path, int(seed), sink, parse,
             # (ServeGen's loader takes the seed itself: its entries are always the seed's own)
             seed_used=(lambda: rng.bit_generator.state != state0)
-            if c.format in ("mooncake", "azure", "weka") else None)
+            if c.format in FILE_LOADERS else None)
     table, notes, idx = _finalize(pr, c)
     extra = {k: np.asarray(v)[idx] for k, v in pr.extra.items()}
     file_warnings = list(pr.warnings)
@@ -170,6 +185,11 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
                  f"keeps {notes['rows']:,}): ")
         file_warnings = [scope + w if w[:1].isdigit() else w for w in file_warnings]
     warnings = file_warnings + cached["warnings"]
+    if notes["rebase_s"] > 0:
+        warnings.append(f"arrivals counted from the first request's: it arrives at "
+                        f"{c.start_s + notes['rebase_s']:,.9g} s on the trace clock and at 0 s "
+                        f"here (trace.rebase_to_first_arrival=false counts from "
+                        f"trace.start_s={c.start_s:g} instead)")
     allnotes = dict(pr.notes)
     allnotes.update(notes)
     # what was read (summary.json's trace_input; output.skip_completed compares it)

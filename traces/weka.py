@@ -1,10 +1,13 @@
 """WEKA kv-cache-tester agentic coding traces (``weka_traces.jsonl.xz``): one session per line.
 
-Session fields: ``id``, ``block_size`` (64), ``hash_id_scope`` ("local"), ``system_tokens``,
-``tool_tokens``, ``requests``. Request fields: ``t`` (s since session start, a number in
+Session fields: ``id``, ``block_size`` (tokens per hash id: 64 in the published traces; any
+positive integer, the same on every line of a file, which sets the table's prefix granularity G),
+``hash_id_scope`` ("local"), ``system_tokens``, ``tool_tokens``, ``requests``, and, read with
+``session_arrival=absolute`` only, ``start_time`` (the session's absolute start: Unix seconds
+or an ISO-8601 date and time). Request fields: ``t`` (s since session start, a number in
 [0, 2**32]: past 2**32 s float64 seconds stop resolving a microsecond), ``type``, ``in``,
-``out``, ``hash_ids`` (floor(in/64) ids, session-local), ``api_time``/``think_time`` (s, may be
-absent). ``type: "subagent"`` entries carry their own ``requests`` (``t`` relative to the
+``out``, ``hash_ids`` (floor(in/block_size) ids, session-local), ``api_time``/``think_time``
+(s, may be absent). ``type: "subagent"`` entries carry their own ``requests`` (``t`` relative to the
 sub-agent's start) sharing the session's id space, plus ``duration_ms``, ``system_tokens``,
 ``tool_tokens``.
 
@@ -28,10 +31,12 @@ Mapping (closed loop):
   its recorded think_time (which already includes the wait for the sub-agent). A marker before any
   main request becomes a root at session start + start. Sub-agent rows keep the session's
   session_id; turn counts within each chain.
-* Session arrivals: the traces carry no absolute session start (every session's first t is 0).
-  ``poisson``: seeded exponential gaps at ``session_rate_per_s``, first session at 0, one draw per
-  line of the file (skipped sessions keep the others' times stable). ``recorded``: session k (file
-  line order) starts at k * ``session_interval_s``.
+* Session arrivals: the published traces carry no absolute session start (every session's first
+  t is 0). ``poisson`` (the default): seeded exponential gaps at ``session_rate_per_s``, first
+  session at 0, one draw per line of the file (skipped sessions keep the others' times stable).
+  ``recorded``: session k (file line order) starts at k * ``session_interval_s``. ``absolute``:
+  each session starts at its ``start_time``, counted from the earliest one (Unix time in
+  ``notes['time_origin_unix_s']``); a session without one is an error naming its line.
 * Children's arrival_s = session start + recorded t (informational; the simulator releases them
   by parent finish + think_s). An arrival (session start + t) of a row the loader keeps more than
   2**32 s after ``start_s`` (a far session start: a tiny ``session_rate_per_s`` or a huge
@@ -45,7 +50,7 @@ Mapping (closed loop):
   naming both requests. Session-local ids are remapped to dense global ids (session by session,
   so (session, local id) -> global id is injective), in increasing local-id order within a
   session; the memory this takes is proportional to the session's id count, not to its largest
-  id. With ``share_system_prefix`` the first floor((system_tokens + tool_tokens)/64) ids of the
+  id. With ``share_system_prefix`` the first floor((system_tokens + tool_tokens)/block_size) ids of the
   session's first main request (and, per sub-agent, of its first request with the marker's
   system/tool tokens) map to one global id per position shared by all sessions: an ASSUMPTION
   that all sessions use the same system prompt and tool definitions (an optimistic bound on
@@ -67,9 +72,10 @@ import numpy as np
 from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, counted, is_int, is_num,
                       json_error_found, loads, need_int, need_list, need_num, output_len)
 from ._io import iter_lines
+from .config import session_arrival_of
 from .errors import ErrorSink, TraceError
 
-BLOCK_TOKENS = 64
+BLOCK_TOKENS = 64  # (the published traces'; a file may declare another, the same on every line)
 # request types of the main chain in the published trace (counted there: 'n' 40,192, 's' 8,466,
 # beside 63 'subagent' markers); another type is loaded as main-chain with a warning
 MAIN_TYPES = ("n", "s")
@@ -221,16 +227,16 @@ def _need_t(r: dict, p: str, where: str) -> float:
 
 
 def _check_request(r: dict, p: str, where: str, zero_output: str,
-                   zero: list) -> tuple[int, int, np.ndarray]:
+                   zero: list, bs: int = BLOCK_TOKENS) -> tuple[int, int, np.ndarray]:
     _need_t(r, p, where)
     n_in = need_int(r, "in", path=p, where=where, minimum=1)
     n_out = need_int(r, "out", path=p, where=where, minimum=0)
     h = need_list(r, "hash_ids", path=p, where=where,
                   expected="a list of non-negative integers")
-    want = n_in // BLOCK_TOKENS
+    want = n_in // bs
     if len(h) != want:
         raise TraceError(path=p, where=where, field="hash_ids", found=f"{len(h)} ids",
-                         expected=f"floor({n_in}/{BLOCK_TOKENS})={want}")
+                         expected=f"floor({n_in}/{bs})={want}")
     h = _hash_ids(h, p, where)
     api = r.get("api_time")
     if api is not None and (not is_num(api) or api < 0):
@@ -260,9 +266,15 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         raise TraceError(path=p, where=where0, field="id", found=repr(sid)[:40],
                          expected="a session id: a string or an integer")
     bs = s.get("block_size", BLOCK_TOKENS)
-    if bs != BLOCK_TOKENS:
-        raise TraceError(path=p, where=where0, field="block_size", found=repr(bs),
-                         expected=str(BLOCK_TOKENS))
+    if not is_int(bs) or not 1 <= bs <= 1 << 20:
+        raise TraceError(path=p, where=where0, field="block_size", found=repr(bs)[:40],
+                         expected="a positive integer (tokens per hash id, e.g. 16, 32, 64)")
+    known = counters.get("block_size")
+    if known is not None and bs != known[0]:
+        raise TraceError("block_size differs between sessions", path=p, where=where0,
+                         field="block_size", found=bs,
+                         expected=f"{known[0]}, as line {known[1]} declares (one table holds one "
+                                  f"prefix-id granularity)")
     scope = s.get("hash_id_scope", "local")
     if scope != "local":
         raise TraceError(path=p, where=where0, field="hash_id_scope", found=repr(scope),
@@ -317,7 +329,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                     raise TraceError(path=p, where=w2, field="type", found="'subagent'",
                                      expected="no nested sub-agents")
                 _note_type(q.get("type"), counters, f"{p} {w2}")
-                n_in, n_out, h = _check_request(q, p, w2, cfg.zero_output, zero)
+                n_in, n_out, h = _check_request(q, p, w2, cfg.zero_output, zero, bs)
                 t_rel = start + float(q["t"])
                 if t_rel > MAX_ARRIVAL_S:
                     raise TraceError(path=p, where=w2, field="t",
@@ -342,7 +354,7 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
                             raise TraceError(path=p, where=where, field="system_tokens/tool_tokens",
                                              found=f"{a!r}/{b!r}",
                                              expected="non-negative integers (the sub-agent's marker)")
-                        canon.append(("subagent", len(rows), len(h[: (a + b) // BLOCK_TOKENS])))
+                        canon.append(("subagent", len(rows), len(h[: (a + b) // bs])))
                 else:
                     parent = len(rows) - 1
                     think = _think(q, prev_sub, p, w2, neg)
@@ -359,11 +371,11 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
             raise TraceError(path=p, where=where, field="type", found=repr(typ),
                              expected="a string")
         _note_type(typ, counters, f"{p} {where}")
-        n_in, n_out, h = _check_request(r, p, where, cfg.zero_output, zero)
+        n_in, n_out, h = _check_request(r, p, where, cfg.zero_output, zero, bs)
         if prev_main is None:
             parent, think = -1, 0.0
             if cfg.share_system_prefix:
-                canon.append(("main", len(rows), len(h[: (sys_tok + tool_tok) // BLOCK_TOKENS])))
+                canon.append(("main", len(rows), len(h[: (sys_tok + tool_tok) // bs])))
         else:
             if r["t"] < prev_main[1]["t"]:
                 raise TraceError(path=p, where=where, field="t", found=r["t"],
@@ -375,7 +387,24 @@ def _parse_session(s, p: str, lineno: int, cfg, counters: dict):
         wheres.append(where)
         prev_main = (len(rows) - 1, r)
         main_turn += 1
-    return sid, rows, ids, canon, wheres
+    return sid, rows, ids, canon, wheres, bs
+
+
+def _session_start(s: dict, p: str, lineno: int) -> float:
+    """The session's recorded absolute start (``session_arrival=absolute``): its ``start_time``,
+    Unix seconds (a finite number >= 0) or an ISO-8601 date and time (UTC without a zone)."""
+    v = s.get("start_time")
+    if isinstance(v, str):
+        from .claude_code import parse_time
+
+        return parse_time(v, path=p, where=f"line {lineno}", key="start_time")
+    if not is_num(v) or not 0 <= v < float("inf"):
+        raise TraceError("missing field" if v is None else None, path=p, where=f"line {lineno}",
+                         field="start_time", found="nothing" if v is None else repr(v)[:40],
+                         expected="the session's absolute start with session_arrival=absolute: "
+                                  "Unix seconds or an ISO-8601 date and time (the published "
+                                  "traces have none: session_arrival=poisson or recorded)")
+    return float(v)
 
 
 def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
@@ -406,9 +435,12 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
                         "other_types": {}}
             where = _parse_session(loads(raw), p, lineno, cfg, counters)[4][row - first]
             break
+    mode = session_arrival_of(cfg)
     how = (f"session_arrival=poisson, session_rate_per_s={cfg.session_rate_per_s:g}"
-           if cfg.session_arrival == "poisson" else
-           f"session_arrival=recorded, session_interval_s={cfg.session_interval_s:g}")
+           if mode == "poisson" else
+           f"session_arrival=recorded, session_interval_s={cfg.session_interval_s:g}"
+           if mode == "recorded" else "session_arrival=absolute, counted from the earliest "
+                                      "start_time")
     raise TraceError(
         "arrival past the simulated clock's range", path=p, where=where,
         field="t", found=f"session start {sess_start[k]:.6g} s ({how}) + t "
@@ -433,7 +465,9 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
             floor(in/64), a hash_ids element that is not a non-negative integer below 2**63
             (bool, float, string, ...), an id repeated within a request, ids not
             prefix-chained within a session, decreasing t within a
-            chain, duplicate session id, block_size != 64, non-local id scope, corrupt/truncated
+            chain, duplicate session id, a block_size that is not a positive integer or differs
+            from the first session's, non-local id scope, a missing start_time with
+            session_arrival=absolute, corrupt/truncated
             .xz, empty file. Each names the file line (and the session/request when it is one
             request's fault).
     """
@@ -456,7 +490,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     shared: dict = {}
     next_gid = 0
     counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0,
-                "other_types": {}}
+                "other_types": {}, "block_size": None}
+    mode = session_arrival_of(cfg)
     sessions = 0
     lines_read = 0
     poisson_t = 0.0
@@ -468,11 +503,11 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                 break
             k = lines_read
             lines_read += 1
-            if cfg.session_arrival == "poisson":
+            if mode == "poisson":
                 if k > 0:
                     poisson_t += rng.exponential(1.0 / cfg.session_rate_per_s)
                 start = poisson_t
-            else:
+            elif mode == "recorded":
                 start = k * cfg.session_interval_s
             try:
                 try:
@@ -481,7 +516,9 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                     raise TraceError("invalid JSON", path=p, where=f"line {lineno}",
                                      found=json_error_found(raw, e),
                                      expected="one JSON object per line") from None
-                sid, rows, ids, canon, wheres = _parse_session(s, p, lineno, cfg, counters)
+                sid, rows, ids, canon, wheres, bs = _parse_session(s, p, lineno, cfg, counters)
+                if mode == "absolute":
+                    start = _session_start(s, p, lineno)
                 if sid in seen:
                     raise TraceError("duplicate session id", path=p, where=f"line {lineno}",
                                      field="id", found=repr(sid),
@@ -525,6 +562,8 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                     vals.resize(cap, refcheck=False)  # realloc: grows in place / via mremap
                 vals[nvals:nvals + total] = gid[rank]
             seen[sid] = lineno
+            if counters["block_size"] is None:
+                counters["block_size"] = (bs, lineno)
             sess_start.append(start)
             sess_line.append(lineno)
             base = len(col_session)
@@ -548,6 +587,11 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
                          found=f"{lines_read} lines, {sink.count} skipped",
                          expected="at least one valid session")
     arrival = np.asarray(col_arrival, dtype=np.float64)
+    origin = None
+    if mode == "absolute":  # (counted from the earliest session start)
+        origin = min(sess_start)
+        arrival -= origin
+        sess_start = [x - origin for x in sess_start]
     cacheable = True
     if arrival.max() - cfg.start_s > MAX_ARRIVAL_S:
         # (it reads the slicing options: a result that passes it depends on them)
@@ -586,12 +630,14 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
         output_tokens=np.asarray(col_out, dtype=np.int64),
         prefix_offsets=np.asarray(offs, dtype=np.int64),
         prefix_values=vals,
-        block_tokens=BLOCK_TOKENS,
+        block_tokens=counters["block_size"][0],
         source=p,
         warnings=warnings,
         notes={"sessions": sessions, "lines_read": lines_read, "subagents": counters["subagents"],
                "global_prefix_ids": next_gid, "shared_prefix_ids": len(shared),
                "zero_output_rows": counters["zero"][0],
+               "block_size": counters["block_size"][0], "session_arrival": mode,
+               **({"time_origin_unix_s": origin} if origin is not None else {}),
                "parse_s": round(time.perf_counter() - t0, 3)},
         cacheable=cacheable,
     )
