@@ -26,12 +26,12 @@ import math
 
 import numpy as np
 
-from policies import CompactionConfig, PagedLayout, make_compactor, make_policy, policy_config
+from policies import CompactionConfig, PagedLayout, PolicyConfig, make_compactor, make_policy
 
 
 def _random_keep(n_tokens, block_size, groups, n_keep, prompt_len, seed, mode):
-    cfg = policy_config("random", budget=n_keep - prompt_len, seed=seed, mode=mode,
-                        protect_prompt=prompt_len > 0)
+    cfg = PolicyConfig(name="random", budget=n_keep - prompt_len, seed=seed, mode=mode,
+                       protect_prompt=prompt_len > 0)
     pol = make_policy(cfg)
     layout = PagedLayout(block_size, groups, prompt_len, request_key=0)
     layout.fill(n_tokens)
@@ -72,7 +72,7 @@ def seed_rows(seed: int = 0, prompt_len: int = 0, n_tokens: int = 16000, block_s
     # streaming_llm, block-aligned window
     sinks = block_size
     window = n_keep - sinks
-    pol = make_policy(policy_config("streaming_llm", sink_tokens=sinks, recent_window=window, beta=1))
+    pol = make_policy(PolicyConfig(name="streaming_llm", sink_tokens=sinks, recent_window=window, beta=1))
     layout = PagedLayout(block_size, 1, prompt_len)
     layout.fill(n_tokens)
     keep = pol.select(layout, None, n_tokens, step=0)

@@ -1,23 +1,18 @@
 """Plain dataclass configs for eviction policies, compactors and the importance model.
 
-Only ``dataclasses`` are used here (no Hydra / OmegaConf import), so ``policies`` stays
-importable with numpy alone; :mod:`sim.config` registers the classes as Hydra structured
-configs. Each policy family has its own :class:`PolicyConfig` subclass whose fields are
-exactly the options its policy reads (registered with the policy,
-:func:`policies.registry.register_policy`), so an option the chosen policy does not read is
-rejected.
+Only ``dataclasses`` are used here (no Hydra / OmegaConf import) so the lead can register
+:class:`PolicyConfig` and :class:`CompactionConfig` as Hydra structured configs, and so
+``policies`` stays importable with numpy alone.
 
 Units are in the field names or docstrings: token counts are tokens, ``*_bytes`` are bytes.
-Validation (``PolicyConfig.check`` through :func:`policies.registry.validate_policy_config`,
-:func:`validate_compaction_config`) raises ``ValueError`` with a message naming the field and
-the valid values.
+Validation (:func:`validate_policy_config`, :func:`validate_compaction_config`) raises
+``ValueError`` with a message naming the field and the valid values.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
 
 #: Grouping modes (how many independent keep-selections one request's KV has).
 #:  - ``union``: one selection shared by every layer and KV head (groups = 1).
@@ -77,332 +72,59 @@ class ImportanceParams:
 
 @dataclass
 class PolicyConfig:
-    """Base of every policy's config (``experiments/conf/policy/<name>.yaml``). Each policy
-    family registers its own subclass with its class (:func:`policies.registry.register_policy`)
-    whose fields are exactly the options that policy reads, so an option it does not read is an
-    error (Hydra's, or :func:`policies.registry.policy_config`'s).
+    """One eviction policy and its parameters (field values for ``experiments/conf/policy/<name>.yaml``).
+
+    Which fields a policy reads is listed in ``policies/README.md`` and in each policy's docstring.
 
     Fields:
-      name: registry name (``policies.registry.POLICIES``); each subclass's default is its
-        policy's name.
-
-    Class attributes (not options) that :class:`policies.eviction.EvictionPolicy` reads, for the
-    configs of policies that do not read them: ``mode`` ("" = the policy's default grouping) and
-    ``protect_prompt`` (the prompt is kept: full and quest evict nothing). A subclass whose
-    policy reads them declares them as fields. ``option_hints``: option name -> a hint for a
-    user who sets that option on this policy, which does not read it.
-    """
-
-    name: str = ""
-
-    mode: ClassVar[str] = ""
-    protect_prompt: ClassVar[bool] = True
-    option_hints: ClassVar[dict] = {}
-
-    def check(self) -> None:
-        """Raise ``ValueError`` naming the first bad field (``policy <name>: ...``): NaN and
-        infinite numbers here; subclasses add their ranges."""
-        check_finite(self, f"policy {self.name}: ")
-
-    def _nonneg(self, *names: str) -> None:
-        for f in names:
-            if getattr(self, f) < 0:
-                raise ValueError(f"policy {self.name}: {f} must be >= 0, got {getattr(self, f)}")
-
-    def _budget_at_least_one(self) -> None:
-        if self.budget < 1:
-            raise ValueError(f"policy {self.name}: budget must be >= 1 token, got {self.budget}")
-
-    def _beta_positive(self) -> None:
-        if self.beta <= 0:
-            raise ValueError(f"policy {self.name}: beta (round period, tokens) must be > 0, got "
-                             f"{self.beta}")
-
-    def _seed_in_range(self) -> None:
-        try:
-            ok = (not isinstance(self.seed, bool) and int(self.seed) == self.seed
-                  and 0 <= self.seed < 2 ** 32)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(f"policy {self.name}: seed must be an integer in [0, 2**32) (the "
-                             f"random policy's and the importance model's seed), got {self.seed}")
-
-    def _fraction(self, f: str) -> None:
-        v = getattr(self, f)
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"policy {self.name}: {f} must be in [0, 1], got {v}")
-
-
-@dataclass
-class FullConfig(PolicyConfig):
-    """``full``: no eviction; reads no option."""
-
-    name: str = "full"
-
-
-@dataclass
-class ScoredConfig(PolicyConfig):
-    """Options of the policies that rank tokens by importance scores (the generative model or a
-    recorded file, :func:`policies.importance.make_importance`).
-
-    Fields:
+      name: registry name (``policies.registry.POLICIES``).
+      budget: tokens kept. Meaning depends on the policy (``budget_scope``): decode tokens kept on top
+        of the protected prompt (triattention, r_kv, random with protect_prompt), total tokens kept
+        (h2o, tova, random without protect_prompt), prompt tokens kept per group (snapkv, ada_kv; the
+        per-layer average for pyramidkv), tokens read per step (quest: top_k_pages = ceil(budget/B)).
+      beta: round period in tokens (compaction period; TriAttention default 128). 1 = every step.
+      sink_tokens / recent_window: StreamingLLM sinks and recent window; recent_window is also the
+        always-kept recent tail of h2o and triattention when set (r_kv's recent tail is its
+        ``observation_window``; r_kv rejects a recent_window).
+      heavy_ratio: H2O share of ``budget`` for heavy hitters (the rest is the recent window).
       mode: grouping mode, one of :data:`MODES`; "" = the policy's default (snapkv per_head,
         pyramidkv/ada_kv per_layer_per_head, others union).
-      seed: seed of the importance model (plus the run's seed).
+      protect_prompt: keep every prompt token (and never move it under forward packing).
+      observation_window: SnapKV/PyramidKV/Ada-KV/R-KV observation window (last tokens, always kept).
+      pooling_kernel: SnapKV 1-D pooling kernel (tokens, odd); pooling: ``max`` or ``avg``.
+      layer_budget_ratio: PyramidKV beta: top layer keeps budget / layer_budget_ratio.
+      ada_floor: Ada-KV safeguard: each head keeps at least ada_floor x its uniform share.
+      rkv_lambda: R-KV weight of importance vs redundancy (score = l*imp - (1-l)*red).
+      redundancy_window: R-KV proxy: number of following tokens a token is compared with.
+      top_k_pages: Quest pages read per step (0 = ceil(budget / block_size)).
+      dense_layers: Quest layers that read every page (the paper leaves the first two layers dense).
+      seed: seed of the random policy.
       importance_source: ``generative`` (ImportanceModel) or ``recorded`` (Parquet file).
       importance_file: Parquet path when importance_source = recorded.
       importance: generative importance model parameters.
     """
 
+    name: str = "full"
+    budget: int = 2048
+    beta: int = 128
+    sink_tokens: int = 4
+    recent_window: int = 0
+    heavy_ratio: float = 0.5
     mode: str = ""
+    protect_prompt: bool = True
+    observation_window: int = 32
+    pooling_kernel: int = 7
+    pooling: str = "max"
+    layer_budget_ratio: float = 20.0
+    ada_floor: float = 0.2
+    rkv_lambda: float = 0.1
+    redundancy_window: int = 8
+    top_k_pages: int = 0
+    dense_layers: int = 2
     seed: int = 0
     importance_source: str = "generative"
     importance_file: str = ""
     importance: ImportanceParams = field(default_factory=ImportanceParams)
-
-    def check(self) -> None:
-        super().check()
-        self._seed_in_range()
-        _check_choice_of(self, "importance_source", IMPORTANCE_SOURCES)
-        if self.importance_source == "recorded" and not self.importance_file:
-            raise ValueError(f"policy {self.name}: importance_source=recorded needs "
-                             f"importance_file")
-        validate_importance_params(self.importance)
-
-
-@dataclass
-class RandomConfig(PolicyConfig):
-    """``random``: seeded uniform-random survivors.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), mode, protect_prompt, seed (plus the run's seed).
-    """
-
-    name: str = "random"
-    budget: int = 2048
-    beta: int = 128
-    mode: str = ""
-    protect_prompt: bool = True
-    seed: int = 0
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._seed_in_range()
-
-
-@dataclass
-class StreamingLLMConfig(PolicyConfig):
-    """``streaming_llm``: attention sinks + recent window.
-
-    Fields: sink_tokens, recent_window (tokens kept at the start and at the end), beta (round
-    period, tokens), mode.
-    """
-
-    name: str = "streaming_llm"
-    sink_tokens: int = 4
-    recent_window: int = 0
-    beta: int = 128
-    mode: str = ""
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._nonneg("sink_tokens", "recent_window")
-        if self.sink_tokens + self.recent_window < 1:
-            raise ValueError("policy streaming_llm: sink_tokens + recent_window must be >= 1")
-
-
-@dataclass
-class H2OConfig(ScoredConfig):
-    """``h2o``: heavy hitters + recent window in a total budget.
-
-    Fields: budget (total tokens), beta (round period, tokens), recent_window (0 = budget x
-    (1 - heavy_ratio)), heavy_ratio (share of budget for heavy hitters), protect_prompt.
-    """
-
-    name: str = "h2o"
-    budget: int = 2048
-    beta: int = 128
-    recent_window: int = 0
-    heavy_ratio: float = 0.5
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("recent_window")
-        if self.recent_window > self.budget:
-            raise ValueError(f"policy h2o: recent_window {self.recent_window} exceeds budget "
-                             f"{self.budget}")
-        self._fraction("heavy_ratio")
-
-
-@dataclass
-class TOVAConfig(ScoredConfig):
-    """``tova``: drop the lowest current score in a total budget.
-
-    Fields: budget (total tokens), beta (round period, tokens), protect_prompt.
-    """
-
-    name: str = "tova"
-    budget: int = 2048
-    beta: int = 128
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-
-
-@dataclass
-class TriAttentionConfig(ScoredConfig):
-    """``triattention``: top-scoring decode tokens every beta tokens once over budget.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), recent_window (always-kept recent tokens, inside the budget; 0 = none),
-    protect_prompt.
-    """
-
-    name: str = "triattention"
-    budget: int = 2048
-    beta: int = 128
-    recent_window: int = 0
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("recent_window")
-        if self.recent_window > self.budget:
-            raise ValueError(f"policy triattention: recent_window {self.recent_window} exceeds "
-                             f"budget {self.budget}")
-
-
-@dataclass
-class RKVConfig(ScoredConfig):
-    """``r_kv``: importance minus redundancy, decode time.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), observation_window (always-kept recent tokens, inside the budget),
-    rkv_lambda (weight of importance vs redundancy), redundancy_window (following tokens a
-    token is compared with), protect_prompt.
-    """
-
-    name: str = "r_kv"
-    budget: int = 2048
-    beta: int = 128
-    observation_window: int = 32
-    rkv_lambda: float = 0.1
-    redundancy_window: int = 8
-    protect_prompt: bool = True
-
-    option_hints: ClassVar[dict] = {
-        "recent_window": "r_kv's always-kept recent tokens are its observation_window (set "
-                         "policy.observation_window instead)"}
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("observation_window", "redundancy_window")
-        _window_within_budget(self)
-        self._fraction("rkv_lambda")
-
-
-@dataclass
-class SnapKVConfig(ScoredConfig):
-    """``snapkv``: compress the prompt once after prefill from an observation window.
-
-    Fields: budget (prompt tokens kept per group), observation_window (last prompt tokens,
-    always kept), pooling_kernel (odd, tokens), pooling (``max`` or ``avg``).
-    """
-
-    name: str = "snapkv"
-    budget: int = 2048
-    observation_window: int = 32
-    pooling_kernel: int = 7
-    pooling: str = "max"
-
-    def check(self) -> None:
-        super().check()
-        self._budget_at_least_one()
-        self._nonneg("observation_window")
-        _window_within_budget(self)
-        _check_choice_of(self, "pooling", ("max", "avg"))
-        if self.pooling_kernel < 1 or self.pooling_kernel % 2 == 0:
-            raise ValueError(f"policy {self.name}: pooling_kernel must be an odd number >= 1 (a "
-                             f"window centred on each token), got {self.pooling_kernel}")
-
-
-@dataclass
-class PyramidKVConfig(SnapKVConfig):
-    """``pyramidkv``: SnapKV with layer budgets decreasing with depth.
-
-    Fields: SnapKV's, and layer_budget_ratio (the top layer keeps budget / layer_budget_ratio,
-    >= 1); budget is the per-layer average.
-    """
-
-    name: str = "pyramidkv"
-    layer_budget_ratio: float = 20.0
-
-    def check(self) -> None:
-        super().check()
-        if self.layer_budget_ratio < 1.0:
-            raise ValueError(f"policy pyramidkv: layer_budget_ratio must be >= 1, got "
-                             f"{self.layer_budget_ratio}")
-
-
-@dataclass
-class AdaKVConfig(SnapKVConfig):
-    """``ada_kv``: SnapKV with per-head budgets within each layer.
-
-    Fields: SnapKV's, and ada_floor (each head keeps at least ada_floor x its uniform share).
-    """
-
-    name: str = "ada_kv"
-    ada_floor: float = 0.2
-
-    def check(self) -> None:
-        super().check()
-        self._fraction("ada_floor")
-
-
-@dataclass
-class QuestConfig(PolicyConfig):
-    """``quest``: keeps all KV, reads only the top-k pages per decode step.
-
-    Fields: budget (tokens read per step: top_k_pages = ceil(budget / block_size) when
-    top_k_pages is 0), top_k_pages, dense_layers (leading layers that read every page), mode.
-    """
-
-    name: str = "quest"
-    budget: int = 2048
-    top_k_pages: int = 0
-    dense_layers: int = 2
-    mode: str = ""
-
-    def check(self) -> None:
-        super().check()
-        self._budget_at_least_one()
-        self._nonneg("top_k_pages", "dense_layers")
-
-
-def _window_within_budget(cfg) -> None:
-    if cfg.observation_window > cfg.budget:
-        raise ValueError(f"policy {cfg.name}: observation_window {cfg.observation_window} "
-                         f"exceeds budget {cfg.budget}")
-
-
-def _check_choice_of(cfg, what: str, valid) -> None:
-    v = getattr(cfg, what)
-    if v not in valid:
-        raise ValueError(f"policy {cfg.name}: unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
 @dataclass

@@ -36,9 +36,7 @@ import numpy as np
 
 from sim.jit import kernel
 
-from .config import (MODES, AdaKVConfig, FullConfig, H2OConfig, PolicyConfig, PyramidKVConfig, QuestConfig,
-                     RandomConfig, RKVConfig, SnapKVConfig, StreamingLLMConfig, TOVAConfig, TriAttentionConfig)
-from .registry import register_policy
+from .config import MODES, PolicyConfig
 
 
 @dataclass
@@ -396,7 +394,6 @@ class _Periodic(EvictionPolicy):
 
 
 # ================================================================================== policies
-@register_policy(FullConfig)
 class FullPolicy(EvictionPolicy):
     """``full``: no eviction (dense baseline). Keeps every token; never fires."""
 
@@ -406,7 +403,6 @@ class FullPolicy(EvictionPolicy):
     uses_scores = False
 
 
-@register_policy(RandomConfig)
 class RandomPolicy(_Periodic):
     """``random``: seeded uniform-random survivors (control for score-based methods).
 
@@ -436,7 +432,6 @@ class RandomPolicy(_Periodic):
         return prot | topk_mask(np.broadcast_to(pri, (H, S)), cand, int(self.cfg.budget))
 
 
-@register_policy(StreamingLLMConfig)
 class StreamingLLMPolicy(_Periodic):
     """``streaming_llm``: attention sinks + sliding recent window.
 
@@ -468,7 +463,6 @@ class StreamingLLMPolicy(_Periodic):
         return live & ((pos < self.cfg.sink_tokens) | (pos >= n_tokens - self.cfg.recent_window))
 
 
-@register_policy(H2OConfig)
 class H2OPolicy(_Periodic):
     """``h2o``: Heavy-Hitter Oracle: accumulated-attention heavy hitters + recent window.
 
@@ -519,7 +513,6 @@ class H2OPolicy(_Periodic):
         return 2.0 * shape.num_q_heads * n_tokens * shape.score_bytes * shape.num_layers
 
 
-@register_policy(TOVAConfig)
 class TOVAPolicy(_Periodic):
     """``tova``: Token Omission Via Attention.
 
@@ -556,7 +549,6 @@ class TOVAPolicy(_Periodic):
         return 2.0 * shape.num_q_heads * n_tokens * shape.score_bytes * shape.num_layers
 
 
-@register_policy(TriAttentionConfig)
 class TriAttentionPolicy(_Periodic):
     """``triattention``: TriAttention as integrated in TensorRT-LLM's KV compression framework.
 
@@ -602,7 +594,6 @@ class TriAttentionPolicy(_Periodic):
         return max(cand, 0) * shape.kv_bytes_per_token / 2.0  # reads K of every candidate
 
 
-@register_policy(RKVConfig)
 class RKVPolicy(_Periodic):
     """``r_kv``: Redundancy-aware KV compression for reasoning models (decode time).
 
@@ -674,7 +665,6 @@ class RKVPolicy(_Periodic):
         return attn + keys
 
 
-@register_policy(SnapKVConfig)
 class SnapKVPolicy(EvictionPolicy):
     """``snapkv``: compress the prompt once after prefill, from an observation window.
 
@@ -744,7 +734,6 @@ class SnapKVPolicy(EvictionPolicy):
         return attn + prompt_len * shape.kv_bytes_per_token / 2.0
 
 
-@register_policy(PyramidKVConfig)
 class PyramidKVPolicy(SnapKVPolicy):
     """``pyramidkv``: SnapKV selection with layer budgets decreasing with depth.
 
@@ -784,7 +773,6 @@ class PyramidKVPolicy(SnapKVPolicy):
         return self.layer_budgets(L)[layers]
 
 
-@register_policy(AdaKVConfig)
 class AdaKVPolicy(SnapKVPolicy):
     """``ada_kv``: adaptive per-head budgets within a layer (Ada-SnapKV).
 
@@ -826,7 +814,6 @@ class AdaKVPolicy(SnapKVPolicy):
         return window | decode | keep
 
 
-@register_policy(QuestConfig)
 class QuestPolicy(EvictionPolicy):
     """``quest``: query-aware page selection; keeps ALL KV, reads only the top-k pages per step.
 

@@ -156,6 +156,28 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
 
 
+# policy option -> the policies that read it (policies.eviction; policy=full reads none, noted
+# apart; mode, seed and the importance model's options are left out; protect_prompt: the
+# policies whose protects_prompt is not fixed, policies.eviction)
+POLICY_READERS = {
+    "protect_prompt": ("random", "h2o", "tova", "triattention", "r_kv"),
+    "budget": ("random", "h2o", "tova", "triattention", "r_kv", "snapkv", "pyramidkv", "ada_kv",
+               "quest"),
+    "beta": ("random", "streaming_llm", "h2o", "tova", "triattention", "r_kv"),
+    "sink_tokens": ("streaming_llm",),
+    "recent_window": ("streaming_llm", "h2o", "triattention"),
+    "heavy_ratio": ("h2o",),
+    "observation_window": ("r_kv", "snapkv", "pyramidkv", "ada_kv"),
+    "pooling_kernel": ("snapkv", "pyramidkv", "ada_kv"),
+    "pooling": ("snapkv", "pyramidkv", "ada_kv"),
+    "layer_budget_ratio": ("pyramidkv",),
+    "ada_floor": ("ada_kv",),
+    "rkv_lambda": ("r_kv",),
+    "redundancy_window": ("r_kv",),
+    "top_k_pages": ("quest",),
+    "dense_layers": ("quest",),
+}
+
 # compaction option -> the compactions that read it (policies.compaction; pin_prompt only when
 # Compactor.apply is called without the engine's pinned_len)
 COMPACTION_READERS = {"position_index_bytes": ("hole_fill",), "position_index_per_group": ("hole_fill",),
@@ -175,9 +197,8 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
     another kind of trace (``trace_format``: the run's ``trace.format``; ``trace.path`` of a
     synthetic one, which is generated), a tier option with no host or disk tier (``tiers``: the
     summary's ``tiers``, e.g. ``gpu_only``), ``cost.file`` without ``cost.kind=calibrated``, a
-    compaction or a compaction option with ``policy=full`` (no round ever runs), a compaction
-    option another compaction reads, and a codec option with ``codec=identity``. (An option
-    the run's policy does not read is not composed at all: :func:`composition_error`.)"""
+    policy option or a compaction with ``policy=full`` (no round ever runs), a compaction
+    option with ``compaction=none``, and a codec option with ``codec=identity``."""
     kind = "synthetic" if trace_format.startswith("synthetic") else trace_format
     notes = []
     for o in overrides:
@@ -204,10 +225,13 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
         elif group == "tiers" and field in TIER_ONLY_FIELDS and tiers == "gpu_only":
             notes.append(f"{key} applies to host and disk tiers; with none (tiers.host_gib = "
                          f"tiers.disk_gib = 0) it changes nothing")
-        elif group == "compaction" and field and field != "name" and policy == "full" \
+        elif group in ("policy", "compaction") and field and field != "name" and policy == "full" \
                 or key == "compaction" and compaction != "none" and policy == "full":
             notes.append(f"{key} applies to a compression policy's rounds; policy=full keeps "
                          f"every token and runs none: it changes nothing")
+        elif group == "policy" and field in POLICY_READERS and policy not in POLICY_READERS[field]:
+            notes.append(f"{key} is read by policy={', '.join(POLICY_READERS[field])}; this run's "
+                         f"policy is {policy}: it changes nothing")
         elif group == "compaction" and field in COMPACTION_READERS \
                 and compaction not in COMPACTION_READERS[field]:
             readers = COMPACTION_READERS[field]
@@ -399,7 +423,7 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
         given = str(cfg.cost.file) if cfg.cost.file else None
         for node, key in ((cfg.trace, "path"), (cfg.trace, "cache_dir"), (cfg.cost, "file"),
                           (cfg.policy, "importance_file"), (cfg.output, "dir")):
-            if node.get(key):  # (a policy that reads no importance file has no such key)
+            if node[key]:
                 node[key] = to_absolute_path(str(node[key]))
         if given and not Path(given).is_absolute() and not Path(cfg.cost.file).exists():
             # (a relative cost.file is looked up in the start folder, then in the repository
@@ -648,11 +672,11 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
-    from policies import POLICIES, make_policy
+    from policies.registry import POLICIES
 
     frees = POLICIES[summary.get("policy", "full")].frees_memory  # (full: False)
     if frees and summary.get("rounds") == 0 and summary["requests_finished"]:
-        pol = make_policy(cfg.policy)
+        pol = POLICIES[summary["policy"]](cfg.policy)
         if pol.budget_scope == "prompt":  # (snapkv, pyramidkv, ada_kv: one round at prefill end)
             pol.num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
             thr = pol._min_budget()  # (pyramidkv: its smallest layer budget)
@@ -676,7 +700,7 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
                 f"lower {what} or policy.beta)")
     longest = summary.get("longest_context_tokens")
     if summary.get("policy") == "quest" and longest:
-        pol = make_policy(cfg.policy)
+        pol = POLICIES["quest"](cfg.policy)
         B = int(cfg.cache.block_size)
         pages = pol.top_k(B)
         if pages * B >= longest - 1:  # (a step reads the KV of all tokens but the last)
@@ -866,6 +890,62 @@ def claim_output_dir(out_dir: Path, sweep_id: str, job: int,
     return None
 
 
+def unknown_override_key(args: list[str]) -> str | None:
+    """The error for the first command-line override ``a.b=value`` whose dotted key is not a
+    field of the typed config (:class:`sim.config.KvsimConfig`), with the closest field name
+    as a hint, or whose plain value cannot be that field's int, float or bool
+    (:func:`_scalar_error`); None when every override passes. Hydra's own forms
+    (``+``/``~``/``++`` prefixes, ``hydra.*``, options with ``-``) and free-form nodes are left
+    to Hydra. Hydra's message for
+    such a key suggests appending it with ``+``, which a typo does not want."""
+    import dataclasses
+    import difflib
+    import typing
+
+    from .config import KvsimConfig
+
+    def node_type(t):
+        if typing.get_origin(t) is typing.Union:  # Optional[X]
+            t = next((a for a in typing.get_args(t) if a is not type(None)), t)
+        return t if dataclasses.is_dataclass(t) else None
+
+    for a in args:
+        if a.startswith("-") or "=" not in a:
+            continue
+        key = a.split("=", 1)[0]
+        if key.startswith("++"):  # (set, added if absent: an existing key is checked as one)
+            key, a = key[2:], a[2:]
+        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or "/" in key:
+            continue
+        cls = KvsimConfig
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            hints = typing.get_type_hints(cls)
+            if part not in hints:
+                where = ".".join(parts[:i])
+                close = difflib.get_close_matches(part, list(hints), n=1)
+                hint = f"; did you mean {'.'.join(parts[:i] + close)}?" if close else ""
+                return (f"unknown config key '{key}': {where or 'the config'} has no field "
+                        f"'{part}'{hint} (kvsim --cfg job prints every key)")
+            cls = node_type(hints[part])
+            if cls is None:  # a leaf or a free-form node: Hydra checks the rest
+                if i == len(parts) - 1:
+                    value = a.split("=", 1)[1]
+                    err = _scalar_error(key, value, hints[part])
+                    if err:
+                        return err
+                    sweepish = "," in value or value.strip().startswith(("choice(", "range("))
+                    for v in (_sweep_values(a) or []) if sweepish else []:
+                        v = getattr(v, "text", v)  # (a quoted value: Hydra's QuotedString)
+                        if isinstance(v, (str, int, float)):
+                            err = _scalar_error(key, str(v), hints[part])
+                            if err:
+                                return (f"{key}={value}: the sweep's value {v}: expected "
+                                        f"{err.split(': expected ', 1)[1]}")
+                break
+    return None
+
+
 # kvsim's cluster launcher configs (experiments/conf/hydra/launcher/) -> (Hydra plugin module,
 # the extra that installs it)
 LAUNCHER_PLUGINS = {"slurm": ("hydra_plugins.hydra_submitit_launcher", "slurm"),
@@ -908,6 +988,38 @@ def missing_cluster(args: list[str]) -> str | None:
     return None
 
 
+def unknown_group_option(args: list[str]) -> str | None:
+    """The error for the first ``group=option`` override (``trace=``, ``model=``, ...; a comma
+    sweep of plain names too) naming an option that ``experiments/conf/<group>/`` lacks, with
+    the closest option as a hint and the list (Hydra's own message is a page of its search path
+    and exit 1); None when every option exists. Hydra's sweep functions, interpolations,
+    ``hydra/...`` groups and runs given other config folders (``--config-dir``,
+    ``hydra.searchpath``) are left to Hydra."""
+    import difflib
+
+    if any(a.startswith(("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath",
+                         "+hydra.searchpath")) for a in args):
+        return None  # (options may come from the other config folders: Hydra decides)
+    for a in args:
+        if a.startswith(("-", "~")) or "=" not in a:
+            continue
+        key, value = a.split("=", 1)
+        group = key.lstrip("+")
+        if "." in group or "/" in group or "@" in group or not (CONF_DIR / group).is_dir():
+            continue
+        if any(c in value for c in "${}[]()'\" /") or value.startswith(("choice", "range", "glob")):
+            # (sweep functions, interpolations, quoting, nested option paths: Hydra's)
+            continue
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        for v in value.split(","):
+            if v and v not in options:
+                close = difflib.get_close_matches(v, options, n=1)
+                hint = f"did you mean {group}={close[0]}? " if close else ""
+                return (f"{a}: no option {v!r} in config group '{group}'; {hint}"
+                        f"(options: {', '.join(options)})")
+    return None
+
+
 def duplicate_override_key(args: list[str]) -> str | None:
     """The error for the first override key given twice on the command line (``seed=1
     seed=2``, ``tiers=gpu_host tiers=gpu_only``): Hydra silently keeps the last value, which
@@ -932,156 +1044,6 @@ def duplicate_override_key(args: list[str]) -> str | None:
                     f"per key{both}")
         seen[key] = a
     return None
-
-
-# options that give Hydra other config folders or another primary config: the composition
-# check then leaves the overrides to Hydra
-OTHER_CONFIG_OPTIONS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn",
-                        "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
-
-
-def composition_error(argv: list[str], args: list[str], sweep: bool) -> str | None:
-    """The one-line error for the first override Hydra cannot compose into the run's config,
-    from Hydra's own composition (the structured configs of :mod:`sim.config` and the chosen
-    policy's config class, :mod:`policies.config`): a key no config has (with the nearest
-    field), an option the chosen policy does not read (naming the policy and those that read
-    it), a value that cannot be the field's type, a config group option that does not exist
-    (with the nearest option). None when every override composes.
-
-    ``argv``: the command's arguments; ``args``: its overrides (:func:`command_line_overrides`).
-    A sweep (``sweep``) is composed with each sweep at its first value, then once for each other
-    value of a config group sweep (``policy=h2o,snapkv``), and each other value of a key sweep
-    is set on the first composition as Hydra sets an override (``OmegaConf.update``), so every
-    value is checked without composing every job. Runs given other config folders or another
-    primary config (:data:`OTHER_CONFIG_OPTIONS`), and sweeps Hydra's basic sweeper cannot list
-    (``interval()``, ``glob()``), are left to Hydra."""
-    if not args or any(a.startswith(OTHER_CONFIG_OPTIONS) for a in argv):
-        return None
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    parser = OverridesParser.create()
-    given, sweeps = {}, []  # (key element -> (argument, override string of its first value))
-    for a in args:
-        if a.startswith("-") or "=" not in a:
-            continue
-        o = parser.parse_override(a)
-        key = o.get_key_element()
-        if not o.is_sweep_override():
-            given[key] = (a, a)
-        elif sweep and o.is_discrete_sweep() and o.value_type is not None \
-                and o.value_type.name != "GLOB_CHOICE_SWEEP":
-            values = [f"{key}={v}" for v in o.sweep_string_iterator()]
-            given[key] = (a, values[0])
-            sweeps.append((a, key, values, _is_group(key)))
-    base = [first for _, first in given.values()]
-    probes = [(base, None)] + [([v if k == key else first for k, (_, first) in given.items()],
-                                (a, v)) for a, key, values, group in sweeps if group
-                               for v in values[1:]]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = None
-        for overrides, swept in probes:
-            try:
-                composed = compose(config_name="config", overrides=overrides)
-            except Exception as e:  # noqa: BLE001 - (Hydra's composition errors have several types)
-                sweep_of = {k: (a, first) for a, k, (first, *_), _ in sweeps}
-                return _composition_message(e, overrides, given, swept, sweep_of)
-            cfg = composed if cfg is None else cfg
-    for a, key, values, group in sweeps:
-        o = parser.parse_override(a)
-        if group or key.lstrip("+").startswith(("hydra.", "hydra/")) or o.is_add() \
-                or o.is_delete():
-            continue  # (groups composed above; Hydra's own node is not in the run's config)
-        for v in values[1:]:
-            try:
-                OmegaConf.update(cfg, key.lstrip("+"), parser.parse_override(v).value(),
-                                 merge=True)
-            except Exception as e:  # noqa: BLE001 - (OmegaConf's errors have several types)
-                return _composition_message(e, [v], given, (a, v), {})
-    return None
-
-
-def _is_group(key: str) -> bool:
-    """Whether the override key ``key`` selects a config group option (``policy``,
-    ``hydra/launcher``) rather than setting a value."""
-    key = key.lstrip("+~")
-    return "/" in key or "@" in key or (CONF_DIR / key).is_dir()
-
-
-def _composition_message(e: Exception, overrides: list[str], given: dict,
-                         swept: tuple[str, str] | None, sweep_of: dict) -> str:
-    """:func:`composition_error`'s line for the composition error ``e`` of ``overrides``
-    (``given``: key -> (argument as given, its first value's override); ``swept``: the sweep's
-    argument and the value's override that failed, or None; ``sweep_of``: key -> (sweep
-    argument, its first value's override) of the sweeps at their first value)."""
-    import difflib
-    import typing
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
-
-    from policies import POLICY_CONFIGS
-    from policies.registry import not_read_error
-
-    def arg_of(key: str) -> tuple[str, str | None]:
-        """(the argument that set ``key``, the sweep's value that failed, or None outside a
-        sweep)."""
-        failed = swept
-        if failed is None or failed[1].split("=", 1)[0].lstrip("+~") != key:
-            failed = next((v for k, v in sweep_of.items() if k.lstrip("+~") == key), None)
-        if failed is not None and failed[1].split("=", 1)[0].lstrip("+~") == key:
-            return failed[0], str(OverridesParser.create().parse_override(failed[1]).value())
-        for k, (a, _) in given.items():
-            if k.lstrip("+~") == key:
-                return a, None
-        return next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key), None
-
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file:
-        for o in overrides:  # (the group override whose option is the missing config)
-            group, _, option = o.partition("=")
-            group = group.lstrip("+~")
-            if f"{group}/{option}" == str(e.missing_cfg_file):
-                a, _ = arg_of(group)
-                options = sorted({q.stem for q in (CONF_DIR / group).glob("*.yaml")}
-                                 | set(e.options or []))
-                close = difflib.get_close_matches(option, options, n=1)
-                hint = f"did you mean {group}={close[0]}? " if close else ""
-                return (f"{a}: no option {option!r} in config group '{group}'; {hint}"
-                        f"(options: {', '.join(options)})")
-    cause = e if isinstance(e, (ConfigKeyError, ConfigAttributeError, ValidationError)) \
-        else e.__cause__
-    key = str(getattr(cause, "full_key", "") or "")
-    owner = getattr(cause, "object_type", None)
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
-        where, _, part = key.rpartition(".")
-        a, _ = arg_of(key)
-        policy = next((n for n, c in POLICY_CONFIGS.items() if c is owner), None)
-        if where == "policy" and policy is not None:
-            return f"{a}: {not_read_error(policy, part)}"
-        fields = list(typing.get_type_hints(owner)) if dataclasses.is_dataclass(owner) else []
-        close = difflib.get_close_matches(part, fields, n=1)
-        hint = f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
-        return (f"unknown config key '{key}': {where or 'the config'} has no field '{part}'"
-                f"{hint} (kvsim --cfg job prints every key)")
-    if isinstance(cause, ValidationError) and key:
-        a, value = arg_of(key)
-        leaf = key.rpartition(".")[2]
-        t = typing.get_type_hints(owner).get(leaf) if dataclasses.is_dataclass(owner) else None
-        if typing.get_origin(t) is typing.Union:  # Optional[X]
-            t = next((x for x in typing.get_args(t) if x is not type(None)), t)
-        want = {int: "an integer", float: "a number", bool: "true or false"}.get(t) or \
-            ("a list, [a, b]" if typing.get_origin(t) in (list, typing.List) else None)
-        if want is None:
-            want = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        if value is not None:
-            return f"{a}: the sweep's value {value}: expected {want}"
-        return f"{a}: expected {want}"
-    why = " ".join(str(e).split()) or type(e).__name__
-    if cause is not None and str(cause).strip():
-        why += f" ({str(cause).strip().splitlines()[0]})"
-    return f"{' '.join(overrides)}: Hydra cannot compose the config: {why}"
 
 
 def unresolvable_interpolation(cfg: DictConfig, overrides: list[str]) -> str | None:
@@ -1194,12 +1156,61 @@ def _sweep_problem(arg: str, o, single: bool, basic_sweeper: bool = True) -> str
     return None
 
 
+def _sweep_values(arg: str) -> list | None:
+    """The values of a comma-separated sweep override (``seed=1,2,3``) or of a ``range(...)``
+    sweep (its first 1,000), or None when ``arg`` is neither (a single value, ``glob(...)``, a
+    list, or not parsable)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    try:
+        o = OverridesParser.create().parse_override(arg)
+        v = o.value()
+    except Exception:  # noqa: BLE001 - (unparsable_override reports those)
+        return None
+    if isinstance(v, RangeSweep):  # (_sweep_problem reports step 0)
+        try:
+            return _range_values(o, 1000)
+        except ValueError:
+            return None
+    return list(v.list) if isinstance(v, ChoiceSweep) else None
+
+
 def _range_values(o, limit: int) -> list:
     """The first ``limit`` values of the parsed ``range(...)`` override ``o``, as Hydra's
     sweeper lists them (ValueError for step 0)."""
     import itertools
 
     return list(itertools.islice(o.sweep_iterator(), limit))
+
+
+def _scalar_error(key: str, value: str, t) -> str | None:
+    """The error for a plain value that cannot become the int / float / bool field ``key`` of
+    type ``t`` (Optional allowed), or None. Sweeps, interpolations, Hydra functions, lists and
+    ``null`` are left to Hydra."""
+    import re
+    import typing
+
+    if typing.get_origin(t) is typing.Union:
+        t = next((a for a in typing.get_args(t) if a is not type(None)), t)
+    v = value.strip()
+    if t not in (int, float, bool) or not v or v.lower() == "null" or \
+            any(c in v for c in ",${}[]()'\"") or v.startswith(("choice", "range", "interval")):
+        return None
+    if t is bool:
+        ok = v.lower() in ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
+        want = "true or false"  # (OmegaConf also takes yes/no, on/off, 1/0)
+    elif t is int:
+        ok = re.fullmatch(r"[+-]?[0-9][0-9_]*", v) is not None
+        want = "an integer"
+    else:
+        try:
+            float(v.replace("_", ""))
+            ok = True
+        except ValueError:
+            ok = False
+        want = "a number"
+    return None if ok else f"{key}={value}: expected {want}"
 
 
 def main() -> None:
@@ -1231,10 +1242,11 @@ def main() -> None:
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     args = command_line_overrides(argv)
+    # (unknown_group_option reads the options too: with another config folder it checks nothing)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
-        duplicate_override_key(args) or missing_launcher_plugin(args) or \
-        composition_error(argv, args, sweep) or \
-        (missing_cluster(args) if sweep and not info else None)
+        duplicate_override_key(args) or \
+        (unknown_group_option(argv) if args else None) or unknown_override_key(args) or \
+        missing_launcher_plugin(args) or (missing_cluster(args) if sweep and not info else None)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)

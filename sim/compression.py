@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies import (CompactionConfig, ModelShape, PagedLayout, make_compactor, make_importance,
-                      make_policy, policy_config, score_slots)
+from policies import (CompactionConfig, ModelShape, PagedLayout, PolicyConfig, make_compactor,
+                      make_importance, make_policy, score_slots)
 
 from .errors import ConfigError
 from .hardware import kv_bytes_per_token
@@ -60,15 +60,13 @@ class Compression:
     def __init__(self, policy_cfg, compaction_cfg, model, cache, cost, hbm_Bps: float, seed: int,
                  calibration=None):
         try:
-            pc = policy_config(policy_cfg)
+            pc = _plain(policy_cfg, PolicyConfig)
             cc = _plain(compaction_cfg, CompactionConfig)
             # the random policy and the importance model draw from policy.seed + the run seed
-            if hasattr(pc, "seed"):
-                pc.seed = int(pc.seed) + int(seed)
+            pc.seed = int(pc.seed) + int(seed)
             self.policy = make_policy(pc)
             self.compactor = make_compactor(cc)
-            # (only a policy that ranks by scores reads the importance options)
-            self.importance = make_importance(pc) if self.policy.uses_scores else None
+            self.importance = make_importance(pc)
             self.groups = self.policy.num_groups(int(model.num_kv_heads), int(model.num_layers))
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"policy/compaction config: {e}") from None

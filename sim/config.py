@@ -17,7 +17,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from policies import POLICY_CONFIGS, CompactionConfig, PolicyConfig
+from policies import CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
 from .folders import blocking_file, foreign_folder, uncreatable_folder
@@ -295,7 +295,6 @@ class KvsimConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     tiers: TiersConfig = field(default_factory=TiersConfig)
     codec: CodecConfig = field(default_factory=CodecConfig)
-    # typed by the chosen policy's own config class (its preset's schema, POLICY_SCHEMA_GROUP)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -305,7 +304,6 @@ class KvsimConfig:
 
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"  # the Hydra configs
-POLICY_SCHEMA_GROUP = "policy_schema"  # ConfigStore group of the policies' config classes
 REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.dir that is a file
 
 
@@ -343,11 +341,6 @@ def register_configs() -> None:
     # against their dataclass without being listed as selectable options themselves
     cs = ConfigStore.instance()
     cs.store(name="kvsim_schema", node=KvsimConfig)
-    # each policy's config class, which its preset (experiments/conf/policy/<name>.yaml) takes
-    # as its schema (defaults: /policy_schema/<name>@_here_): an option the policy does not
-    # read is then Hydra's error
-    for name, config in POLICY_CONFIGS.items():
-        cs.store(group=POLICY_SCHEMA_GROUP, name=name, node=config)
     if not OmegaConf.has_resolver("kvsim_run_dir"):
         # hydra.run.dir is output.dir when that is set (Hydra's log file then sits beside the
         # results, and no outputs/<date>/<time>/ folder is created), else its default

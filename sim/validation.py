@@ -248,13 +248,15 @@ def _check_tiers(cfg) -> None:
 
 
 def _check_policy(cfg) -> None:
-    from policies import CompactionConfig, make_policy
+    from policies import CompactionConfig, ImportanceParams, PolicyConfig
+    from policies.registry import make_policy
     from policies.config import validate_compaction_config
 
-    cc = _to_dataclass(cfg.compaction, CompactionConfig)
+    pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
+    cc = _to_dataclass(cfg.compaction, CompactionConfig, None)
     try:
         # validates the policy config; the model shape binds the grouping and Quest's dense layers
-        make_policy(cfg.policy).num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
+        make_policy(pc).num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
     except ValueError as e:
         raise ConfigError(f"policy config (policy.*): {e}") from None
     try:
@@ -263,13 +265,18 @@ def _check_policy(cfg) -> None:
         raise ConfigError(f"compaction config (compaction.*): {e}") from None
 
 
-def _to_dataclass(node, cls):
+def _to_dataclass(node, cls, importance_cls):
     if isinstance(node, cls):
         return node
     from omegaconf import DictConfig, OmegaConf
 
     obj = OmegaConf.to_object(node) if isinstance(node, DictConfig) else dict(node)
-    return obj if isinstance(obj, cls) else cls(**dict(obj))
+    if isinstance(obj, cls):
+        return obj
+    obj = dict(obj)
+    if importance_cls is not None and isinstance(obj.get("importance"), dict):
+        obj["importance"] = importance_cls(**obj["importance"])
+    return cls(**obj)
 
 
 def _check_sim_output(cfg) -> None:
@@ -302,13 +309,9 @@ def _check_known_keys(cfg) -> None:
     structured config, and a misspelt added key would otherwise be ignored silently."""
     import dataclasses
 
-    from omegaconf import DictConfig, OmegaConf
-
     from .config import KvsimConfig
 
     def walk(node, schema, where):
-        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)):
-            schema = OmegaConf.get_type(node)  # (the policy node: the chosen policy's config)
         if not dataclasses.is_dataclass(schema) or not hasattr(node, "keys"):
             return
         fields = {f.name: f for f in dataclasses.fields(schema)}
@@ -373,7 +376,8 @@ def validate_workload(cfg, workload) -> None:
     count and the first missing request)."""
     import numpy as np
 
-    from policies import POLICIES, policy_config
+    from policies import ImportanceParams, PolicyConfig
+    from policies.registry import POLICIES
     from traces import TraceError
 
     from .keys import first_repeated_id
@@ -413,18 +417,15 @@ def validate_workload(cfg, workload) -> None:
             field="prefix ids", found=f"id {rid} twice",
             expected="prefix-chained ids: each names a distinct prefix, so no id appears twice in "
                      "one request")
-    try:
-        pc = policy_config(cfg.policy)
-    except ValueError:
-        return  # (validate_config names the problem)
-    if pc.name == "full" or len(workload) == 0:
+    pc = _to_dataclass(cfg.policy, PolicyConfig, ImportanceParams)
+    if pc.name not in POLICIES or pc.name == "full" or len(workload) == 0:
         return
     inp = np.asarray(workload.input_tokens)
     out = np.asarray(workload.output_tokens)
     ok = (inp + out) <= int(cfg.model.max_model_len)
     if not ok.any():
         return
-    if POLICIES[pc.name](pc).uses_scores and pc.importance_source == "recorded":
+    if pc.importance_source == "recorded" and POLICIES[pc.name](pc).uses_scores:
         import pyarrow.parquet as pq
 
         try:  # (only the ids: the whole file is read, and checked, when the model is built)

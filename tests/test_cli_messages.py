@@ -107,38 +107,36 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
     assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])
 
 
-def test_an_option_the_policy_does_not_read_is_one_error_line(tmp_path):
-    """An option the chosen policy does not read (policy.budget under streaming_llm, whose
-    limit is sink_tokens + recent_window; policy.heavy_ratio under triattention; any option
-    under full) is Hydra's error, as one kvsim line naming the option, the policy, its options
-    and the policies that read it; in a sweep, for the one policy of the sweep that does not
-    read it. A run whose rounds never started names the real threshold."""
-    from sim.cli import composition_error
+def test_policy_options_the_policy_does_not_read_get_a_note(tmp_path):
+    """A policy option the run's policy does not read (policy.budget under streaming_llm, whose
+    limit is sink_tokens + recent_window; policy.heavy_ratio under triattention;
+    protect_prompt under policies that never protect the prompt) gets a note naming the
+    policies that read it; the note for a run whose rounds never started names the policy's
+    real threshold."""
+    from policies.config import PolicyConfig
+    from policies.registry import POLICIES
+    from sim.cli import POLICY_READERS, inert_override_notes
 
-    def check(*args, sweep=False):
-        return composition_error(list(args), list(args), sweep)
-
-    assert check("policy=streaming_llm", "policy.budget=100") == (
-        "policy.budget=100: policy streaming_llm does not read budget (its options: mode, "
-        "sink_tokens, recent_window, beta); budget is read by policy=ada_kv, h2o, pyramidkv, "
-        "quest, r_kv, random, snapkv, tova, triattention")
-    assert check("policy=triattention", "policy.heavy_ratio=0.3").startswith(
-        "policy.heavy_ratio=0.3: policy triattention does not read heavy_ratio (its options: ")
-    assert check("policy=h2o", "policy.heavy_ratio=0.3", "policy.budget=9") is None
-    for pol in ("streaming_llm", "snapkv", "pyramidkv", "ada_kv", "quest"):
-        assert "does not read protect_prompt" in check(f"policy={pol}", "policy.protect_prompt=true")
-    assert "policy r_kv does not read recent_window" in check(
-        "policy=r_kv", "policy.recent_window=4")
-    assert check("policy=h2o,snapkv", "policy.beta=1,2", sweep=True).startswith(
-        "policy.beta=1,2: policy snapkv does not read beta")
-    r = subprocess.run([*KVSIM, "policy=full", "policy.budget=128", f"hydra.run.dir={tmp_path / 'f'}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert r.returncode == 2 and r.stderr == (
-        "kvsim: error: policy.budget=128: policy full does not read budget (its options: none); "
-        "budget is read by policy=ada_kv, h2o, pyramidkv, quest, r_kv, random, snapkv, tova, "
-        "triattention\n"), r.stderr
-    assert not (tmp_path / "f").exists()
+    notes = inert_override_notes(["policy.budget=100", "policy.pooling_kernel=5",
+                                  "policy.sink_tokens=8", "policy.beta=64"], "mooncake",
+                                 "gpu_only", policy="streaming_llm")
+    assert [n.split(" is read by ")[0] for n in notes] == ["policy.budget", "policy.pooling_kernel"]
+    assert notes[0].endswith("this run's policy is streaming_llm: it changes nothing")
+    assert inert_override_notes(["policy.heavy_ratio=0.3"], "mooncake", "gpu_only",
+                                policy="triattention") == [
+        "policy.heavy_ratio is read by policy=h2o; this run's policy is triattention: it changes "
+        "nothing"]
+    assert inert_override_notes(["policy.heavy_ratio=0.3", "policy.budget=9"], "mooncake",
+                                "gpu_only", policy="h2o") == []
+    # streaming_llm and the snapkv family never protect the prompt
+    for pol in ("streaming_llm", "snapkv", "pyramidkv", "ada_kv"):
+        (note,) = inert_override_notes(["policy.protect_prompt=true"], "mooncake", "gpu_only",
+                                       policy=pol)
+        assert note.startswith("policy.protect_prompt is read by policy=random, h2o")
+        assert not POLICIES[pol](PolicyConfig(name=pol, protect_prompt=True)).protects_prompt
+    assert inert_override_notes(["policy.protect_prompt=false"], "mooncake", "gpu_only",
+                                policy="h2o") == []
+    assert set(n for r in POLICY_READERS.values() for n in r) <= set(POLICIES) - {"full"}
     r = subprocess.run([*KVSIM, "trace=synthetic_reasoning", "trace.num_sessions=2",
                         "policy=streaming_llm", "policy.sink_tokens=100000", "sim.progress=false",
                         "output.print_summary=false", f"output.dir={tmp_path / 'o'}",
@@ -187,18 +185,18 @@ def test_inert_overrides_get_a_note():
     assert inert_override_notes(["trace.cache=false"], "weka", "gpu_only") == []
 
 
-def test_inert_compaction_and_codec_options_get_a_note():
-    """Second break-it pass: a compaction and its options with policy=full, hole-filling
-    options under another compaction, compaction.pin_prompt (the engine pins what the policy
-    protects) and codec options with codec=identity changed nothing without a word."""
+def test_inert_policy_compaction_and_codec_options_get_a_note():
+    """Policy and compaction options with policy=full, hole-filling options under another
+    compaction, compaction.pin_prompt (the engine pins what the policy protects) and codec
+    options with codec=identity each get a note saying they change nothing."""
     from sim.cli import inert_override_notes
 
-    notes = inert_override_notes(["compaction.pin_prompt=false", "compaction=forward_pack",
+    notes = inert_override_notes(["policy.budget=100", "compaction=forward_pack",
                                   "codec.keep_rope_hot=true", "policy=full"], "mooncake",
                                  "gpu_host", "analytic", "full", "forward_pack", "identity")
     assert notes == [
-        "compaction.pin_prompt applies to a compression policy's rounds; policy=full keeps every "
-        "token and runs none: it changes nothing",
+        "policy.budget applies to a compression policy's rounds; policy=full keeps every token "
+        "and runs none: it changes nothing",
         "compaction applies to a compression policy's rounds; policy=full keeps every token and "
         "runs none: it changes nothing",
         "codec.keep_rope_hot is read by the fp8 and nvfp4 codecs; this run's codec is identity "

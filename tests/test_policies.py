@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiments.seed_blocks_freed import seed_rows
-from policies import (CompactionConfig, ImportanceModel, ImportanceParams, PagedLayout, RecordedImportance,
-                      make_compactor, make_policy, policy_config, score_slots)
+from policies import (CompactionConfig, ImportanceModel, ImportanceParams, PagedLayout, PolicyConfig,
+                      RecordedImportance, make_compactor, make_policy, score_slots)
 from policies.eviction import ModelShape, RequestState
 
 B = 16
@@ -221,7 +221,7 @@ def run_decode(policy, prompt, steps):
 
 
 def test_triattention_cadence_and_keep():
-    pol = make_policy(policy_config("triattention", budget=64, beta=16))
+    pol = make_policy(PolicyConfig(name="triattention", budget=64, beta=16))
     fired = run_decode(pol, prompt=40, steps=200)
     assert fired[0] == 40 + 80  # first multiple of beta > budget; sequence exceeds prompt + budget
     assert fired[0] > 40 + 64 and np.all(np.diff(fired) == 16)
@@ -244,16 +244,16 @@ def test_triattention_cadence_and_keep():
 
 
 def test_triattention_per_head_mode_groups():
-    pol = make_policy(policy_config("triattention", budget=32, beta=16, mode="per_head"))
+    pol = make_policy(PolicyConfig(name="triattention", budget=32, beta=16, mode="per_head"))
     assert pol.num_groups(8, 36) == 8
     lay = filled(100, 8, 20)
     keep = pol.select(lay, score_slots(ImportanceModel(ImportanceParams(head_correlation=0.0)), lay), 100, 80)
     assert keep.sum(axis=1).tolist() == [52] * 8
-    assert make_policy(policy_config("triattention", mode="per_layer_per_head")).num_groups(8, 36) == 288
+    assert make_policy(PolicyConfig(name="triattention", mode="per_layer_per_head")).num_groups(8, 36) == 288
 
 
 def test_streaming_llm_keeps_sinks_and_window():
-    pol = make_policy(policy_config("streaming_llm", sink_tokens=4, recent_window=28, beta=1))
+    pol = make_policy(PolicyConfig(name="streaming_llm", sink_tokens=4, recent_window=28, beta=1))
     lay = filled(100)
     keep = pol.select(lay, None, 100, 0)
     kept = lay.slot_pos[keep]
@@ -264,18 +264,18 @@ def test_streaming_llm_keeps_sinks_and_window():
 
 
 def test_h2o_budget_and_recent():
-    pol = make_policy(policy_config("h2o", budget=40, beta=1, protect_prompt=False))
+    pol = make_policy(PolicyConfig(name="h2o", budget=40, beta=1, protect_prompt=False))
     lay = filled(100)
     keep = pol.select(lay, score_slots(ImportanceModel(seed=3), lay), 100, 60)
     assert keep.sum() == 40
     assert keep[0, 80:100].all()  # 20 most recent (heavy_ratio 0.5)
     assert pol.needs_attention_scores and pol.scoring_when == "step"
     with pytest.raises(ValueError, match="below the protected prompt"):
-        make_policy(policy_config("h2o", budget=40, protect_prompt=True)).new_state(0, 100)
+        make_policy(PolicyConfig(name="h2o", budget=40, protect_prompt=True)).new_state(0, 100)
 
 
 def test_tova_drops_lowest():
-    pol = make_policy(policy_config("tova", budget=10, beta=1, protect_prompt=False, mode="union"))
+    pol = make_policy(PolicyConfig(name="tova", budget=10, beta=1, protect_prompt=False, mode="union"))
     lay = filled(11)
     sc = np.arange(1, lay.allocated_slots + 1, dtype=np.float32)[None, :]
     sc[0, 5] = 0.0
@@ -284,7 +284,7 @@ def test_tova_drops_lowest():
 
 
 def test_snapkv_fires_once_and_compresses_prompt():
-    pol = make_policy(policy_config("snapkv", budget=64, observation_window=8, pooling_kernel=7))
+    pol = make_policy(PolicyConfig(name="snapkv", budget=64, observation_window=8, pooling_kernel=7))
     assert pol.mode == "per_head" and pol.num_groups(4, 2) == 4
     assert run_decode(pol, prompt=300, steps=500) == [300]
     assert run_decode(pol, prompt=50, steps=500) == []  # prompt within budget: never
@@ -298,7 +298,7 @@ def test_snapkv_fires_once_and_compresses_prompt():
 
 
 def test_pyramidkv_layer_budgets_decrease():
-    pol = make_policy(policy_config("pyramidkv", budget=256, observation_window=8))
+    pol = make_policy(PolicyConfig(name="pyramidkv", budget=256, observation_window=8))
     H = pol.num_groups(2, 4)
     kb = pol.layer_budgets(4)
     assert np.all(np.diff(kb) < 0) and abs(kb.mean() - 256) <= 1 and kb[-1] == round(256 / 20)
@@ -306,11 +306,11 @@ def test_pyramidkv_layer_budgets_decrease():
     keep = pol.select(lay, score_slots(ImportanceModel(seed=0), lay), 1000, 0)
     assert keep.sum(axis=1).tolist() == np.repeat(kb, 2).tolist()
     with pytest.raises(ValueError, match="mode"):
-        make_policy(policy_config("pyramidkv", mode="union"))
+        make_policy(PolicyConfig(name="pyramidkv", mode="union"))
 
 
 def test_ada_kv_layer_total_and_floor():
-    pol = make_policy(policy_config("ada_kv", budget=100, observation_window=10, ada_floor=0.2))
+    pol = make_policy(PolicyConfig(name="ada_kv", budget=100, observation_window=10, ada_floor=0.2))
     H = pol.num_groups(4, 2)
     lay = filled(1000, H, 1000)
     imp = ImportanceModel(ImportanceParams(head_correlation=0.2, sigma_spread=0.8), seed=1)
@@ -321,7 +321,7 @@ def test_ada_kv_layer_total_and_floor():
 
 
 def test_r_kv_budget():
-    pol = make_policy(policy_config("r_kv", budget=64, beta=32, observation_window=8))
+    pol = make_policy(PolicyConfig(name="r_kv", budget=64, beta=32, observation_window=8))
     lay = filled(300, 1, 50)
     keep = pol.select(lay, score_slots(ImportanceModel(seed=0), lay), 300, 250)
     pos = lay.slot_pos[0]
@@ -330,7 +330,7 @@ def test_r_kv_budget():
 
 
 def test_random_seeded_and_budget():
-    cfg = policy_config("random", budget=100, seed=7, mode="per_head")
+    cfg = PolicyConfig(name="random", budget=100, seed=7, mode="per_head")
     pol = make_policy(cfg)
     lay = filled(500, 3, 20)
     a, b = pol.select(lay, None, 500, 5), pol.select(lay, None, 500, 5)
@@ -339,7 +339,7 @@ def test_random_seeded_and_budget():
 
 
 def test_quest_frees_nothing_reads_fraction():
-    pol = make_policy(policy_config("quest", budget=256))
+    pol = make_policy(PolicyConfig(name="quest", budget=256))
     assert not pol.frees_memory and run_decode(pol, 100, 1000) == []
     lay = filled(4000)
     keep = pol.select(lay, None, 4000, 0)
@@ -372,18 +372,18 @@ def test_quest_pages_are_the_pools_blocks(tmp_path, monkeypatch, block_size):
 
 
 def test_full_never_fires():
-    pol = make_policy(policy_config("full"))
+    pol = make_policy(PolicyConfig(name="full"))
     assert run_decode(pol, 100, 5000) == [] and pol.next_round_at(pol.new_state(0, 100)) is None
 
 
 # ------------------------------------------------------------------------- config validation
 def test_config_validation_messages():
     with pytest.raises(ValueError, match="valid: .*triattention"):
-        make_policy(policy_config("nope"))
+        make_policy(PolicyConfig(name="nope"))
     with pytest.raises(ValueError, match="beta"):
-        make_policy(policy_config("triattention", beta=0))
+        make_policy(PolicyConfig(name="triattention", beta=0))
     with pytest.raises(ValueError, match="unknown mode 'weird'"):
-        make_policy(policy_config("triattention", mode="weird"))
+        make_policy(PolicyConfig(name="triattention", mode="weird"))
     with pytest.raises(ValueError, match="valid: none, forward_pack, hole_fill"):
         make_compactor(CompactionConfig(name="squash"))
     with pytest.raises(ValueError, match="head_correlation"):
@@ -392,10 +392,10 @@ def test_config_validation_messages():
     # recent_window its docstring said it kept
     for bad in (-1, 2 ** 32, 1.5):
         with pytest.raises(ValueError, match=r"policy random: seed must be an integer in \[0, 2\*\*32\)"):
-            make_policy(policy_config("random", seed=bad))
-    make_policy(policy_config("random", seed=2 ** 32 - 1))
-    with pytest.raises(ValueError, match="policy r_kv does not read recent_window .* its observation_window"):
-        make_policy(policy_config("r_kv", recent_window=100))
+            make_policy(PolicyConfig(name="random", seed=bad))
+    make_policy(PolicyConfig(name="random", seed=2 ** 32 - 1))
+    with pytest.raises(ValueError, match="recent_window=100 is not read by r_kv"):
+        make_policy(PolicyConfig(name="r_kv", recent_window=100))
 
 
 # ------------------------------------------------------------------------- importance model
@@ -432,7 +432,7 @@ def test_importance_locality_effect():
     def freed(L):
         imp = ImportanceModel(ImportanceParams(correlation_length=L, recency_boost=0, sink_tokens=0), seed=0)
         lay = filled(16000)
-        pol = make_policy(policy_config("triattention", budget=1600, protect_prompt=False))
+        pol = make_policy(PolicyConfig(name="triattention", budget=1600, protect_prompt=False))
         keep = pol.select(lay, score_slots(imp, lay), 16000, 0)
         return make_compactor("none").apply(lay, keep).blocks_freed
     assert freed(256) > freed(1) + 300
@@ -508,11 +508,11 @@ def test_score_slots_from_pos_leaves_unread_slots_unscored():
     part = score_slots(ImportanceModel(seed=1), lay, step=300, from_pos=700)
     hi = lay.slot_pos >= 700
     assert np.array_equal(part[hi], full[hi]) and np.isneginf(part[~hi]).all()
-    pol = make_policy(policy_config("triattention", budget=1000, protect_prompt=True))
+    pol = make_policy(PolicyConfig(name="triattention", budget=1000, protect_prompt=True))
     assert pol.scores_from(lay) == 700 and pol.uses_scores
     assert np.array_equal(pol.select(lay, part, 3000, 300), pol.select(lay, full, 3000, 300))
-    assert make_policy(policy_config("triattention", protect_prompt=False)).scores_from(lay) == 0
-    assert not make_policy(policy_config("streaming_llm")).uses_scores
+    assert make_policy(PolicyConfig(name="triattention", protect_prompt=False)).scores_from(lay) == 0
+    assert not make_policy(PolicyConfig(name="streaming_llm")).uses_scores
 
 
 @pytest.mark.parametrize("from_pos", [0, 2, 150])
