@@ -456,6 +456,32 @@ def test_openai_log_missing_fields_and_skip(tmp_path):
     assert len(w) == 1 and w.skipped["count"] == 1
 
 
+DEEPSEEK_SAMPLE = REPO / "traces" / "data" / "deepseek_mini_swe_agent_sample.jsonl.xz"
+
+
+def test_bundled_deepseek_openai_log_sample():
+    """The bundled OpenAI-style log (traces/data/NOTICE.md): 23 real mini-SWE-agent sessions
+    against the DeepSeek API, 1,843 calls, one chain each, and the provider's totals as
+    recorded."""
+    w = oa(DEEPSEEK_SAMPLE)
+    n = w.notes
+    assert (len(w), w.num_sessions, n["chains"], n["cached_tokens_reported"]) == (1843, 23, 23, 1843)
+    assert (n["overlapping_calls"], n["prompts_not_extending"]) == (0, 0) and not w.warnings
+    assert int(w.input_tokens.sum()) == 39_000_961 and int(w.output_tokens.sum()) == 376_068
+    assert int(w.extra["provider_cached_tokens"].sum()) == 37_700_352
+
+
+def test_bundled_deepseek_sample_is_within_3_percent_of_the_provider(tmp_path):
+    """kvsim's total prefix hits on the bundled DeepSeek log against the provider's recorded
+    cached_tokens (docs/AGENT_TRACES.md has the per-session numbers and why they differ)."""
+    s, req = _run(tmp_path, ["trace=openai_log", f"trace.path={DEEPSEEK_SAMPLE}"])
+    pc = s["provider_cache"]
+    assert pc["requests_compared"] == 1843 and pc["provider_cached_tokens"] == 37_700_352
+    assert abs(pc["difference_pct"]) < 3.0
+    assert pc["by_call_kind"]["chain_start"]["kvsim_hit_tokens"] == 0
+    assert pc["per_session_left_out"] == 0 and len(pc["per_session"]) == 23
+
+
 # ---------------------------------------------------------------- Weka: block sizes, absolute starts
 def weka_session(sid, bs, reqs, **kw):
     return {"id": sid, "block_size": bs, "hash_id_scope": "local", "system_tokens": 0,
