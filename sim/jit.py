@@ -145,6 +145,35 @@ class _CheckedFunctionCache(FunctionCache):
                               f"are not kept for the next run")
 
 
+class _DependentFunctionCache(_CheckedFunctionCache):
+    """:class:`_CheckedFunctionCache` whose source stamp is the kernel's file's together with
+    those of :attr:`_depends` (file paths; (modification time, size) each, as numba stamps a
+    file): the kernel's cached code is used only while none of them changed."""
+
+    _depends: tuple = ()
+
+    def __init__(self, py_func):
+        super().__init__(py_func)
+        stamp = (self._impl.locator.get_source_stamp(),
+                 tuple((os.stat(f).st_mtime, os.stat(f).st_size) for f in self._depends))
+        self._cache_file = _CheckedCacheFile(self._cache_path, self._impl.filename_base, stamp)
+
+
+def _dependent_cache(files) -> type:
+    """A :class:`_DependentFunctionCache` class for the kernel files ``files``."""
+    return type("_DependentFunctionCache", (_DependentFunctionCache,), {"_depends": tuple(files)})
+
+
+def inline(fn):
+    """Decorator for a helper of kernels: ``numba.njit(inline="always")``, compiled into each
+    kernel that calls it (no signature, no cache of its own; a kernel in another module lists
+    the helper's module in ``kernel(..., depends=...)``); the plain function under
+    ``NUMBA_DISABLE_JIT=1``."""
+    if numba.config.DISABLE_JIT:
+        return fn
+    return numba.njit(inline="always")(fn)
+
+
 def _note_first_compile(fn) -> None:
     """Before the first kernel compiles: when numba's cache has no index for it (a fresh
     install, or an emptied ``NUMBA_CACHE_DIR``), say on stderr that compiling takes a while, so
@@ -162,13 +191,18 @@ def _note_first_compile(fn) -> None:
               "~20 s more; numba caches them for the next runs)", file=sys.stderr, flush=True)
 
 
-def kernel(signature):
+def kernel(signature, depends=()):
     """Decorator: ``numba.njit(signature, cache=True, nogil=True)`` (``signature``: a numba
     signature string or object, or a list of them) with numba's cache in checked files
     (:class:`_CheckedFunctionCache`), without ``cache`` where numba finds no writable cache
     location (it raises RuntimeError "cannot cache function"); under ``NUMBA_DISABLE_JIT=1``
     the Python function itself (numpy's overflow warnings off: integers wrap around in the
-    compiled kernel too)."""
+    compiled kernel too).
+
+    ``depends``: the other modules whose :func:`inline` helpers the kernel calls. numba stamps a
+    cached kernel with its own file only, so a changed helper in another file would leave the
+    old machine code in use; with ``depends`` the stamp also holds those modules' files
+    (:class:`_DependentFunctionCache`), and a change to any of them compiles the kernel again."""
 
     def wrap(fn):
         if numba.config.DISABLE_JIT:
@@ -189,7 +223,8 @@ def kernel(signature):
         # (numba's Dispatcher.enable_caching makes dispatcher.FunctionCache: kvsim's checked
         # cache for kvsim's kernels, numba's own for anything else)
         numbas = dispatcher.FunctionCache
-        dispatcher.FunctionCache = _CheckedFunctionCache
+        dispatcher.FunctionCache = (_CheckedFunctionCache if not depends else
+                                    _dependent_cache([m.__file__ for m in depends]))
         try:
             return numba.njit(signature, cache=True, nogil=True)(fn)
         except RuntimeError as e:  # (numba: "cannot cache function ...": no writable place)
@@ -245,4 +280,4 @@ def prefetch(typingctx, arr, idx):
 if numba.config.DISABLE_JIT:  # (an intrinsic cannot be called from Python)
     prefetch = _prefetch_python  # noqa: F811
 
-__all__ = ["kernel", "prefetch", "PREFETCH_AHEAD"]
+__all__ = ["kernel", "inline", "prefetch", "PREFETCH_AHEAD"]
