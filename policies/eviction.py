@@ -34,9 +34,12 @@ from typing import Optional
 
 import numpy as np
 
-from sim.jit import kernel
+from sim.jit import inline, kernel
 
+from . import importance
 from .config import MODES, PolicyConfig
+from .importance import (lattice_stream_at, log_score_at, log_score_from_streams,
+                         log_scores_at, recency_at)
 
 
 @dataclass
@@ -172,6 +175,733 @@ def recent_mask(pos: np.ndarray, cand: np.ndarray, k) -> np.ndarray:
     return topk_mask(pos.astype(np.float64), cand, k)
 
 
+# rules of the compiled score-ranking round (_score_topk_round): which candidates a group's
+# recent window takes and how many of the rest the scores rank in
+RULE_TOP = 0      # TOVA: the top (budget - protected) by score
+RULE_RECENT = 1   # TriAttention: min(recent_window, budget) recent, then the top budget - that
+RULE_H2O = 2      # H2O: min(n_recent, budget - protected) recent, the rest by score x age
+
+#: bound on |log(exact key) - key the compiled round ranks by| (log domain): a float32 score's
+#: rounding is below 2**-24 relative (6e-8), numpy's exp and log a few ulps
+KEY_EPS = 1e-6
+
+
+@kernel("i8(i4[:, :], i8[:], f8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], "
+        "f8[:], i8, b1[:, :], i8[:, :], f8[:])", depends=(importance,))
+def _score_topk_round(slot_pos, prm, logm, ip_i, ip_f, static, drift, consts, sig, lm, sink,
+                      seq_len, keep, pend, pend_v):  # pragma: no cover (compiled)
+    """The keep mask of a score-ranking round (TOVA, TriAttention, H2O ``select``) from the
+    clipped log-scores of an importance model (:class:`policies.importance.LogScoreTerms`'
+    fields), computed only for the candidates the scores rank.
+
+    ``prm`` = (rule, budget, protect, prompt_len, recent, n_tokens); ``logm[m] = log(m)`` for
+    every age weight ``m = max(n_tokens - p, 1)`` (H2O). Per group: live slots below
+    ``prompt_len`` are kept when ``protect`` (the protected prompt), the rest are candidates;
+    the rule's recent window takes the candidates with the largest positions; the top ``k``
+    of the others by score (f32(exp(v))) or H2O's score x age are kept, ties to the lowest
+    slots, as :func:`topk_mask`. The ranking is by ``v`` (or ``v + log m``), within
+    :data:`KEY_EPS` of the log of the exact key: candidates more than ``2 KEY_EPS`` above the
+    k-th largest are kept, those more than that below dropped, and when the band between holds
+    more candidates than places left, its candidates go to ``pend`` (group, slot, places
+    left, m) and ``pend_v`` (their v) for the caller to rank by their exact keys. Returns the
+    band candidates written, or -1 when ``pend`` cannot hold them (``keep`` is then partly
+    written)."""
+    rule = prm[0]
+    budget = prm[1]
+    protect = prm[2] != 0
+    P = prm[3]
+    rcfg = prm[4]
+    n_tokens = prm[5]
+    H, S = slot_pos.shape
+    cj = np.empty(S, dtype=np.int64)
+    cp = np.empty(S, dtype=np.int64)
+    key = np.empty(S, dtype=np.float64)
+    vv = np.empty(S, dtype=np.float64)
+    n_pend = 0
+    for g in range(H):
+        n = 0
+        nprot = 0
+        for j in range(S):
+            p = slot_pos[g, j]
+            if p < 0:
+                continue
+            if protect and p < P:
+                keep[g, j] = True
+                nprot += 1
+            else:
+                cj[n] = j
+                cp[n] = p
+                n += 1
+        if rule == RULE_TOP:
+            r = 0
+            k = budget - nprot
+        elif rule == RULE_RECENT:
+            r = min(rcfg, budget) if rcfg > 0 else 0
+            k = budget - r
+        else:
+            avail = budget - nprot
+            r = min(rcfg, max(avail, 0))
+            k = avail - r
+        if r > 0 and n > 0:
+            if r >= n:
+                for i in range(n):
+                    keep[g, cj[i]] = True
+                n = 0
+            else:  # (positions are distinct within a group: no ties)
+                thr = np.partition(cp[:n], n - r)[n - r]
+                m = 0
+                for i in range(n):
+                    if cp[i] >= thr:
+                        keep[g, cj[i]] = True
+                    else:
+                        cj[m] = cj[i]
+                        cp[m] = cp[i]
+                        m += 1
+                n = m
+        if k <= 0 or n == 0:
+            continue
+        if n <= k:
+            for i in range(n):
+                keep[g, cj[i]] = True
+            continue
+        for i in range(n):
+            v = log_score_at(g, cp[i], ip_i, ip_f, static, drift, consts, sig, lm, sink, seq_len)
+            vv[i] = v
+            if rule == RULE_H2O:
+                mm = n_tokens - cp[i]
+                key[i] = v + logm[mm if mm > 1 else 1]
+            else:
+                key[i] = v
+        thr = np.partition(key[:n], n - k)[n - k]
+        above = thr + 2.0 * KEY_EPS
+        below = thr - 2.0 * KEY_EPS
+        certain = 0
+        band = 0
+        for i in range(n):
+            if key[i] > above:
+                certain += 1
+            elif key[i] >= below:
+                band += 1
+        need = k - certain
+        if need == band:
+            for i in range(n):
+                if key[i] >= below:
+                    keep[g, cj[i]] = True
+            continue
+        if n_pend + band > pend.shape[0]:
+            return -1
+        for i in range(n):
+            if key[i] > above:
+                keep[g, cj[i]] = True
+            elif key[i] >= below:
+                mm = n_tokens - cp[i]
+                pend[n_pend, 0] = g
+                pend[n_pend, 1] = cj[i]
+                pend[n_pend, 2] = need
+                pend[n_pend, 3] = mm if mm > 1 else 1
+                pend_v[n_pend] = vv[i]
+                n_pend += 1
+    return n_pend
+
+
+_NO_LOGS = np.zeros(1, dtype=np.float64)
+
+
+def _rank_band(keep: np.ndarray, pend: np.ndarray, pend_v: np.ndarray, aged: bool) -> None:
+    """Keep, per group, the band candidates ``_score_topk_round`` left open: rows of ``pend``
+    (group, slot, places left, m) in slot order within a group, ``pend_v`` their clipped
+    log-scores. Their exact keys are the model's float32 scores ``f32(exp(v))`` (numpy's exp,
+    as :meth:`policies.importance.ImportanceModel._scores`), times ``m`` in float64 when
+    ``aged`` (H2O); the top ``places left`` by key are kept, ties to the lower slot."""
+    sc = np.exp(pend_v).astype(np.float32)
+    ex = sc.astype(np.float64) * pend[:, 3] if aged else sc
+    cut = np.flatnonzero(np.diff(pend[:, 0])) + 1
+    for a, b in zip(np.r_[0, cut], np.r_[cut, len(pend)]):
+        order = np.argsort(-ex[a:b], kind="stable")
+        keep[pend[a, 0], pend[a:b, 1][order[:pend[a, 2]]]] = True
+
+
+@kernel("i8(f8[:, :], i4[:, :], i8, i8[:], b1[:, :], i8[:, :], f8[:])")
+def _band_topk_below(key, slot_pos, cut, k, keep, pend, pend_v):  # pragma: no cover (compiled)
+    """SnapKV's keep: per group ``h``, live slots holding a position ``>= cut`` are kept, and
+    of those holding a position below it (the candidates), the top ``k[h]`` by a key known
+    within :data:`KEY_EPS` of the log of the exact one (``key``: ``float64[H, S]``; exact key
+    ``f32(exp(key))``), as :func:`topk_mask` ranks: kept where the keys decide, and where more
+    candidates lie within ``2 KEY_EPS`` of the k-th largest key than places are left, they go
+    to ``pend`` (group, slot, places left, 1) and ``pend_v`` (key) for :func:`_rank_band`.
+    Returns the band candidates written, or -1 when ``pend`` cannot hold them."""
+    H, S = key.shape
+    tmp = np.empty(S, dtype=np.float64)
+    n_pend = 0
+    for g in range(H):
+        n = 0
+        for j in range(S):
+            p = slot_pos[g, j]
+            if p >= cut:
+                keep[g, j] = True
+            elif p >= 0:
+                tmp[n] = key[g, j]
+                n += 1
+        kg = k[g]
+        if kg <= 0 or n == 0:
+            continue
+        if n <= kg:
+            for j in range(S):
+                p = slot_pos[g, j]
+                if p >= 0 and p < cut:
+                    keep[g, j] = True
+            continue
+        thr = np.partition(tmp[:n], n - kg)[n - kg]
+        above = thr + 2.0 * KEY_EPS
+        below = thr - 2.0 * KEY_EPS
+        certain = 0
+        band = 0
+        for i in range(n):
+            if tmp[i] > above:
+                certain += 1
+            elif tmp[i] >= below:
+                band += 1
+        need = kg - certain
+        if need != band and n_pend + band > pend.shape[0]:
+            return -1
+        for j in range(S):
+            p = slot_pos[g, j]
+            if p >= 0 and p < cut:
+                x = key[g, j]
+                if x > above or (need == band and x >= below):
+                    keep[g, j] = True
+                elif x >= below:
+                    pend[n_pend, 0] = g
+                    pend[n_pend, 1] = j
+                    pend[n_pend, 2] = need
+                    pend[n_pend, 3] = 1
+                    pend_v[n_pend] = x
+                    n_pend += 1
+    return n_pend
+
+
+@kernel("i8(i4[:, :], i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], f8[:], "
+        "i8, f8[:, :])", depends=(importance,))
+def _pooled_log_scores(slot_pos, P, k, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
+                       out):  # pragma: no cover (compiled)
+    """SnapKV's max pooling in the log domain: per group, the live slots holding prompt
+    positions (below ``P``) taken in slot order, each gets the largest clipped log-score
+    (the shared stream and the recency term computed once per position, each group's own
+    stream per slot, by :mod:`policies.importance`'s helpers) of the region entries ``i - k //
+    2 .. i - k // 2 + k - 1`` around it (:func:`_pool_along_positions`' window), into ``out``
+    (``-inf`` elsewhere); the exponential is monotone, so ``f32(exp(out))`` is the pooled
+    float32 score. Returns 0, or -1 (``out`` partly written) when a group's prompt positions
+    do not increase along its slots (the pooling's position order is not the slot order)."""
+    H, S = slot_pos.shape
+    half = k // 2
+    rj = np.empty(S, dtype=np.int64)
+    rp = np.empty(S, dtype=np.int64)
+    v = np.empty(S, dtype=np.float64)
+    # the shared stream and the recency term of every prompt position, once for all groups
+    top = min(P, ip_i.shape[1])
+    z0 = np.empty(top, dtype=np.float64)
+    rec = np.empty(top, dtype=np.float64)
+    for p in range(top):
+        z0[p] = lattice_stream_at(0, p, ip_i, ip_f, slat, drift, consts)
+        rec[p] = recency_at(p, lm, sink, seq_len)
+    for g in range(H):
+        n = 0
+        last = -1
+        for j in range(S):
+            out[g, j] = -np.inf
+            p = slot_pos[g, j]
+            if p >= 0 and p < P:
+                if p <= last or p >= top:
+                    return -1
+                last = p
+                rj[n] = j
+                rp[n] = p
+                n += 1
+        for i in range(n):
+            p = rp[i]
+            v[i] = log_score_from_streams(
+                g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
+                consts, sig)
+        for i in range(n):
+            lo = i - half
+            hi = lo + k - 1
+            if lo < 0:
+                lo = 0
+            if hi > n - 1:
+                hi = n - 1
+            m = v[lo]
+            for q in range(lo + 1, hi + 1):
+                if v[q] > m:
+                    m = v[q]
+            out[g, rj[i]] = m
+    return 0
+
+
+# ------------------------------------------------------------ per-step rounds kept between steps
+# A per-step policy (H2O, TOVA) evicts about one token per group a step out of about budget
+# candidates. Within one drift epoch a candidate's clipped log-score is ``clip(A + B cos th + C
+# sin th + recency)`` with constants A, B, C per candidate (its static fields and its two epochs'
+# drifting fields, weighted by the group's sigma), so over a window of steps it stays above a
+# bound computed once. A round evaluates only the candidates whose bound lies below a guard level
+# (the "danger" ones, kept first in the arrays) and is exact when the d-th smallest key among
+# them lies below the guard: every other candidate stays above it all window long.
+
+#: ``GuardedRanking.fv`` (float64): the window (first and last step, sequence length and
+#: n_tokens at its start, cos and sin of theta at its first and last step, (theta span)^2 / 8),
+#: cos and sin of the round's theta, log(sink_boost); the groups' guard levels follow
+(_WIN_STEP0, _WIN_STEP1, _WIN_SEQ0, _WIN_N0, _WIN_C0, _WIN_S0, _WIN_C1, _WIN_S1, _WIN_H2,
+ _F_C, _F_S, _F_LOGSB, _F_L) = range(13)
+#: ``_guard_round``'s ``prm`` (int64): H2O's age weight on, the round's step, sequence length
+#: and n_tokens, sink tokens, positions below this stay (shared blocks), danger candidates kept
+#: at least, new candidates' positions (from, to), constants of a new epoch to compute, drift
+#: period, window length (steps)
+(_P_AGED, _P_STEP, _P_SEQ, _P_NTOK, _P_NSINK, _P_PIN, _P_MIN_DANGER, _P_FROM, _P_TO,
+ _P_NEW_EPOCH, _P_PERIOD, _P_WINDOW) = range(12)
+#: ``GuardedRanking.fa`` rows (float64[4, H, cap]) and ``ia`` rows (int64[3, H])
+_A, _B, _C, _LO = range(4)
+_N, _ND, _K = range(3)
+
+
+@inline
+def _clip_log(x):  # pragma: no cover (compiled)
+    """``x`` clipped to the log-score's range [-80, 80]."""
+    return -80.0 if x < -80.0 else (80.0 if x > 80.0 else x)
+
+
+@inline
+def _table_at(tab, i):  # pragma: no cover (compiled)
+    """``tab[i]`` with ``i`` clamped into the table (read whatever ``i``: a branch around an
+    array read would keep numba's reference counting in the caller's loop)."""
+    return tab[min(max(i, 0), tab.shape[0] - 1)]
+
+
+@inline
+def _approx_log_key(A, Bc, Cs, p, c, s, lm, seq_len, n_sink, log_sb, logm, n_tokens,
+                    aged):  # pragma: no cover (compiled)
+    """A candidate's key in the log domain from its epoch constants: ``clip(A + B c + C s +
+    recency)``, plus ``log m`` when ``aged`` (H2O); within :data:`KEY_EPS` of the log of its
+    exact key (the sink term taken as ``lm[age] + log(sink_boost)``, equal up to rounding)."""
+    rec = _table_at(lm, seq_len - 1 - p) + (log_sb if p < n_sink else 0.0)
+    lg = _table_at(logm, n_tokens - p)
+    return _clip_log(A + Bc * c + Cs * s + rec) + (lg if aged else 0.0)
+
+
+@inline
+def _key_lower_bound(A, Bc, Cs, p, fv, lm, n_sink, logm, aged):  # pragma: no cover (compiled)
+    """A lower bound of :func:`_approx_log_key` over the window in ``fv``, less ``2
+    KEY_EPS``: ``B cos th + C sin th`` is at least its smaller end value less ``R h^2 / 8``
+    (its second derivative is at most R = sqrt(B^2 + C^2) in size; h the window's theta
+    span); the recency term falls with age (at least its value at the window's last sequence
+    length; 0, the table's limit, past the table); log m grows with n_tokens."""
+    f0 = Bc * fv[_WIN_C0] + Cs * fv[_WIN_S0]
+    f1 = Bc * fv[_WIN_C1] + Cs * fv[_WIN_S1]
+    fmin = min(f0, f1) - math.sqrt(Bc * Bc + Cs * Cs) * fv[_WIN_H2]
+    age = np.int64(fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])) - 1 - p
+    lm_end = _table_at(lm, age)
+    rec = (lm_end if age < lm.shape[0] else 0.0) + (fv[_F_LOGSB] if p < n_sink else 0.0)
+    lg = _table_at(logm, np.int64(fv[_WIN_N0]) - p)
+    return _clip_log(A + fmin + rec) + (lg if aged else 0.0) - 2.0 * KEY_EPS
+
+
+@kernel("void(i8, i8, i8[:, :], f8[:, :, :], i8[:, :], f8[:], f8[:], i8, f8[:], b1)")
+def _guard_refresh(g, m, cpos, fa, ia, fv, lm, n_sink, logm, aged):  # pragma: no cover
+    """Group ``g``'s lower bounds over the window and its guard level: the m-th smallest
+    bound (+inf when ``m`` reaches its candidates), the candidates with a bound at most the
+    guard moved first (``ia[_ND, g]`` of them)."""
+    ng = ia[_N, g]
+    lo = fa[_LO, g]
+    for i in range(ng):
+        lo[i] = _key_lower_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i], fv, lm,
+                                 n_sink, logm, aged)
+    if m >= ng:
+        fv[_F_L + g] = np.inf
+        ia[_ND, g] = ng
+        return
+    thr = np.partition(lo[:ng].copy(), m - 1)[m - 1]
+    fv[_F_L + g] = thr
+    j = 0
+    for i in range(ng):
+        if lo[i] <= thr:
+            if i != j:
+                cpos[g, i], cpos[g, j] = cpos[g, j], cpos[g, i]
+                for r in range(4):
+                    fa[r, g, i], fa[r, g, j] = fa[r, g, j], fa[r, g, i]
+            j += 1
+    ia[_ND, g] = j
+
+
+@kernel("i8(i8, i8, i8[:, :], f8[:, :, :], i8[:, :])")
+def _guard_remove(g, i, cpos, fa, ia):  # pragma: no cover (compiled)
+    """Removes group ``g``'s candidate ``i`` (a danger one: ``i < ia[_ND, g]``): the last
+    danger candidate takes its place and the last candidate that one's. Returns its
+    position."""
+    p = cpos[g, i]
+    last_d = ia[_ND, g] - 1
+    last = ia[_N, g] - 1
+    for r in range(4):
+        fa[r, g, i] = fa[r, g, last_d]
+        fa[r, g, last_d] = fa[r, g, last]
+    cpos[g, i] = cpos[g, last_d]
+    cpos[g, last_d] = cpos[g, last]
+    ia[_ND, g] = last_d
+    ia[_N, g] = last
+    return p
+
+
+@kernel("i8(i8[:, :], f8[:, :, :], i8[:, :], f8[:], i8[:], f8[:], f8[:], i8[:, :], f8[:, :], "
+        "f8[:, :], f8[:, :], f8[:], f8[:], i8[:, :], i8[:, :], i8[:])")
+def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, consts, sig, ev,
+                 pend, cnt):  # pragma: no cover (compiled)
+    """One round of a :class:`GuardedRanking` (see the section's comment): the new
+    candidates (positions ``prm[_P_FROM]..prm[_P_TO]-1``) join every group with their epoch
+    constants (every candidate's when ``prm[_P_NEW_EPOCH]``: ``A = sig_g (a static_0 + b
+    static_g)``, ``B = sig_g sd (a F_e,0 + b F_e,g)``, ``C = sig_g sd (a F_(e+1),0 + b
+    F_(e+1),g)`` from the dense terms of ``ImportanceModel.log_score_terms``); the window is
+    renewed when the round falls outside it (every group's bounds then), else the new
+    candidates get bounds and join the danger ones when below the guard; then per group the
+    ``d = n - k`` candidates with the smallest keys are evicted, as ``topk_mask`` keeps the
+    other ``k`` (ties kept at the lower position). Evicted candidates below ``prm[_P_PIN]``
+    (shared blocks) stay candidates and are not reported. Writes the evicted (group,
+    position) pairs into ``ev`` (``cnt[0]``) and, for groups whose near-ties the keys leave
+    open, rows (group, index, position, places left in the band, or -1 for a certain
+    eviction) into ``pend`` (``cnt[1]``), those groups untouched; ``cnt[2]`` and ``cnt[3]``
+    count group refreshes and keys computed. Returns 0, or -1 when ``ev`` or ``pend`` is too
+    small (the state is then to be rebuilt)."""
+    H = cpos.shape[0]
+    lo_p = prm[_P_FROM]
+    hi_p = prm[_P_TO]
+    aged = prm[_P_AGED] != 0
+    step = prm[_P_STEP]
+    seq_len = prm[_P_SEQ]
+    n_tokens = prm[_P_NTOK]
+    n_sink = prm[_P_NSINK]
+    pin = prm[_P_PIN]
+    c = fv[_F_C]
+    s = fv[_F_S]
+    log_sb = fv[_F_LOGSB]
+    # new candidates and epoch constants
+    S = static.shape[0]
+    sd = consts[2]
+    a = consts[3]
+    b = consts[4]
+    first = np.empty(H, dtype=np.int64)
+    for g in range(H):
+        m = ia[_N, g]
+        first[g] = 0 if prm[_P_NEW_EPOCH] != 0 else m
+        for p in range(lo_p, hi_p):
+            cpos[g, m] = p
+            m += 1
+        ia[_N, g] = m
+        r = g + 1
+        sg = sig[g]
+        for i in range(first[g], m):
+            p = cpos[g, i]
+            i0 = ip_i[0, p]
+            t = ip_f[0, p]
+            omt = ip_f[1, p]
+            den = ip_f[2, p]
+            fe0 = (omt * drift[0, i0] + t * drift[2 * S, i0]) / den
+            fe10 = (omt * drift[S, i0] + t * drift[3 * S, i0]) / den
+            feg = (omt * drift[r, i0] + t * drift[r + 2 * S, i0]) / den
+            fe1g = (omt * drift[r + S, i0] + t * drift[r + 3 * S, i0]) / den
+            fa[_A, g, i] = sg * (a * static[0, p] + b * static[r, p])
+            fa[_B, g, i] = sg * sd * (a * fe0 + b * feg)
+            fa[_C, g, i] = sg * sd * (a * fe10 + b * fe1g)
+    # the window of bounds
+    new_window = prm[_P_NEW_EPOCH] != 0 or not (
+        fv[_WIN_STEP0] <= step <= fv[_WIN_STEP1]
+        and fv[_WIN_SEQ0] <= seq_len <= fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])
+        and n_tokens >= fv[_WIN_N0])
+    if new_window:
+        period = prm[_P_PERIOD]
+        step1 = min(step + prm[_P_WINDOW], (step // period + 1) * period - 1)
+        th0 = 0.5 * math.pi * (step % period) / period
+        th1 = 0.5 * math.pi * (step1 % period) / period
+        fv[_WIN_STEP0] = step
+        fv[_WIN_STEP1] = step1
+        fv[_WIN_SEQ0] = seq_len
+        fv[_WIN_N0] = n_tokens
+        fv[_WIN_C0] = math.cos(th0)
+        fv[_WIN_S0] = math.sin(th0)
+        fv[_WIN_C1] = math.cos(th1)
+        fv[_WIN_S1] = math.sin(th1)
+        fv[_WIN_H2] = (th1 - th0) ** 2 / 8.0
+    key = np.empty(cpos.shape[1], dtype=np.float64)
+    idx = np.empty(cpos.shape[1], dtype=np.int64)
+    n_ev = 0
+    n_pend = 0
+    for g in range(H):
+        d = ia[_N, g] - ia[_K, g]
+        if new_window:  # (a danger set as large as the last one needed)
+            _guard_refresh(g, max(prm[_P_MIN_DANGER], 2 * d, ia[_ND, g]), cpos, fa, ia, fv, lm,
+                           n_sink, logm, aged)
+            cnt[2] += 1
+            fresh = True
+        else:
+            for i in range(first[g], ia[_N, g]):
+                bnd = _key_lower_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i], fv,
+                                       lm, n_sink, logm, aged)
+                fa[_LO, g, i] = bnd
+                if bnd <= fv[_F_L + g]:
+                    j = ia[_ND, g]
+                    if i != j:
+                        cpos[g, i], cpos[g, j] = cpos[g, j], cpos[g, i]
+                        for r in range(4):
+                            fa[r, g, i], fa[r, g, j] = fa[r, g, j], fa[r, g, i]
+                    ia[_ND, g] = j + 1
+            fresh = False
+        if d <= 0:
+            continue
+        thr = 0.0
+        ndg = 0
+        while True:
+            ndg = ia[_ND, g]
+            if ndg >= d:
+                for i in range(ndg):
+                    key[i] = _approx_log_key(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i],
+                                             c, s, lm, seq_len, n_sink, log_sb, logm, n_tokens,
+                                             aged)
+                cnt[3] += ndg
+                thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
+                if thr + 2.0 * KEY_EPS < fv[_F_L + g]:
+                    break
+            m = max(prm[_P_MIN_DANGER], 2 * d, 2 * ndg) if not fresh else max(4 * ndg, 2 * d)
+            _guard_refresh(g, m, cpos, fa, ia, fv, lm, n_sink, logm, aged)
+            cnt[2] += 1
+            fresh = True
+        above = thr + 2.0 * KEY_EPS
+        below = thr - 2.0 * KEY_EPS
+        certain = 0
+        band = 0
+        for i in range(ndg):
+            if key[i] < below:
+                certain += 1
+            elif key[i] <= above:
+                band += 1
+        need = d - certain
+        if need != band:  # near-ties the keys leave open: the caller ranks them exactly
+            if n_pend + certain + band > pend.shape[0]:
+                return -1
+            for i in range(ndg):
+                if key[i] <= above:
+                    pend[n_pend, 0] = g
+                    pend[n_pend, 1] = i
+                    pend[n_pend, 2] = cpos[g, i]
+                    pend[n_pend, 3] = -1 if key[i] < below else need
+                    n_pend += 1
+            continue
+        m = 0
+        for i in range(ndg):
+            if key[i] <= above:
+                idx[m] = i
+                m += 1
+        for q in range(m - 1, -1, -1):  # descending: each swap moves an index not yet seen
+            i = idx[q]
+            if cpos[g, i] < pin:
+                continue
+            if n_ev == ev.shape[0]:
+                return -1
+            ev[n_ev, 0] = g
+            ev[n_ev, 1] = _guard_remove(g, i, cpos, fa, ia)
+            n_ev += 1
+    cnt[0] = n_ev
+    cnt[1] = n_pend
+    return 0
+
+
+class GuardedRanking:
+    """The state a per-step score-ranking policy (:data:`RULE_TOP`, :data:`RULE_H2O`) keeps for
+    one request between rounds, for the generative model's fused path on an order-preserving
+    layout whose tokens never move (``none`` compactor): per group, its candidates' positions,
+    epoch constants and window bounds (see the section's comment). A round gives the positions
+    ``select`` would drop, from work on the danger candidates only.
+
+    Build it with :meth:`build` at a round; each :meth:`round` must then see every token
+    appended since as the layout's tokens and the layout must drop the evictions it returns:
+    nothing else may change the layout in between.
+
+    Attributes: ``cpos`` (``int64[H, cap]``: candidate positions), ``fa`` (``float64[4, H,
+    cap]``: their constants A, B, C and bounds), ``ia`` (``int64[3, H]``: candidates, danger
+    candidates, candidates kept), ``fv`` (window and guard levels), ``start`` (lowest candidate
+    position: the prompt's end when protected), ``floor`` (positions from it on are not
+    candidates yet: H2O's recent window, or not placed), ``recent`` (H2O's window, 0 for
+    TOVA), ``epoch`` of the constants."""
+
+    #: steps one window of bounds covers (they widen with it: ~0.005 a step in the log)
+    WINDOW = 32
+    #: danger candidates a group keeps at least (more when it evicts more)
+    MIN_DANGER = 32
+    #: evictions a group may take in one round on this path (more: the caller's full round)
+    MAX_EVICT = 64
+
+    def __init__(self, policy, imp, k: np.ndarray, start: int, floor: int, recent: int,
+                 cand: list):
+        H = len(cand)
+        self.policy = policy
+        self.imp = imp
+        self.start = start
+        self.floor = floor
+        self.recent = recent
+        self.period = int(imp.params.drift_period)
+        cap = max(64, 2 * max(len(c) for c in cand))
+        self.cpos = np.zeros((H, cap), dtype=np.int64)
+        for g, c in enumerate(cand):
+            self.cpos[g, :len(c)] = c
+        self.fa = np.zeros((4, H, cap))
+        self.ia = np.zeros((3, H), dtype=np.int64)
+        self.ia[_N] = [len(c) for c in cand]
+        self.ia[_K] = k
+        self.fv = np.zeros(_F_L + H)
+        self.fv[_F_LOGSB] = math.log(float(imp.params.sink_boost))
+        self.prm = np.zeros(12, dtype=np.int64)
+        self.prm[_P_AGED] = policy.score_rule == RULE_H2O
+        self.prm[_P_NSINK] = int(imp.params.sink_tokens)
+        self.prm[_P_MIN_DANGER] = self.MIN_DANGER
+        self.prm[_P_PERIOD] = self.period
+        self.prm[_P_WINDOW] = self.WINDOW
+        self.epoch = -1
+        self.seq = -1  # the sequence length of the last round
+        self.streams = None  # (ip_i, ip_f, static, drift, consts, sig) of self.epoch
+        self.ev = np.empty((H * self.MAX_EVICT, 2), dtype=np.int64)
+        self.pend = np.empty((H * self.MAX_EVICT + 1024, 4), dtype=np.int64)
+        self.cnt = np.zeros(4, dtype=np.int64)  # evicted, band rows; refreshes, keys computed
+        self.room = cap - int(self.ia[_N].max())  # candidates a group may still add, at least
+        self.tables = (imp._lm_table(1), policy._log_ages(1))  # (recency, log m: grown as needed)
+
+    @classmethod
+    def build(cls, policy, imp, layout, pin_below: int = 0) -> Optional["GuardedRanking"]:
+        """The state of ``layout`` for ``policy`` (``score_rule`` TOP or H2O, its
+        ``num_groups`` bound) under the fused model ``imp``, or None where it does not apply:
+        H2O's recent window not every position from ``seq_len - recent`` on in every group,
+        a negative number of candidates kept, more evictions due than :attr:`MAX_EVICT`
+        (candidates below ``pin_below`` not counted: shared blocks, they stay)."""
+        pos = layout.slot_pos
+        H = pos.shape[0]
+        seq = layout.next_position
+        P = layout.prompt_len
+        budget = int(policy.cfg.budget)
+        protect = policy.protects_prompt
+        start = P if protect else 0
+        live = pos >= 0
+        prot = (live & (pos < P)).sum(axis=1) if protect else np.zeros(H, dtype=np.int64)
+        if policy.score_rule == RULE_H2O:
+            avail = budget - prot
+            r = np.minimum(policy._recent_param(), np.maximum(avail, 0))
+            if (r != r[0]).any():
+                return None
+            recent = int(r[0])
+            k = (avail - r).astype(np.int64)
+            floor = max(start, seq - recent)
+            # H2O keeps its recent window every round: all of it must be live in every group
+            held = ((pos >= floor) & (pos < seq)).sum(axis=1)
+            if (held != seq - floor).any():
+                return None
+        else:
+            recent = 0
+            k = (budget - prot).astype(np.int64)
+            floor = seq
+        cand = [np.sort(row[(row >= start) & (row < floor)]).astype(np.int64) for row in pos]
+        if (k < 0).any() or max(len(c) - kk - int(np.searchsorted(c, pin_below))
+                                for c, kk in zip(cand, k)) > cls.MAX_EVICT:
+            return None
+        st = cls(policy, imp, k, start, floor, recent, cand)
+        st.seq = seq
+        return st
+
+    def _grow(self, need: int) -> None:
+        """Room for ``need`` candidates a group (at least twice the old capacity)."""
+        cap = self.cpos.shape[1]
+        if need > cap:
+            new = max(need, 2 * cap)
+            cpos = np.zeros((self.cpos.shape[0], new), dtype=np.int64)
+            cpos[:, :cap] = self.cpos
+            fa = np.zeros((4, self.cpos.shape[0], new))
+            fa[:, :, :cap] = self.fa
+            self.cpos, self.fa = cpos, fa
+        self.room = self.cpos.shape[1] - int(self.ia[_N].max())
+
+    def round(self, request_key: int, step: int, seq: int, n_tokens: int,
+              pin_below: int) -> Optional[tuple]:
+        """One round at ``step`` (decode steps done) with ``seq`` tokens placed and
+        ``n_tokens`` computed: ``(groups, positions)`` (``int64`` each) of the candidates
+        ``select`` drops, less those below ``pin_below`` (shared blocks: they stay), removed
+        from the state; None when this round needs the full path (more evictions than the
+        state holds, :attr:`MAX_EVICT` a group, or tokens gone back): the state is then
+        stale."""
+        if seq < self.seq:
+            return None
+        H = self.cpos.shape[0]
+        prm = self.prm
+        floor = max(self.start, seq - self.recent) if prm[_P_AGED] else seq
+        if floor < self.floor:
+            return None
+        imp = self.imp
+        e = step // self.period
+        new_epoch = e != self.epoch
+        sa = self.streams
+        if new_epoch or (floor > self.floor and (floor > sa[2].shape[1] or floor > sa[0].shape[1]
+                                                 or sa[0][0, floor - 1] >= sa[3].shape[1])):
+            # (the epoch's memos, fetched again when new candidates pass their ends)
+            tab, static, drift, consts = imp.stream_terms(request_key, H, step, max(seq, 1))
+            sa = self.streams = (tab[0], tab[1], static, drift, consts,
+                                 imp._sigma(request_key, H))
+        if floor - self.floor > self.room:
+            self._grow(int(self.ia[_N].max()) + floor - self.floor)
+        th = 0.5 * math.pi * (step % self.period) / self.period
+        fv = self.fv
+        fv[_F_C] = math.cos(th)
+        fv[_F_S] = math.sin(th)
+        prm[_P_STEP] = step
+        prm[_P_SEQ] = seq
+        prm[_P_NTOK] = n_tokens
+        prm[_P_PIN] = pin_below
+        prm[_P_FROM] = self.floor
+        prm[_P_TO] = floor
+        prm[_P_NEW_EPOCH] = new_epoch
+        lm, logm = self.tables
+        if lm.shape[0] <= seq + self.WINDOW or logm.shape[0] <= n_tokens + self.WINDOW:
+            lm, logm = self.tables = (imp._lm_table(seq + 2 * self.WINDOW),
+                                      self.policy._log_ages(max(n_tokens, 1) + 2 * self.WINDOW))
+        cnt = self.cnt
+        rc = _guard_round(self.cpos, self.fa, self.ia, fv, prm, lm, logm, *sa, self.ev,
+                          self.pend, cnt)
+        if rc < 0:
+            return None
+        self.room -= floor - self.floor
+        self.epoch = e
+        self.floor = floor
+        self.seq = seq
+        ev = self.ev[:cnt[0]]
+        if cnt[1]:
+            ev = np.concatenate([ev, self._rank_pending(request_key, step, seq, n_tokens,
+                                                        self.pend[:cnt[1]], pin_below)])
+        return ev[:, 0], ev[:, 1]
+
+    def _rank_pending(self, request_key, step, seq, n_tokens, pend, pin_below) -> np.ndarray:
+        """Evictions of the groups whose near-ties :func:`_guard_round` left open: their
+        certain ones, and of the band, the ``places left`` smallest by the exact key (the
+        model's float32 score, times m in float64 for H2O; ties evict the higher position,
+        as ``topk_mask`` keeps the lower slot). Removed from the state as the kernel does."""
+        t = self.imp.log_score_terms(request_key, self.cpos.shape[0], step, seq, seq)
+        out = []
+        for g in np.unique(pend[:, 0]):
+            rows = pend[pend[:, 0] == g]
+            band = rows[rows[:, 3] >= 0]
+            v = np.empty(len(band))
+            log_scores_at(band[:, 0].copy(), band[:, 2].copy(), t.ip_i, t.ip_f, t.static,
+                          t.drift, t.consts, t.sig, t.lm, t.sink, t.seq_len, v)
+            ex = np.exp(v).astype(np.float32)
+            if self.prm[_P_AGED]:
+                ex = ex.astype(np.float64) * np.maximum(n_tokens - band[:, 2], 1)
+            order = np.lexsort((-band[:, 2], ex))
+            chosen = np.concatenate([rows[rows[:, 3] < 0][:, 1], band[order[:band[0, 3]], 1]])
+            for i in np.sort(chosen)[::-1]:
+                if self.cpos[g, i] < pin_below:
+                    continue
+                out.append((g, _guard_remove(g, i, self.cpos, self.fa, self.ia)))
+        return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+
 def _pool_along_positions(score: np.ndarray, pos: np.ndarray, region: np.ndarray, kernel: int,
                           kind: str) -> np.ndarray:
     """1-D pooling of scores over the tokens of ``region`` taken in position order (SnapKV clustering).
@@ -272,6 +1002,50 @@ class EvictionPolicy:
         """Leading slots a compactor must not move: ``layout.prompt_len`` if the prompt is protected."""
         return layout.prompt_len if self.protects_prompt else 0
 
+    #: the rule of the compiled score-ranking round (:data:`RULE_TOP`, :data:`RULE_RECENT`,
+    #: :data:`RULE_H2O`) when ``select`` keeps a top-k by score; None: ``select`` only
+    score_rule: Optional[int] = None
+    #: pending-band rows a compiled round can hold before it falls back to ``select``
+    PEND_CAP = 1024
+
+    def _recent_param(self) -> int:
+        """The ``recent`` parameter of the compiled round (see :func:`_score_topk_round`)."""
+        return 0
+
+    def _log_ages(self, n: int) -> np.ndarray:
+        """``float64[>= n + 1]``: ``log(m)`` at index m (``log(1) = 0`` at 0 and 1), grown by
+        doubling."""
+        tab = getattr(self, "_logm", None)
+        if tab is None or tab.size <= n:
+            size = max(n + 1, 2 * tab.size if tab is not None else 4096)
+            tab = self._logm = np.log(np.maximum(np.arange(size, dtype=np.float64), 1.0))
+        return tab
+
+    def select_from_terms(self, layout, terms, n_tokens: int) -> np.ndarray:
+        """:meth:`select` of a policy with a :attr:`score_rule`, for the scores of a fused
+        :class:`policies.importance.ImportanceModel` given as its
+        :meth:`~policies.importance.ImportanceModel.log_score_terms` (at the round's step,
+        ``seq_len = layout.next_position``, ``hi >= layout.next_position``): the same keep
+        mask, ``bool[H, S]``, with only the ranked candidates scored (compiled,
+        :func:`_score_topk_round`) and the exponential taken (in numpy, as the model does)
+        only where log-scores within :data:`KEY_EPS` leave the order open."""
+        slot_pos = layout.slot_pos
+        keep = np.zeros(slot_pos.shape, dtype=bool)
+        rule = self.score_rule
+        prm = np.array([rule, int(self.cfg.budget), int(self.protects_prompt), layout.prompt_len,
+                        self._recent_param(), int(n_tokens)], dtype=np.int64)
+        logm = self._log_ages(max(int(n_tokens), 1)) if rule == RULE_H2O else _NO_LOGS
+        pend = np.empty((self.PEND_CAP, 4), dtype=np.int64)
+        pend_v = np.empty(self.PEND_CAP, dtype=np.float64)
+        t = terms
+        n = _score_topk_round(slot_pos, prm, logm, t.ip_i, t.ip_f, t.static, t.drift, t.consts,
+                              t.sig, t.lm, t.sink, t.seq_len, keep, pend, pend_v)
+        if n < 0:
+            return None
+        if n:
+            _rank_band(keep, pend[:n], pend_v[:n], rule == RULE_H2O)
+        return keep
+
     # -------------------------------------------------------------------- lifecycle
     def check_request(self, prompt_len: int) -> None:
         """Raise ValueError if this policy cannot serve a prompt of ``prompt_len`` tokens."""
@@ -350,6 +1124,12 @@ class EvictionPolicy:
         """HBM bytes of one scoring event (per decode step if ``scoring_when == 'step'``, per round
         if ``'round'``), beyond the normal attention read. 0 for policies that do not score."""
         return 0.0
+
+    def scoring_bytes_per_token(self, shape: ModelShape) -> Optional[float]:
+        """``c`` when :meth:`scoring_bytes` is ``c x n_tokens`` whatever the other arguments,
+        with every product exact in float64 (integer factors, below 2**53 for any sequence a
+        run holds), so ``c * n_tokens`` gives its very bits; None otherwise."""
+        return None
 
     def reads_fraction(self, n_blocks: int, num_layers: int, block_size: int = 16) -> float:
         """Share of the request's KV pages (``n_blocks`` blocks of ``block_size`` tokens) a
@@ -478,6 +1258,7 @@ class H2OPolicy(_Periodic):
 
     name = "h2o"
     scores_candidates_only = True
+    score_rule = RULE_H2O
     citation = "Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023"
     needs_attention_scores = True
     scoring_when = "step"
@@ -497,6 +1278,9 @@ class H2OPolicy(_Periodic):
             return int(self.cfg.recent_window)
         return int(round(self.cfg.budget * (1.0 - self.cfg.heavy_ratio)))
 
+    def _recent_param(self) -> int:
+        return self._n_recent()
+
     def select(self, layout, scores, n_tokens, step):
         pos, live, sc = self._prep(layout, scores)
         prot = self._protected(pos, live, layout.prompt_len)
@@ -512,6 +1296,9 @@ class H2OPolicy(_Periodic):
         # full score matrix of this step (q_heads x n_tokens per layer) written then read, fp32
         return 2.0 * shape.num_q_heads * n_tokens * shape.score_bytes * shape.num_layers
 
+    def scoring_bytes_per_token(self, shape):
+        return 2.0 * shape.num_q_heads * shape.score_bytes * shape.num_layers
+
 
 class TOVAPolicy(_Periodic):
     """``tova``: Token Omission Via Attention.
@@ -525,6 +1312,7 @@ class TOVAPolicy(_Periodic):
 
     name = "tova"
     scores_candidates_only = True
+    score_rule = RULE_TOP
     citation = "Oren et al., Transformers are Multi-State RNNs (TOVA), 2024"
     needs_attention_scores = True
     scoring_when = "step"
@@ -548,6 +1336,9 @@ class TOVAPolicy(_Periodic):
     def scoring_bytes(self, shape, n_tokens, prompt_len, n_blocks):
         return 2.0 * shape.num_q_heads * n_tokens * shape.score_bytes * shape.num_layers
 
+    def scoring_bytes_per_token(self, shape):
+        return 2.0 * shape.num_q_heads * shape.score_bytes * shape.num_layers
+
 
 class TriAttentionPolicy(_Periodic):
     """``triattention``: TriAttention as integrated in TensorRT-LLM's KV compression framework.
@@ -567,6 +1358,7 @@ class TriAttentionPolicy(_Periodic):
 
     name = "triattention"
     scores_candidates_only = True
+    score_rule = RULE_RECENT
     citation = "Mao et al., TriAttention, ICML 2026; TensorRT-LLM KV cache compression framework"
     scoring_when = "round"
     allowed_modes = ("union", "per_head", "per_layer_per_head")
@@ -574,6 +1366,9 @@ class TriAttentionPolicy(_Periodic):
     @property
     def budget_scope(self) -> str:
         return "decode" if self.protects_prompt else "total"
+
+    def _recent_param(self) -> int:
+        return int(self.cfg.recent_window)
 
     def select(self, layout, scores, n_tokens, step):
         pos, live, sc = self._prep(layout, scores)
@@ -728,6 +1523,52 @@ class SnapKVPolicy(EvictionPolicy):
         k = self.group_budgets(H) - w
         return window | decode | topk_mask(pooled, cand, k)
 
+    @property
+    def pools_logs(self) -> bool:
+        """:meth:`select_from_terms` applies: max pooling (it commutes with the exponential)."""
+        return self.cfg.pooling == "max"
+
+    def select_from_terms(self, layout, terms, n_tokens: int):
+        """:meth:`select` for the scores of a fused :class:`policies.importance.ImportanceModel`
+        given as ``log_score_terms(..., static_lattice=True)`` at the round's step (``seq_len
+        = layout.next_position``): the same keep mask (``bool[H, S]``), pooled in the log
+        domain (:func:`_pooled_log_scores`) and ranked by :meth:`_keep_pooled_logs`, or None
+        where it does not apply (average pooling, prompt positions out of slot order, more
+        near-ties than it holds)."""
+        if not self.pools_logs:
+            return None
+        pos = layout.slot_pos
+        H, S = pos.shape
+        if S == 0:
+            return np.zeros((H, 0), dtype=bool)
+        P = layout.prompt_len
+        w = min(int(self.cfg.observation_window), P)
+        kernel = int(self.cfg.pooling_kernel)
+        k = max(1, min(kernel, 2 * S - 1)) if kernel > 1 else 1
+        pv = np.empty((H, S), dtype=np.float64)
+        t = terms
+        if _pooled_log_scores(pos, P, k, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig, t.lm,
+                              t.sink, t.seq_len, pv) < 0:
+            return None
+        return self._keep_pooled_logs(pv, pos, P, w)
+
+    def _keep_pooled_logs(self, pv, pos, P, w):
+        """The keep mask from the pooled log-scores ``pv``: the observation window and decode
+        tokens, and the top ``group_budgets - w`` of the other prompt tokens per group
+        (:func:`_band_topk_below`, near-ties by the exact float32 scores); None when more
+        near-ties are open than it holds."""
+        H = pv.shape[0]
+        keep = np.zeros(pv.shape, dtype=bool)
+        pend = np.empty((self.PEND_CAP, 4), dtype=np.int64)
+        pend_v = np.empty(self.PEND_CAP, dtype=np.float64)
+        k = np.ascontiguousarray(self.group_budgets(H) - w, dtype=np.int64)
+        n = _band_topk_below(pv, pos, P - w, k, keep, pend, pend_v)
+        if n < 0:
+            return None
+        if n:
+            _rank_band(keep, pend[:n], pend_v[:n], False)
+        return keep
+
     def scoring_bytes(self, shape, n_tokens, prompt_len, n_blocks):
         w = min(self.cfg.observation_window, prompt_len)
         attn = 2.0 * w * shape.num_q_heads * prompt_len * shape.score_bytes * shape.num_layers
@@ -794,8 +1635,24 @@ class AdaKVPolicy(SnapKVPolicy):
 
     def select(self, layout, scores, n_tokens, step):
         pos, live, sc = self._prep(layout, scores)
-        H, S = pos.shape
         w, window, decode, cand, pooled = self._window_and_pool(layout, sc, pos, live)
+        return window | decode | self._keep_pooled(pooled, cand, w)
+
+    def _keep_pooled_logs(self, pv, pos, P, w):
+        """:meth:`_keep_pooled` on the exact pooled scores ``f32(exp(pv))`` of the candidates
+        (the normalisation sums every candidate's score, so each is needed exactly), with
+        the observation window and decode tokens."""
+        live = pos >= 0
+        cand = live & (pos < P - w)
+        pooled = np.zeros(pv.shape, dtype=np.float64)
+        pooled[cand] = np.exp(pv[cand]).astype(np.float32)
+        return (live & (pos >= P - w)) | self._keep_pooled(pooled, cand, w)
+
+    def _keep_pooled(self, pooled, cand, w):
+        """The candidates kept by the pooled scores ``pooled`` (float64 of the float32 scores;
+        read on candidates only): each head's floor by its normalised scores, then each
+        layer's remaining budget by the flattened top-k."""
+        H, S = cand.shape
         per_head = max(int(self.cfg.budget) - w, 0)
         floor = int(math.floor(self.cfg.ada_floor * per_head))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -811,7 +1668,7 @@ class AdaKVPolicy(SnapKVPolicy):
                 continue
             flat = topk_mask(p[gs].reshape(1, -1), rest.reshape(1, -1), extra).reshape(gs.size, S)
             keep[gs] |= flat
-        return window | decode | keep
+        return keep
 
 
 class QuestPolicy(EvictionPolicy):

@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-from sim.jit import kernel
+from sim.jit import inline, kernel
 
 from .config import ImportanceParams, validate_importance_params
 
@@ -444,7 +444,7 @@ class ImportanceModel:
                 age = np.maximum(seq_len - 1 - pos, 0)
                 sk = pos < p.sink_tokens
                 a = age[sk].astype(np.float64)
-                sink = np.zeros(min(int(p.sink_tokens), hi), dtype=np.float64)
+                sink = np.zeros(min(int(p.sink_tokens), hi) + 1, dtype=np.float64)  # (+ unused)
                 sink[pos[sk]] = np.log((1.0 + p.recency_boost * np.exp(-a / p.recency_window))
                                        * p.sink_boost)
             return np.exp(self._logs_fused(request_key, pos, num_groups, step, int(seq_len), hi,
@@ -485,8 +485,8 @@ class ImportanceModel:
         """The clipped log-scores ``float64[num_groups, n]`` of :meth:`_scores` (:attr:`_fused`
         holds) in one compiled pass over the memos: the same elementwise arithmetic, in the
         same order, as :meth:`latent` and :meth:`_scores`. ``sink``: the recency term of each
-        sink position ``p < len(sink)`` asked for (``float64``, indexed by position), None when
-        no sink position is asked for."""
+        sink position ``p < len(sink) - 1`` asked for (``float64``, indexed by position, one
+        unused entry at the end), None when no sink position is asked for."""
         p = self.params
         rho = float(p.head_correlation)
         tab = self._ip_table(hi)
@@ -502,8 +502,183 @@ class ImportanceModel:
                     self._lm_table(seq_len), _NO_SINK if sink is None else sink, seq_len, out)
         return out
 
+    def log_score_terms(self, request_key: int, num_groups: int, step: int, seq_len: int,
+                        hi: int, static_lattice: bool = False) -> Optional["LogScoreTerms"]:
+        """The :class:`LogScoreTerms` of ``request_key``'s scores at ``step`` with recency
+        anchor ``seq_len``, for positions ``0..hi-1`` (``hi >= 1``), or None when
+        :attr:`_fused` does not hold. ``f32(exp(log_score_at(g, p, *terms)))`` is the very
+        float32 :meth:`scores` gives position ``p`` of group ``g`` (whatever other positions
+        are asked with it): the same memos and, for sink positions, the same numpy
+        expression of their recency terms. ``static_lattice``: ``static`` holds the static
+        fields' lattice values instead of the dense memo, and ``consts`` a sixth entry, the
+        memo's scale sqrt(1 - drift) (for :func:`log_score_lattice_at`)."""
+        if not self._fused:
+            return None
+        p = self.params
+        tab, st, dr, consts = self.stream_terms(request_key, num_groups, step, hi, static_lattice)
+        ns = min(int(p.sink_tokens), hi)
+        sink = _NO_SINK
+        if ns > 0:
+            # (as _scores computes them: the ages as float64, then the numpy expression)
+            a = np.maximum(seq_len - 1 - np.arange(ns, dtype=np.int64), 0).astype(np.float64)
+            sink = np.empty(ns + 1, dtype=np.float64)
+            sink[:ns] = np.log((1.0 + p.recency_boost * np.exp(-a / p.recency_window))
+                               * p.sink_boost)
+            sink[ns] = 0.0
+        return LogScoreTerms(tab[0], tab[1], st, dr, consts, self._sigma(request_key, num_groups),
+                             self._lm_table(int(seq_len)), sink, int(seq_len))
 
-_NO_SINK = np.zeros(0, dtype=np.float64)
+    def stream_terms(self, request_key: int, num_groups: int, step: int, hi: int,
+                     static_lattice: bool = False) -> tuple:
+        """The stream part of :meth:`log_score_terms` (:attr:`_fused` must hold): ``((ip_i,
+        ip_f), static, drift, consts)``, without the recency terms."""
+        p = self.params
+        rho = float(p.head_correlation)
+        tab = self._ip_table(hi)
+        need = int(tab[0][1, hi - 1]) + 1
+        streams = (_SHARED,) + tuple(range(num_groups))
+        e, r = divmod(int(step), int(p.drift_period))
+        th = 0.5 * math.pi * r / p.drift_period
+        dr = self._drift_arr(request_key, streams, e, need)
+        scale = math.sqrt(1.0 - p.drift)
+        st = (self._lattice_arr(request_key, streams, _STATIC, need) if static_lattice
+              else self._static_arr(request_key, streams, scale, hi))
+        consts = np.array([math.cos(th), math.sin(th), math.sqrt(p.drift), math.sqrt(rho),
+                           math.sqrt(1.0 - rho)] + ([scale] if static_lattice else []))
+        return tab, st, dr, consts
+
+
+_NO_SINK = np.zeros(1, dtype=np.float64)  # (no sink position: the one unused entry)
+
+
+class LogScoreTerms(NamedTuple):
+    """What a compiled loop needs to compute one request's clipped log-scores at any (group,
+    position) asked for (:func:`log_score_at`), from :meth:`ImportanceModel.log_score_terms`:
+    the interpolation tables ``ip_i`` (``int64[2, N]``) and ``ip_f`` (``float64[3, N]``), the
+    scaled static fields ``static`` (``float64[G + 1, >= hi]``: the shared stream, then one
+    per group), the two drift epochs ``drift`` (``float64[4 (G + 1), >= lattice points]``),
+    ``consts`` = ``float64[5]`` (cos th, sin th, sqrt(drift), sqrt(rho), sqrt(1 - rho)), the
+    per-group ``sig`` (``float64[G]``), the recency table ``lm`` (``float64[>= seq_len]``, by
+    age), the sink positions' recency terms ``sink`` (``float64[min(sink_tokens, hi) + 1]``, by
+    position) and ``seq_len``. Valid for positions ``0..hi-1``."""
+
+    ip_i: np.ndarray
+    ip_f: np.ndarray
+    static: np.ndarray
+    drift: np.ndarray
+    consts: np.ndarray
+    sig: np.ndarray
+    lm: np.ndarray
+    sink: np.ndarray
+    seq_len: int
+
+
+@inline
+def _drift_at(drift, S, r, i0, t, omt, den, c, s):  # pragma: no cover (compiled)
+    """Stream ``r``'s drifting part ``c F_e + s F_(e+1)``, both epochs' fields interpolated
+    between lattice points ``i0`` and ``i0 + 1`` (``drift``'s rows: epoch e, epoch e + 1 at the
+    point, then at its right neighbour; ``S`` streams)."""
+    fe = (omt * drift[r, i0] + t * drift[r + 2 * S, i0]) / den
+    fe1 = (omt * drift[r + S, i0] + t * drift[r + 3 * S, i0]) / den
+    return c * fe + s * fe1
+
+
+@inline
+def _stream_at(static, drift, S, r, p, i0, t, omt, den, c, s, sd):  # pragma: no cover (compiled)
+    """Stream ``r``'s ``Z_r(p) = static[r, p] + sd (c F_e + s F_(e+1))`` (:func:`_drift_at`)."""
+    return static[r, p] + sd * _drift_at(drift, S, r, i0, t, omt, den, c, s)
+
+
+@inline
+def _static_from_lattice(slat, r, i0, t, omt, den, scale):  # pragma: no cover (compiled)
+    """Stream ``r``'s scaled static field between lattice points ``i0`` and ``i0 + 1`` of its
+    lattice ``slat``: the arithmetic of :meth:`ImportanceModel._static_arr`'s memo."""
+    return scale * ((omt * slat[r, i0] + t * slat[r, i0 + 1]) / den)
+
+
+@inline
+def _recency_at(p, lm, sink, seq_len):  # pragma: no cover (compiled)
+    """Position ``p``'s recency term: ``sink[p]`` for a sink position ``p < len(sink) - 1``
+    (``sink`` ends with one unused entry), else ``lm[age]`` with ``age = max(seq_len - 1 - p,
+    0)``. Both arrays are read whatever ``p`` (in range), and the choice made on the values:
+    a helper that branches around an array read keeps numba's reference counting in the
+    loop (measured: 10x slower)."""
+    n = sink.shape[0] - 1
+    age = seq_len - 1 - p
+    if age < 0:
+        age = 0
+    from_sink = sink[p if p < n else n]
+    from_lm = lm[age]
+    return from_sink if p < n else from_lm
+
+
+@inline
+def _clip80(v):  # pragma: no cover (compiled)
+    """``v`` clipped to [-80, 80] (the log-score's range: exp stays a normal float32)."""
+    if v < -80.0:
+        v = -80.0
+    elif v > 80.0:
+        v = 80.0
+    return v
+
+
+@inline
+def log_score_at(g, p, ip_i, ip_f, static, drift, consts, sig, lm, sink,
+                 seq_len):  # pragma: no cover (compiled)
+    """Group ``g``'s clipped log-score of position ``p`` from a :class:`LogScoreTerms`'
+    fields: the very bits :meth:`ImportanceModel._scores` takes the exponential of (the same
+    arithmetic in the same order as :func:`_fused_logs`)."""
+    S = static.shape[0]
+    i0 = ip_i[0, p]
+    t = ip_f[0, p]
+    omt = ip_f[1, p]
+    den = ip_f[2, p]
+    c = consts[0]
+    s = consts[1]
+    sd = consts[2]
+    z0 = _stream_at(static, drift, S, 0, p, i0, t, omt, den, c, s, sd)
+    z = consts[3] * z0 + consts[4] * _stream_at(static, drift, S, g + 1, p, i0, t, omt, den, c, s, sd)
+    return _clip80(sig[g] * z + _recency_at(p, lm, sink, seq_len))
+
+
+@inline
+def lattice_stream_at(r, p, ip_i, ip_f, slat, drift, consts):  # pragma: no cover (compiled)
+    """Stream ``r``'s ``Z_r(p)`` from the terms of ``log_score_terms(..., static_lattice=True)``:
+    the static field interpolated from its lattice ``slat`` here (scale ``consts[5]``), the
+    bits of the dense memo without building it (a per-layer-per-head request's 289 streams
+    over its whole prompt)."""
+    i0 = ip_i[0, p]
+    t = ip_f[0, p]
+    omt = ip_f[1, p]
+    den = ip_f[2, p]
+    return (_static_from_lattice(slat, r, i0, t, omt, den, consts[5])
+            + consts[2] * _drift_at(drift, slat.shape[0], r, i0, t, omt, den, consts[0],
+                                    consts[1]))
+
+
+@inline
+def log_score_from_streams(g, z0, zg, rec, consts, sig):  # pragma: no cover (compiled)
+    """Group ``g``'s clipped log-score from the shared stream ``z0``, its own stream ``zg``
+    and the position's recency term ``rec`` (:func:`_recency_at`): the arithmetic of
+    :func:`_fused_logs`."""
+    return _clip80(sig[g] * (consts[3] * z0 + consts[4] * zg) + rec)
+
+
+@inline
+def recency_at(p, lm, sink, seq_len):  # pragma: no cover (compiled)
+    """Position ``p``'s recency term (:func:`_recency_at`)."""
+    return _recency_at(p, lm, sink, seq_len)
+
+
+@kernel("void(i8[:], i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], f8[:], i8, "
+        "f8[:])")
+def log_scores_at(groups, positions, ip_i, ip_f, static, drift, consts, sig, lm, sink, seq_len,
+                  out):  # pragma: no cover (compiled)
+    """``out[i] = log_score_at(groups[i], positions[i], *terms)`` (dense :class:`LogScoreTerms`'
+    fields)."""
+    for i in range(groups.shape[0]):
+        out[i] = log_score_at(groups[i], positions[i], ip_i, ip_f, static, drift, consts, sig, lm,
+                              sink, seq_len)
 
 
 @kernel("void(i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8, f8, f8, f8, f8, f8[:], f8[:], "
@@ -511,40 +686,23 @@ _NO_SINK = np.zeros(0, dtype=np.float64)
 def _fused_logs(pos, ip_i, ip_f, static, drift, c, s, sd, a, b, sig, lm, sink, seq_len,
                 out):  # pragma: no cover
     """Per position ``pos[j]`` and group ``g``: ``clip(sig[g] z_g + lm[age], -80, 80)`` into
-    ``out[g, j]`` (``sink[p]`` instead of ``lm[age]`` for a position below ``len(sink)``),
+    ``out[g, j]`` (``sink[p]`` instead of ``lm[age]`` for a position below ``len(sink) - 1``),
     with ``z_g = a Z_0 + b Z_(g+1)`` and stream ``Z_r = static[r, p] + sd (c F_e
     + s F_(e+1))``, each field interpolated from ``drift`` (rows: epoch e, epoch e + 1 at the
     lattice point, then at its right neighbour; ``ImportanceModel._drift_arr``) with the terms of
     ``ip_i`` / ``ip_f`` (``ImportanceModel._ip_table``)."""
     S = static.shape[0]
-    n_sink = sink.shape[0]
     for j in range(pos.shape[0]):
         p = pos[j]
         i0 = ip_i[0, p]
         t = ip_f[0, p]
         omt = ip_f[1, p]
         den = ip_f[2, p]
-        if p < n_sink:
-            rec = sink[p]
-        else:
-            age = seq_len - 1 - p
-            if age < 0:
-                age = 0
-            rec = lm[age]
-        fe = (omt * drift[0, i0] + t * drift[2 * S, i0]) / den
-        fe1 = (omt * drift[S, i0] + t * drift[3 * S, i0]) / den
-        z0 = static[0, p] + sd * (c * fe + s * fe1)
+        rec = _recency_at(p, lm, sink, seq_len)
+        z0 = _stream_at(static, drift, S, 0, p, i0, t, omt, den, c, s, sd)
         for g in range(out.shape[0]):
-            r = g + 1
-            fe = (omt * drift[r, i0] + t * drift[r + 2 * S, i0]) / den
-            fe1 = (omt * drift[r + S, i0] + t * drift[r + 3 * S, i0]) / den
-            z = a * z0 + b * (static[r, p] + sd * (c * fe + s * fe1))
-            v = sig[g] * z + rec
-            if v < -80.0:
-                v = -80.0
-            elif v > 80.0:
-                v = 80.0
-            out[g, j] = v
+            z = a * z0 + b * _stream_at(static, drift, S, g + 1, p, i0, t, omt, den, c, s, sd)
+            out[g, j] = _clip80(sig[g] * z + rec)
 
 
 class RecordedImportance:

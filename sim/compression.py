@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies import (CompactionConfig, ModelShape, PagedLayout, PolicyConfig, make_compactor,
-                      make_importance, make_policy, score_slots)
+from policies import (CompactionConfig, ImportanceModel, ModelShape, PagedLayout, PolicyConfig,
+                      RoundResult, make_compactor, make_importance, make_policy, score_slots)
+from policies.compaction import _forward_pack
+from policies.eviction import RULE_H2O, RULE_TOP, GuardedRanking
 
 from .errors import ConfigError
 from .hardware import kv_bytes_per_token
+from .jit import kernel
 
 ROUND_LAUNCH_OVERHEAD_S = 10e-6  # one mover launch (H200 calibration: 10.4 us fixed cost)
 
@@ -84,9 +87,31 @@ class Compression:
         self.read_factor = self.compactor.read_overhead_factor(self.kv_tok, int(model.num_layers),
                                                                self.groups)
         self.step_scoring = self.policy.scoring_when == "step"
+        # (H2O, TOVA: their per-step bytes are linear in the sequence length)
+        self.step_bytes_per_token = self.policy.scoring_bytes_per_token(self.shape)
         self.quest = self.policy.reads_fraction(1_000_000, int(model.num_layers),
                                                 int(cache.block_size)) < 1.0
         self.num_layers = int(model.num_layers)
+        # on the generative model's fused path, rounds of a score-ranking policy score only
+        # the candidates they rank, and SnapKV's family pools log-scores, in compiled passes
+        # (select_from_terms: "dense" terms for the former, the static fields' lattice for
+        # the latter, whose rounds score whole prompts in every group once)
+        self.terms_select = None
+        if (self.policy.uses_scores and isinstance(self.importance, ImportanceModel)
+                and self.importance._fused):
+            if self.policy.score_rule is not None:
+                self.terms_select = "dense"
+            elif getattr(self.policy, "pools_logs", False):
+                self.terms_select = "lattice"
+        # compactors whose round is one compiled pass here (_apply_keep); hole_fill: its own
+        self.fast_apply = self.compaction in ("none", "forward_pack")
+        # per-step H2O and TOVA under the none compactor keep their ranking between rounds
+        # (GuardedRanking; a round works on the few candidates near its threshold) while
+        # every round evicts a few tokens a group
+        self.guarded = (self.terms_select == "dense" and self.compaction == "none"
+                        and self.policy.score_rule in (RULE_TOP, RULE_H2O)
+                        and int(self.policy.cfg.beta) <= 8
+                        and self.compactor.cfg.release_empty_blocks)
         self.ops = None  # list of compaction ops for gpu_validation replay (output.write_ops)
         self.ops_limit = 0
         # rounds the ops file cannot hold: the replay's mover is single-group forward packing
@@ -130,21 +155,26 @@ class Compression:
     def sync(self, req) -> None:
         """Apply pending appends to the layout (same result as appending token by token: new
         blocks go at the end, tokens take the lowest free slots or the append pointers)."""
+        self._apply_pending(req)
+        self._rebase(req)
+
+    def _apply_pending(self, req) -> None:
+        """:meth:`sync` without the summary's update (a round updates it after)."""
         lay = req.layout
         if req.blocks_since:
             lay.add_blocks(req.blocks_since)
         if req.pending:
-            lay.commit_append(req.pending)
+            lay.commit_next(req.pending)
         req.pending = 0
         req.blocks_since = 0
-        self._rebase(req)
 
     def _rebase(self, req) -> None:
         lay = req.layout
         if self.hole_fill:
             req.phys_base = int(lay.free_slots_for_reuse().size)
         else:
-            req.phys_base = int(lay.append_ptr.max())
+            ptr = lay.append_ptr
+            req.phys_base = int(ptr[0]) if ptr.shape[0] == 1 else int(ptr.max())
 
     def physical_context(self, req) -> int:
         """Slots attention reads for ``req`` (longest group's physical length), with the
@@ -166,6 +196,8 @@ class Compression:
         """Extra seconds a decode step costs ``req`` for per-step scoring (eager attention)."""
         if not self.step_scoring:
             return 0.0
+        if self.step_bytes_per_token is not None:
+            return self.step_bytes_per_token * req.n_computed / self.bw
         b = self.policy.scoring_bytes(self.shape, req.n_computed, req.input, req.layout.n_blocks)
         return b / self.bw
 
@@ -192,17 +224,32 @@ class Compression:
 
         ``shared_blocks``: leading blocks shared with other requests (kept untouched).
         """
-        self.sync(req)
+        self._apply_pending(req)  # (the summary: after the round)
         lay = req.layout
         st = req.pstate
         pol = self.policy
-        try:
-            scores = (score_slots(self.importance, lay, step=st.generated,
-                                  from_pos=pol.scores_from(lay)) if pol.uses_scores else None)
-        except KeyError as e:  # (a recorded file without the scores this round needs)
-            raise ConfigError(f"policy.importance_file: {e.args[0]}; expected scores for every "
-                              f"position a round scores") from None
-        keep = self.policy.select(lay, scores, req.n_computed, st.generated)
+        keep = None
+        if self.guarded and self.ops is None:
+            done = self._guarded_round(req, shared_blocks)
+            if done is not None:
+                res, pinned = done
+                self._rebase(req)
+                return res, self.round_time(res.bytes_moved), pinned
+        elif self.guarded:
+            st.extra.pop("guard", None)
+        if self.terms_select is not None and lay.next_position > 0:
+            seq = lay.next_position  # (every position held is below it: the scores' seq_len)
+            terms = self.importance.log_score_terms(lay.request_key, lay.num_groups, st.generated,
+                                                    seq, seq, self.terms_select == "lattice")
+            keep = pol.select_from_terms(lay, terms, req.n_computed)
+        if keep is None:
+            try:
+                scores = (score_slots(self.importance, lay, step=st.generated,
+                                      from_pos=pol.scores_from(lay)) if pol.uses_scores else None)
+            except KeyError as e:  # (a recorded file without the scores this round needs)
+                raise ConfigError(f"policy.importance_file: {e.args[0]}; expected scores for "
+                                  f"every position a round scores") from None
+            keep = self.policy.select(lay, scores, req.n_computed, st.generated)
         pinned = self.policy.pinned_len(lay)
         if shared_blocks:
             shared_slots = shared_blocks * self.B
@@ -222,7 +269,10 @@ class Compression:
                                            "valid_len": valid, "tail": 0}]})
         elif self.ops is not None:
             self.ops_over_limit += 1
-        res = self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)
+        if self.fast_apply:
+            res = self.apply_keep(lay, keep, pinned)
+        else:
+            res = self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)
         self._rebase(req)
         dur = self.round_time(res.bytes_moved)
         if self.ops is not None and len(self.ops) > n_ops:
@@ -232,6 +282,88 @@ class Compression:
         if self.policy.scoring_when == "round":
             dur += self.policy.scoring_bytes(self.shape, req.n_computed, req.input, res.blocks_before) / self.bw
         return res, dur, pinned
+
+    def run_rounds(self, reqs, shared_blocks) -> list:
+        """:meth:`run_round` on each of ``reqs`` (the rounds one engine step makes due, in the
+        engine's order) with ``shared_blocks[i]`` leading shared blocks: the list of their
+        ``(RoundResult, duration_s, pinned)``, equal to calling :meth:`run_round` request by
+        request. A round reads and writes its own request's layout and policy state only,
+        and never frees a shared block (so no other request's shared count changes), so the
+        caller may take the results after all rounds ran: freeing each one's blocks and
+        recording its row in the list's order gives the pool the frees of the one-by-one
+        calls in their order."""
+        return [self.run_round(r, int(n)) for r, n in zip(reqs, shared_blocks)]
+
+    def _guarded_round(self, req, shared_blocks: int):
+        """:meth:`run_round`'s selection and ``none`` compaction from the request's
+        :class:`policies.eviction.GuardedRanking` (built here when missing) and
+        :class:`_UnmovedLayout`: ``(RoundResult, pinned)``, the same as the full round's; None
+        (the state dropped) where they do not apply: the full round runs."""
+        lay = req.layout
+        st = req.pstate
+        state = st.extra.get("guard")
+        if state is None:
+            un = _UnmovedLayout.build(lay)
+            gr = None
+        else:
+            gr, un = state
+        pinned = self.policy.pinned_len(lay)
+        pin_below = 0
+        if un is not None and shared_blocks:
+            pinned = max(pinned, shared_blocks * self.B)
+            # (a block holds positions from its base on, fewer than B of them)
+            pin_below = int(un.base[shared_blocks - 1]) + self.B
+        if gr is None:
+            if un is not None:
+                gr = GuardedRanking.build(self.policy, self.importance, lay, pin_below)
+            if gr is None:
+                return None
+            st.extra["guard"] = (gr, un)
+        ev = gr.round(lay.request_key, st.generated, lay.next_position, req.n_computed, pin_below)
+        if ev is None:
+            del st.extra["guard"]
+            return None
+        return un.evict(lay, ev[0], ev[1], self.kv_tok), pinned
+
+    def apply_keep(self, lay: PagedLayout, keep: np.ndarray, pinned: int) -> RoundResult:
+        """``self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)`` for the ``none``
+        and ``forward_pack`` compactors, with the per-group counts, the eviction and the
+        group lengths in one compiled pass (:func:`_apply_keep`): the same layout and
+        :class:`policies.RoundResult`. ``keep`` must hold only live slots (what every policy's
+        ``select`` gives; the compactor's own check is not repeated)."""
+        H = lay.num_groups
+        cnt = np.empty((3, H), dtype=np.int64)  # live before, kept, last live slot + 1 after
+        pack = self.compaction == "forward_pack"
+        if pack and lay.hole_fill:
+            raise ValueError("forward_pack on a hole_fill layout: slot order is not position order")
+        nk = _apply_keep(lay.slot_pos, keep, not pack, cnt)
+        if pack:
+            moves = np.empty((nk, 3), dtype=np.int64)
+            moves = moves[:_forward_pack(lay.slot_pos, keep, lay.append_ptr, int(pinned), moves)]
+            lengths = lay.append_ptr.astype(np.int64).copy()
+        else:
+            moves = _NO_MOVES
+            lengths = cnt[2].copy()
+        before, kept = cnt[0].copy(), cnt[1].copy()
+        blocks_before = lay.n_blocks
+        freed = (lay.empty_blocks() if self.compactor.cfg.release_empty_blocks
+                 else np.zeros(0, dtype=np.int64))
+        if len(freed):
+            lay._drop_blocks(freed)
+        per_group_bytes = self.kv_tok / H
+        waste = int((lengths.max() - lengths).sum()) if H > 1 else 0
+        if H == 1:
+            b0, k0 = int(before[0]), int(kept[0])
+            t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
+        else:
+            t_before, t_kept = float(before.mean()), float(kept.mean())
+            t_evicted = float((before - kept).mean())
+        return RoundResult(
+            tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
+            blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
+            bytes_moved=moves.shape[0] * per_group_bytes, moves=moves, kept_per_group=kept,
+            group_lengths=lengths, ragged_waste_slots=waste,
+            ragged_waste_bytes=waste * per_group_bytes, metadata_bytes=0.0)
 
     def round_time(self, bytes_moved: float) -> float:
         """Mover time for ``bytes_moved`` payload bytes (read once and written once)."""
@@ -248,6 +380,184 @@ class Compression:
             forget = getattr(self.importance, "forget", None)
             if forget is not None:
                 forget(req.rid)
+
+
+_NO_MOVES = np.zeros((0, 3), dtype=np.int64)
+
+
+class _UnmovedLayout:
+    """The block bookkeeping of a layout whose tokens never move (``none`` compactor, order
+    preserving, empty blocks released every round), for rounds given as evicted positions:
+    ``base`` (``int64[n_blocks]``: the position each block's first slot holds), ``blive``
+    (live (group, slot) entries per block), ``live`` (live slots per group), ``next`` (tokens
+    counted). A block holds consecutive positions from its first slot on: appends fill it in
+    order, and a block is dropped whole (a dropped trailing block leaves the next append at a
+    block's start, :meth:`policies.PagedLayout._drop_blocks`), so position p sits in the last
+    block whose base is at most p, at offset ``p - base``."""
+
+    def __init__(self, base, blive, live, nxt):
+        self.base, self.blive, self.live, self.next = base, blive, live, nxt
+
+    @classmethod
+    def build(cls, lay: PagedLayout):
+        """From the layout's slots; None when a block holds no live token or a token is not
+        where the rule puts it (a layout whose tokens moved)."""
+        if lay.hole_fill:
+            return None
+        nb = lay.n_blocks
+        base = np.empty(nb, dtype=np.int64)
+        blive = np.empty(nb, dtype=np.int64)
+        live = np.empty(lay.num_groups, dtype=np.int64)
+        if not _unmoved_scan(lay.slot_pos, lay.block_size, base, blive, live):
+            return None
+        return cls(base, blive, live, lay.next_position)
+
+    def evict(self, lay: PagedLayout, groups, positions, kv_tok: float) -> RoundResult:
+        """Count the tokens placed since (positions ``next..lay.next_position-1`` in every
+        group, in consecutive slots up to the append pointer, new blocks at the end), then
+        empty the slots of the (group, position) pairs and free the blocks left with no live
+        entry: the :class:`policies.RoundResult` of the ``none`` compactor's round with that
+        keep mask (the same counts, lengths and freed blocks)."""
+        H = lay.num_groups
+        B = lay.block_size
+        new = lay.n_blocks - self.base.size
+        if new:
+            # the slot before the append pointer holds the last position placed
+            top = lay.next_position - int(lay.append_ptr[0])
+            self.base = np.concatenate([self.base, top + B * np.arange(self.base.size, lay.n_blocks,
+                                                                       dtype=np.int64)])
+            self.blive = np.concatenate([self.blive, np.zeros(new, dtype=np.int64)])
+        before = np.empty(H, dtype=np.int64)
+        lengths = np.empty(H, dtype=np.int64)
+        freed = np.empty(len(positions), dtype=np.int64)
+        nf = _unmoved_round(lay.slot_pos, B, self.base, self.blive, self.live, self.next,
+                            lay.next_position, groups, positions, lay.append_ptr, before, lengths,
+                            freed)
+        if nf < 0:
+            raise RuntimeError("guarded round: an evicted position is not where the layout's "
+                               "block map puts it")
+        self.next = lay.next_position
+        freed = freed[:nf]
+        kept = self.live.copy()
+        blocks_before = lay.n_blocks
+        if nf:
+            lay._drop_blocks(freed)
+            self.base = np.delete(self.base, freed)
+            self.blive = np.delete(self.blive, freed)
+        per_group_bytes = kv_tok / H
+        if H == 1:
+            b0, k0 = int(before[0]), int(kept[0])
+            t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
+            waste = 0
+        else:
+            waste = int((lengths.max() - lengths).sum())
+            t_before, t_kept = float(before.mean()), float(kept.mean())
+            t_evicted = float((before - kept).mean())
+        return RoundResult(
+            tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
+            blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
+            bytes_moved=0 * per_group_bytes, moves=_NO_MOVES, kept_per_group=kept,
+            group_lengths=lengths, ragged_waste_slots=waste,
+            ragged_waste_bytes=waste * per_group_bytes, metadata_bytes=0.0)
+
+
+@kernel("b1(i4[:, :], i8, i8[:], i8[:], i8[:])")
+def _unmoved_scan(slot_pos, B, base, blive, live):  # pragma: no cover (compiled)
+    """:meth:`_UnmovedLayout.build`'s pass: each block's base position and live entries, each
+    group's live slots; False when a block holds no live entry, a live slot's position is not
+    its block's base plus its offset, or the bases do not increase by at least B."""
+    H, S = slot_pos.shape
+    for g in range(H):
+        live[g] = 0
+    prev = -B
+    for b in range(S // B):
+        bb = -1
+        cnt = 0
+        for g in range(H):
+            for j in range(b * B, (b + 1) * B):
+                p = slot_pos[g, j]
+                if p >= 0:
+                    x = p - (j - b * B)
+                    if bb >= 0 and x != bb:
+                        return False
+                    bb = x
+                    cnt += 1
+                    live[g] += 1
+        if bb < prev + B:
+            return False
+        base[b] = bb
+        blive[b] = cnt
+        prev = bb
+    return True
+
+
+@kernel("i8(i4[:, :], i8, i8[:], i8[:], i8[:], i8, i8, i8[:], i8[:], i8[:], i8[:], i8[:], "
+        "i8[:])")
+def _unmoved_round(slot_pos, B, base, blive, live, nxt, seq, groups, positions, append_ptr,
+                   before, lengths, freed):  # pragma: no cover (compiled)
+    """:meth:`_UnmovedLayout.evict`'s pass: counts positions ``nxt..seq-1`` in (every group,
+    its block), copies the groups' live slots to ``before``, empties each (group, position)'s
+    slot and counts it off, writes the blocks left empty into ``freed`` (ascending; their
+    count returned, -1 when a position is not in its slot) and each group's length (1 + its
+    last live slot, found back from its append pointer)."""
+    H = slot_pos.shape[0]
+    b = max(np.searchsorted(base, nxt, side="right") - 1, 0)
+    for p in range(nxt, seq):
+        while b + 1 < base.shape[0] and base[b + 1] <= p:
+            b += 1
+        blive[b] += H
+    for g in range(H):
+        live[g] += seq - nxt
+        before[g] = live[g]
+    nf = 0
+    for q in range(positions.shape[0]):
+        g = groups[q]
+        p = positions[q]
+        b = np.searchsorted(base, p, side="right") - 1
+        if b < 0 or p - base[b] >= B or slot_pos[g, b * B + p - base[b]] != p:
+            return -1
+        slot_pos[g, b * B + p - base[b]] = -1
+        blive[b] -= 1
+        live[g] -= 1
+        if blive[b] == 0:
+            j = nf  # (insertion: a few blocks at most)
+            while j > 0 and freed[j - 1] > b:
+                freed[j] = freed[j - 1]
+                j -= 1
+            freed[j] = b
+            nf += 1
+    for g in range(H):
+        j = append_ptr[g] - 1
+        while j >= 0 and slot_pos[g, j] < 0:
+            j -= 1
+        lengths[g] = j + 1
+    return nf
+
+
+@kernel("i8(i4[:, :], b1[:, :], b1, i8[:, :])")
+def _apply_keep(slot_pos, keep, evict, cnt):  # pragma: no cover (compiled)
+    """Per group ``g``: ``cnt[0, g]`` live slots, ``cnt[1, g]`` kept ones (``keep`` True on
+    live slots only); with ``evict`` the live slots ``keep`` drops are emptied and ``cnt[2,
+    g]`` is the group's length after (1 + its last live slot, 0 if none). Returns the kept
+    slots of all groups."""
+    total = 0
+    for g in range(slot_pos.shape[0]):
+        live = 0
+        kept = 0
+        last = -1
+        for j in range(slot_pos.shape[1]):
+            if slot_pos[g, j] >= 0:
+                live += 1
+                if keep[g, j]:
+                    kept += 1
+                    last = j
+                elif evict:
+                    slot_pos[g, j] = -1
+        cnt[0, g] = live
+        cnt[1, g] = kept
+        cnt[2, g] = last + 1
+        total += kept
+    return total
 
 
 ROUND_COLUMNS = ["time_s", "request_id", "policy", "compaction", "tokens_before", "tokens_kept",
