@@ -487,32 +487,47 @@ def _approx_log_key(A, Bc, Cs, p, c, s, lm, seq_len, n_sink, log_sb, logm, n_tok
 
 
 @inline
-def _key_lower_bound(A, Bc, Cs, p, fv, lm, n_sink, logm, aged):  # pragma: no cover (compiled)
-    """A lower bound of :func:`_approx_log_key` over the window in ``fv``, less ``2
-    KEY_EPS``: ``B cos th + C sin th`` is at least its smaller end value less ``R h^2 / 8``
-    (its second derivative is at most R = sqrt(B^2 + C^2) in size; h the window's theta
-    span); the recency term falls with age (at least its value at the window's last sequence
-    length; 0, the table's limit, past the table); log m grows with n_tokens."""
-    f0 = Bc * fv[_WIN_C0] + Cs * fv[_WIN_S0]
-    f1 = Bc * fv[_WIN_C1] + Cs * fv[_WIN_S1]
-    fmin = min(f0, f1) - math.sqrt(Bc * Bc + Cs * Cs) * fv[_WIN_H2]
-    age = np.int64(fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])) - 1 - p
+def _key_lower_bound(A, Bc, Cs, p, c0, s0, c1, s1, h2, age_end, n0, lm, n_sink, log_sb, logm,
+                     aged):  # pragma: no cover (compiled)
+    """A lower bound of :func:`_approx_log_key` over a window of steps, less ``2 KEY_EPS``
+    (``c0, s0, c1, s1``: cos and sin of theta at its ends, ``h2`` = (theta span)^2 / 8,
+    ``age_end``: the age of position 0 at its end, ``n0``: n_tokens at its start): ``B cos th +
+    C sin th`` is at least its smaller end value less ``R h^2 / 8`` (its second derivative is
+    at most R = sqrt(B^2 + C^2) in size); the recency term falls with age (at least its value
+    at the window's end; 0, the table's limit, past the table); log m grows with n_tokens."""
+    fmin = min(Bc * c0 + Cs * s0, Bc * c1 + Cs * s1) - math.sqrt(Bc * Bc + Cs * Cs) * h2
+    age = age_end - p
     lm_end = _table_at(lm, age)
-    rec = (lm_end if age < lm.shape[0] else 0.0) + (fv[_F_LOGSB] if p < n_sink else 0.0)
-    lg = _table_at(logm, np.int64(fv[_WIN_N0]) - p)
+    rec = (lm_end if age < lm.shape[0] else 0.0) + (log_sb if p < n_sink else 0.0)
+    lg = _table_at(logm, n0 - p)
     return _clip_log(A + fmin + rec) + (lg if aged else 0.0) - 2.0 * KEY_EPS
 
 
-@kernel("void(i8, i8, i8[:, :], f8[:, :, :], i8[:, :], f8[:], f8[:], i8, f8[:], b1)")
-def _guard_refresh(g, m, cpos, fa, ia, fv, lm, n_sink, logm, aged):  # pragma: no cover
-    """Group ``g``'s lower bounds over the window and its guard level: the m-th smallest
-    bound (+inf when ``m`` reaches its candidates), the candidates with a bound at most the
-    guard moved first (``ia[_ND, g]`` of them)."""
+@inline
+def _bounds(g, first, cpos, fa, ia, fv, lm, n_sink, logm, aged):  # pragma: no cover (compiled)
+    """:func:`_key_lower_bound` of group ``g``'s candidates ``first..`` over the window in
+    ``fv``, into ``fa[_LO, g]`` (the window's constants read once)."""
+    c0 = fv[_WIN_C0]
+    s0 = fv[_WIN_S0]
+    c1 = fv[_WIN_C1]
+    s1 = fv[_WIN_S1]
+    h2 = fv[_WIN_H2]
+    age_end = np.int64(fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])) - 1
+    n0 = np.int64(fv[_WIN_N0])
+    log_sb = fv[_F_LOGSB]
+    for i in range(first, ia[_N, g]):
+        fa[_LO, g, i] = _key_lower_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i], c0,
+                                         s0, c1, s1, h2, age_end, n0, lm, n_sink, log_sb, logm,
+                                         aged)
+
+
+@kernel("void(i8, i8, i8[:, :], f8[:, :, :], i8[:, :], f8[:])")
+def _guard_level(g, m, cpos, fa, ia, fv):  # pragma: no cover (compiled)
+    """Group ``g``'s guard level from its bounds: the m-th smallest (+inf when ``m`` reaches
+    its candidates), the candidates with a bound at most the guard moved first (``ia[_ND,
+    g]`` of them)."""
     ng = ia[_N, g]
     lo = fa[_LO, g]
-    for i in range(ng):
-        lo[i] = _key_lower_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i], fv, lm,
-                                 n_sink, logm, aged)
     if m >= ng:
         fv[_F_L + g] = np.inf
         ia[_ND, g] = ng
@@ -633,16 +648,14 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
     for g in range(H):
         d = ia[_N, g] - ia[_K, g]
         if new_window:  # (a danger set as large as the last one needed)
-            _guard_refresh(g, max(prm[_P_MIN_DANGER], 2 * d, ia[_ND, g]), cpos, fa, ia, fv, lm,
-                           n_sink, logm, aged)
+            _bounds(g, 0, cpos, fa, ia, fv, lm, n_sink, logm, aged)
+            _guard_level(g, max(prm[_P_MIN_DANGER], 2 * d, ia[_ND, g]), cpos, fa, ia, fv)
             cnt[2] += 1
             fresh = True
         else:
+            _bounds(g, first[g], cpos, fa, ia, fv, lm, n_sink, logm, aged)
             for i in range(first[g], ia[_N, g]):
-                bnd = _key_lower_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i], fv,
-                                       lm, n_sink, logm, aged)
-                fa[_LO, g, i] = bnd
-                if bnd <= fv[_F_L + g]:
+                if fa[_LO, g, i] <= fv[_F_L + g]:
                     j = ia[_ND, g]
                     if i != j:
                         cpos[g, i], cpos[g, j] = cpos[g, j], cpos[g, i]
@@ -662,11 +675,17 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
                                              c, s, lm, seq_len, n_sink, log_sb, logm, n_tokens,
                                              aged)
                 cnt[3] += ndg
-                thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
+                if d == 1:
+                    thr = key[0]
+                    for i in range(1, ndg):
+                        thr = min(thr, key[i])
+                else:
+                    thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
                 if thr + 2.0 * KEY_EPS < fv[_F_L + g]:
                     break
+            # the bounds hold all window long: a larger danger set from them
             m = max(prm[_P_MIN_DANGER], 2 * d, 2 * ndg) if not fresh else max(4 * ndg, 2 * d)
-            _guard_refresh(g, m, cpos, fa, ia, fv, lm, n_sink, logm, aged)
+            _guard_level(g, m, cpos, fa, ia, fv)
             cnt[2] += 1
             fresh = True
         above = thr + 2.0 * KEY_EPS
