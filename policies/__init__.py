@@ -3,12 +3,50 @@
 See ``policies/README.md`` for the interface the engine uses.
 """
 
-from .compaction import COMPACTOR_CLASSES, Compactor, ForwardPack, HoleFill, NoCompaction, RoundResult, make_compactor
-from .config import MODES, CompactionConfig, ImportanceParams, PolicyConfig
-from .eviction import EvictionPolicy, ModelShape, RequestState, topk_mask
-from .importance import ImportanceModel, RecordedImportance, make_importance, score_slots
-from .layout import PagedLayout
-from .registry import POLICIES, make_policy, validate_policy_config
+# (each name's module, imported on first use: ``import policies`` and ``from policies.config
+# import ...`` import no other module of the package, nor numba, so what needs only the config
+# classes (``kvsim --help``, composing a run's config) does not wait for them)
+_HOMES = {
+    "compaction": ("COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction",
+                   "RoundResult", "make_compactor"),
+    "config": ("MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig"),
+    "eviction": ("EvictionPolicy", "ModelShape", "RequestState", "topk_mask"),
+    "importance": ("ImportanceModel", "RecordedImportance", "make_importance", "score_slots"),
+    "layout": ("PagedLayout",),
+    "registry": ("POLICIES", "make_policy", "validate_policy_config"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def _home(module: str):
+    """The submodule ``module`` of ``_HOMES``, imported."""
+    if module == "compaction":
+        from . import compaction as m
+    elif module == "config":
+        from . import config as m
+    elif module == "eviction":
+        from . import eviction as m
+    elif module == "importance":
+        from . import importance as m
+    elif module == "layout":
+        from . import layout as m
+    else:
+        from . import registry as m
+    return m
+
+
+def __getattr__(name: str):
+    """``policies.NAME`` for the names of ``__all__``, from the module that defines it."""
+    if name not in _HOME:
+        raise AttributeError(f"module 'policies' has no attribute {name!r}")
+    value = getattr(_home(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOME))
+
 
 __all__ = [
     "COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction", "RoundResult", "make_compactor",

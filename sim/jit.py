@@ -1,10 +1,12 @@
 """Compiled loops for the memory model's hot paths (numba).
 
-:func:`kernel` compiles a function for one explicit signature when its module is imported and
-keeps the machine code in numba's on-disk cache (next to the source, or ``NUMBA_CACHE_DIR``, or
-``~/.cache``), so later processes load it (~0.2 s) instead of compiling it (~1-3 s). Where no
-cache location is writable (a read-only install without a writable home), it compiles without
-the cache instead of failing. Kernels release the GIL and use no fast-math: integer and
+:func:`kernel` compiles a function for its explicit signatures the first time it is called (from
+Python, or from another kernel being compiled), not when its module is imported, so a process
+compiles or loads only the kernels its configuration runs; numba's on-disk cache (next to the
+source, or ``NUMBA_CACHE_DIR``, or ``~/.cache``) keeps the machine code, so later processes load
+it (a few ms a kernel) instead of compiling it (~0.2-1 s a kernel). Where no cache location is
+writable (a read-only install without a writable home), it compiles without the cache instead of
+failing. Kernels release the GIL and use no fast-math: integer and
 comparison work, and float64 arithmetic done in the order of the numpy expression it replaces
 (tests compare the bits); transcendental functions (exp, log, cos) stay in numpy, whose results
 a compiled loop might round differently.
@@ -33,6 +35,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core.registry import CPUDispatcher
 from numba.extending import intrinsic
 
 _checked = [False]
@@ -174,30 +177,78 @@ def inline(fn):
     return numba.njit(inline="always")(fn)
 
 
-def _note_first_compile(fn) -> None:
-    """Before the first kernel compiles: when numba's cache has no index for it (a fresh
-    install, or an emptied ``NUMBA_CACHE_DIR``), say on stderr that compiling takes a while, so
-    the first run's ~20 s of silence is explained. Checked once per process; any trouble
-    reading numba's cache path skips the note."""
+def _note_first_compile(disp) -> None:
+    """Before a kernel compiles: when numba's cache has no index for it (a fresh install, or an
+    emptied ``NUMBA_CACHE_DIR``), say once on stderr that compiling takes a while, so the first
+    run's seconds of silence are explained. Any trouble reading numba's cache path (no cache:
+    numba's ``NullCache``) skips the note."""
     if _checked[0]:
         return
-    _checked[0] = True
     try:
-        index = _CheckedFunctionCache(fn)._cache_file._index_path
+        index = disp._cache._cache_file._index_path
     except Exception:  # noqa: BLE001 - (numba internals; the note is a courtesy)
         return
     if not os.path.exists(index):
+        _checked[0] = True
         print("kvsim: compiling the simulator's kernels (the first run of an install takes "
-              "~20 s more; numba caches them for the next runs)", file=sys.stderr, flush=True)
+              "~10-20 s more; numba caches them for the next runs)", file=sys.stderr, flush=True)
+
+
+class _LazyKernel(CPUDispatcher):
+    """numba's CPU dispatcher of a kernel with declared signatures (``_declared``) that compiles
+    them, or loads them from numba's cache, the first time the kernel is called from Python or
+    typed inside another kernel being compiled, then disables compilation: from then on it is
+    what ``numba.njit(signatures)`` returns (the same machine code; arguments converted to a
+    declared signature by numba's own rules, a call no signature takes raises numba's
+    TypeError). Calls after the first go through numba's C dispatcher with no Python in
+    between."""
+
+    _declared: tuple = ()
+
+    def ensure_compiled(self) -> None:
+        """Compile (or load) every declared signature now, once; later calls return at once."""
+        if not self._can_compile:
+            return
+        from numba.core import typeinfer
+
+        _note_first_compile(self)
+        with typeinfer.register_dispatcher(self):  # (as numba.njit(signatures) compiles them)
+            for sig in self._declared:
+                self.compile(sig)
+        self.disable_compile()
+
+    def _compile_for_args(self, *args, **kws):
+        # (numba's C dispatcher calls this when no compiled signature takes the arguments and
+        # compiling is allowed, then calls what it returns with them: the dispatcher itself,
+        # which now has its signatures and resolves the call as an eager kernel would)
+        self.ensure_compiled()
+        return self
+
+    def get_call_template(self, args, kws):
+        self.ensure_compiled()
+        return super().get_call_template(args, kws)
+
+
+def _lazy(disp, signature) -> CPUDispatcher:
+    """``disp`` (a dispatcher from ``numba.njit`` without signatures) as a :class:`_LazyKernel`
+    of ``signature`` (one numba signature or a list of them)."""
+    if type(disp) is not CPUDispatcher:  # (not numba's CPU dispatcher: compile it now)
+        for sig in (signature if isinstance(signature, list) else [signature]):
+            disp.compile(sig)
+        disp.disable_compile()
+        return disp
+    disp.__class__ = _LazyKernel
+    disp._declared = tuple(signature if isinstance(signature, list) else [signature])
+    return disp
 
 
 def kernel(signature, depends=()):
     """Decorator: ``numba.njit(signature, cache=True, nogil=True)`` (``signature``: a numba
-    signature string or object, or a list of them) with numba's cache in checked files
-    (:class:`_CheckedFunctionCache`), without ``cache`` where numba finds no writable cache
-    location (it raises RuntimeError "cannot cache function"); under ``NUMBA_DISABLE_JIT=1``
-    the Python function itself (numpy's overflow warnings off: integers wrap around in the
-    compiled kernel too).
+    signature string or object, or a list of them) compiled on the kernel's first call
+    (:class:`_LazyKernel`), with numba's cache in checked files (:class:`_CheckedFunctionCache`);
+    without ``cache`` where numba finds no writable cache location (it raises RuntimeError
+    "cannot cache function"); under ``NUMBA_DISABLE_JIT=1`` the Python function itself (numpy's
+    overflow warnings off: integers wrap around in the compiled kernel too).
 
     ``depends``: the other modules whose :func:`inline` helpers the kernel calls. numba stamps a
     cached kernel with its own file only, so a changed helper in another file would leave the
@@ -217,7 +268,6 @@ def kernel(signature, depends=()):
                     return fn(*args)
 
             return plain
-        _note_first_compile(fn)
         import numba.core.dispatcher as dispatcher
 
         # (numba's Dispatcher.enable_caching makes dispatcher.FunctionCache: kvsim's checked
@@ -226,11 +276,11 @@ def kernel(signature, depends=()):
         dispatcher.FunctionCache = (_CheckedFunctionCache if not depends else
                                     _dependent_cache([m.__file__ for m in depends]))
         try:
-            return numba.njit(signature, cache=True, nogil=True)(fn)
+            return _lazy(numba.njit(cache=True, nogil=True)(fn), signature)
         except RuntimeError as e:  # (numba: "cannot cache function ...": no writable place)
             if "cannot cache" not in str(e):
                 raise
-            return numba.njit(signature, cache=False, nogil=True)(fn)
+            return _lazy(numba.njit(cache=False, nogil=True)(fn), signature)
         finally:
             dispatcher.FunctionCache = numbas
 

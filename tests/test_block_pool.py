@@ -283,13 +283,13 @@ def test_kernel_compiles_without_the_cache_when_no_location_is_writable(monkeypa
     real = numba.njit
     calls = []
 
-    def njit(sig, cache=False, nogil=False, _msg="cannot cache function 'f': no locator available"):
+    def njit(cache=False, nogil=False, _msg="cannot cache function 'f': no locator available"):
         calls.append(cache)
         if cache:
             def refuse(fn):
                 raise RuntimeError(_msg)
             return refuse
-        return real(sig, cache=False, nogil=nogil)
+        return real(cache=False, nogil=nogil)
 
     monkeypatch.setattr(sim.jit.numba, "njit", njit)
 
@@ -299,7 +299,7 @@ def test_kernel_compiles_without_the_cache_when_no_location_is_writable(monkeypa
 
     assert plus_one(41) == 42 and calls == [True, False]
     monkeypatch.setattr(sim.jit.numba, "njit",
-                        lambda sig, cache=False, nogil=False: njit(sig, cache, nogil, _msg="other"))
+                        lambda cache=False, nogil=False: njit(cache, nogil, _msg="other"))
     with pytest.raises(RuntimeError, match="other"):
         sim.jit.kernel("i8(i8)")(lambda x: x)
 

@@ -21,10 +21,33 @@ a timestamp evenly over the bucket in file order (``keep``: as recorded; ``jitte
 uniform offsets, sorted to keep file order).
 """
 from .config import PRESET_PATHS, TRACE_FORMATS, TraceConfig, traces_dir
-from .cache import input_fingerprint
 from .errors import TraceError
-from .loader import generate_bench, load_workload
-from .workload import WORKLOAD_SCHEMA, Workload
+
+# (the loaders, the parsed-trace cache and the workload table, with numpy and pyarrow, are
+# imported on first use of one of their names: composing a run's config needs only the above)
+_LAZY = {"input_fingerprint": "cache", "generate_bench": "loader", "load_workload": "loader",
+         "WORKLOAD_SCHEMA": "workload", "Workload": "workload"}
+
+
+def __getattr__(name: str):
+    """``traces.NAME`` for the names of ``_LAZY``, from the module that defines it."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'traces' has no attribute {name!r}")
+    if module == "cache":
+        from . import cache as m
+    elif module == "loader":
+        from . import loader as m
+    else:
+        from . import workload as m
+    value = getattr(m, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "load_workload",

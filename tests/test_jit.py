@@ -1,0 +1,95 @@
+"""sim.jit's kernels: compiled on their first call, not at import, with the behaviour of a
+kernel numba compiled for its signatures at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from sim.jit import kernel
+
+REPO = Path(__file__).resolve().parents[1]
+
+TWO_KERNELS = '''
+from sim.jit import kernel
+
+
+@kernel("i8(i8)")
+def plus_one(x):
+    return x + 1
+
+
+@kernel("i8(i8)")
+def plus_two(x):
+    return plus_one(plus_one(x))
+
+
+@kernel("f8(f8)")
+def half(x):
+    return x / 2
+'''
+
+
+def test_a_kernel_compiles_on_its_first_call_not_at_import(tmp_path):
+    """Importing a module of kernels compiles none of them (numba's cache gets no index); a
+    call compiles that kernel and the kernels it calls, no other; a later process loads the
+    called ones from the cache and compiles nothing."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "twokern.py").write_text(TWO_KERNELS)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "mod"), str(REPO)]))
+    env.pop("NUMBA_DISABLE_JIT", None)
+
+    def run(code):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+
+    def indexed():
+        return sorted(p.name.split("-")[0] for p in cache.rglob("*.kvsim.nbi"))
+
+    r = run("import twokern")
+    assert indexed() == [] and "compiling" not in r.stderr
+    r = run("import twokern; print(twokern.plus_two(40))")
+    assert r.stdout.split() == ["42"]
+    assert indexed() == ["twokern.plus_one", "twokern.plus_two"]
+    assert r.stderr.count("kvsim: compiling the simulator's kernels") == 1, r.stderr
+    r = run("import twokern; print(twokern.plus_two(1), twokern.plus_one(1))")
+    assert r.stdout.split() == ["3", "2"] and "compiling" not in r.stderr
+
+
+@kernel("i8(i8)")
+def _lazy_plus_one(x):
+    return x + 1
+
+
+@numba.njit("i8(i8)", nogil=True)
+def _eager_plus_one(x):
+    return x + 1
+
+
+@pytest.mark.parametrize("arg", [41, 3.7, True, np.int32(-5), np.float32(2.5), np.uint64(7)])
+def test_a_kernel_converts_arguments_as_numba_njit_with_signatures(arg):
+    """A first call with any argument numba can convert to the declared signature gives what
+    ``numba.njit(signature)`` gives (numba's unsafe conversions: a float is truncated)."""
+    assert _lazy_plus_one(arg) == _eager_plus_one(arg)
+    assert _lazy_plus_one.signatures == _eager_plus_one.signatures
+
+
+def test_a_kernel_refuses_arguments_no_signature_takes():
+    """An argument no declared signature takes raises numba's TypeError, as a kernel compiled at
+    import does; no new signature is compiled for it."""
+    for f in (_lazy_plus_one, _eager_plus_one):
+        with pytest.raises(TypeError, match="No matching definition"):
+            f("forty-one")
+        with pytest.raises(TypeError, match="No matching definition"):
+            f(np.ones(2))
+    assert _lazy_plus_one.signatures == _eager_plus_one.signatures
