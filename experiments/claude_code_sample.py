@@ -61,7 +61,7 @@ def strip_line(o: dict, u: _Names, m: _Names, s: _Names, a: _Names) -> dict | No
 def build_sample(src: Path, out: Path) -> dict:
     """Write the stripped sample of every transcript under ``src`` to ``out`` (xz); returns
     counts (files, lines)."""
-    from traces.claude_code import transcript_files
+    from traces._calls import transcript_files
 
     names = [_Names(p) for p in "umsa"]
     files = [f for f in transcript_files(src) if f.stat().st_size]

@@ -1,4 +1,4 @@
-"""Build an ``openai_log`` trace (``traces/openai_log.py``'s schema) from mini-SWE-agent
+"""Build an ``openai_log`` trace (``traces/formats/openai_log.py``'s schema) from mini-SWE-agent
 trajectories (``*.traj.json``, trajectory format ``mini-swe-agent-1.1``), whose assistant
 messages keep the provider's whole chat-completion response in ``extra.response`` and the time
 it arrived in ``extra.timestamp``.

@@ -129,28 +129,6 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     return t
 
 
-# trace options that only one kind of trace reads (traces.TraceConfig's groups): set on another
-# kind they change nothing, which the command line says
-TRACE_FORMAT_FIELDS = {
-    "mooncake": ("timestamp_spread", "rebase_to_first_arrival"),
-    "azure": ("rebase_to_first_arrival",),
-    "weka": ("session_arrival", "session_rate_per_s", "session_interval_s", "share_system_prefix",
-             "max_sessions", "rebase_to_first_arrival"),
-    "claude_code": ("session_arrival", "session_rate_per_s", "session_interval_s",
-                    "share_system_prefix", "max_sessions", "block_tokens",
-                    "rebase_to_first_arrival"),
-    "openai_log": ("session_arrival", "session_rate_per_s", "session_interval_s",
-                   "share_system_prefix", "max_sessions", "block_tokens",
-                   "rebase_to_first_arrival"),
-    "servegen": ("num_requests", "clients", "servegen_iat"),
-    "synthetic": ("num_sessions", "turns_min", "turns_max", "arrival_rate_per_s",
-                  "think_time_mean_s", "shared_prefix_tokens", "input_mean", "input_sigma",
-                  "turn_input_mean", "turn_input_sigma", "output_mean", "output_sigma",
-                  "block_tokens", "max_context_tokens"),
-    "bench": ("num_requests", "max_concurrency", "request_rate", "burstiness", "input_len",
-              "output_len", "range_ratio", "range_rule", "chain_assignment", "prefix_tokens",
-              "num_prefix_groups", "block_tokens"),
-}
 # tier options that only matter with a host or disk tier: all but the preset name and sizes
 TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
@@ -199,17 +177,20 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
     summary's ``tiers``, e.g. ``gpu_only``), ``cost.file`` without ``cost.kind=calibrated``, a
     policy option or a compaction with ``policy=full`` (no round ever runs), a compaction
     option with ``compaction=none``, and a codec option with ``codec=identity``."""
-    kind = "synthetic" if trace_format.startswith("synthetic") else trace_format
+    from traces.registry import all_formats, readers_of
+
     notes = []
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
         group, _, field = key.partition(".")
         if group == "trace":
-            readers = [k for k, names in TRACE_FORMAT_FIELDS.items() if field in names]
-            if readers and kind not in readers:
+            # (trace options that only some formats read: their options classes, traces.formats)
+            readers = readers_of(field)
+            if readers and trace_format not in readers:
                 notes.append(f"{key} is read by {' and '.join(readers)} traces only; this run's "
                              f"trace is {trace_format}: it changes nothing")
-            if field in ("path", "cache", "cache_dir") and kind in ("synthetic", "bench"):
+            fmt = all_formats().get(trace_format)
+            if field in ("path", "cache", "cache_dir") and fmt is not None and fmt.generated:
                 notes.append(f"{key} is read by traces loaded from files; this run's trace is "
                              f"{trace_format}, generated from its options: it changes nothing")
         elif key == "cost.file" and cost_kind != "calibrated":

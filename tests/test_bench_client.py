@@ -1,4 +1,4 @@
-"""The ``bench`` trace format (traces/bench.py): a serving benchmark's client as a workload.
+"""The ``bench`` trace format (traces/formats/bench.py): a serving benchmark's client as a workload.
 Hand-checked small cases, property tests of the invariants, the errors of bad input, and
 simulated runs that check the closed loop keeps at most N requests in flight and releases each
 prompt when its parent finishes."""
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from sim.run import compose_config, run_simulation
 from traces import TraceConfig, TraceError, generate_bench, load_workload
-from traces.bench import bench_params, chain_parents, length_bounds
+from traces.formats.bench import bench_params, chain_parents, length_bounds
 from traces.config import coerce_config
 
 REPO = Path(__file__).resolve().parents[1]

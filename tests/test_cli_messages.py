@@ -158,8 +158,8 @@ def test_inert_overrides_get_a_note():
                                   "trace.max_requests=5", "tiers.write_policy=write_through",
                                   "+tiers.onboard=layerwise", "seed=1"], "mooncake", "gpu_only")
     assert notes == [
-        "trace.num_requests is read by servegen and bench traces only; this run's trace is mooncake: it changes nothing",
-        "trace.max_sessions is read by weka and claude_code and openai_log traces only; this "
+        "trace.num_requests is read by bench and servegen traces only; this run's trace is mooncake: it changes nothing",
+        "trace.max_sessions is read by claude_code and openai_log and weka traces only; this "
         "run's trace is mooncake: it changes nothing",
         "tiers.write_policy applies to host and disk tiers; with none (tiers.host_gib = "
         "tiers.disk_gib = 0) it changes nothing",

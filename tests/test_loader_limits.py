@@ -24,7 +24,7 @@ _ISOLATED = r"""
 import json, resource, sys
 import numpy as np
 from traces import TraceConfig, load_workload
-import traces.servegen as sg
+import traces.formats.servegen as sg
 
 def vm(key):
     for line in open("/proc/self/status"):

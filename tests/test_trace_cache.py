@@ -97,13 +97,13 @@ def test_the_key_follows_the_file_the_seed_and_the_options_the_loader_reads(tmp_
 def test_no_loader_reads_the_fields_the_key_leaves_out(opts):
     """The key leaves out SLICING_FIELDS: every loader's Parsed must be the same whatever they
     hold (else an entry would be reused for a different parse)."""
-    import traces.azure
-    import traces.mooncake
-    import traces.servegen
-    import traces.weka
+    import traces.formats.azure
+    import traces.formats.mooncake
+    import traces.formats.servegen
+    import traces.formats.weka
 
-    fn = {"mooncake": traces.mooncake.load_mooncake, "azure": traces.azure.load_azure,
-          "weka": traces.weka.load_weka, "servegen": traces.servegen.load_servegen}[opts["format"]]
+    fn = {"mooncake": traces.formats.mooncake.load_mooncake, "azure": traces.formats.azure.load_azure,
+          "weka": traces.formats.weka.load_weka, "servegen": traces.formats.servegen.load_servegen}[opts["format"]]
     other = {"name": "other", "time_scale": 3.0, "max_requests": 2, "duration_s": 1.0,
              "cache": False, "cache_dir": "/nonexistent"}
     assert set(other) | {"path"} == SLICING_FIELDS
@@ -320,10 +320,10 @@ def test_the_key_follows_the_code_as_imported_and_the_environment(tmp_path, monk
     c = coerce_config({"name": "mooncake_conversation_10min"})
     key, material = cache_key(c, resolve_path(c), 0)
     assert set(material["environment"]) == {"python", "numpy", "json"}
-    monkeypatch.setitem(_source.IMPORTED, "traces.mooncake", "0" * 32)  # (as if reloaded edited)
+    monkeypatch.setitem(_source.IMPORTED, "traces.formats.mooncake", "0" * 32)  # (as if reloaded edited)
     assert cache_key(c, resolve_path(c), 0)[0] != key
-    import traces.mooncake
-    importlib.reload(traces.mooncake)  # the same source again: the same key
+    import traces.formats.mooncake
+    importlib.reload(traces.formats.mooncake)  # the same source again: the same key
     assert cache_key(c, resolve_path(c), 0)[0] == key
 
 
@@ -424,20 +424,20 @@ def test_a_parse_that_draws_no_random_number_is_stored_once_for_every_seed(tmp_p
 def test_a_file_that_changes_while_it_is_parsed_is_not_stored(tmp_path, monkeypatch):
     """The key is taken before the parse: when the file's content differs after it, the result
     (of whichever content the loader read) is not stored under the old content's key."""
-    import traces.azure
+    import traces.formats.azure
 
     src = tmp_path / "a.csv"
     shutil.copy(DATA / "azure_zero.csv", src)
-    real = traces.azure.load_azure
+    real = traces.formats.azure.load_azure
 
     def edit_then_load(path, *a, **k):
         out = real(path, *a, **k)
         src.write_text(src.read_text() + src.read_text().splitlines()[-1] + "\n")
         return out
 
-    monkeypatch.setattr(traces.azure, "load_azure", edit_then_load)
+    monkeypatch.setattr(traces.formats.azure, "load_azure", edit_then_load)
     w = _load(tmp_path, format="azure", path=str(src))
     assert w.notes["trace_cache"] == "off" and any("changed while it was parsed" in x
                                                    for x in w.warnings)
-    monkeypatch.setattr(traces.azure, "load_azure", real)
+    monkeypatch.setattr(traces.formats.azure, "load_azure", real)
     assert _load(tmp_path, format="azure", path=str(src)).notes["trace_cache"] == "miss"

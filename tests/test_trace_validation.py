@@ -224,7 +224,7 @@ def test_servegen_cv_is_checked_but_does_not_change_the_sample(tmp_path):
     rows = [",".join(r.split(",")[:2] + ["7.5"] + r.split(",")[3:]) for r in rows]
     (b / "chunk-0-trace.csv").write_text("\n".join(rows) + "\n")
     assert _sg(a).table.equals(_sg(b).table)
-    import traces.servegen as sg
+    import traces.formats.servegen as sg
     assert "``cv`` is checked so but not used" in sg.__doc__
 
 
@@ -345,7 +345,7 @@ def test_synthetic_first_prompt_obeys_max_context_tokens():
 def test_synthetic_first_input_is_the_truncated_lognormal():
     """A draw within the cap is the plain lognormal draw (workloads that never reach the cap are
     unchanged); above it, a draw from the lognormal truncated at the cap."""
-    from traces.synthetic import _first_input, _lognormal
+    from traces.formats.synthetic import _first_input, _lognormal
 
     a, b = np.random.default_rng(3), np.random.default_rng(3)
     assert [_first_input(a, 2000.0, 0.8, 10**9) for _ in range(200)] == \
@@ -728,7 +728,7 @@ def test_synthetic_lengths_beyond_int_range_are_an_error(over):
 def test_synthetic_parameter_error_names_the_config_key(field, value, expected):
     """A synthetic trace's bad parameter is named by the key the user typed
     (``trace.num_sessions``), as the other config errors are."""
-    from traces.synthetic import synthetic_params
+    from traces.formats.synthetic import synthetic_params
     cfg = TraceConfig(format="synthetic_agentic", **{field: value})
     with pytest.raises(TraceError, match=re.escape(f"field 'trace.{field}': {expected}")):
         synthetic_params(cfg)

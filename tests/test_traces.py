@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from traces import (TRACE_FORMATS, WORKLOAD_SCHEMA, TraceConfig, TraceError, Workload,
                     load_workload, traces_dir)
-from traces.servegen import parse_pmf
+from traces.formats.servegen import parse_pmf
 
 DATA = Path(__file__).parent / "data" / "traces"
 REPO = Path(__file__).resolve().parents[1]
@@ -410,7 +410,7 @@ def test_servegen_flat_pmf_literal_reads_as_python_does(pairs, sep, trailing):
     error."""
     import ast
 
-    from traces.servegen import _literal_dict
+    from traces.formats.servegen import _literal_dict
 
     text = "{" + sep.join(f"{k}: {v}" for k, v in pairs) + ("," if trailing and pairs else "") + "}"
     try:

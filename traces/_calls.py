@@ -31,15 +31,20 @@ roots by arrival (ties: call order).
 from __future__ import annotations
 
 import heapq
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-from ._common import Parsed, counted
-from .config import session_arrival_of
+from ._common import Parsed, SessionOptions, check_session_options, counted
 from .errors import TraceError
+from .registry import session_arrival_of
 
 DEFAULT_BLOCK_TOKENS = 16
+#: Names of the files read from a folder of transcripts or logs.
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.xz")
 
 
 @dataclass
@@ -226,6 +231,63 @@ def build(calls: Calls, cfg, rng: np.random.Generator, *, source: str, warnings:
         notes=notes,
         extra=extra,
     )
+
+@dataclass
+class AgentLogOptions(SessionOptions):
+    """The options of agent transcripts and chat completion logs (``claude_code``,
+    ``openai_log``; docs/AGENT_TRACES.md has the accepted fields and the mapping): those of
+    sessions (:class:`traces._common.SessionOptions`; ``share_system_prefix``: the leading tokens
+    each chain's first call read from the provider's cache are taken as one prefix shared by
+    every chain, an assumption), and:
+
+    Attributes:
+        block_tokens: G, tokens per prefix id made up for the calls' prompts (>= 1); null: 16.
+    """
+
+    block_tokens: Optional[int] = None
+
+
+def check_agent_log_options(c) -> None:
+    """The checks of :class:`AgentLogOptions`' fields of ``c`` (raises TraceError naming the
+    field)."""
+    check_session_options(c)
+    if c.block_tokens is not None and not (isinstance(c.block_tokens, int) and c.block_tokens >= 1):
+        raise TraceError(field="block_tokens", found=repr(c.block_tokens),
+                         expected="an integer >= 1 (tokens per prefix id) or null (16)")
+
+
+#: ``trace.path`` hint of the agent log formats.
+AGENT_LOG_HINT = ("Point trace.path at a transcript file or a folder of them (e.g. "
+                  "`trace.path=~/.claude/projects/-home-me-myproject`; docs/AGENT_TRACES.md)")
+
+
+def transcript_files(path: Path, kind: str = "transcript") -> list[Path]:
+    """The files a folder ``path`` holds (recursively, names ending :data:`SUFFIXES`, sorted by
+    their path), or ``[path]`` for a file. Raises TraceError when a folder holds none."""
+    if not path.is_dir():
+        return [path]
+    files = sorted((q for q in path.rglob("*") if q.name.endswith(SUFFIXES) and q.is_file()),
+                   key=lambda q: q.relative_to(path).as_posix())
+    if not files:
+        raise TraceError(f"no {kind} files in the folder", path=str(path),
+                         found="no file named *.jsonl, *.jsonl.gz or *.jsonl.xz (searched "
+                               "recursively)",
+                         expected=f"{kind} files (docs/AGENT_TRACES.md)")
+    return files
+
+
+def agent_log_input_files(path: Path) -> Optional[list]:
+    """The files the agent log loaders read from ``path``: ``[(name, file)]`` of a regular file,
+    or of every transcript file in a folder (named by its path in the folder); None when
+    ``path`` is neither, or a folder without one (the loader names it)."""
+    if not path.is_dir():
+        return [(path.name, path)] if stat.S_ISREG(path.stat().st_mode) else None
+    try:
+        files = transcript_files(path)
+    except TraceError:
+        return None
+    return [(q.relative_to(path).as_posix(), q) for q in files]
+
 
 from ._source import note_source as _note_source  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""Intermediate result shared by the loaders, and small validation helpers."""
+"""Intermediate result shared by the loaders, the options of the session formats, and small
+validation helpers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -149,6 +150,52 @@ def output_len(v: int, zero_output: str, *, path: str, where: str, key: str,
         return 1
     raise TraceError(path=path, where=where, field=key, found=v,
                      expected=">= 1 (set trace.zero_output=as_one to load 0 as 1)")
+
+
+def check_choice(c: Any, field: str, options: tuple[str, ...]) -> None:
+    """Raise TraceError naming ``field`` when ``getattr(c, field)`` is not one of ``options``."""
+    v = getattr(c, field)
+    if v not in options:
+        raise TraceError(field=field, found=repr(v), expected=f"one of {list(options)}")
+
+
+@dataclass
+class SessionOptions:
+    """Formats of sessions (Weka, Claude Code, OpenAI logs): how the sessions start.
+
+    Attributes:
+        session_arrival: ``poisson`` (seeded, ``session_rate_per_s``; first session at 0) |
+            ``recorded`` (session order, ``session_interval_s`` apart) | ``absolute`` (the
+            sessions' recorded wall-clock starts: Weka needs a session ``start_time``, which
+            the published traces lack) | null (the format's default: Weka ``poisson``, Claude
+            Code and OpenAI logs ``absolute``).
+        session_rate_per_s: sessions per second of ``poisson`` (> 0).
+        session_interval_s: seconds between session starts of ``recorded`` (>= 0).
+        share_system_prefix: map the leading ids covering ``system_tokens + tool_tokens`` to one
+            id space shared across sessions (assumption: same system/tool prompt everywhere).
+        max_sessions: read only the first N sessions (Weka: file order; Claude Code and OpenAI
+            logs: in order of their first call); null: all.
+    """
+
+    session_arrival: Optional[str] = None
+    session_rate_per_s: float = 0.2
+    session_interval_s: float = 5.0
+    share_system_prefix: bool = False
+    max_sessions: Optional[int] = None
+
+
+def check_session_options(c: Any) -> None:
+    """The checks of :class:`SessionOptions`' fields of ``c`` (raises TraceError naming the
+    field)."""
+    if c.session_arrival is not None:
+        check_choice(c, "session_arrival", ("poisson", "recorded", "absolute"))
+    if c.session_rate_per_s <= 0:
+        raise TraceError(field="session_rate_per_s", found=c.session_rate_per_s, expected="> 0")
+    if c.session_interval_s < 0:
+        raise TraceError(field="session_interval_s", found=c.session_interval_s, expected=">= 0")
+    if c.max_sessions is not None and c.max_sessions < 1:
+        raise TraceError(field="max_sessions", found=c.max_sessions, expected=">= 1 or null")
+
 
 from ._source import note_source as _note_source  # noqa: E402
 

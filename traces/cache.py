@@ -70,6 +70,7 @@ import xxhash
 from ._source import IMPORTED
 from ._common import Parsed
 from .errors import ErrorSink, TraceError
+from .registry import FORMATS
 
 __all__ = ["CACHE_FORMAT", "SLICING_FIELDS", "cache_root", "cache_key", "parse_cached"]
 
@@ -88,7 +89,6 @@ _DEFAULT_MAX_GIB = 8.0
 _KEY_RE = re.compile(r"[0-9a-f]{32}")
 _TMP_RE = re.compile(r"\.[0-9a-f]{32}\..+")
 _STALE_TMP_S = 3600.0  # a temporary folder this old is a killed write's
-_SERVEGEN_RE = re.compile(r"chunk-[0-9]+-(trace\.csv|dataset\.json)")  # (traces.servegen)
 
 
 def cache_root(cache_dir: Optional[str] = None) -> Path:
@@ -134,27 +134,20 @@ def _file_digest(p: Path) -> str:
 
 def _input_fingerprint(fmt: str, path: Path) -> Optional[list]:
     """``[[name, size in bytes, xxh3-128 hex], ...]`` of what the loader of ``fmt`` reads: the
-    input file, a ServeGen folder's ``chunk-N-*`` files (sorted by name) or a folder of agent
-    transcripts' files (named by their path in it); None when the input
-    is not of that kind (a pipe, a folder for a file format): the loader, run without the cache,
-    says what is wrong. Raises OSError when a file cannot be read."""
-    if fmt == "servegen":
-        if not path.is_dir():
+    files its :attr:`~traces.registry.TraceFormat.input_files` names (a ServeGen folder's
+    ``chunk-N-*`` files, a folder of agent transcripts' files named by their path in it), else
+    the input file; None when the input is not of that kind (a pipe, a folder for a file
+    format): the loader, run without the cache, says what is wrong. Raises OSError when a file
+    cannot be read."""
+    input_files = FORMATS[fmt].input_files
+    if input_files is not None:
+        named = input_files(path)
+        if named is None:
             return None
-        files = sorted(q for q in path.iterdir() if _SERVEGEN_RE.fullmatch(q.name) and q.is_file())
-    elif fmt in ("claude_code", "openai_log") and path.is_dir():
-        # (a folder of transcripts: every file the loader reads, named by its path in the folder)
-        from .claude_code import transcript_files
-        try:
-            files = transcript_files(path)
-        except TraceError:
-            return None  # (the loader names it)
-        return [[q.relative_to(path).as_posix(), *file_fingerprint(q)[1:]] for q in files]
-    else:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return None
-        files = [path]
-    return [file_fingerprint(q) for q in files]
+        return [[name, *file_fingerprint(q)[1:]] for name, q in named]
+    if not stat.S_ISREG(path.stat().st_mode):
+        return None
+    return [file_fingerprint(path)]
 
 
 def file_fingerprint(p: Path) -> list:
@@ -166,11 +159,12 @@ def file_fingerprint(p: Path) -> list:
 
 
 def _code_fingerprint() -> str:
-    """xxh3-128 over the source of every module of the ``traces`` package as imported
-    (``traces._source``; each is imported here first)."""
+    """xxh3-128 over the source of every module of the ``traces`` package and its subpackages
+    (``traces.formats``) as imported (``traces._source``; each is imported here first)."""
     here = Path(__file__).resolve().parent
-    names = sorted(f"traces.{q.stem}" if q.stem != "__init__" else "traces"
-                   for q in here.glob("*.py") if q.stem != "_source")
+    names = sorted(".".join(("traces", *q.relative_to(here).with_suffix("").parts))
+                   .removesuffix(".__init__")
+                   for q in here.rglob("*.py") if q.stem != "_source")
     h = xxhash.xxh3_128()
     for name in names:
         if name not in IMPORTED:

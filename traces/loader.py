@@ -1,4 +1,5 @@
-"""``load_workload``: dispatch on ``cfg.format``, then slice, rebase, scale and build the table."""
+"""``load_workload``: the format's loader (:data:`traces.registry.FORMATS`), then slice, rebase,
+scale and build the table."""
 from __future__ import annotations
 
 import resource
@@ -12,13 +13,11 @@ from ._common import MAX_ARRIVAL_S, Parsed, is_int
 from .cache import _input_fingerprint, parse_cached
 from .config import TraceConfig, coerce_config, recorded_clock, resolve_path
 from .errors import ErrorSink, TraceError
+from .registry import FORMATS
 from .slicing import kept_rows
 from .workload import Workload, build_table
 
 __all__ = ["load_workload", "generate_bench"]
-
-# formats whose loader is fn(path, cfg, rng, sink) (the others also take the seed)
-FILE_LOADERS = ("mooncake", "azure", "weka", "claude_code", "openai_log")
 
 
 def peak_rss_mb() -> float:
@@ -140,37 +139,19 @@ def load_workload(cfg: Any = None, seed: int = 0) -> Workload:
     path = resolve_path(c)
     sink = ErrorSink(c.on_error)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x7ACE]))
-    if c.format == "mooncake":
-        from .mooncake import load_mooncake as fn
-    elif c.format == "azure":
-        from .azure import load_azure as fn
-    elif c.format == "weka":
-        from .weka import load_weka as fn
-    elif c.format == "servegen":
-        from .servegen import load_servegen as fn
-    elif c.format == "bench":
-        from .bench import generate as fn
-    elif c.format == "claude_code":
-        from .claude_code import load_claude_code as fn
-    elif c.format == "openai_log":
-        from .openai_log import load_openai_log as fn
-    else:
-        from .synthetic import generate as fn
-    if c.format in FILE_LOADERS:
-        def parse() -> Parsed:
-            return fn(path, c, rng, sink)
-    else:
-        def parse() -> Parsed:
-            return fn(path, c, rng, sink, seed=int(seed))
+    fmt = FORMATS[c.format]
+
+    def parse() -> Parsed:
+        return fmt.load(path, c, rng, sink, int(seed))
+
     if path is None:  # generated: nothing to cache
         pr, cached = parse(), {"status": "off", "entry": None, "warnings": []}
     else:
         state0 = rng.bit_generator.state
         pr, cached = parse_cached(
             c, path, int(seed), sink, parse,
-            # (ServeGen's loader takes the seed itself: its entries are always the seed's own)
-            seed_used=(lambda: rng.bit_generator.state != state0)
-            if c.format in FILE_LOADERS else None)
+            # (a loader that reads the seed itself keys its entries by it always)
+            seed_used=None if fmt.seed_keyed else (lambda: rng.bit_generator.state != state0))
     table, notes, idx = _finalize(pr, c)
     extra = {k: np.asarray(v)[idx] for k, v in pr.extra.items()}
     file_warnings = list(pr.warnings)
@@ -225,7 +206,7 @@ def generate_bench(*, num_prompts: int, input_len: int, output_len: int,
                    prefix_tokens: int = 0, num_prefix_groups: int = 1, block_tokens: int = 16,
                    seed: int = 0, range_rule: str = "symmetric",
                    chain_assignment: str = "earliest_free"):
-    """A serving benchmark's workload (:mod:`traces.bench`'s docstring), ready for
+    """A serving benchmark's workload (:mod:`traces.formats.bench`'s docstring), ready for
     ``sim.run.run_simulation(cfg, workload=...)``.
 
     Args:
@@ -257,7 +238,7 @@ def generate_bench(*, num_prompts: int, input_len: int, output_len: int,
     Raises:
         TraceError: an argument out of range, naming it and what was expected.
     """
-    from .bench import bench_params
+    from .formats.bench import bench_params
 
     bench_params(dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                       range_ratio=range_ratio, max_concurrency=max_concurrency,

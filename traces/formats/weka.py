@@ -65,15 +65,17 @@ import gc
 import itertools
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, counted, is_int, is_num,
-                      json_error_found, loads, need_int, need_list, need_num, output_len)
-from ._io import iter_lines
-from .config import session_arrival_of
-from .errors import ErrorSink, TraceError
+from .._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, SessionOptions,
+                       check_session_options, counted, is_int, is_num, json_error_found, loads,
+                       need_int, need_list, need_num, output_len)
+from .._io import iter_lines
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register, session_arrival_of
 
 BLOCK_TOKENS = 64  # (the published traces'; a file may declare another, the same on every line)
 # request types of the main chain in the published trace (counted there: 'n' 40,192, 's' 8,466,
@@ -418,7 +420,7 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
     message gives both. Called only when some arrival is that late (the rows are the loader's
     :func:`traces.loader.kept_rows`; the late row's session line is parsed again for its
     request's place)."""
-    from .slicing import kept_rows
+    from ..slicing import kept_rows
 
     p = str(path)
     idx = kept_rows(parent, arrival, cfg)
@@ -642,6 +644,18 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
         cacheable=cacheable,
     )
 
-from ._source import note_source as _note_source  # noqa: E402
+@dataclass
+class WekaOptions(SessionOptions):
+    """Weka's options: those of sessions (:class:`traces._common.SessionOptions`)."""
+
+
+register(TraceFormat(
+    name="weka", options=WekaOptions, check=check_session_options,
+    recorded_clock=lambda c: session_arrival_of(c) == "absolute",
+    session_arrival_default="poisson", default_path="weka_agentic/weka_traces.jsonl.xz",
+    load=lambda path, cfg, rng, sink, seed: load_weka(path, cfg, rng, sink)), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

@@ -32,12 +32,15 @@ per block of every prompt.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Optional
 
 import numpy as np
 
-from ._common import Parsed
-from .errors import ErrorSink, TraceError
+from .._common import Parsed
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register
 
 #: Per-format defaults for every ``None`` synthetic field of TraceConfig.
 # the longest length (tokens) a synthetic prompt or output may reach: 2**27, 13x the longest
@@ -226,6 +229,46 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
         notes={"params": d, "sessions": S},
     )
 
-from ._source import note_source as _note_source  # noqa: E402
+@dataclass
+class SyntheticOptions:
+    """The synthetic generators' options (the module docstring has the model); null: the
+    format's default (:data:`SYNTHETIC_DEFAULTS`). Lognormal lengths: ``*_mean`` is the mean of
+    the distribution in tokens, ``*_sigma`` the sigma of the underlying normal.
+
+    Attributes:
+        num_sessions: sessions (for ``synthetic_reasoning``, requests).
+        turns_min, turns_max: turns per session, drawn uniformly.
+        arrival_rate_per_s: sessions (reasoning: requests) per second, Poisson.
+        think_time_mean_s: mean of the exponential think time between turns.
+        shared_prefix_tokens: system/tool prompt shared by all sessions.
+        input_mean, input_sigma: the first prompt after the shared prefix.
+        turn_input_mean, turn_input_sigma: new tokens per later turn.
+        output_mean, output_sigma: output tokens.
+        block_tokens: G of the generated prefix ids.
+        max_context_tokens: a session ends before a prompt would exceed it.
+    """
+
+    num_sessions: Optional[int] = None
+    turns_min: Optional[int] = None
+    turns_max: Optional[int] = None
+    arrival_rate_per_s: Optional[float] = None
+    think_time_mean_s: Optional[float] = None
+    shared_prefix_tokens: Optional[int] = None
+    input_mean: Optional[float] = None
+    input_sigma: Optional[float] = None
+    turn_input_mean: Optional[float] = None
+    turn_input_sigma: Optional[float] = None
+    output_mean: Optional[float] = None
+    output_sigma: Optional[float] = None
+    block_tokens: Optional[int] = None
+    max_context_tokens: Optional[int] = None
+
+
+for _name in SYNTHETIC_DEFAULTS:
+    register(TraceFormat(name=_name, options=SyntheticOptions, input="generated", load=generate),
+             __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

@@ -17,14 +17,17 @@ median gap between distinct timestamps of the file (0 if the file has a single t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, counted, is_int,
-                      json_error_found, loads, need_int, need_list, need_num, output_len, short_repr)
-from ._io import iter_lines
-from .errors import ErrorSink, TraceError
+from .._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, check_choice, counted,
+                       is_int, json_error_found, loads, need_int, need_list, need_num, output_len,
+                       short_repr)
+from .._io import iter_lines
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register
 
 BLOCK_TOKENS = 512
 # a first timestamp at or past this (ms, ~11.6 days) is a wall clock (Unix-epoch ms are ~1.7e12):
@@ -243,6 +246,28 @@ def _check_chained(vals: np.ndarray, offs: np.ndarray, lines: list[int], p: str)
                      expected="prefix-chained ids: an id always follows the same id (or always "
                               "starts the prompt)")
 
-from ._source import note_source as _note_source  # noqa: E402
+@dataclass
+class MooncakeOptions:
+    """Mooncake's options.
+
+    Attributes:
+        timestamp_spread: the quantised (~3 s) timestamps: ``keep`` | ``even`` | ``jitter``
+            (the module docstring).
+    """
+
+    timestamp_spread: str = "even"
+
+
+def _check(c) -> None:
+    check_choice(c, "timestamp_spread", ("keep", "even", "jitter"))
+
+
+register(TraceFormat(
+    name="mooncake", options=MooncakeOptions, check=_check, recorded_clock=lambda c: True,
+    default_path="mooncake/conversation_trace.jsonl",
+    load=lambda path, cfg, rng, sink, seed: load_mooncake(path, cfg, rng, sink)), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

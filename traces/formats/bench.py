@@ -82,12 +82,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
-from ._common import MAX_ARRIVAL_S, Parsed, is_int, is_num
-from .errors import ErrorSink, TraceError
+from .._common import MAX_ARRIVAL_S, Parsed, is_int, is_num
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register
 from .synthetic import MAX_LENGTH
 
 __all__ = ["generate", "bench_params", "length_bounds", "chain_parents", "RANGE_RULES",
@@ -401,7 +403,56 @@ def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0
     docstring says)."""
     return _parsed(_check_config(cfg), int(seed))
 
+@dataclass
+class BenchOptions:
+    """The serving benchmark client's options (the module docstring has the rules and their
+    sources).
 
-from ._source import note_source as _note_source  # noqa: E402
+    Attributes:
+        num_requests: prompts sent in all (``--num-prompts``).
+        max_concurrency: closed loop, this many requests in flight (``--max-concurrency``); each
+            finish sends the next prompt at once.
+        request_rate: open loop, requests per second (``--request-rate``; ``inf`` = unpaced:
+            with max_concurrency the closed loop, alone every prompt at 0 s). Set one of the two
+            (a finite rate and a cap together are an error: the table cannot hold a prompt back
+            for both).
+        burstiness: gamma shape of the open loop's inter-arrival times (``--burstiness``; 1 =
+            Poisson, ``inf`` = fixed rate); 1 for a closed loop.
+        input_len, output_len: tokens around which the random part of each prompt and each
+            output are drawn (``--random-input-len``, ``--random-output-len``; vLLM's defaults
+            1024 and 128).
+        range_ratio: their spread (``--random-range-ratio``, 0 = fixed).
+        range_rule: ``symmetric`` (vLLM: uniform integers in [floor(L(1-r)), ceil(L(1+r))],
+            r < 1) | ``one_sided`` (InferenceMAX's and SGLang's clients: [int(L r), L], r <= 1).
+        prefix_tokens: shared tokens before every prompt's random part (``--random-prefix-len``;
+            the prompt is input_len-drawn + prefix_tokens long), identified for the prefix cache
+            in full blocks of ``block_tokens``.
+        num_prefix_groups: that many distinct shared prefixes, given to the prompts round robin.
+        block_tokens: G of the prefix ids (null: 16).
+        chain_assignment: how a closed loop deals prompts to its N chains: ``earliest_free``
+            (the chain with the fewest output tokens so far: the benchmark client's semaphore
+            replayed with time in flight taken as output length) | ``round_robin`` (i mod N).
+    """
+
+    num_requests: int = 5000
+    max_concurrency: Optional[int] = None
+    request_rate: Optional[float] = None
+    burstiness: float = 1.0
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0
+    range_rule: str = "symmetric"
+    prefix_tokens: int = 0
+    num_prefix_groups: int = 1
+    block_tokens: Optional[int] = None
+    chain_assignment: str = "earliest_free"
+
+
+register(TraceFormat(name="bench", options=BenchOptions, input="generated",
+                     check=_check_config, infinite=("request_rate", "burstiness"),
+                     load=generate), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

@@ -52,28 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ._calls import Calls, build
-from ._common import JSONDecodeError, counted, is_int, json_error_found, loads, output_len
-from ._io import iter_lines
-from .errors import ErrorSink, TraceError
+from .._calls import (AGENT_LOG_HINT, AgentLogOptions, Calls, agent_log_input_files, build,
+                      check_agent_log_options, transcript_files)
+from .._common import JSONDecodeError, counted, is_int, json_error_found, loads, output_len
+from .._io import iter_lines
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register, session_arrival_of
 
-SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.xz")
 _PROMPT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-
-
-def transcript_files(path: Path, kind: str = "transcript") -> list[Path]:
-    """The files a folder ``path`` holds (recursively, names ending :data:`SUFFIXES`, sorted by
-    their path), or ``[path]`` for a file. Raises TraceError when a folder holds none."""
-    if not path.is_dir():
-        return [path]
-    files = sorted((q for q in path.rglob("*") if q.name.endswith(SUFFIXES) and q.is_file()),
-                   key=lambda q: q.relative_to(path).as_posix())
-    if not files:
-        raise TraceError(f"no {kind} files in the folder", path=str(path),
-                         found="no file named *.jsonl, *.jsonl.gz or *.jsonl.xz (searched "
-                               "recursively)",
-                         expected=f"{kind} files (docs/AGENT_TRACES.md)")
-    return files
 
 
 def parse_time(v, *, path: str, where: str, key: str = "timestamp") -> float:
@@ -387,6 +373,14 @@ def load_claude_code(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink)
     pr.notes["parse_s"] = round(time.perf_counter() - t0, 3)
     return pr
 
-from ._source import note_source as _note_source  # noqa: E402
+register(TraceFormat(
+    name="claude_code", options=AgentLogOptions, check=check_agent_log_options,
+    input="trace file or folder", path_hint=AGENT_LOG_HINT, input_files=agent_log_input_files,
+    recorded_clock=lambda c: session_arrival_of(c) == "absolute",
+    session_arrival_default="absolute",
+    load=lambda path, cfg, rng, sink, seed: load_claude_code(path, cfg, rng, sink)), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

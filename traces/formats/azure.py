@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from ._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, counted, output_len, short_repr
-from ._io import csv_row, decode_utf8, iter_lines
-from .errors import ErrorSink, TraceError
+from .._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, counted, output_len, short_repr
+from .._io import csv_row, decode_utf8, iter_lines
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _TICKS = 10_000_000  # 100 ns ticks per second
@@ -199,6 +201,17 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
                "first_timestamp_ticks_100ns": int(tk[0])},
     )
 
-from ._source import note_source as _note_source  # noqa: E402
+@dataclass
+class AzureOptions:
+    """Azure's options: none beyond the common ones."""
+
+
+register(TraceFormat(
+    name="azure", options=AzureOptions, recorded_clock=lambda c: True,
+    default_path="azure2023/AzureLLMInferenceTrace_conv.csv",
+    load=lambda path, cfg, rng, sink, seed: load_azure(path, cfg, rng, sink)), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)

@@ -64,13 +64,16 @@ import json
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
-from ._common import Parsed, short_repr
-from ._io import csv_row, decode_utf8, iter_lines
-from .errors import ErrorSink, TraceError
+from .._common import Parsed, check_choice, short_repr
+from .._io import csv_row, decode_utf8, iter_lines
+from ..errors import ErrorSink, TraceError
+from ..registry import TraceFormat, register
 
 WINDOW_S = 600.0
 DATASET_WINDOW_S = 6 * 3600.0  # the dataset.json PMF windows (6 h)
@@ -593,6 +596,46 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
         extra={"reason_ratio": np.concatenate(rr_all)[order], "client": client},
     )
 
-from ._source import note_source as _note_source  # noqa: E402
+@dataclass
+class ServegenOptions:
+    """ServeGen's options (the module docstring has the sampling).
+
+    Attributes:
+        num_requests: requests to sample (>= 1).
+        clients: chunk numbers to read; null: every client in the folder.
+        servegen_iat: ``rate`` (fitted family and shape, scale rescaled so the mean
+            inter-arrival equals 1/rate of the window) | ``fit`` (shape and scale exactly as in
+            the file).
+    """
+
+    num_requests: int = 5000
+    clients: Optional[list[int]] = None
+    servegen_iat: str = "rate"
+
+
+def _check(c) -> None:
+    check_choice(c, "servegen_iat", ("rate", "fit"))
+    if c.num_requests < 1:
+        raise TraceError(field="num_requests", found=c.num_requests, expected=">= 1")
+
+
+def _input_files(path: Path) -> Optional[list]:
+    """The chunk files of the folder ``path`` that the loader may read, sorted by name; None
+    when ``path`` is not a folder."""
+    if not path.is_dir():
+        return None
+    return [(q.name, q) for q in sorted(path.iterdir())
+            if (_CHUNK_RE.fullmatch(q.name) or _DATASET_RE.fullmatch(q.name)) and q.is_file()]
+
+
+register(TraceFormat(
+    name="servegen", options=ServegenOptions, check=_check, input="trace folder",
+    path_hint="Point trace.path at the folder of chunk-N-trace.csv / chunk-N-dataset.json files "
+              "(e.g. `trace.path=/data/traces/servegen_deepseek_r1` on the Hydra command line)",
+    default_path="servegen_deepseek_r1", seed_keyed=True, input_files=_input_files,
+    load=lambda path, cfg, rng, sink, seed: load_servegen(path, cfg, rng, sink, seed)), __name__)
+
+
+from .._source import note_source as _note_source  # noqa: E402
 
 _note_source(__name__, __file__)
