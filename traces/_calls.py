@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from ._common import Parsed, SessionOptions, check_session_options, counted
 from .errors import TraceError
 from .registry import session_arrival_of
@@ -71,6 +69,7 @@ class Calls:
 def _topological(parent: np.ndarray, arrival: np.ndarray, where: list, source: str) -> np.ndarray:
     """Row order: parents before children; among the rows ready, earliest arrival first (ties:
     call order). Raises TraceError naming a call on a cycle of parents."""
+    import numpy as np
     n = parent.size
     kids: dict[int, list] = {}
     for i, p in enumerate(parent.tolist()):
@@ -100,6 +99,7 @@ def build(calls: Calls, cfg, rng: np.random.Generator, *, source: str, warnings:
     loader's, extended here. ``provider_read`` / ``provider_write``: whether ``calls.cached`` /
     ``calls.written`` are kept as the extra columns ``provider_cached_tokens`` /
     ``provider_cache_write_tokens``."""
+    import numpy as np
     G = int(cfg.block_tokens) if cfg.block_tokens is not None else DEFAULT_BLOCK_TOKENS
     n = len(calls)
     parent = np.asarray(calls.parent, dtype=np.int64)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
-
 from .errors import TraceError
 
 try:  # orjson is ~2x faster than json on the Weka file; json is the fallback.

@@ -10,6 +10,7 @@ CONTRIBUTING.md ("Adding a trace format") has the recipe.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,10 @@ FORMATS: dict[str, TraceFormat] = {}
 _MODULE: dict[str, str] = {}
 
 
+@functools.lru_cache(maxsize=None)
 def option_fields(options: type) -> dict[str, tuple[Any, dataclasses.Field]]:
-    """``{name: (type, field)}`` of the dataclass ``options``, types resolved."""
+    """``{name: (type, field)}`` of the dataclass ``options``, types resolved (cached per class:
+    do not change the result)."""
     hints = typing.get_type_hints(options)
     return {f.name: (hints[f.name], f) for f in dataclasses.fields(options)}
 

@@ -1,7 +1,10 @@
 """The trace formats: one module per format (or family of formats sharing options), each
 declaring its options dataclass and calling :func:`traces.registry.register` at import.
 Importing this package imports every module in it, in name order, so a new format is one module
-here plus a preset in ``experiments/conf/trace/`` (CONTRIBUTING.md, "Adding a trace format")."""
+here plus a preset in ``experiments/conf/trace/`` (CONTRIBUTING.md, "Adding a trace format").
+
+Composing a run's config imports every format module (``TraceConfig`` holds their options), so
+a format module imports numpy, and anything else heavy, inside the functions that use it."""
 from __future__ import annotations
 
 import importlib

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 from .._common import INT64_LIMIT, MAX_ARRIVAL_S, Parsed, counted, output_len, short_repr
 from .._io import csv_row, decode_utf8, iter_lines
 from ..errors import ErrorSink, TraceError
@@ -93,6 +91,7 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
         TraceError: missing column, unparsable timestamp or integer, ContextTokens < 1,
             GeneratedTokens < 0 (or 0 with ``zero_output=error``), no data rows, empty file.
     """
+    import numpy as np
     p = str(path)
     lines = iter_lines(path)
     hline, header_raw = next(lines)

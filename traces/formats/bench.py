@@ -85,8 +85,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from .._common import MAX_ARRIVAL_S, Parsed, is_int, is_num
 from ..errors import ErrorSink, TraceError
 from ..registry import TraceFormat, register
@@ -134,6 +132,7 @@ def length_bounds(length: int, range_ratio: float, range_rule: str, *,
 def _as_int(v: Any) -> Any:
     """``v`` as a Python int when it is an integer (numpy's included, ``bool`` not), else as
     given (the caller then names it)."""
+    import numpy as np
     if isinstance(v, np.integer):
         return int(v)
     return v
@@ -286,6 +285,7 @@ def _check_config(cfg) -> dict:
 def _lengths(d: dict, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The random part's and the output's lengths (int64 [n] each, tokens), drawn as the module
     docstring says for ``d['range_rule']``."""
+    import numpy as np
     n = d["num_prompts"]
     (ilo, ihi), (olo, ohi) = d["input_bounds"], d["output_bounds"]
     if d["range_rule"] == "symmetric":
@@ -311,6 +311,7 @@ def chain_parents(output_tokens: np.ndarray, chains: int,
     Returns ``(parent, chain, turn)``, int64 / int64 / int32 arrays [n]: the prompt whose
     finish releases each prompt (-1 for the first of a chain), its chain and its place in it.
     """
+    import numpy as np
     n = len(output_tokens)
     idx = np.arange(n, dtype=np.int64)
     if assignment == "round_robin":
@@ -334,6 +335,7 @@ def _arrivals(d: dict, seed: int) -> np.ndarray:
     """Open-loop arrival times (float64 [n], seconds, non-decreasing), as the module docstring
     says. The draws come from their own stream (the seed and a constant), apart from the
     lengths'."""
+    import numpy as np
     n, rate, b = d["num_prompts"], d["request_rate"], d["burstiness"]
     if math.isinf(b):
         return np.arange(1, n + 1, dtype=np.float64) / rate
@@ -346,6 +348,7 @@ def _arrivals(d: dict, seed: int) -> np.ndarray:
 
 def _parsed(d: dict, seed: int) -> Parsed:
     """The workload rows of checked parameters ``d`` (:func:`bench_params`) and ``seed``."""
+    import numpy as np
     n, P, G, K = d["num_prompts"], d["prefix_tokens"], d["block_tokens"], d["num_prefix_groups"]
     rand_in, outs = _lengths(d, seed)
     idx = np.arange(n, dtype=np.int64)

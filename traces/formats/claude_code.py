@@ -50,8 +50,6 @@ import datetime as _dt
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .._calls import (AGENT_LOG_HINT, AgentLogOptions, Calls, agent_log_input_files, build,
                       check_agent_log_options, transcript_files)
 from .._common import JSONDecodeError, counted, is_int, json_error_found, loads, output_len
@@ -267,6 +265,7 @@ def load_claude_code(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink)
             line and field), usage that differs between the lines of one response, a loop of
             parentUuid links, no API call found.
     """
+    import numpy as np
     t0 = time.perf_counter()
     files = transcript_files(path)
     root = path if path.is_dir() else path.parent

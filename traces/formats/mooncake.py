@@ -20,8 +20,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, check_choice, counted,
                        is_int, json_error_found, loads, need_int, need_list, need_num, output_len,
                        short_repr)
@@ -51,6 +49,7 @@ def _element(x) -> str:
 
 def spread_timestamps(t: np.ndarray, mode: str, rng: np.random.Generator) -> np.ndarray:
     """Spread quantised, non-decreasing timestamps ``t`` (s) within their buckets (see module doc)."""
+    import numpy as np
     if mode == "keep" or t.size == 0:
         return t.copy()
     uniq, start, counts = np.unique(t, return_index=True, return_counts=True)
@@ -81,6 +80,7 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
             with ``zero_output=error``), hash_ids count != ceil(input_length/512), negative ids,
             decreasing timestamp, a field repeated in a row, empty file.
     """
+    import numpy as np
     p = str(path)
     ts: list[float] = []
     inp: list[int] = []
@@ -197,6 +197,7 @@ def _wide_spreads(t_s: np.ndarray) -> str | None:
     than 30 s or 10x the file's median gap between distinct timestamps (``t_s``: seconds,
     non-decreasing): a burst followed by a quiet spell, it seems, not the ~3 s quantisation the
     spread is for (the real Mooncake files have no such gap); None otherwise."""
+    import numpy as np
     uniq, counts = np.unique(t_s, return_counts=True)
     if uniq.size < 2:
         return None
@@ -221,6 +222,7 @@ def _check_chained(vals: np.ndarray, offs: np.ndarray, lines: list[int], p: str)
     to end, ``offs``: row ``i``'s ids are ``vals[offs[i]:offs[i + 1]]`` (every row has >= 1),
     ``lines``: each row's file line. Whole-file consistency, so an error even with
     ``on_error=skip``. O(ids log ids): 0.3 M ids in the Mooncake conversation trace."""
+    import numpy as np
     if not len(vals):
         return
     parent = np.empty_like(vals)

@@ -48,8 +48,6 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .._calls import (AGENT_LOG_HINT, AgentLogOptions, Calls, agent_log_input_files, build,
                       check_agent_log_options, transcript_files)
 from .._common import (JSONDecodeError, counted, is_int, is_num, json_error_found, loads,

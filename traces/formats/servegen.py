@@ -68,8 +68,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
-
 from .._common import Parsed, check_choice, short_repr
 from .._io import csv_row, decode_utf8, iter_lines
 from ..errors import ErrorSink, TraceError
@@ -139,6 +137,7 @@ def parse_pmf(text, *, path: str, window: str, field: str, integer: bool):
         TraceError: not a dict literal, bad key/probability, or probabilities not summing to 1
             within 1e-6.
     """
+    import numpy as np
     where = f"window '{window}'"
     if isinstance(text, dict):
         d = text
@@ -393,6 +392,7 @@ def _read_dataset(path: Path) -> list[tuple[float, dict]]:
 
 def _pmf_for(wins: list, t: float, field: str, p: str):
     """PMF of the dataset window containing t; empty -> nearest window with data."""
+    import numpy as np
     starts = [w for w, _ in wins]
     i = max(0, int(np.searchsorted(starts, t, side="right")) - 1)
     if wins[i][1][field] is not None:
@@ -436,6 +436,7 @@ def load_servegen(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink, se
             non-normalised PMF, no data, a window whose draws pass ``MAX_WINDOW_DRAWS`` arrivals
             without reaching its end, no arrivals after start_s.
     """
+    import numpy as np
     folder = Path(path)
     if not folder.is_dir():
         raise TraceError("not a folder", path=str(folder),

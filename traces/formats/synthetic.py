@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Optional
 
-import numpy as np
-
 from .._common import Parsed
 from ..errors import ErrorSink, TraceError
 from ..registry import TraceFormat, register
@@ -111,6 +109,7 @@ def _lognormal(rng, mean: float, sigma: float, size: int, name: str = "input",
     Raises:
         TraceError: without ``cap``, a draw beyond :data:`MAX_LENGTH` (fields
             ``trace.<name>_mean`` / ``trace.<name>_sigma``)."""
+    import numpy as np
     mu = math.log(mean) - sigma * sigma / 2.0
     x = rng.lognormal(mu, sigma, size)
     if cap is not None:
@@ -134,6 +133,7 @@ def _first_input(rng, mean: float, sigma: float, cap: int, name: str = "input") 
     Raises:
         TraceError: the lognormal has (numerically) no mass at or below ``cap``.
     """
+    import numpy as np
     x = int(_lognormal(rng, mean, sigma, 1, name, cap)[0])
     if x <= cap:
         return x
@@ -159,6 +159,7 @@ def _first_input(rng, mean: float, sigma: float, cap: int, name: str = "input") 
 
 def generate(path, cfg, rng: np.random.Generator, sink: ErrorSink, seed: int = 0) -> Parsed:
     """Generate the synthetic workload of ``cfg.format`` (see module docstring)."""
+    import numpy as np
     d = synthetic_params(cfg)
     G = int(d["block_tokens"])
     shared_blocks = int(d["shared_prefix_tokens"]) // G

@@ -68,8 +68,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .._common import (INT64_LIMIT, MAX_ARRIVAL_S, JSONDecodeError, Parsed, SessionOptions,
                        check_session_options, counted, is_int, is_num, json_error_found, loads,
                        need_int, need_list, need_num, output_len)
@@ -118,6 +116,7 @@ def _hash_ids(h: list, p: str, where: str) -> np.ndarray:
         TraceError: naming ``where`` (file line, session, request), the field and the first bad
             element (its index, value and type) or the first repeated id.
     """
+    import numpy as np
     try:  # C speed: packs ints in [-2**63, 2**63) (and bools, as 1 and 0), refuses the rest
         a = np.frombuffer(struct.pack(f"={len(h)}q", *h), dtype=np.int64)
     except (struct.error, TypeError, OverflowError):
@@ -154,6 +153,7 @@ def _hash_ids(h: list, p: str, where: str) -> np.ndarray:
 def _rank(local: np.ndarray) -> tuple[int, np.ndarray]:
     """``(number of distinct ids, rank of each element among them in increasing order)`` of a
     non-empty int64 array of ids >= 0; memory O(``local.size``) (see ``_TABLE_PER_ID``)."""
+    import numpy as np
     hi = int(local.max())
     if hi < _TABLE_PER_ID * local.size:
         table = np.zeros(hi + 1, dtype=np.int64)
@@ -174,6 +174,7 @@ def _check_chained(local: np.ndarray, rank: np.ndarray, n_distinct: int, lens: l
     ``lens[r]``), ``rank``: each id's rank among the ``n_distinct`` distinct ones, ``wheres``:
     each row's place for the message. O(ids): each id is given one parent (whichever occurrence
     the assignment keeps); a mismatch anywhere means two parents."""
+    import numpy as np
     n = len(rank)
     parent = np.empty(n, dtype=np.int64)
     parent[1:] = rank[:-1]
@@ -420,6 +421,7 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
     message gives both. Called only when some arrival is that late (the rows are the loader's
     :func:`traces.loader.kept_rows`; the late row's session line is parsed again for its
     request's place)."""
+    import numpy as np
     from ..slicing import kept_rows
 
     p = str(path)
@@ -473,6 +475,7 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
             .xz, empty file. Each names the file line (and the session/request when it is one
             request's fault).
     """
+    import numpy as np
     p = str(path)
     t0 = time.perf_counter()
     cap = 1 << 22
