@@ -14,10 +14,11 @@ then. The fast-forward stretches (:mod:`sim.stretches`) commit several steps at 
 replica's stretch never holds a step whose end is at or after a *barrier*: each arrival's time
 and each ``arrival - cluster.event_staleness_s`` (the instant up to which that arrival's router
 sees KV events) (:meth:`Replica.tie_inside`, :meth:`ReplicaEnv.peek`). Those instants are known
-ahead for open-loop arrivals only, so a cluster of several replicas runs its replicas through
-the per-step loop when the workload has closed-loop children, or when a replica has host/disk
-tiers or an active compression policy (whose stretches let events happen inside them); the
-summary's ``cluster.per_step_reason`` says which. Either way the run is deterministic and ties go to
+ahead for open-loop arrivals only, so when the workload has closed-loop children, or when a
+replica has host/disk tiers, a shared store or an active compression policy (whose multi-step
+stretches let events happen inside them), the replicas take only the stretches that keep one
+SimPy timeout per step (:attr:`sim.stretches.base.Stretch.step_clock`: the tier stretch), which
+need no barrier; the summary's ``cluster.per_step_reason`` says why. Either way the run is deterministic and ties go to
 the lowest replica index; with fast paths the tables equal the per-step loop's bit for bit
 (tests/test_cluster.py).
 
@@ -33,8 +34,8 @@ Shared store. With ``cluster.store.enabled`` the replicas share one
 :class:`sim.kv_store.SharedStore` below their host and disk tiers, each over its own
 :class:`sim.kv_store.StoreLink`: a replica's full blocks are put there and its prefix walk
 extends into it (the remote tier, code :data:`sim.tiers.REMOTE`). Every replica then has a tier
-manager (with no host or disk capacity: the store only), so the replicas run per step
-(``per_step_reason``: a shared KV store). Each store change is logged to every replica whose
+manager (with no host or disk capacity: the store only), so the replicas take the tier stretch
+only (``per_step_reason``: a shared KV store). Each store change is logged to every replica whose
 waiting head's prefix walk is memoised, so that walk equals a fresh one. The requests table
 gains ``hit_tokens_remote`` (and ``hit_tokens_gpu`` no longer counts them) and
 ``onboard_remote_s``; ``transfers.parquet`` the store's batches (``gpu_to_store``,
@@ -88,16 +89,21 @@ class ReplicaEnv(simpy.Environment):
     is first, so that a fast-forward stretch ends with a step that ends before the barrier.
     Running the environment is the cluster's (:meth:`step` and :meth:`run` raise)."""
 
-    def __init__(self, shared: simpy.Environment, cluster: "Cluster"):
+    def __init__(self, shared: simpy.Environment, cluster: "Cluster", peekable: bool = True):
         self._shared = shared
         self._cluster = cluster
         self._active_proc = None
         self._own: list = []  # heap of (time, seq, event) this replica scheduled
         self._seq = itertools.count()
+        self._peekable = peekable
+        if not peekable:
+            # (no stretch of the replica asks peek: its events go straight into the shared
+            # queue, untracked)
+            self.schedule = shared.schedule
 
     @property
     def now(self) -> float:
-        return self._shared.now
+        return self._shared._now
 
     def schedule(self, event, priority=NORMAL, delay=0) -> None:
         self._shared.schedule(event, priority, delay)
@@ -107,6 +113,8 @@ class ReplicaEnv(simpy.Environment):
         heapq.heappush(own, (self._shared.now + delay, next(self._seq), event))
 
     def peek(self) -> float:
+        if not self._peekable:
+            raise RuntimeError("peek on a replica whose events are not tracked (peekable=False)")
         own = self._own
         while own and own[0][2].callbacks is None:
             heapq.heappop(own)
@@ -129,6 +137,10 @@ class Replica(Simulator):
         self.cluster = cluster
         self.index = index
         super().__init__(*args, **kwargs)
+        if cluster.ff_reason is not None:
+            # barriers are not known ahead: only the stretches that keep one SimPy timeout per
+            # step (Stretch.step_clock), which need none
+            self.candidates = tuple(s for s in self.candidates if s.step_clock)
 
     def tie_inside(self, lo: float, end: float) -> bool:
         """Whether a barrier of the cluster lands in the step ``(lo, end]`` (s): the stretch
@@ -276,7 +288,7 @@ class Cluster:
             self.ff_reason = "a compression policy"
         else:
             self.ff_reason = None
-        ff = bool(fast_forward) and self.ff_reason is None
+        ff = bool(fast_forward)
         self.fast_forward = ff
         self.router = make_router(self, cfg)
         self.replicas: list[Simulator] = []
@@ -295,7 +307,8 @@ class Cluster:
                                 cost_model, max_model_len, rec, env=self.env, **common)
             else:
                 sim = Replica(self, r, workload, num_gpu_blocks, block_size, scheduler, cache,
-                              cost_model, max_model_len, rec, env=ReplicaEnv(self.env, self),
+                              cost_model, max_model_len, rec,
+                              env=ReplicaEnv(self.env, self, self.ff_reason is None),
                               on_iteration=(lambda r=r: self._publish(r)), **common)
             self.replicas.append(sim)
             if store is not None:
@@ -532,8 +545,8 @@ class Cluster:
 
     def summary(self, req: pd.DataFrame) -> dict:
         """``summary.json``'s ``cluster`` part: the settings, whether the replicas took their fast
-        paths (``per_step_reason``: why the replicas run per step whatever
-        ``sim.fast_forward`` says, or None), and per replica its requests, prefix-hit ratio, TTFT p50/p99 (s),
+        paths (``per_step_reason``: why the replicas take only the stretches that keep one
+        SimPy timeout per step whatever ``sim.fast_forward`` says, or None), and per replica its requests, prefix-hit ratio, TTFT p50/p99 (s),
         preemptions, engine steps and peak GPU blocks; with a shared store, per replica its
         remote hit ratio and pages put and fetched, and ``store``
         (:meth:`sim.kv_store.SharedStore.summary`). ``req``: the run's requests table."""

@@ -69,11 +69,13 @@ class Simulator:
     As one replica of a cluster (:class:`sim.cluster.Cluster`): ``env``, the cluster's SimPy
     environment (None: the engine makes its own); ``release``, a callable ``release(row, think_s)``
     that takes each closed-loop child this engine's requests release (the cluster routes it
-    after its think time; None: it arrives here); ``on_iteration``, a callable run at the top of
-    every pass of the engine loop (after each step or fast-forward stretch, before the next
-    scheduling; the cluster publishes the replica's KV events there). A replica's loop does not
-    end when its own requests are done: it waits for the next arrival the cluster routes to it,
-    and the cluster's run ends when every request is done. """
+    after its think time; None: it arrives here); ``on_iteration``, a callable run once between
+    steps, before the next scheduling: at the top of every pass of the engine loop (after each
+    step or fast-forward stretch) and between the steps of a stretch that keeps one SimPy timeout
+    per step (:class:`sim.stretches.tiers.TierStretch`); the cluster publishes the replica's KV
+    events there. A replica's loop does not end when its own requests are done: it waits for the
+    next arrival the cluster routes to it, and the cluster's run ends when every request is
+    done. """
 
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
@@ -105,6 +107,9 @@ class Simulator:
         self.env = simpy.Environment() if env is None else env
         self.release = release
         self.on_iteration = on_iteration
+        # a stretch ran on_iteration after its last step and began the next scheduling
+        # (TierStretch): the loop's next pass does not run on_iteration again
+        self.iteration_begun = False
         # tiers: a factory env -> TierManager (None = GPU only)
         self.tiers = tiers(self.env) if tiers is not None else None
         self.num_layers = max(1, int(num_layers))
@@ -298,7 +303,9 @@ class Simulator:
         # (a cluster's replica serves part of the n requests: its loop waits for arrivals until
         # the cluster's run ends)
         while self.done < self.n:
-            if self.on_iteration is not None:
+            if self.iteration_begun:
+                self.iteration_begun = False
+            elif self.on_iteration is not None:
                 self.on_iteration()
             if not self.running and not self.waiting:
                 self.wake = env.event()

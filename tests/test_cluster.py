@@ -12,7 +12,8 @@ from sim.cluster import Cluster, ClusterRecorder
 from sim.engine import Simulator
 from sim.errors import ConfigError
 from sim.metrics import Recorder
-from sim.run import build_cost_model, compose_config, run_simulation
+from sim.hardware import plan_memory
+from sim.run import _tiers_factory, build_cost_model, compose_config, run_simulation
 
 
 def _cfg(*overrides):
@@ -31,14 +32,21 @@ def single(wl, *overrides, num_blocks=1000, fast_forward=True):
     return rec.requests_frame(), rec.steps_frame()
 
 
-def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True):
-    """A cluster's (requests, steps, Cluster) for ``cluster.*`` overrides."""
+def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True, tiers=False):
+    """A cluster's (requests, steps, Cluster) for ``cluster.*`` overrides; ``tiers``: each
+    replica gets the tier manager the ``tiers.*`` overrides describe."""
     cfg = _cfg(*overrides)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    factory = None
+    if tiers:
+        plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler,
+                           cfg.cost.tensor_parallel_size)
+        factory, _ = _tiers_factory(cfg, plan)
     n = int(cfg.cluster.replicas)
     rec = (ClusterRecorder if n > 1 else Recorder)(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
-                cfg.model.max_model_len, rec, fast_forward=fast_forward, check_invariants=check)
+                cfg.model.max_model_len, rec, fast_forward=fast_forward, check_invariants=check,
+                tiers=factory, num_layers=cfg.model.num_layers)
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c
 
@@ -172,6 +180,26 @@ def test_every_request_served_once_and_fast_paths_equal_the_per_step_loop(seed, 
     assert set(rf["status"]) <= {"finished", "rejected"}
     pd.testing.assert_frame_equal(rf, rp)
     pd.testing.assert_frame_equal(sf, sp)
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "least_loaded"])
+def test_replicas_with_host_tiers_take_the_tier_stretch_and_equal_the_per_step_loop(router):
+    """Replicas with a host tier take the tier stretch (one SimPy timeout a step, KV events
+    published between its steps), never a multi-step stretch, and every table equals the
+    per-step loop's."""
+    wl = make_workload(open_loop(11, n=30, spread=3.0), prefix_block_tokens=16)
+    ov = ("cluster.replicas=3", f"cluster.router={router}", "cluster.event_staleness_s=0.05",
+          "tiers=gpu_host", "tiers.host_gib=0.05")
+    rf, sf, c = cluster(wl, *ov, num_blocks=120, tiers=True)
+    assert c.ff_reason == "host/disk tiers"
+    counts = c.stretch_counts()
+    assert counts["tiers"]["taken"] > 0 and counts["tiers"]["steps"] > counts["tiers"]["taken"]
+    assert counts["decode"]["taken"] == 0 and counts["prefill"]["taken"] == 0
+    rp, sp, cp = cluster(wl, *ov, num_blocks=120, tiers=True, fast_forward=False)
+    assert cp.stretch_counts()["tiers"]["taken"] == 0
+    pd.testing.assert_frame_equal(rf, rp)
+    pd.testing.assert_frame_equal(sf, sp)
+    pd.testing.assert_frame_equal(c.tiers.records.frame(), cp.tiers.records.frame())
 
 
 def test_run_writes_replica_columns_and_the_cluster_summary(tmp_path):

@@ -24,10 +24,12 @@ def _cfg(*overrides):
     return compose_config(["sim.progress=false", *overrides])
 
 
-def store_cluster(wl, *overrides, num_blocks=200, fresh_walks=False, monkeypatch=None):
+def store_cluster(wl, *overrides, num_blocks=200, fresh_walks=False, monkeypatch=None,
+                  fast_forward=True):
     """Run a cluster with a shared store (``cluster.store.enabled=true``) on ``wl``; returns
     (requests, steps, transfers, Cluster, audit). ``fresh_walks``: every prefix walk starts
-    afresh (the waiting head's memo dropped before each lookup)."""
+    afresh (the waiting head's memo dropped before each lookup); ``fast_forward``: the
+    replicas may take their fast paths (False: the per-step loop only)."""
     cfg = _cfg("cluster.store.enabled=true", *overrides)
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
@@ -45,7 +47,7 @@ def store_cluster(wl, *overrides, num_blocks=200, fresh_walks=False, monkeypatch
     rec = ClusterRecorder(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                 cfg.model.max_model_len, rec, check_invariants=True, tiers=factory, store=store,
-                num_layers=cfg.model.num_layers)
+                num_layers=cfg.model.num_layers, fast_forward=fast_forward)
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c.tiers.records.frame(), c, store.audit
 
@@ -158,7 +160,8 @@ def test_store_invariants_and_memoised_walks_equal_fresh_walks(seed, n, router, 
     """Store pages never exceed its capacity; every page fetched from the store was put by some
     replica before; each request's hit tokens split over the tiers exactly; every store batch
     moves pages x page bytes; the memoised prefix walks (revalidated by the store's change
-    log) give the tables of walks made afresh at every lookup."""
+    log) and the replicas' tier stretches give the tables of walks made afresh at every lookup
+    by the per-step loop."""
     wl = make_workload(_open_loop(seed, 28, 3), prefix_block_tokens=16)
     page = 147_456 * 16
     ov = (f"cluster.replicas={n}", f"cluster.router={router}", f"scheduler.max_num_seqs={seqs}",
@@ -185,10 +188,28 @@ def test_store_invariants_and_memoised_walks_equal_fresh_walks(seed, n, router, 
     assert remote.loc[remote["direction"] == "store_to_gpu", "pages"].sum() == sum(seen)
     assert c.ff_reason == "a shared KV store"
     rf, sf, tf, _, _ = store_cluster(wl, *ov, num_blocks=blocks, fresh_walks=True,
-                                     monkeypatch=monkeypatch)
+                                     monkeypatch=monkeypatch, fast_forward=False)
     pd.testing.assert_frame_equal(req, rf)
     pd.testing.assert_frame_equal(steps, sf)
     pd.testing.assert_frame_equal(tr, tf)
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "prefix_aware"])
+def test_replicas_with_a_store_take_the_tier_stretch_and_equal_the_per_step_loop(router):
+    """With a shared store the replicas take the tier stretch (one SimPy timeout a step: the
+    store's puts and landings and the router's reads keep their order), and every table equals
+    the per-step loop's."""
+    wl = make_workload(_open_loop(3, 30, 3), prefix_block_tokens=16)
+    ov = ("cluster.replicas=3", f"cluster.router={router}", "cluster.event_staleness_s=0.02")
+    req, steps, tr, c, _ = store_cluster(wl, *ov, num_blocks=150)
+    counts = c.stretch_counts()["tiers"]
+    assert counts["taken"] > 0 and counts["steps"] > counts["taken"]
+    assert c.stretch_counts()["decode"]["taken"] == 0
+    rp, sp, tp, cp, _ = store_cluster(wl, *ov, num_blocks=150, fast_forward=False)
+    assert cp.stretch_counts()["tiers"]["taken"] == 0
+    pd.testing.assert_frame_equal(req, rp)
+    pd.testing.assert_frame_equal(steps, sp)
+    pd.testing.assert_frame_equal(tr, tp)
 
 
 def test_run_with_a_store_writes_remote_columns_and_summary(tmp_path):

@@ -16,6 +16,11 @@ class Stretch:
     """
 
     name = ""
+    # True when the stretch keeps one SimPy timeout per engine step, created where the per-step
+    # loop creates its own, so every other event (arrivals, transfers, another replica's steps)
+    # keeps its order without knowing when the next one comes; False when it advances several
+    # steps in one timeout up to the next event it can foresee (``sim.env.peek()``)
+    step_clock = False
 
     def __init__(self, sim):
         self.sim = sim

@@ -15,6 +15,7 @@ class TierStretch(Stretch):
     """Tier stretches of one engine (``sim``)."""
 
     name = "tiers"
+    step_clock = True
 
     def eligible(self, plan, dt: float, hold: float | None) -> bool:
         """Dense runs with host/disk tiers: a pure-decode step (held or not)."""
@@ -103,8 +104,16 @@ class TierStretch(Stretch):
             rec.step(start, step_dur, running, len(sim.waiting), 0, b, used, cached_free, live)
             if not done:
                 sim.check_sim_time()
-            if done or self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at) != 1:
-                break  # (step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule goes on)
+                if sim.on_iteration is not None:
+                    sim.on_iteration()  # (between steps, before the next scheduling, as the loop)
+            if done:
+                break
+            nxt = self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at)
+            if nxt != 1:
+                # step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule goes
+                # on, without a second on_iteration before it
+                sim.iteration_begun = nxt == 2
+                break
             hold = sim.write_back_hold()  # (as the engine after a scheduling)
             s += 1
         if not done:
