@@ -40,6 +40,16 @@ waiting head's prefix walk is memoised, so that walk equals a fresh one. The req
 gains ``hit_tokens_remote`` (and ``hit_tokens_gpu`` no longer counts them) and
 ``onboard_remote_s``; ``transfers.parquet`` the store's batches (``gpu_to_store``,
 ``store_to_gpu``, tier ``remote``); ``summary.json`` ``hit_ratio.remote`` and ``cluster.store``.
+
+Prefill/decode disaggregation. With ``cluster.pd.prefill_replicas = P > 0`` replicas ``0 ..
+P - 1`` prefill and ``P .. replicas - 1`` decode (:mod:`sim.pd`): ``cluster.router`` routes each
+arrival over the prefill pool, ``cluster.pd.decode_router`` each finished prefill over the
+decode pool, and :class:`sim.pd.PDLinks` times the KV transfer between them. A prefill replica
+hands a request off when its one token is sampled and holds its blocks until the transfer
+lands; the decode replica records the request's row (``prefill_replica``, ``decode_replica``
+and the transfer's columns instead of ``replica``). The replicas run per step
+(``per_step_reason``: prefill/decode disaggregation: hand-offs and transfers land inside what
+would be a stretch).
 """
 
 from __future__ import annotations
@@ -61,13 +71,15 @@ from .errors import ConfigError
 from .keys import block_keys
 from .kv_store import StoreLink, validate_store
 from .metrics import Recorder, _Growable
+from .pd import Handoff, validate_pd
 from .routers import KVView, make_router
 
 
 def validate_cluster(cfg) -> None:
     """ConfigError naming the field when the ``cluster`` node is not usable: ``replicas`` an
     integer >= 1, ``router`` a known router, ``event_staleness_s`` and ``overlap_weight``
-    finite and >= 0, ``store`` as :func:`sim.kv_store.validate_store` checks it."""
+    finite and >= 0, ``store`` as :func:`sim.kv_store.validate_store` and ``pd`` as
+    :func:`sim.pd.validate_pd` check them."""
     from .routers import ROUTERS
 
     n = cfg.replicas
@@ -80,6 +92,7 @@ def validate_cluster(cfg) -> None:
         if not (math.isfinite(v) and v >= 0):
             raise ConfigError(f"cluster.{f}={getattr(cfg, f)!r}; expected a finite number >= 0")
     validate_store(cfg.store)
+    validate_pd(cfg)
 
 
 class ReplicaEnv(simpy.Environment):
@@ -152,16 +165,23 @@ class ReplicaRecorder(Recorder):
     """One replica's :class:`Recorder`, which also tells the cluster of each request done.
     With a shared store, ``remote`` holds each row's ``(hit_remote, onboard_remote_s)``."""
 
-    def __init__(self, cluster: "Cluster", index: int, *args, store: bool = False, **kwargs):
+    def __init__(self, cluster: "Cluster", index: int, *args, store: bool = False,
+                 pd: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.cluster = cluster
         self.index = index
         self.remote: list | None = [] if store else None
+        self.pd: list | None = [] if pd else None
 
     def request_done(self, r) -> None:
         super().request_done(r)
         if self.remote is not None:
             self.remote.append((r.hit_remote, r.onboard_remote_s))
+        if self.pd is not None:
+            h = r.pd
+            self.pd.append((self.index, -1, math.nan, 0, 0, 0, math.nan) if h is None else
+                           (h.prefill_replica, h.decode_replica, h.start - r.arrival,
+                            h.decode_hit_tokens, h.blocks, h.bytes, h.transfer_s))
         self.cluster.request_done(self.index, r)
 
 
@@ -174,11 +194,17 @@ class ClusterRecorder(Recorder):
 
     replica_of: np.ndarray | None = None  # the replica of each of ``rows``
     remote: list | None = None  # (hit_remote, onboard_remote_s) of each of ``rows``
+    pd: list | None = None  # prefill/decode disaggregation: PD_REQUEST_COLUMNS of each row
 
     def requests_frame(self) -> pd.DataFrame:
         df = super().requests_frame()  # (rows sorted by request_id, stable)
         rid = np.array([row[0] for row in self.rows], dtype=np.int64)
         order = np.argsort(rid, kind="stable")
+        if self.pd is not None:
+            cols = list(zip(*self.pd)) if self.pd else [()] * len(PD_REQUEST_COLUMNS)
+            for (name, dtype), col in zip(PD_REQUEST_COLUMNS, cols):
+                df[name] = np.asarray(col, dtype=dtype)[order]
+            return df
         df["replica"] = self.replica_of[order]
         if self.remote is not None:
             rem = (np.array(self.remote, dtype=np.float64).reshape(-1, 2)[order]
@@ -188,6 +214,16 @@ class ClusterRecorder(Recorder):
             df.insert(df.columns.get_loc("hit_tokens_disk") + 1, "hit_tokens_remote", hit)
             df.insert(df.columns.get_loc("onboard_disk_s") + 1, "onboard_remote_s", rem[:, 1])
         return df
+
+
+# the requests table's columns with prefill/decode disaggregation (instead of ``replica``):
+# the prefill and decode replica (-1: none, a request rejected at its prefill replica), the
+# prefill replica's token since the arrival (s), the prompt tokens the decode replica's prefix
+# cache served, the blocks and bytes the KV transfer moved and its time on the links (s)
+PD_REQUEST_COLUMNS = [("prefill_replica", np.int64), ("decode_replica", np.int64),
+                      ("prefill_done_s", np.float64), ("decode_hit_tokens", np.int64),
+                      ("kv_transfer_blocks", np.int64), ("kv_transfer_bytes", np.int64),
+                      ("kv_transfer_s", np.float64)]
 
 
 class ClusterTiers:
@@ -253,7 +289,7 @@ class Cluster:
                  cost_model, max_model_len: int, recorder: ClusterRecorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
                  fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
-                 prefix_index: str = "auto", store=None):
+                 prefix_index: str = "auto", store=None, pd_links=None):
         validate_cluster(cfg)
         self.cfg = cfg
         self.wl = workload
@@ -276,8 +312,17 @@ class Cluster:
                               f"{'tier managers' if tiers is not None else 'no tier manager'}; "
                               f"expected replicas >= 2, each with a tier manager")
         self.store = store
+        P = int(cfg.pd.prefill_replicas)
+        self.prefill_replicas = P
+        if P and (pd_links is None or store is not None or tiers is not None or comp_on):
+            raise ConfigError(f"cluster.pd.prefill_replicas={P}: expected a KV link "
+                              f"(sim.pd.PDLinks), no shared store, no host/disk tiers and no "
+                              f"active compression policy")
+        self.pd = pd_links if P else None
         if n == 1:
             self.ff_reason = None
+        elif P:
+            self.ff_reason = "prefill/decode disaggregation"
         elif store is not None:
             self.ff_reason = "a shared KV store"
         elif has_children:
@@ -290,14 +335,25 @@ class Cluster:
             self.ff_reason = None
         ff = bool(fast_forward)
         self.fast_forward = ff
-        self.router = make_router(self, cfg)
+        if P:  # (one router per pool)
+            self.router = make_router(self, cfg, members=range(P))
+            self.decode_router = make_router(self, cfg, members=range(P, n),
+                                             field="pd.decode_router")
+        else:
+            self.router = self.decode_router = make_router(self, cfg)
         self.replicas: list[Simulator] = []
         self._done_by = [0] * n
         for r in range(n):
             rec = recorder if n == 1 else ReplicaRecorder(self, r, self.n, session,
                                                           record_steps=recorder.record_steps,
-                                                          store=store is not None)
-            prog = None if progress is None else (lambda d, r=r: self._progress(r, d))
+                                                          store=store is not None, pd=bool(P))
+            # (with disaggregation the cluster counts the requests done: request_done)
+            prog = None if progress is None or P else (lambda d, r=r: self._progress(r, d))
+            roles = {}
+            if P and r < P:
+                roles["hand_off"] = lambda req, r=r: self.prefilled(r, req)
+            elif P:
+                roles["receive"] = self._receive
             common = dict(check_invariants=check_invariants, progress=prog,
                           max_sim_time_s=max_sim_time_s, fast_forward=ff, tiers=tiers,
                           num_layers=num_layers, compression=compression,
@@ -309,7 +365,7 @@ class Cluster:
                 sim = Replica(self, r, workload, num_gpu_blocks, block_size, scheduler, cache,
                               cost_model, max_model_len, rec,
                               env=ReplicaEnv(self.env, self, self.ff_reason is None),
-                              on_iteration=(lambda r=r: self._publish(r)), **common)
+                              on_iteration=(lambda r=r: self._publish(r)), **roles, **common)
             self.replicas.append(sim)
             if store is not None:
                 self._attach(sim, r)
@@ -324,9 +380,11 @@ class Cluster:
         # KV events (prefix-aware routers)
         self.views: list[KVView] = []
         self.pending: deque = deque()  # (publish time, replica, events)
-        if self.router.needs_kv_events and n > 1:
+        if (self.router.needs_kv_events or self.decode_router.needs_kv_events) and n > 1:
             if not cache.enable_prefix_caching:
-                raise ConfigError(f"cluster.router={cfg.router}: needs "
+                field = "router" if self.router.needs_kv_events else "pd.decode_router"
+                name = cfg.router if self.router.needs_kv_events else cfg.pd.decode_router
+                raise ConfigError(f"cluster.{field}={name}: needs "
                                   f"cache.enable_prefix_caching=true (it routes by cached blocks)")
             for sim in self.replicas:
                 sim.pool.event_log = []
@@ -399,7 +457,26 @@ class Cluster:
 
     def request_done(self, r: int, req) -> None:
         self.done += 1
-        self.router.done(req.idx, r)
+        (self.decode_router if r >= self.prefill_replicas else self.router).done(req.idx, r)
+        if self.prefill_replicas and self.progress is not None:
+            self.progress(self.done)
+
+    # ------------------------------------------------------------------ disaggregation
+    def prefilled(self, p: int, req) -> None:
+        """Prefill replica ``p`` sampled the one token of ``req`` now: the decode pool's router
+        picks its decode replica, which queues it (:meth:`Simulator.arrive_remote`)."""
+        i = req.idx
+        self.router.done(i, p)
+        d = self.decode_router.route(i)
+        self.decode_router.routed(i, d)
+        self.replicas[d].arrive_remote(i, Handoff(p, d, req, self.env.now))
+
+    def _receive(self, req, blocks: int):
+        """A decode replica's KV transfer of ``blocks`` blocks for ``req`` (SimPy process body):
+        the links' time, then the prefill replica frees its blocks."""
+        h = req.pd
+        yield from self.pd.transfer(self.env, h, blocks, req.rid)
+        self.replicas[h.prefill_replica].free_handed(h.prefill)
 
     def _progress(self, r: int, done_r: int) -> None:
         self._done_by[r] = done_r
@@ -463,6 +540,9 @@ class Cluster:
                 sim.check_sim_time()
         if self.done != self.n:
             raise RuntimeError(f"simulation ended with {self.n - self.done} requests unfinished")
+        held = sum(len(s.handed) for s in self.replicas)
+        if held:
+            raise RuntimeError(f"simulation ended with {held} prefilled requests holding blocks")
         if self.num_replicas > 1:
             self._merge()
 
@@ -480,6 +560,8 @@ class Cluster:
         rec.peak_blocks_used = max(r.peak_blocks_used for r in recs)
         if self.store is not None:
             rec.remote = [x for r in recs for x in r.remote]
+        if self.pd is not None:
+            rec.pd = [x for r in recs for x in r.pd]
         if rec.record_steps:
             names = recs[0].steps.names
             dtypes = [(nm, recs[0].steps.cols[nm].dtype) for nm in names]
@@ -549,10 +631,14 @@ class Cluster:
         SimPy timeout per step whatever ``sim.fast_forward`` says, or None), and per replica its requests, prefix-hit ratio, TTFT p50/p99 (s),
         preemptions, engine steps and peak GPU blocks; with a shared store, per replica its
         remote hit ratio and pages put and fetched, and ``store``
-        (:meth:`sim.kv_store.SharedStore.summary`). ``req``: the run's requests table."""
+        (:meth:`sim.kv_store.SharedStore.summary`); with prefill/decode disaggregation, each
+        replica's ``role`` (its requests: those it prefilled or decoded) and ``pd``
+        (:meth:`pd_summary`). ``req``: the run's requests table."""
         per = []
+        P = self.prefill_replicas
         for k, s in enumerate(self.replicas):
-            mine = req[req["replica"] == k]
+            col = "replica" if not P else "prefill_replica" if k < P else "decode_replica"
+            mine = req[req[col] == k]
             fin = mine[mine["status"] == "finished"]
             prompt = float(fin["input_tokens"].sum())
             ttft = fin["ttft_s"].dropna().to_numpy()
@@ -565,6 +651,8 @@ class Cluster:
                 "preemptions": int(s.rec.preemptions), "engine_steps": int(s.rec.num_steps),
                 "peak_gpu_blocks_used": int(s.rec.peak_blocks_used),
                 "gpu_blocks_total": int(s.pool.num_blocks)})
+            if P:
+                per[-1]["role"] = "prefill" if k < P else "decode"
             if self.store is not None:
                 recs = s.tiers.store.records
                 pages = {d: 0 for d in recs.DIRECTIONS}
@@ -583,4 +671,45 @@ class Cluster:
                "per_replica": per}
         if self.store is not None:
             out["store"] = self.store.summary()
+        if P:
+            out["pd"] = self.pd_summary(req, per)
         return out
+
+    def pd_summary(self, req: pd.DataFrame, per: list) -> dict:
+        """``summary.json``'s ``cluster.pd``: the pools' sizes and routers, the link and its
+        totals (:meth:`sim.pd.PDLinks.summary`), and per pool (``prefill``, ``decode``) its
+        requests, preemptions, engine steps, peak GPU blocks (fullest replica) and prefix-hit
+        ratio (the prefill pool's hits; the decode pool's ``decode_hit_tokens``: prompt tokens
+        not transferred), with the prefill pool's ``prefill_done_s`` and the decode pool's
+        hand-off time (``onboard_s``: from the prefill's token to the KV landed) and TTFT,
+        p50/p99 (s), over the finished requests."""
+        P = self.prefill_replicas
+        fin = req[req["status"] == "finished"]
+        prompt = float(fin["input_tokens"].sum())
+
+        def pct(x):
+            x = x.dropna().to_numpy()
+            return np.percentile(x, [50, 99]).tolist() if len(x) else [None, None]
+
+        def pool(rows):
+            return {"replicas": len(rows), "requests": int(sum(p["requests"] for p in rows)),
+                    "preemptions": int(sum(p["preemptions"] for p in rows)),
+                    "engine_steps": int(sum(p["engine_steps"] for p in rows)),
+                    "peak_gpu_blocks_used": int(max(p["peak_gpu_blocks_used"] for p in rows))}
+
+        pre, dec = pool(per[:P]), pool(per[P:])
+        pre["prefix_hit_ratio"] = (float(fin["prefix_hit_tokens"].sum()) / prompt
+                                   if prompt > 0 else None)
+        pre["prefill_done_p50_s"], pre["prefill_done_p99_s"] = pct(fin["prefill_done_s"])
+        dec["prefix_hit_ratio"] = (float(fin["decode_hit_tokens"].sum()) / prompt
+                                   if prompt > 0 else None)
+        dec["handoff_p50_s"], dec["handoff_p99_s"] = pct(fin["onboard_s"])
+        dec["ttft_p50_s"], dec["ttft_p99_s"] = pct(fin["ttft_s"])
+        return {"prefill_replicas": P, "decode_replicas": self.num_replicas - P,
+                "router": str(self.cfg.router), "decode_router": str(self.cfg.pd.decode_router),
+                "link": self.pd.summary(), "prefill": pre, "decode": dec}
+
+    def transfers_frame(self) -> pd.DataFrame | None:
+        """The KV transfers of a disaggregated cluster (:meth:`sim.pd.PDLinks.frame`), or None
+        without disaggregation."""
+        return None if self.pd is None else self.pd.frame()

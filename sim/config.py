@@ -236,6 +236,23 @@ class StoreConfig:
 
 
 @dataclass
+class PDConfig:
+    """Prefill/decode disaggregation of a cluster's replicas (:mod:`sim.cluster`).
+    ``prefill_replicas``: how many of ``cluster.replicas`` only prefill (0: every replica
+    prefills and decodes; else 1 .. replicas - 1, the rest decode). ``decode_router``: the
+    router of the decode pool (``cluster.router`` routes the prefill pool); round_robin as
+    vLLM's disaggregated-serving proxy picks both. ``net_gbps`` (1e9 bytes/s) and
+    ``net_latency_s`` (s per transfer): each replica's network link for the KV transfer, one
+    way each (defaults: the ~47 GB/s Mooncake's Transfer Engine reaches on a 400 Gb/s RDMA NIC
+    per GPU; 100 us per transfer, assumed)."""
+
+    prefill_replicas: int = 0
+    decode_router: str = "round_robin"
+    net_gbps: float = 47.0
+    net_latency_s: float = 100e-6
+
+
+@dataclass
 class ClusterConfig:
     """Replicas of the engine behind a router (:mod:`sim.cluster`, :mod:`sim.routers`).
 
@@ -245,7 +262,8 @@ class ClusterConfig:
     replica publishes its KV events (end of each engine step) the router applies them
     (prefix_aware). ``overlap_weight``: prefix_aware's weight of the prefill blocks against
     the active blocks (NVIDIA Dynamo's ``kv-overlap-score-weight``). ``store``: a KV store
-    shared by the replicas (:class:`StoreConfig`).
+    shared by the replicas (:class:`StoreConfig`). ``pd``: prefill/decode disaggregation
+    (:class:`PDConfig`; off by default).
     """
 
     replicas: int = 1
@@ -253,6 +271,7 @@ class ClusterConfig:
     event_staleness_s: float = 0.0
     overlap_weight: float = 1.0
     store: StoreConfig = field(default_factory=StoreConfig)
+    pd: PDConfig = field(default_factory=PDConfig)
 
 
 @dataclass

@@ -75,13 +75,23 @@ class Simulator:
     per step (:class:`sim.stretches.tiers.TierStretch`); the cluster publishes the replica's KV
     events there. A replica's loop does not end when its own requests are done: it waits for the
     next arrival the cluster routes to it, and the cluster's run ends when every request is
-    done. """
+    done.
+
+    As a replica of a disaggregated cluster (prefill/decode): ``hand_off``, on a prefill
+    replica, a callable ``hand_off(req)`` that takes each request whose prefill ended (its one
+    token sampled: a prefill replica serves every request with one output token, as vLLM's
+    disaggregated proxy sends ``max_tokens=1``); the request keeps its blocks (``handed``)
+    until the cluster calls :meth:`free_handed` once its KV has crossed to the decode replica;
+    ``receive``, on a decode replica, a callable ``receive(req, blocks)`` returning the SimPy
+    process body of the KV transfer of ``blocks`` blocks into ``req``'s blocks
+    (:meth:`arrive_remote`, :meth:`sim.kv_manager.KVManager.start_receive`)."""
 
     def __init__(self, workload, num_gpu_blocks: int, block_size: int, scheduler, cache,
                  cost_model, max_model_len: int, recorder: Recorder,
                  check_invariants: bool = False, progress=None, max_sim_time_s=None,
                  fast_forward: bool = True, tiers=None, num_layers: int = 1, compression=None,
-                 prefix_index: str = "auto", env=None, release=None, on_iteration=None):
+                 prefix_index: str = "auto", env=None, release=None, on_iteration=None,
+                 hand_off=None, receive=None):
         self.wl = workload
         self.B = int(block_size)
         if prefix_index == "auto":
@@ -110,6 +120,9 @@ class Simulator:
         # a stretch ran on_iteration after its last step and began the next scheduling
         # (TierStretch): the loop's next pass does not run on_iteration again
         self.iteration_begun = False
+        self.hand_off = hand_off
+        self.receive = receive
+        self.handed: dict = {}  # rid -> request whose prefill ended, holding its blocks
         # tiers: a factory env -> TierManager (None = GPU only)
         self.tiers = tiers(self.env) if tiers is not None else None
         self.num_layers = max(1, int(num_layers))
@@ -223,7 +236,40 @@ class Simulator:
         if req.total_blocks > self.pool.num_blocks:
             self._reject(req, "kv_capacity")
             return
+        if self.hand_off is not None:  # (a prefill replica: the prompt and one token)
+            req.output = 1
+            req.total_blocks = -(-req.input // self.B)
         self.waiting.append(req)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def arrive_remote(self, i: int, handoff) -> None:
+        """Workload row ``i`` arrives now on this decode replica with its prompt's KV computed
+        by a prefill replica (``handoff``: a :class:`sim.cluster.Handoff`, whose ``prefill``
+        request gives the row's arrival, first scheduling, prefix hit, computed prompt tokens
+        and preemptions so far). It waits in the queue; its admission allocates the blocks of
+        its whole prompt, its local prefix hit first, and the rest receive the KV
+        (:meth:`sim.scheduler.Scheduler.admit_remote`)."""
+        p = handoff.prefill
+        req = Request(i, int(self.w_rid[i]), p.arrival, int(self.w_in[i]), int(self.w_out[i]))
+        self.reqs[i] = req
+        req.total_blocks = -(-(req.input + req.output - 1) // self.B)
+        req.first_scheduled = p.first_scheduled
+        req.hit_tokens = p.hit_tokens
+        req.computed_prompt_tokens = p.computed_prompt_tokens
+        req.preemptions = p.preemptions
+        req.pd = handoff
+        self.waiting.append(req)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def free_handed(self, req: Request) -> None:
+        """A prefill replica's request whose KV has crossed to its decode replica: its blocks
+        return to the pool (last block first; the full ones stay cached)."""
+        del self.handed[req.rid]
+        self.kv.free_blocks(req)
+        req.keys = None
+        req.blocks = None
         if self.wake is not None and not self.wake.triggered:
             self.wake.succeed()
 
@@ -316,8 +362,9 @@ class Simulator:
             sched_req = plan.reqs
             sched_n = plan.tokens
             hold = self.write_back_hold()
-            if not sched_req and self.onboarding:
-                # nothing runnable until an onboarding request's pages arrive (or an arrival)
+            if not sched_req and (self.onboarding or self.handed):
+                # nothing runnable until an onboarding request's pages arrive, a handed-off
+                # request's blocks return (or an arrival)
                 self.wake = env.event()
                 yield self.wake
                 self.wake = None
@@ -493,6 +540,10 @@ class Simulator:
         closed-loop children."""
         rec = self.rec
         for req in done:
+            if self.hand_off is not None:  # (a prefill replica: the KV goes to a decode replica)
+                self.handed[req.rid] = req
+                self.hand_off(req)
+                continue
             if req.layout is not None:
                 # = live tokens after Compression.sync: each pending token takes a slot in
                 # every group
@@ -529,7 +580,8 @@ class Simulator:
         onboarding = list(self.onboarding_reqs.values())
         assert len(onboarding) == self.onboarding, "onboarding count differs from its requests"
         assert all(r.status == ONBOARDING for r in onboarding)
-        held = [r.blocks[:r.n_blocks] for r in self.running + onboarding if r.n_blocks]
+        handed = list(self.handed.values())  # (a prefill replica's, until their KV has crossed)
+        held = [r.blocks[:r.n_blocks] for r in self.running + onboarding + handed if r.n_blocks]
         held_arr = np.concatenate(held) if held else np.empty(0, np.int64)
         self.pool.check(held_arr)
         # every block held by a table: ref count >= number of tables holding it

@@ -317,6 +317,40 @@ class KVManager:
             if sim.wake is not None and not sim.wake.triggered:
                 sim.wake.succeed()
 
+    def start_receive(self, req: Request, blocks: int) -> None:
+        """Receive ``req``'s prompt KV from its prefill replica into its last ``blocks`` blocks
+        (prefill/decode disaggregation; :meth:`sim.scheduler.Scheduler.admit_remote` allocated
+        them): ``req`` onboards (it holds its blocks outside the running list, counted against
+        ``max_num_seqs``) until the transfer (``sim.receive``) lands, then its full prompt blocks
+        are registered in the prefix cache and it computes from its last prompt token on (vLLM's
+        ``_update_waiting_for_remote_kv``: the received tokens are computed, less one when they
+        are all the request's tokens, so that the decode replica samples the first token)."""
+        sim = self.sim
+        req.status = ONBOARDING
+        sim.onboarding += 1
+        if sim.check:
+            sim.onboarding_reqs[req.rid] = req
+        sim.env.process(self.receive(req, blocks))
+
+    def receive(self, req: Request, blocks: int):
+        sim = self.sim
+        yield from sim.receive(req, blocks)
+        full = req.input // sim.B
+        if sim.caching and full > req.n_cached:
+            sim.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
+            req.n_cached = full
+        req.n_computed = req.input - 1
+        req.computed_prompt_tokens += 1
+        req.prefill_end = req.input
+        req.onboard_s = sim.env.now - req.pd.start
+        req.pd.landed = True
+        sim.onboarding -= 1
+        sim.onboarding_reqs.pop(req.rid, None)
+        req.status = RUNNING
+        sim.running.append(req)
+        if sim.wake is not None and not sim.wake.triggered:
+            sim.wake.succeed()
+
     def head_key_table(self, head):
         """:meth:`KVManager.hit_index` of the waiting head, or None when the memo is not the head's
         current walk."""

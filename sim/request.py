@@ -18,7 +18,7 @@ class Request:
         "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
-        "next_round", "prefill_end", "recompute_cut", "hit_remote", "onboard_remote_s",
+        "next_round", "prefill_end", "recompute_cut", "hit_remote", "onboard_remote_s", "pd",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -64,6 +64,9 @@ class Request:
         # the prefix-hit tokens its latest walk gave up to recompute them (tiers.load_or_recompute:
         # from the first disk page on), and of them those held on disk: (tokens, disk tokens)
         self.recompute_cut = (0, 0)
+        # prefill/decode disaggregation (sim.cluster): on a decode replica, None or a
+        # sim.cluster.Handoff (its prefill replica, the prefill's request and the KV transfer)
+        self.pd = None
 
     @property
     def num_tokens(self) -> int:

@@ -83,15 +83,18 @@ def _view_add(tab, mask, shift, keys):  # pragma: no cover (compiled)
 
 class Router:
     """Base of the routers. ``cluster``: the :class:`sim.cluster.Cluster` it routes for;
-    ``cfg``: the ``cluster`` config node. Subclasses set ``name`` and ``needs_kv_events``
-    (the cluster then has its replicas publish KV events into :attr:`sim.cluster.Cluster.views`)."""
+    ``cfg``: the ``cluster`` config node; ``members``: the replica indices it routes over, in
+    order (ties go to the first; default all of the cluster's replicas; with prefill/decode
+    disaggregation one router per pool). Subclasses set ``name`` and ``needs_kv_events`` (the
+    cluster then has its replicas publish KV events into :attr:`sim.cluster.Cluster.views`)."""
 
     name = ""
     needs_kv_events = False
 
-    def __init__(self, cluster, cfg):
+    def __init__(self, cluster, cfg, members=None):
         self.cluster = cluster
-        self.n = cluster.num_replicas
+        self.members = list(range(cluster.num_replicas)) if members is None else list(members)
+        self.n = len(self.members)
 
     def route(self, i: int) -> int:
         """The replica (0-based) that serves workload row ``i``, arriving now."""
@@ -104,10 +107,10 @@ class Router:
         """Row ``i`` finished (or was rejected) on replica ``r``."""
 
     def least_loaded(self) -> int:
-        """The replica with the fewest requests queued or running (waiting + running +
+        """The member with the fewest requests queued or running (waiting + running +
         onboarding), ties to the fewest GPU blocks held, then the lowest index."""
         c = self.cluster
-        return min(range(self.n), key=lambda r: (c.queue_length(r), c.kv_blocks_used(r), r))
+        return min(self.members, key=lambda r: (c.queue_length(r), c.kv_blocks_used(r), r))
 
 
 class RoundRobin(Router):
@@ -116,12 +119,12 @@ class RoundRobin(Router):
 
     name = "round_robin"
 
-    def __init__(self, cluster, cfg):
-        super().__init__(cluster, cfg)
+    def __init__(self, cluster, cfg, members=None):
+        super().__init__(cluster, cfg, members)
         self.k = 0
 
     def route(self, i: int) -> int:
-        r = self.k % self.n
+        r = self.members[self.k % self.n]
         self.k += 1
         return r
 
@@ -146,8 +149,8 @@ class SessionAffinity(Router):
 
     name = "session_affinity"
 
-    def __init__(self, cluster, cfg):
-        super().__init__(cluster, cfg)
+    def __init__(self, cluster, cfg, members=None):
+        super().__init__(cluster, cfg, members)
         self.session = cluster.wl.table.column("session_id").to_numpy()
         self.home: dict[int, int] = {}
 
@@ -179,10 +182,10 @@ class PrefixAware(Router):
     name = "prefix_aware"
     needs_kv_events = True
 
-    def __init__(self, cluster, cfg):
-        super().__init__(cluster, cfg)
+    def __init__(self, cluster, cfg, members=None):
+        super().__init__(cluster, cfg, members)
         self.w = float(cfg.overlap_weight)
-        self.active = np.zeros(self.n, dtype=np.int64)
+        self.active = np.zeros(cluster.num_replicas, dtype=np.int64)  # (by replica index)
         self.blocks_of: dict[int, int] = {}
 
     def route(self, i: int) -> int:
@@ -190,7 +193,7 @@ class PrefixAware(Router):
         c.apply_events()
         keys, n_blocks, limit = c.prompt_keys(i)
         best = None
-        for r in range(self.n):
+        for r in self.members:
             ov = c.views[r].overlap(keys, limit) if limit > 0 else 0
             cost = self.w * (n_blocks - ov) + int(self.active[r])
             if best is None or cost < best[0]:
@@ -209,9 +212,14 @@ class PrefixAware(Router):
 ROUTERS = {cls.name: cls for cls in (RoundRobin, LeastLoaded, SessionAffinity, PrefixAware)}
 
 
-def make_router(cluster, cfg) -> Router:
-    """The router ``cfg.router`` names, for ``cluster``; ConfigError for an unknown name."""
-    name = str(cfg.router)
+def make_router(cluster, cfg, members=None, field: str = "router") -> Router:
+    """The router the ``cluster`` config node's ``field`` names (``router``, or
+    ``pd.decode_router`` for a disaggregated cluster's decode pool), for ``cluster``, routing
+    over the replicas ``members`` (None: all); ConfigError for an unknown name."""
+    node = cfg
+    for part in field.split("."):
+        node = getattr(node, part)
+    name = str(node)
     if name not in ROUTERS:
-        raise ConfigError(f"cluster.router={name!r}; expected one of {sorted(ROUTERS)}")
-    return ROUTERS[name](cluster, cfg)
+        raise ConfigError(f"cluster.{field}={name!r}; expected one of {sorted(ROUTERS)}")
+    return ROUTERS[name](cluster, cfg, members)

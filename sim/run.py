@@ -339,11 +339,16 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     if cfg.output.write_ops:
         comp.ops = []
         comp.ops_limit = int(cfg.output.ops_limit)
+    from .pd import build_pd_links, check_pd_run
+
+    check_pd_run(cfg, comp.active)
+    pd_links = build_pd_links(cfg, plan.block_bytes, page_bytes)  # (None: not disaggregated)
     lock = hold_output_dir(out) if out is not None and hold else None
     try:
         return _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes,
                               progress_bar, overrides, hydra_record, wall0, t_load, inputs,
-                              config_choices, record_fingerprint, store=store)
+                              config_choices, record_fingerprint, store=store,
+                              pd_links=pd_links)
     finally:
         if lock is not None:
             lock.release()
@@ -351,10 +356,12 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
 
 def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, progress_bar,
                    overrides, hydra_record, wall0, t_load, inputs=None,
-                   config_choices=None, record_fingerprint=None, store=None) -> dict:
+                   config_choices=None, record_fingerprint=None, store=None,
+                   pd_links=None) -> dict:
     """:func:`run_simulation` once the config and trace passed their checks and ``out`` (or
     None) is held by this run: simulate, then write the results. ``store``: the cluster's
-    shared store (:func:`sim.kv_store.build_store`) or None."""
+    shared store (:func:`sim.kv_store.build_store`) or None; ``pd_links``: a disaggregated
+    cluster's KV links (:func:`sim.pd.build_pd_links`) or None."""
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         # (with the run's overrides: kvsim-collect names an interrupted run's settings)
@@ -388,7 +395,7 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
             _bar.update(done - _bar.n)
     # (one replica: the single engine; more: a Cluster, whose tables gain a replica column)
     engine = Simulator if replicas == 1 else (
-        lambda *a, **k: Cluster(cfg.cluster, *a, store=store, **k))
+        lambda *a, **k: Cluster(cfg.cluster, *a, store=store, pd_links=pd_links, **k))
     sim = engine(wl, plan.num_gpu_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                  cfg.model.max_model_len, rec, check_invariants=cfg.sim.check_invariants,
                  progress=progress, max_sim_time_s=cfg.sim.max_sim_time_s,
@@ -409,8 +416,9 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     delay = float(cfg.cost.frontend_latency_s)
     if delay:  # (times as the client measures them: it sent each request delay s earlier)
         req["arrival_s"] = req["arrival_s"] - delay
-        for col in ("ttft_s", "e2e_s", "queue_s"):
-            req[col] = req[col] + delay
+        for col in ("ttft_s", "e2e_s", "queue_s", "prefill_done_s"):
+            if col in req:  # (prefill_done_s: a disaggregated cluster's)
+                req[col] = req[col] + delay
     extra = {
         "model": cfg.model.name,
         "gpu": cfg.gpu.name,
@@ -460,7 +468,10 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     extra["disk_capacity_pages"] = tm.disk_pages if tm else 0
     extra["peak_host_pages"] = tm.host.peak if tm else 0
     extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
-    extra["transfers"] = len(tm.records) if tm else 0
+    # (a disaggregated cluster's transfers table: its KV transfers; it has no tiers)
+    pd_transfers = sim.transfers_frame() if pd_links is not None else None
+    extra["transfers"] = (len(tm.records) if tm else 0) if pd_transfers is None else \
+        len(pd_transfers)
     extra["cost_model"] = cost.describe(codec=tm.codec if tm else None, disk=bool(tm and tm.disk is not None),
                                         compaction=comp.active)
     rounds = pd.DataFrame.from_records(sim.rounds, columns=ROUND_COLUMNS).astype({
@@ -523,7 +534,8 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         if cfg.output.write_steps:
             _write_parquet(rec.steps_frame(), out / "steps.parquet")
             written.append("steps.parquet")
-        _write_parquet(transfers_frame(tm), out / "transfers.parquet")
+        _write_parquet(transfers_frame(tm) if pd_transfers is None else pd_transfers,
+                       out / "transfers.parquet")
         _write_parquet(rounds, out / "rounds.parquet")
         if cfg.output.write_ops:
             summary.update(_write_ops(cfg, comp, tm, out / "ops.jsonl"))

@@ -179,6 +179,11 @@ class Scheduler:
         tiers = sim.tiers
         while sim.waiting and budget > 0 and len(sim.running) + sim.onboarding < sim.max_seqs:
             req = sim.waiting[0]
+            if req.pd is not None and not req.pd.landed:  # (its KV comes from a prefill replica)
+                if not self.admit_remote(req):
+                    break
+                admitted += 1
+                continue
             plan = self.admission_plan(req, budget)
             if plan is None:
                 break
@@ -247,6 +252,39 @@ class Scheduler:
                 samples += 1
             budget -= n
         return budget, samples, admitted
+
+    def admit_remote(self, req: Request) -> bool:
+        """Admit the waiting head ``req`` of a decode replica, whose prompt's KV a prefill
+        replica computed (prefill/decode disaggregation), as vLLM's scheduler admits a request
+        with ``do_remote_prefill`` (vllm/v1/core/sched/scheduler.py with the NIXL connector's
+        ``get_num_new_matched_tokens``): its local prefix hit (at most ``(input - 1) //
+        block_size`` blocks), then blocks for the rest of its prompt (``ceil(input /
+        block_size)`` in all), whose KV is received over the link
+        (:meth:`sim.kv_manager.KVManager.start_receive`); it computes no token in this step.
+        Returns False, admitting nothing, when the free blocks are short: it waits at the head
+        of the queue (vLLM's allocation failing stops the admission loop) while the prefill
+        replica holds its KV."""
+        sim = self.sim
+        pool = sim.pool
+        B = sim.B
+        sim.kv.ensure_keys(req)
+        max_hit = (req.input - 1) // B if sim.caching else 0
+        hit = pool.lookup_prefix(req.keys, max_hit)
+        n_prompt = -(-req.input // B)
+        need = n_prompt - len(hit)
+        if need + pool.blocks_needed_for_touch(hit) > pool.num_free:
+            return False
+        pool.touch(hit)
+        req.blocks[:len(hit)] = hit
+        req.blocks[len(hit):n_prompt] = pool.allocate(need)
+        req.n_blocks = n_prompt
+        req.n_cached = len(hit)
+        if n_prompt > req.peak_blocks:
+            req.peak_blocks = n_prompt
+        sim.waiting.popleft()
+        req.pd.decode_hit_tokens = len(hit) * B
+        sim.kv.start_receive(req, need)
+        return True
 
     def admission_plan(self, req: Request, budget: int):
         """The admission's checks for the waiting head ``req`` with ``budget`` tokens left: its

@@ -1,0 +1,253 @@
+"""sim.pd: prefill/decode disaggregation (prefill replicas hand each request's KV to a decode
+replica over a link, the transfer on the TTFT path)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import chunk_workload, make_workload
+from sim.cluster import Cluster, ClusterRecorder
+from sim.engine import Simulator
+from sim.errors import ConfigError
+from sim.hardware import kv_bytes_per_block
+from sim.metrics import Recorder
+from sim.pd import build_pd_links
+from sim.run import build_cost_model, compose_config, run_simulation
+from sim.tiers import cold_page_bytes
+
+
+def _cfg(*overrides):
+    return compose_config(["sim.progress=false", "cluster.router=round_robin", *overrides])
+
+
+def page_bytes_of(cfg) -> int:
+    """One block of every layer's K and V at the model's dtype (BF16: 2 bytes), from the card."""
+    m = cfg.model
+    assert str(m.dtype) in ("bfloat16", "bf16", "float16", "fp16")
+    return int(m.num_layers) * int(m.num_kv_heads) * int(m.head_dim) * 2 * 2 * int(cfg.cache.block_size)
+
+
+def pd_run(wl, *overrides, num_blocks=400, check=True):
+    """A disaggregated cluster's (requests, steps, Cluster); default 1 prefill + 1 decode."""
+    cfg = _cfg("cluster.replicas=2", "cluster.pd.prefill_replicas=1", *overrides)
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    links = build_pd_links(cfg, kv_bytes_per_block(cfg.model, cfg.cache),
+                           cold_page_bytes(cfg.model, cfg.cache, cfg.codec))
+    rec = ClusterRecorder(len(wl), wl.table.column("session_id").to_numpy())
+    c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                cfg.model.max_model_len, rec, check_invariants=check, pd_links=links)
+    c.run()
+    return rec.requests_frame(), rec.steps_frame(), c
+
+
+def single(wl, num_blocks=400):
+    cfg = _cfg("cluster.replicas=1")
+    cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    rec = Recorder(len(wl), wl.table.column("session_id").to_numpy())
+    sim = Simulator(wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
+                    cfg.model.max_model_len, rec, check_invariants=True)
+    sim.run()
+    return rec.requests_frame(), cost
+
+
+def one(inp=100, out=5, ids=None, arrival=0.0):
+    return dict(arrival_s=arrival, input_tokens=inp, output_tokens=out,
+                prefix_ids=list(ids if ids is not None else range(-(-inp // 16))))
+
+
+def test_the_transfer_moves_exactly_the_requests_prompt_blocks():
+    """A lone request's KV transfer carries its prompt's blocks (ceil(input / block_size)),
+    each of one block's bytes of every layer's K and V (the model card's), and its decode
+    replica recomputes only the last prompt token."""
+    wl = make_workload([one(100, 5)], prefix_block_tokens=16)
+    req, _, c = pd_run(wl)
+    cfg = _cfg()
+    page = page_bytes_of(cfg)
+    r = req.iloc[0]
+    assert r["status"] == "finished"
+    assert r["kv_transfer_blocks"] == 7  # ceil(100 / 16)
+    assert r["kv_transfer_bytes"] == 7 * page
+    assert (r["prefill_replica"], r["decode_replica"]) == (0, 1)
+    assert r["computed_prompt_tokens"] == 100 + 1
+    tr = c.transfers_frame()
+    assert len(tr) == 1 and tr["pages"].iloc[0] == 7 and tr["bytes"].iloc[0] == 7 * page
+    assert tr["direction"].iloc[0] == "prefill_to_decode" and tr["replica"].iloc[0] == 1
+    assert c.pd.summary()["bytes"] == 7 * page
+
+
+def test_an_fp8_codec_halves_the_bytes_moved():
+    """The bytes of a block come from the run's codec: fp8 holds one byte a value."""
+    wl = make_workload([one(100, 5)], prefix_block_tokens=16)
+    req, _, _ = pd_run(wl, "codec=fp8")
+    assert req["kv_transfer_bytes"].iloc[0] == 7 * page_bytes_of(_cfg()) // 2
+
+
+def test_the_decode_replicas_prefix_cache_cuts_the_transfer_to_the_blocks_it_lacks():
+    """A second request with the first one's prompt finds its full prompt blocks in the decode
+    replica's cache (all but the last, which holds the token it recomputes): one block moves."""
+    ids = list(range(10))
+    wl = make_workload([one(160, 3, ids, 0.0), one(160, 3, ids, 50.0)], prefix_block_tokens=16)
+    req, _, c = pd_run(wl)
+    a, b = req.iloc[0], req.iloc[1]
+    assert a["kv_transfer_blocks"] == 10 and a["decode_hit_tokens"] == 0
+    assert b["decode_hit_tokens"] == 9 * 16  # ((160 - 1) // 16 blocks)
+    assert b["kv_transfer_blocks"] == 1
+    assert b["prefix_hit_tokens"] == 9 * 16  # (the prefill replica's own hit)
+    assert c.pd.summary()["blocks"] == 11
+
+
+def test_the_transfer_is_on_the_ttft_path():
+    """TTFT grows by exactly the link's extra time: latency + bytes / bandwidth."""
+    wl = make_workload([one(100, 5)], prefix_block_tokens=16)
+    slow, _, _ = pd_run(wl, "cluster.pd.net_gbps=2", "cluster.pd.net_latency_s=0.01")
+    fast, _, _ = pd_run(wl, "cluster.pd.net_gbps=50", "cluster.pd.net_latency_s=0.0")
+    nbytes = 7 * page_bytes_of(_cfg())
+    extra = (0.01 + nbytes / 2e9) - nbytes / 50e9
+    assert slow["ttft_s"].iloc[0] - fast["ttft_s"].iloc[0] == pytest.approx(extra, abs=1e-9)
+    assert slow["kv_transfer_s"].iloc[0] == pytest.approx(0.01 + nbytes / 2e9, abs=1e-12)
+    assert slow["onboard_s"].iloc[0] == pytest.approx(0.01 + nbytes / 2e9, abs=1e-9)
+    # the prefill replica's part does not change
+    assert slow["prefill_done_s"].iloc[0] == fast["prefill_done_s"].iloc[0]
+
+
+def test_one_prefill_and_one_decode_replica_with_a_free_link_add_one_step_to_the_single_engine():
+    """Requests far apart on 1 + 1 replicas with a link of no latency and (nearly) infinite
+    bandwidth: each request's TTFT and end-to-end latency are the single engine's plus one
+    decode step of its last prompt token (1 token, input - 1 of context), the step vLLM's decode
+    instance runs to sample the first token; its time per output token is the single engine's."""
+    rows = [one(100 + 37 * k, 4 + k, [k * 100 + j for j in range(-(-(100 + 37 * k) // 16))],
+                100.0 * k) for k in range(4)]
+    wl = make_workload(rows, prefix_block_tokens=16)
+    s, cost = single(wl)
+    p, _, _ = pd_run(wl, "cluster.pd.net_gbps=1e12", "cluster.pd.net_latency_s=0")
+    step = np.array([cost.step_time(np.array([1]), np.array([n - 1]), 1)
+                     for n in s["input_tokens"]])
+    np.testing.assert_allclose(p["ttft_s"] - s["ttft_s"], step, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(p["e2e_s"] - s["e2e_s"], step, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(p["tpot_s"], s["tpot_s"], rtol=1e-9)
+    assert (p["prefix_hit_tokens"] == s["prefix_hit_tokens"]).all()
+
+
+def test_a_decode_replica_short_of_blocks_holds_the_transfer_until_blocks_free():
+    """Two requests of 5 prompt blocks that grow to 8 on replicas of 8 blocks: the second's
+    prompt blocks on the decode replica are allocated, and its KV moves, only once the first
+    has finished there; the prefill replica holds its blocks meanwhile (the pool invariants
+    hold at every step of both)."""
+    rows = [one(80, 40, [1, 2, 3, 4, 5], 0.0), one(80, 40, [9, 8, 7, 6, 5], 0.0)]
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, num_blocks=8)
+    a, b = req.iloc[0], req.iloc[1]
+    assert (req["status"] == "finished").all()
+    tr = c.transfers_frame().set_index("request_id")
+    assert tr.loc[1, "time_s"] >= a["finish_s"]
+    assert b["onboard_s"] >= a["finish_s"] - (b["arrival_s"] + b["prefill_done_s"])
+    assert b["ttft_s"] > a["e2e_s"]
+
+
+def test_disaggregated_runs_are_deterministic():
+    """The same workload and config give identical tables."""
+    rng = np.random.default_rng(3)
+    rows = [one(int(rng.integers(20, 400)), int(rng.integers(1, 30)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(30)],
+                float(np.round(rng.uniform(0, 2), 3))) for _ in range(30)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    over = ("cluster.replicas=5", "cluster.pd.prefill_replicas=2",
+            "cluster.router=prefix_aware", "cluster.pd.decode_router=least_loaded")
+    r1, s1, c1 = pd_run(wl, *over, num_blocks=120)
+    r2, s2, c2 = pd_run(wl, *over, num_blocks=120)
+    pd.testing.assert_frame_equal(r1, r2)
+    pd.testing.assert_frame_equal(s1, s2)
+    pd.testing.assert_frame_equal(c1.transfers_frame(), c2.transfers_frame())
+    assert set(r1["prefill_replica"]) <= {0, 1} and set(r1["decode_replica"]) <= {2, 3, 4}
+
+
+def test_closed_loop_children_arrive_at_the_prefill_pool_after_their_parents_decode():
+    """A closed-loop child is released when its parent finishes on its decode replica and, after
+    its think time, is routed over the prefill pool again."""
+    wl = chunk_workload(3)
+    req, _, _ = pd_run(wl, "cluster.replicas=3", num_blocks=300)
+    assert (req["status"] == "finished").all()
+    by_id = req.set_index("request_id")
+    parent = np.asarray(wl.parent_request_id)
+    think = np.asarray(wl.think_s)
+    rid = np.asarray(wl.request_id)
+    kids = np.flatnonzero(parent >= 0)
+    assert len(kids)
+    for k in kids.tolist():
+        p = by_id.loc[int(parent[k])]
+        c = by_id.loc[int(rid[k])]
+        assert c["arrival_s"] == pytest.approx(p["finish_s"] + max(think[k], 0.0), abs=1e-9)
+        assert c["prefill_replica"] == 0 and c["decode_replica"] in (1, 2)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), prefill=st.integers(1, 2), decode=st.integers(1, 2),
+       blocks=st.integers(40, 200), gbps=st.sampled_from([0.5, 47.0]))
+def test_every_request_moves_its_prompt_blocks_less_the_decode_hit(seed, prefill, decode, blocks,
+                                                                    gbps):
+    """Any workload, pool and link: every request finishes (the pool invariants hold after
+    every step of every replica), its transfer moves ceil(input / block_size) blocks less its
+    decode replica's hit, page bytes each, and no prefill replica holds blocks at the end."""
+    rng = np.random.default_rng(seed)
+    rows = [one(int(rng.integers(1, 500)), int(rng.integers(1, 40)),
+                [int(rng.integers(0, 4)) * 100 + j for j in range(32)],
+                float(np.round(rng.uniform(0, 3), 2))) for _ in range(25)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, f"cluster.replicas={prefill + decode}",
+                       f"cluster.pd.prefill_replicas={prefill}", f"cluster.pd.net_gbps={gbps}",
+                       num_blocks=blocks)
+    fin = req[req["status"] == "finished"]
+    assert len(fin) + (req["status"] == "rejected").sum() == len(req)
+    want = -(-fin["input_tokens"] // 16) - fin["decode_hit_tokens"] // 16
+    assert (fin["kv_transfer_blocks"] == want).all()
+    assert (fin["kv_transfer_bytes"] == want * page_bytes_of(_cfg())).all()
+    assert (fin["ttft_s"] >= fin["prefill_done_s"] + fin["onboard_s"]).all()
+    assert all(not s.handed for s in c.replicas)
+
+
+def test_run_writes_the_transfers_and_the_pools_summary(tmp_path):
+    """run_simulation with disaggregation: the requests table's prefill/decode columns, one
+    transfers row per finished request, summary.json's cluster.pd per pool."""
+    rows = [one(50 + 10 * k, 3, [k % 2 * 100 + j for j in range(8)], 0.1 * k) for k in range(12)]
+    wl = make_workload(rows, prefix_block_tokens=16)
+    cfg = _cfg("cluster.replicas=3", "cluster.pd.prefill_replicas=1",
+               "cluster.pd.decode_router=least_loaded")
+    s = run_simulation(cfg, tmp_path, workload=wl)
+    req = pd.read_parquet(tmp_path / "requests.parquet")
+    tr = pd.read_parquet(tmp_path / "transfers.parquet")
+    assert "replica" not in req.columns
+    assert len(tr) == (req["status"] == "finished").sum() == 12
+    assert tr["bytes"].sum() == req["kv_transfer_bytes"].sum()
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    p = on_disk["cluster"]["pd"]
+    assert (p["prefill_replicas"], p["decode_replicas"]) == (1, 2)
+    assert p["link"]["bytes"] == int(tr["bytes"].sum()) and p["link"]["transfers"] == 12
+    assert p["prefill"]["requests"] == 12 and p["decode"]["requests"] == 12
+    assert [r["role"] for r in on_disk["cluster"]["per_replica"]] == ["prefill", "decode", "decode"]
+    assert s["cluster"]["per_step_reason"] == "prefill/decode disaggregation"
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=2"], "cluster.pd.prefill_replicas=2"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=-1"], "cluster.pd.prefill_replicas=-1"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.pd.decode_router=nearest"],
+     "cluster.pd.decode_router='nearest'"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.pd.net_gbps=0"],
+     "cluster.pd.net_gbps=0"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "tiers=gpu_host"], "tiers=gpu_only"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.store.enabled=true"],
+     "cluster.store.enabled=true"),
+    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "policy=streaming_llm"],
+     "policy=full"),
+])
+def test_a_bad_disaggregation_config_is_one_error_naming_the_field(tmp_path, overrides, field):
+    wl = make_workload([one(50, 3)], prefix_block_tokens=16)
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[")):
+        run_simulation(_cfg(*overrides), tmp_path / "out", workload=wl)
+    assert not (tmp_path / "out").exists()
