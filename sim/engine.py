@@ -470,12 +470,13 @@ class Simulator:
     def write_back_hold(self) -> float | None:
         """write_back, after a scheduling: issue the copies of the cached blocks it evicted
         (:meth:`sim.tiers.TierManager.write_back`) and return when they land (s), the time the
-        step and onboarding into those blocks wait for; None when nothing is to wait for."""
+        step and onboarding into those blocks wait for; None when nothing is to wait for. The
+        scheduling's time is the tiers' (:meth:`sim.tiers.TierManager.now`)."""
         if not (self.write_back_on and self.pool.evict_log):
             return None
         end = self.tiers.write_back(_joined(self.pool.evict_log))
         self.pool.evict_log.clear()
-        if end > self.env.now:
+        if end > self.tiers.now():
             self.wb_until = end
             return end
         return None
@@ -487,10 +488,12 @@ class Simulator:
         self.write_back_stalls += 1
         yield from advance_to(self.env, hold)
 
-    def check_sim_time(self) -> None:
-        """ConfigError once the clock has passed ``sim.max_sim_time_s`` or 2**32 s (checked after
-        every step and every fast-forward stretch, which ends at the step that passes it)."""
-        now = self.env.now
+    def check_sim_time(self, now: float | None = None) -> None:
+        """ConfigError once the clock (``now``, s; default the SimPy clock) has passed
+        ``sim.max_sim_time_s`` or 2**32 s (checked after every step and every fast-forward
+        stretch, which ends at the step that passes it)."""
+        if now is None:
+            now = self.env.now
         if now > MAX_CLOCK_S:
             raise ConfigError(
                 f"the simulated clock passed 2**32 s (~136 years) at t={now:.6g} s with "

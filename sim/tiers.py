@@ -674,6 +674,16 @@ class TierManager:
         self.local = self.host_pages > 0 or self.disk is not None
         # a cluster's shared store: this replica's sim.kv_store.StoreLink, set by the cluster
         self.store = None
+        # a tier stretch's agenda (sim.stretches.tiers.Agenda) while it runs the landings it
+        # causes itself, and the simulated time (s) of the work it does ahead of the SimPy clock
+        # (TierManager.now); None: landings are SimPy timeouts and the clock is SimPy's
+        self.agenda = None
+        self.clock = None
+
+    def now(self) -> float:
+        """The simulated time (s) of the tier work being done: the SimPy clock, or the time a
+        tier stretch runs its steps and landings at ahead of it (``clock``)."""
+        return self.env.now if self.clock is None else self.clock
 
     # ------------------------------------------------------------------ timing
     def _copy_time(self, pages: int, link: "Link", fused_op: str, plain_op: str) -> float:
@@ -806,7 +816,7 @@ class TierManager:
         onboarding into the reused blocks) until this time."""
         self._queue(keys)
         if not self.pending:
-            return self.env.now
+            return self.now()
         self._issue_offloads()
         return self.d2h.free_at
 
@@ -880,10 +890,14 @@ class TierManager:
     def _record(self, start, direction, tier, pages, dur, queued):
         self.records.append(start, direction, tier, pages, pages * self.cold, dur, start - queued)
 
-    def _at(self, end: float, fn, *args) -> None:
+    def at(self, end: float, fn, *args) -> None:
         """Call ``fn(*args)`` when the clock reaches exactly ``end`` (>= now), through the
         timeouts of :func:`sim.clock.exact_delays` (one, or two when ``now + (end - now)``
-        misses ``end``)."""
+        misses ``end``); while a tier stretch runs its own landings, on its agenda
+        (:class:`sim.stretches.tiers.Agenda`) instead."""
+        if self.agenda is not None:
+            self.agenda.push(end, fn, args)
+            return
         env = self.env
         now = env.now
         d = end - now
@@ -891,15 +905,15 @@ class TierManager:
             env.timeout(d).callbacks.append(lambda _e: fn(*args))
         else:
             env.timeout(exact_delays(now, end)[0]).callbacks.append(
-                lambda _e: self._at(end, fn, *args))
+                lambda _e: self.at(end, fn, *args))
 
     def _offload(self, keys) -> None:
         """Issue one D2H batch now: it queues on the link and lands in the host store at its
         end (:meth:`_offloaded`)."""
-        now = self.env.now
+        now = self.now()
         dur = self.d2h_time(len(keys))
         start, end = self.d2h.reserve(now, dur)
-        self._at(end, self._offloaded, keys, start, dur, now)
+        self.at(end, self._offloaded, keys, start, dur, now)
 
     def _offloaded(self, keys, start, dur, queued) -> None:
         self._record(start, "d2h", "host", len(keys), dur, queued)
@@ -925,10 +939,10 @@ class TierManager:
 
     def _demote(self, keys) -> None:
         """Issue one host-to-disk batch now (arithmetic queue, as :meth:`_offload`)."""
-        now = self.env.now
+        now = self.now()
         dur = self.disk_write.duration(len(keys) * self.cold)
         start, end = self.disk_write.reserve(now, dur)
-        self._at(end, self._demoted, keys, start, dur, now)
+        self.at(end, self._demoted, keys, start, dur, now)
 
     def _demoted(self, keys, start, dur, queued) -> None:
         self._record(start, "host_to_disk", "disk", len(keys), dur, queued)

@@ -1,21 +1,57 @@
-"""The tier stretch: pure-decode steps of a dense batch with host/disk tiers, one SimPy timeout per
-step (offload landings and arrivals keep their order) without the per-request work of the
+"""The tier stretch: pure-decode steps of a dense batch with host/disk tiers, run with the landings
+they cause on an agenda of their own, the SimPy clock advanced only where another event comes
+first (offload landings and arrivals keep their order), without the per-request work of the
 per-step loop."""
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
+from ..clock import advance_to
 from ..kv_manager import queue_registration
 from ..request import FINISHED
 from .base import Stretch
+
+
+class Agenda:
+    """A tier stretch's own events in the order SimPy would run them: by time (s), then by
+    creation. Each is ``(time, fn, args)``: a landing's call ``fn(*args)``, or an engine point
+    (``fn`` None; ``args`` None: a step ends, True: a write-back hold ends)."""
+
+    def __init__(self):
+        self.heap: list = []
+        self.seq = 0
+
+    def push(self, t: float, fn, args) -> None:
+        """Add an event at ``t`` (s), after every event pushed before it at that time."""
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, args))
+
+    def pop(self):
+        """The first event: ``(time, fn, args)``."""
+        t, _, fn, args = heapq.heappop(self.heap)
+        return t, fn, args
 
 
 class TierStretch(Stretch):
     """Tier stretches of one engine (``sim``)."""
 
     name = "tiers"
+    # (as a cluster's replica, which runs on_iteration between steps, every step is a SimPy
+    # timeout created where the per-step loop creates its own: see TierStretch.advance)
     step_clock = True
+
+    def __init__(self, sim):
+        super().__init__(sim)
+        # the SimPy clock waits the stretches took (a write-back hold's first wait included):
+        # fewer than their steps where the steps and their landings ran ahead of the clock
+        self.clock_waits = 0
+
+    def counters(self) -> dict:
+        """:meth:`Stretch.counters` with ``clock_waits``."""
+        return dict(super().counters(), clock_waits=self.clock_waits)
 
     def eligible(self, plan, dt: float, hold: float | None) -> bool:
         """Dense runs with host/disk tiers: a pure-decode step (held or not)."""
@@ -30,20 +66,28 @@ class TierStretch(Stretch):
         :meth:`Scheduler.schedule` (duration ``dt``; held until ``hold`` (s) for write-back copies
         when not None), without the per-request work of the per-step loop.
 
-        Offloads land during almost every step and the waiting head's hit may change with them, so
-        the stretch keeps one SimPy timeout per step, created where the per-step loop creates its
-        own (after the step-end offloads were issued): every other event (offload and demotion
-        landings, arrivals, onboarding transfers) runs in the same order as there. At each step's
-        end it does what the per-step loop does for such a step: the write-policy offloads
-        (:meth:`Simulator.tier_step_end`), the step's row, and the next step's scheduling made for
-        the few requests it concerns: one new block for each request whose token starts a block (in
-        running order, from the free queue) and the registration of each block a token fills, then
-        the waiting head's admission check (:meth:`TierStretch.next_step`), and with write_back the
-        copies of the cached blocks those new blocks evicted, the next step waiting for them as the
-        engine's steps do (:meth:`sim.tiers.TierManager.write_back`). The per-request counters
-        (computed and generated tokens) are committed at the end. It ends, leaving the rest of the
-        next scheduling to :meth:`Scheduler.schedule`, where the per-step loop would decide anything
-        else:
+        The steps run on an :class:`Agenda`, together with the landings of the offloads and
+        demotions they issue (:meth:`sim.tiers.TierManager.write_back`, their host insertions and
+        the demotions those issue): each in the order of its time and, at equal times, of its
+        creation, as SimPy orders the per-step loop's timeouts. The SimPy clock is advanced only
+        where another event (an arrival, an onboarding transfer, a landing issued before the
+        stretch) comes first or at the same time, and to the stretch's last step, so those run in
+        the same order as there; the stretch's work ahead of the clock is timed by
+        :meth:`sim.tiers.TierManager.now`. The landings still pending when it ends become SimPy
+        timeouts, in their order. With a cluster's shared store (its link's puts are SimPy
+        events) and as a cluster's replica (which publishes its KV events between steps,
+        :attr:`Simulator.on_iteration`) every step and landing is a SimPy timeout, created where
+        the per-step loop creates its own.
+
+        At each step's end it does what the per-step loop does for such a step: the write-policy
+        offloads (:meth:`Simulator.tier_step_end`), the step's row, and the next step's
+        scheduling made for the few requests it concerns: one new block for each request whose
+        token starts a block (in running order, from the free queue) and the registration of each
+        block a token fills, then the waiting head's admission check (:meth:`TierStretch.next_step`),
+        and with write_back the copies of the cached blocks those new blocks evicted, the next step
+        waiting for them as the engine's steps do. The per-request counters (computed and generated
+        tokens) are committed at the end. It ends, leaving the rest of the next scheduling to
+        :meth:`Scheduler.schedule`, where the per-step loop would decide anything else:
 
         * the running list changed (an onboarding request joined it) or the waiting head may be
           admitted (the batch's part of that scheduling is then done; the scheduler does the
@@ -58,13 +102,14 @@ class TierStretch(Stretch):
         sim = self.sim
         env = sim.env
         pool = sim.pool
+        tm = sim.tiers
         B = sim.B
         b = len(reqs)
         k = min([r.output - r.n_generated for r in reqs])  # the first finish: at step k's end
-        if k < 2 or (sim.tiers.layerwise and any(r.load_event is not None for r in reqs)):
+        if k < 2 or (tm.layerwise and any(r.load_event is not None for r in reqs)):
             return 0  # (layer-by-layer loads: the per-step loop waits for them, then clears)
         nc0 = [r.n_computed for r in reqs]  # before step 1
-        durs = sim.cost.decode_step_times(ctx0, k)
+        durs = sim.cost.decode_step_times(ctx0, k).tolist()
         durs[0] = dt
         live0 = sum(nc0)
         caching = sim.caching
@@ -77,45 +122,81 @@ class TierStretch(Stretch):
             grow_at.setdefault(max(req.n_blocks * B - c + 1, 2), []).append(i)
             if caching:
                 reg_at.setdefault(max((req.n_cached + 1) * B - c, 2), []).append(i)
-        s = 1  # (hold: when the write-back copies the step's new blocks wait for land)
-        while True:
-            start = env.now
-            if hold is not None:
-                yield from sim.wait_write_back(hold)
-            yield env.timeout(float(durs[s - 1]))
-            step_dur = float(durs[s - 1]) if hold is None else env.now - start
-            done = s == k
-            # the row: the requests and blocks the step ran with (before its finished requests
-            # leave); the batch's counters are committed at the end, and a request that joined
-            # the running list during the step (its onboarding ended) counts its own
-            running = len(sim.running)
-            live = live0 + s * b + sum(r.n_computed for r in sim.running[b:])
-            used = pool.num_used
-            cached_free = pool.num_cached_free
-            if done:
-                now = env.now
-                self.commit_counts(reqs, nc0, s)
-                for req in reqs:
-                    if req.n_generated >= req.output:
-                        req.status = FINISHED
-                        req.finish = now
-                sim.retire_finished()
-            sim.tier_step_end()
-            rec.step(start, step_dur, running, len(sim.waiting), 0, b, used, cached_free, live)
-            if not done:
-                sim.check_sim_time()
-                if sim.on_iteration is not None:
-                    sim.on_iteration()  # (between steps, before the next scheduling, as the loop)
-            if done:
-                break
-            nxt = self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at)
-            if nxt != 1:
-                # step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule goes
-                # on, without a second on_iteration before it
-                sim.iteration_begun = nxt == 2
-                break
-            hold = sim.write_back_hold()  # (as the engine after a scheduling)
-            s += 1
+        start = env.now  # (the scheduling of step s)
+        if hold is not None:  # (the first step's copies were issued as SimPy timeouts)
+            self.clock_waits += 1
+            yield from sim.wait_write_back(hold)
+        # every step and landing through SimPy with a shared store (its link's puts are events)
+        # and in a cluster's replica (its KV events are published between steps on the clock)
+        ahead = tm.store is None and sim.on_iteration is None
+        agenda = Agenda()
+        agenda.push(env.now + durs[0], None, None)
+        s = 1
+        done = False
+        try:
+            while True:
+                t, fn, args = agenda.pop()
+                if env.now < t and (not ahead or env.peek() <= t or (fn is None and s == k)):
+                    # another event comes first or at the same time (or the requests finish:
+                    # their closed-loop children are released on the SimPy clock)
+                    tm.agenda = tm.clock = None
+                    self.clock_waits += 1
+                    yield from advance_to(env, t)
+                if ahead:
+                    tm.agenda = agenda
+                    tm.clock = t
+                if fn is not None:  # a landing
+                    fn(*args)
+                    continue
+                if args is not None:  # the end of a write-back hold: the step starts
+                    agenda.push(t + durs[s - 1], None, None)
+                    continue
+                step_dur = durs[s - 1] if hold is None else t - start
+                done = s == k
+                # the row: the requests and blocks the step ran with (before its finished requests
+                # leave); the batch's counters are committed at the end, and a request that joined
+                # the running list during the step (its onboarding ended) counts its own
+                running = len(sim.running)
+                live = live0 + s * b + sum(r.n_computed for r in sim.running[b:])
+                used = pool.num_used
+                cached_free = pool.num_cached_free
+                if done:
+                    self.commit_counts(reqs, nc0, s)
+                    for req in reqs:
+                        if req.n_generated >= req.output:
+                            req.status = FINISHED
+                            req.finish = t
+                    sim.retire_finished()
+                sim.tier_step_end()
+                rec.step(start, step_dur, running, len(sim.waiting), 0, b, used, cached_free, live)
+                if not done:
+                    sim.check_sim_time(t)
+                    if sim.on_iteration is not None:
+                        sim.on_iteration()  # (between steps, before the next scheduling, as the loop)
+                if done:
+                    break
+                nxt = self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at)
+                if nxt != 1:
+                    # step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule
+                    # goes on, without a second on_iteration before it
+                    sim.iteration_begun = nxt == 2
+                    break
+                hold = sim.write_back_hold()  # (as the engine after a scheduling)
+                s += 1
+                start = t
+                if hold is None:
+                    agenda.push(t + durs[s - 1], None, None)
+                else:  # (Simulator.wait_write_back's count)
+                    sim.write_back_stall_s += hold - t
+                    sim.write_back_stalls += 1
+                    agenda.push(hold, None, True)
+        finally:
+            tm.agenda = tm.clock = None
+        if env.now < t:  # (no other event before t: the SimPy clock catches up)
+            self.clock_waits += 1
+            yield from advance_to(env, t)
+        for end, _, fn, args in sorted(agenda.heap):  # (landings after t, in their order)
+            tm.at(end, fn, *args)
         if not done:
             self.commit_counts(reqs, nc0, s)
         if sim.check:
