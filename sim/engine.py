@@ -48,7 +48,7 @@ from .stretches.decode import DecodeStretch
 from .stretches.prefill import PrefillStretch
 from .stretches.rounds import RoundsStretch
 from .stretches.tiers import TierStretch
-from .tiers import _joined
+from .tiers.manager import joined
 
 # Latest simulated time (s) a run may reach: the bound arrivals are checked against; past it
 # float64 seconds lose the microsecond.
@@ -474,7 +474,7 @@ class Simulator:
         scheduling's time is the tiers' (:meth:`sim.tiers.TierManager.now`)."""
         if not (self.write_back_on and self.pool.evict_log):
             return None
-        end = self.tiers.write_back(_joined(self.pool.evict_log))
+        end = self.tiers.write_back(joined(self.pool.evict_log))
         self.pool.evict_log.clear()
         if end > self.tiers.now():
             self.wb_until = end

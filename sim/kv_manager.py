@@ -16,7 +16,7 @@ from .block_pool import KeyTable
 from .clock import advance_to
 from .keys import block_keys, continues
 from .request import ONBOARDING, RUNNING, Request
-from .tiers import DISK, GPU, HOST, REMOTE
+from .tiers.spec import DISK, GPU, HOST, REMOTE
 
 
 MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped

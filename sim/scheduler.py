@@ -15,7 +15,7 @@ import numpy as np
 
 from .kv_manager import queue_registration
 from .request import RUNNING, WAITING, Request
-from .tiers import DISK, REMOTE
+from .tiers.spec import DISK, REMOTE
 
 
 @dataclass(slots=True)

@@ -538,3 +538,33 @@ def test_check_invariants_counts_the_blocks_of_blocking_onboards(tmp_path):
     s = run_simulation(c, tmp_path)
     assert s["bytes_onboarded"]["host"] > 0 and s["requests_finished"] == 150
 
+
+def test_tier_specs_read_the_tiers_config_and_build_the_managers_stores_and_links():
+    """tier_specs reads the host and disk levels (capacity in encoded pages, replacement,
+    fill and serve links, PCIe from the GPU card where the config leaves it null) from the
+    tiers config; the tier manager's stores and links are those the specs build."""
+    import simpy
+
+    from sim.tiers import DISK, HOST, LinkSpec, TierManager, tier_specs
+
+    cfg = compose_config(["tiers=gpu_host_disk", "codec=nvfp4", "tiers.disk_gib=2",
+                          "tiers.replacement=arc"])
+    cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
+    host, disk = tier_specs(cfg.tiers, cold, cfg.gpu)
+    pcie = float(cfg.gpu.pcie_bandwidth_gbps) * 1e9
+    assert (host.name, host.code, host.capacity_pages, host.replacement) == \
+        ("host", HOST, int(cfg.tiers.host_gib * 2**30) // cold, "arc")
+    assert host.fill == LinkSpec("d2h", pcie, float(cfg.gpu.pcie_overhead_s))
+    assert host.serve == LinkSpec("h2d", pcie, float(cfg.gpu.pcie_overhead_s))
+    assert (disk.name, disk.code, disk.capacity_pages) == ("disk", DISK, 2 * 2**30 // cold)
+    assert disk.fill == LinkSpec("disk_write", 5e9, 80e-6)
+    assert disk.serve == LinkSpec("disk_read", 7e9, 80e-6)
+    tm = TierManager(simpy.Environment(), cfg.tiers, cfg.codec, 1 << 20, cold, cfg.gpu, 1e12)
+    assert tm.specs == (host, disk)
+    assert isinstance(tm.host, ARCStore) and tm.host.capacity == host.capacity_pages
+    assert tm.disk.capacity == disk.capacity_pages
+    for link, spec in ((tm.d2h, host.fill), (tm.h2d, host.serve), (tm.disk_write, disk.fill),
+                       (tm.disk_read, disk.serve)):
+        assert (link.name, link.bw, link.overhead) == (spec.name, spec.bandwidth_Bps, spec.overhead_s)
+    with pytest.raises(ConfigError, match="link disk_read: bandwidth -1.0 B/s; expected > 0"):
+        LinkSpec("disk_read", -1.0, 0.0).build()
