@@ -100,6 +100,18 @@ def test_the_decode_replicas_prefix_cache_cuts_the_transfer_to_the_blocks_it_lac
     assert c.pd.summary()["blocks"] == 11
 
 
+def test_a_prefix_aware_decode_router_sends_a_repeated_prompt_where_its_kv_is():
+    """With two decode replicas, a prompt repeated after the first finished goes, under
+    pd.decode_router=prefix_aware, to the decode replica holding its blocks (1 block moves);
+    round-robin sends it to the other one (all 10 move)."""
+    ids = list(range(10))
+    wl = make_workload([one(160, 3, ids, 0.0), one(160, 3, ids, 50.0)], prefix_block_tokens=16)
+    aware, _, _ = pd_run(wl, "cluster.replicas=3", "cluster.pd.decode_router=prefix_aware")
+    rr, _, _ = pd_run(wl, "cluster.replicas=3", "cluster.pd.decode_router=round_robin")
+    assert list(aware["decode_replica"]) == [1, 1] and list(aware["kv_transfer_blocks"]) == [10, 1]
+    assert list(rr["decode_replica"]) == [1, 2] and list(rr["kv_transfer_blocks"]) == [10, 10]
+
+
 def test_the_transfer_is_on_the_ttft_path():
     """TTFT grows by exactly the link's extra time: latency + bytes / bandwidth."""
     wl = make_workload([one(100, 5)], prefix_block_tokens=16)
