@@ -1,6 +1,10 @@
 """kvsim policies: paged KV layout, token importance, eviction policies and compactors (numpy only).
 
-See ``policies/README.md`` for the interface the engine uses.
+See ``policies/README.md`` for the interface the engine uses. Each policy's options class is
+declared in :mod:`policies.config` (dataclasses only), which derives :class:`PolicyConfig`, the
+schema of Hydra's ``policy`` group, from them; :mod:`policies.registry` imports every module of
+the package, so each policy class registered there with :func:`policies.config.register_policy`
+is in :data:`POLICIES` (CONTRIBUTING.md, "Adding a policy").
 """
 
 # (each name's module, imported on first use: ``import policies`` and ``from policies.config
@@ -9,7 +13,11 @@ See ``policies/README.md`` for the interface the engine uses.
 _HOMES = {
     "compaction": ("COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction",
                    "RoundResult", "make_compactor"),
-    "config": ("MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig"),
+    "config": ("MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig", "PolicyOptions", "ScoredConfig",
+               "FullConfig", "RandomConfig", "StreamingLLMConfig", "H2OConfig", "TOVAConfig",
+               "TriAttentionConfig", "RKVConfig", "SnapKVConfig", "PyramidKVConfig", "AdaKVConfig",
+               "QuestConfig", "POLICY_CONFIGS", "policy_config", "register_options", "register_policy",
+               "unread_options"),
     "eviction": ("EvictionPolicy", "ModelShape", "RequestState", "topk_mask"),
     "importance": ("ImportanceModel", "RecordedImportance", "make_importance", "score_slots"),
     "layout": ("PagedLayout",),
@@ -52,5 +60,8 @@ __all__ = [
     "COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction", "RoundResult", "make_compactor",
     "MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig", "EvictionPolicy", "ModelShape",
     "RequestState", "topk_mask", "ImportanceModel", "RecordedImportance", "make_importance", "score_slots",
-    "PagedLayout", "POLICIES", "make_policy", "validate_policy_config",
+    "PagedLayout", "POLICIES", "make_policy", "validate_policy_config", "PolicyOptions", "ScoredConfig",
+    "FullConfig", "RandomConfig", "StreamingLLMConfig", "H2OConfig", "TOVAConfig", "TriAttentionConfig",
+    "RKVConfig", "SnapKVConfig", "PyramidKVConfig", "AdaKVConfig", "QuestConfig", "POLICY_CONFIGS",
+    "policy_config", "register_options", "register_policy", "unread_options",
 ]

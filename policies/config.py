@@ -1,18 +1,26 @@
 """Plain dataclass configs for eviction policies, compactors and the importance model.
 
-Only ``dataclasses`` are used here (no Hydra / OmegaConf import) so the lead can register
-:class:`PolicyConfig` and :class:`CompactionConfig` as Hydra structured configs, and so
-``policies`` stays importable with numpy alone.
+Only ``dataclasses`` are used here (no Hydra / OmegaConf, numpy or numba import), so composing a
+config imports nothing else of ``policies``. Each policy has its own :class:`PolicyOptions`
+subclass whose fields are exactly the options that policy reads, registered under the policy's
+name (:func:`register_options`) and linked to the policy's class by :func:`register_policy`.
+The Hydra schema of the ``policy`` group, :class:`PolicyConfig`, is derived from the registered
+classes (:func:`group_schema`); an option the chosen policy does not read is an error
+(:func:`policy_config`).
 
 Units are in the field names or docstrings: token counts are tokens, ``*_bytes`` are bytes.
-Validation (:func:`validate_policy_config`, :func:`validate_compaction_config`) raises
-``ValueError`` with a message naming the field and the valid values.
+Validation (``PolicyOptions.check`` through :func:`policies.registry.validate_policy_config`,
+:func:`validate_compaction_config`) raises ``ValueError`` with a message naming the field and
+the valid values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Mapping, Optional
 
 #: Grouping modes (how many independent keep-selections one request's KV has).
 #:  - ``union``: one selection shared by every layer and KV head (groups = 1).
@@ -71,60 +79,398 @@ class ImportanceParams:
 
 
 @dataclass
-class PolicyConfig:
-    """One eviction policy and its parameters (field values for ``experiments/conf/policy/<name>.yaml``).
-
-    Which fields a policy reads is listed in ``policies/README.md`` and in each policy's docstring.
+class PolicyOptions:
+    """Base of every policy's options (``experiments/conf/policy/<name>.yaml``). Each policy
+    registers its own subclass (:func:`register_options`, :func:`register_policy`) whose
+    fields are exactly the options that policy reads, so an option it does not read is an error
+    (:func:`policy_config`).
 
     Fields:
-      name: registry name (``policies.registry.POLICIES``).
-      budget: tokens kept. Meaning depends on the policy (``budget_scope``): decode tokens kept on top
-        of the protected prompt (triattention, r_kv, random with protect_prompt), total tokens kept
-        (h2o, tova, random without protect_prompt), prompt tokens kept per group (snapkv, ada_kv; the
-        per-layer average for pyramidkv), tokens read per step (quest: top_k_pages = ceil(budget/B)).
-      beta: round period in tokens (compaction period; TriAttention default 128). 1 = every step.
-      sink_tokens / recent_window: StreamingLLM sinks and recent window; recent_window is also the
-        always-kept recent tail of h2o and triattention when set (r_kv's recent tail is its
-        ``observation_window``; r_kv rejects a recent_window).
-      heavy_ratio: H2O share of ``budget`` for heavy hitters (the rest is the recent window).
+      name: registry name (``policies.registry.POLICIES``); each subclass's default is its
+        policy's name.
+
+    Class attributes (not options) that :class:`policies.eviction.EvictionPolicy` reads, for the
+    configs of policies that do not read them: ``mode`` ("" = the policy's default grouping) and
+    ``protect_prompt`` (the prompt is kept: full and quest evict nothing). A subclass whose
+    policy reads them declares them as fields. ``option_hints``: option name -> a hint for a
+    user who sets that option on this policy, which does not read it.
+    """
+
+    name: str = ""
+
+    mode: ClassVar[str] = ""
+    protect_prompt: ClassVar[bool] = True
+    option_hints: ClassVar[dict] = {}
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first bad field (``policy <name>: ...``): NaN and
+        infinite numbers here; subclasses add their ranges."""
+        check_finite(self, f"policy {self.name}: ")
+
+    def _nonneg(self, *names: str) -> None:
+        for f in names:
+            if getattr(self, f) < 0:
+                raise ValueError(f"policy {self.name}: {f} must be >= 0, got {getattr(self, f)}")
+
+    def _budget_at_least_one(self) -> None:
+        if self.budget < 1:
+            raise ValueError(f"policy {self.name}: budget must be >= 1 token, got {self.budget}")
+
+    def _beta_positive(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"policy {self.name}: beta (round period, tokens) must be > 0, got "
+                             f"{self.beta}")
+
+    def _seed_in_range(self) -> None:
+        try:
+            ok = (not isinstance(self.seed, bool) and int(self.seed) == self.seed
+                  and 0 <= self.seed < 2 ** 32)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"policy {self.name}: seed must be an integer in [0, 2**32) (the "
+                             f"random policy's and the importance model's seed), got {self.seed}")
+
+    def _fraction(self, f: str) -> None:
+        v = getattr(self, f)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"policy {self.name}: {f} must be in [0, 1], got {v}")
+
+
+#: name -> options class of that policy (:func:`register_options`), in registration order
+POLICY_CONFIGS: dict[str, type[PolicyOptions]] = {}
+#: name -> policy class (:func:`register_policy`); complete once :mod:`policies.registry`,
+#: which imports every module of the package, is imported (read it from there)
+POLICIES: dict[str, type] = {}
+
+
+def register_options(config: type[PolicyOptions]) -> type[PolicyOptions]:
+    """Class decorator: register the options dataclass ``config`` (a :class:`PolicyOptions`
+    subclass) under its ``name`` default, the policy's registry name. Raises ValueError for a
+    class that is not a PolicyOptions dataclass, has no name, or a second class under one name."""
+    if not (isinstance(config, type) and issubclass(config, PolicyOptions)
+            and dataclasses.is_dataclass(config)):
+        raise ValueError(f"register_options: {config!r} is not a PolicyOptions dataclass")
+    name = config.__dataclass_fields__["name"].default
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_options: {config.__name__}.name has no default; expected the "
+                         f"policy's registry name")
+    if POLICY_CONFIGS.get(name, config) is not config:
+        raise ValueError(f"register_options: policy {name!r} already has options "
+                         f"({POLICY_CONFIGS[name].__module__}.{POLICY_CONFIGS[name].__name__})")
+    POLICY_CONFIGS[name] = config
+    return config
+
+
+def register_policy(config: type[PolicyOptions]):
+    """Class decorator: register the policy class under its ``name`` with ``config``, its
+    options class (registered with :func:`register_options`, whose ``name`` defaults to the
+    policy's name); sets the class's ``config_class``. Raises ValueError for options not
+    registered under the policy's name or a second class under one name."""
+    if not (isinstance(config, type) and issubclass(config, PolicyOptions)
+            and dataclasses.is_dataclass(config)):
+        raise ValueError(f"register_policy: {config!r} is not a PolicyOptions dataclass")
+
+    def register(cls):
+        name = cls.name
+        default = config.__dataclass_fields__["name"].default
+        if default != name:
+            raise ValueError(f"register_policy: {config.__name__}.name defaults to {default!r}; "
+                             f"expected the policy's name {name!r}")
+        if POLICY_CONFIGS.get(name) is not config:
+            raise ValueError(f"register_policy: {config.__name__} is not registered as the options "
+                             f"of policy {name!r}; expected @register_options on it in "
+                             f"policies/config.py")
+        if POLICIES.get(name, cls) is not cls:
+            raise ValueError(f"register_policy: policy {name!r} is already registered "
+                             f"({POLICIES[name].__module__}.{POLICIES[name].__name__})")
+        POLICIES[name] = cls
+        cls.config_class = config
+        return cls
+
+    return register
+
+
+@register_options
+@dataclass
+class FullConfig(PolicyOptions):
+    """``full``: no eviction; reads no option."""
+
+    name: str = "full"
+
+
+@dataclass
+class ScoredConfig(PolicyOptions):
+    """Options of the policies that rank tokens by importance scores (the generative model or a
+    recorded file, :func:`policies.importance.make_importance`).
+
+    Fields:
       mode: grouping mode, one of :data:`MODES`; "" = the policy's default (snapkv per_head,
         pyramidkv/ada_kv per_layer_per_head, others union).
-      protect_prompt: keep every prompt token (and never move it under forward packing).
-      observation_window: SnapKV/PyramidKV/Ada-KV/R-KV observation window (last tokens, always kept).
-      pooling_kernel: SnapKV 1-D pooling kernel (tokens, odd); pooling: ``max`` or ``avg``.
-      layer_budget_ratio: PyramidKV beta: top layer keeps budget / layer_budget_ratio.
-      ada_floor: Ada-KV safeguard: each head keeps at least ada_floor x its uniform share.
-      rkv_lambda: R-KV weight of importance vs redundancy (score = l*imp - (1-l)*red).
-      redundancy_window: R-KV proxy: number of following tokens a token is compared with.
-      top_k_pages: Quest pages read per step (0 = ceil(budget / block_size)).
-      dense_layers: Quest layers that read every page (the paper leaves the first two layers dense).
-      seed: seed of the random policy.
+      seed: seed of the importance model (plus the run's seed).
       importance_source: ``generative`` (ImportanceModel) or ``recorded`` (Parquet file).
       importance_file: Parquet path when importance_source = recorded.
       importance: generative importance model parameters.
     """
 
-    name: str = "full"
-    budget: int = 2048
-    beta: int = 128
-    sink_tokens: int = 4
-    recent_window: int = 0
-    heavy_ratio: float = 0.5
     mode: str = ""
-    protect_prompt: bool = True
-    observation_window: int = 32
-    pooling_kernel: int = 7
-    pooling: str = "max"
-    layer_budget_ratio: float = 20.0
-    ada_floor: float = 0.2
-    rkv_lambda: float = 0.1
-    redundancy_window: int = 8
-    top_k_pages: int = 0
-    dense_layers: int = 2
     seed: int = 0
     importance_source: str = "generative"
     importance_file: str = ""
     importance: ImportanceParams = field(default_factory=ImportanceParams)
+
+    def check(self) -> None:
+        super().check()
+        self._seed_in_range()
+        _check_choice_of(self, "importance_source", IMPORTANCE_SOURCES)
+        if self.importance_source == "recorded" and not self.importance_file:
+            raise ValueError(f"policy {self.name}: importance_source=recorded needs "
+                             f"importance_file")
+        validate_importance_params(self.importance)
+
+
+@register_options
+@dataclass
+class RandomConfig(PolicyOptions):
+    """``random``: seeded uniform-random survivors.
+
+    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
+    period, tokens), mode, protect_prompt, seed (plus the run's seed).
+    """
+
+    name: str = "random"
+    budget: int = 2048
+    beta: int = 128
+    mode: str = ""
+    protect_prompt: bool = True
+    seed: int = 0
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._budget_at_least_one()
+        self._seed_in_range()
+
+
+@register_options
+@dataclass
+class StreamingLLMConfig(PolicyOptions):
+    """``streaming_llm``: attention sinks + recent window.
+
+    Fields: sink_tokens, recent_window (tokens kept at the start and at the end), beta (round
+    period, tokens), mode.
+    """
+
+    name: str = "streaming_llm"
+    sink_tokens: int = 4
+    recent_window: int = 0
+    beta: int = 128
+    mode: str = ""
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._nonneg("sink_tokens", "recent_window")
+        if self.sink_tokens + self.recent_window < 1:
+            raise ValueError("policy streaming_llm: sink_tokens + recent_window must be >= 1")
+
+
+@register_options
+@dataclass
+class H2OConfig(ScoredConfig):
+    """``h2o``: heavy hitters + recent window in a total budget.
+
+    Fields: budget (total tokens), beta (round period, tokens), recent_window (0 = budget x
+    (1 - heavy_ratio)), heavy_ratio (share of budget for heavy hitters), protect_prompt.
+    """
+
+    name: str = "h2o"
+    budget: int = 2048
+    beta: int = 128
+    recent_window: int = 0
+    heavy_ratio: float = 0.5
+    protect_prompt: bool = True
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._budget_at_least_one()
+        self._nonneg("recent_window")
+        if self.recent_window > self.budget:
+            raise ValueError(f"policy h2o: recent_window {self.recent_window} exceeds budget "
+                             f"{self.budget}")
+        self._fraction("heavy_ratio")
+
+
+@register_options
+@dataclass
+class TOVAConfig(ScoredConfig):
+    """``tova``: drop the lowest current score in a total budget.
+
+    Fields: budget (total tokens), beta (round period, tokens), protect_prompt.
+    """
+
+    name: str = "tova"
+    budget: int = 2048
+    beta: int = 128
+    protect_prompt: bool = True
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._budget_at_least_one()
+
+
+@register_options
+@dataclass
+class TriAttentionConfig(ScoredConfig):
+    """``triattention``: top-scoring decode tokens every beta tokens once over budget.
+
+    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
+    period, tokens), recent_window (always-kept recent tokens, inside the budget; 0 = none),
+    protect_prompt.
+    """
+
+    name: str = "triattention"
+    budget: int = 2048
+    beta: int = 128
+    recent_window: int = 0
+    protect_prompt: bool = True
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._budget_at_least_one()
+        self._nonneg("recent_window")
+        if self.recent_window > self.budget:
+            raise ValueError(f"policy triattention: recent_window {self.recent_window} exceeds "
+                             f"budget {self.budget}")
+
+
+@register_options
+@dataclass
+class RKVConfig(ScoredConfig):
+    """``r_kv``: importance minus redundancy, decode time.
+
+    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
+    period, tokens), observation_window (always-kept recent tokens, inside the budget),
+    rkv_lambda (weight of importance vs redundancy), redundancy_window (following tokens a
+    token is compared with), protect_prompt.
+    """
+
+    name: str = "r_kv"
+    budget: int = 2048
+    beta: int = 128
+    observation_window: int = 32
+    rkv_lambda: float = 0.1
+    redundancy_window: int = 8
+    protect_prompt: bool = True
+
+    option_hints: ClassVar[dict] = {
+        "recent_window": "r_kv's always-kept recent tokens are its observation_window (set "
+                         "policy.observation_window instead)"}
+
+    def check(self) -> None:
+        super().check()
+        self._beta_positive()
+        self._budget_at_least_one()
+        self._nonneg("observation_window", "redundancy_window")
+        _window_within_budget(self)
+        self._fraction("rkv_lambda")
+
+
+@register_options
+@dataclass
+class SnapKVConfig(ScoredConfig):
+    """``snapkv``: compress the prompt once after prefill from an observation window.
+
+    Fields: budget (prompt tokens kept per group), observation_window (last prompt tokens,
+    always kept), pooling_kernel (odd, tokens), pooling (``max`` or ``avg``).
+    """
+
+    name: str = "snapkv"
+    budget: int = 2048
+    observation_window: int = 32
+    pooling_kernel: int = 7
+    pooling: str = "max"
+
+    def check(self) -> None:
+        super().check()
+        self._budget_at_least_one()
+        self._nonneg("observation_window")
+        _window_within_budget(self)
+        _check_choice_of(self, "pooling", ("max", "avg"))
+        if self.pooling_kernel < 1 or self.pooling_kernel % 2 == 0:
+            raise ValueError(f"policy {self.name}: pooling_kernel must be an odd number >= 1 (a "
+                             f"window centred on each token), got {self.pooling_kernel}")
+
+
+@register_options
+@dataclass
+class PyramidKVConfig(SnapKVConfig):
+    """``pyramidkv``: SnapKV with layer budgets decreasing with depth.
+
+    Fields: SnapKV's, and layer_budget_ratio (the top layer keeps budget / layer_budget_ratio,
+    >= 1); budget is the per-layer average.
+    """
+
+    name: str = "pyramidkv"
+    layer_budget_ratio: float = 20.0
+
+    def check(self) -> None:
+        super().check()
+        if self.layer_budget_ratio < 1.0:
+            raise ValueError(f"policy pyramidkv: layer_budget_ratio must be >= 1, got "
+                             f"{self.layer_budget_ratio}")
+
+
+@register_options
+@dataclass
+class AdaKVConfig(SnapKVConfig):
+    """``ada_kv``: SnapKV with per-head budgets within each layer.
+
+    Fields: SnapKV's, and ada_floor (each head keeps at least ada_floor x its uniform share).
+    """
+
+    name: str = "ada_kv"
+    ada_floor: float = 0.2
+
+    def check(self) -> None:
+        super().check()
+        self._fraction("ada_floor")
+
+
+@register_options
+@dataclass
+class QuestConfig(PolicyOptions):
+    """``quest``: keeps all KV, reads only the top-k pages per decode step.
+
+    Fields: budget (tokens read per step: top_k_pages = ceil(budget / block_size) when
+    top_k_pages is 0), top_k_pages, dense_layers (leading layers that read every page), mode.
+    """
+
+    name: str = "quest"
+    budget: int = 2048
+    top_k_pages: int = 0
+    dense_layers: int = 2
+    mode: str = ""
+
+    def check(self) -> None:
+        super().check()
+        self._budget_at_least_one()
+        self._nonneg("top_k_pages", "dense_layers")
+
+
+def _window_within_budget(cfg) -> None:
+    if cfg.observation_window > cfg.budget:
+        raise ValueError(f"policy {cfg.name}: observation_window {cfg.observation_window} "
+                         f"exceeds budget {cfg.budget}")
+
+
+def _check_choice_of(cfg, what: str, valid) -> None:
+    v = getattr(cfg, what)
+    if v not in valid:
+        raise ValueError(f"policy {cfg.name}: unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
 @dataclass
@@ -207,3 +553,204 @@ def validate_compaction_config(cfg: CompactionConfig) -> None:
     if not 0 <= cfg.position_index_bytes <= MAX_POSITION_INDEX_BYTES:
         raise ValueError(f"compaction.position_index_bytes must be in [0, {MAX_POSITION_INDEX_BYTES}] "
                          f"(bytes per slot of an index: 4 = int32), got {cfg.position_index_bytes}")
+
+
+def option_names(config: type[PolicyOptions]) -> list[str]:
+    """The options of a policy's options class (its fields but ``name``), in declaration order."""
+    return [f.name for f in dataclasses.fields(config) if f.name != "name"]
+
+
+def readers_of(option: str) -> list[str]:
+    """The registered policies whose options class has ``option``, sorted."""
+    return sorted(n for n, c in POLICY_CONFIGS.items() if option in option_names(c))
+
+
+def not_read_error(name: str, option: str) -> str:
+    """The message for the option ``option`` set on the policy ``name``, which does not read it:
+    the policy's options, the options class's hint, if any, and the policies that read it."""
+    config = POLICY_CONFIGS[name]
+    own = option_names(config)
+    readers = readers_of(option)
+    hint = config.option_hints.get(option)
+    return (f"policy {name} does not read {option} (its options: "
+            f"{', '.join(own) if own else 'none'})"
+            + (f"; {hint}" if hint else "")
+            + (f"; {option} is read by policy={', '.join(readers)}" if readers else ""))
+
+
+# ------------------------------------------------------------------------- the group's schema
+def _optional_schema(cls: type) -> type:
+    """A dataclass with the fields of the dataclass ``cls``, each ``Optional`` with default None
+    (a nested dataclass field: its own optional schema), named ``<cls>Options``."""
+    hints = typing.get_type_hints(cls)
+    spec = []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            sub = _optional_schema(t)
+            spec.append((f.name, sub, dataclasses.field(default_factory=sub)))
+        else:
+            spec.append((f.name, Optional[t], dataclasses.field(default=None)))
+    out = dataclasses.make_dataclass(f"{cls.__name__}Options", spec)
+    out.__module__ = __name__
+    out.__doc__ = (f"The fields of :class:`{cls.__module__}.{cls.__name__}`, each None when "
+                   f"not set (its default applies).")
+    return out
+
+
+def group_schema(configs: Mapping[str, type[PolicyOptions]] | None = None) -> type:
+    """The schema of Hydra's ``policy`` group, derived from the options classes ``configs``
+    (name -> class; default: the registered ones, :data:`POLICY_CONFIGS`): a dataclass named
+    ``PolicyConfig`` with ``name`` (default ``full``) and every option of every policy,
+    ``Optional`` with default None, meaning not set (a nested dataclass option, such as
+    ``importance``, has each of its fields so). Hydra composes any policy's options into it, so
+    a sweep over policies composes its shared options before the sweep's values choose each
+    job's policy; :func:`policy_config` then rejects the options the chosen policy does not
+    read.
+
+    Raises ValueError when two policies declare one option with different types."""
+    configs = POLICY_CONFIGS if configs is None else configs
+    types: dict[str, tuple[Any, str]] = {}
+    readers: dict[str, list[str]] = {}
+    for pname, config in configs.items():
+        hints = typing.get_type_hints(config)
+        for f in option_names(config):
+            t = hints[f]
+            if f in types and types[f][0] != t:
+                raise ValueError(f"policy option {f}: {types[f][1]} declares it {types[f][0]}, "
+                                 f"{config.__name__} {t}; expected one type per option name")
+            types.setdefault(f, (t, config.__name__))
+            readers.setdefault(f, []).append(pname)
+    spec: list = [("name", str, dataclasses.field(default="full"))]
+    for f, (t, _) in types.items():
+        if dataclasses.is_dataclass(t):
+            sub = _optional_schema(t)
+            spec.append((f, sub, dataclasses.field(default_factory=sub)))
+        else:
+            spec.append((f, Optional[t], dataclasses.field(default=None)))
+    schema = dataclasses.make_dataclass("PolicyConfig", spec)
+    schema.__module__ = __name__
+    lines = [f"      {f}: read by policy={', '.join(sorted(readers[f]))}" for f in types]
+    schema.__doc__ = (
+        "The options of any policy: the schema of Hydra's ``policy`` group, derived from the "
+        "registered options classes (:func:`policies.config.group_schema`). ``name``: the "
+        "policy; every other field is None when not set (the policy's default applies), and "
+        ":func:`policies.config.policy_config` rejects a set option the policy does not "
+        "read.\n\n    Fields:\n" + "\n".join(lines) + "\n")
+    return schema
+
+
+def _set_options(spec) -> dict:
+    """The options set in ``spec`` (a :class:`PolicyConfig`, an OmegaConf node or a mapping):
+    its items whose value is not None, a nested mapping with its set items (dropped when it has
+    none)."""
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        spec = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    elif type(spec).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        spec = OmegaConf.to_container(spec, resolve=True)
+    out = {}
+    for k, v in dict(spec).items():
+        if isinstance(v, Mapping) or (dataclasses.is_dataclass(v) and not isinstance(v, type)):
+            v = _set_options(v)
+            if v:
+                out[k] = v
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def _flat(options: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in options.items():
+        if isinstance(v, dict):
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _unknown_policy(name) -> ValueError:
+    return ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICY_CONFIGS))}")
+
+
+def unread_options(spec) -> list[tuple[str, Any]]:
+    """The options set in ``spec`` (a :class:`PolicyConfig`, an OmegaConf node or a mapping
+    with a ``name``) that its policy does not read, as ``(dotted key under policy, value)``
+    pairs in the schema's order (``[("budget", 512)]`` for ``policy=full policy.budget=512``).
+    Raises ValueError for an unknown policy name."""
+    d = _set_options(spec)
+    name = d.pop("name", "full")
+    if name not in POLICY_CONFIGS:
+        raise _unknown_policy(name)
+    own = set(option_names(POLICY_CONFIGS[name]))
+    return _flat({k: v for k, v in d.items() if k not in own})
+
+
+def _from_mapping(d: Mapping, fields: dict) -> PolicyOptions:
+    d = dict(d)
+    d.update(fields)
+    name = d.pop("name", None)
+    if name not in POLICY_CONFIGS:
+        raise _unknown_policy(name)
+    config = POLICY_CONFIGS[name]
+    own = set(option_names(config))
+    for k, v in d.items():
+        if k not in own:
+            key, value = _flat({k: v})[0] if isinstance(v, dict) and v else (k, v)
+            raise ValueError(f"policy.{key}={value}: {not_read_error(name, k)}")
+    if isinstance(d.get("importance"), Mapping):
+        try:
+            d["importance"] = ImportanceParams(**d["importance"])
+        except TypeError as e:
+            raise ValueError(f"policy {name}: importance: {e}") from None
+    return config(name=name, **d)
+
+
+def policy_config(spec: Any = None, /, **fields) -> PolicyOptions:
+    """The options of the policy ``spec`` names, as that policy's options class.
+
+    ``spec``: a policy name (``policy_config("h2o", budget=100)``: that policy's defaults and
+    ``fields``), a :class:`PolicyOptions` (returned as is, or a copy with ``fields``), a
+    :class:`PolicyConfig`, an OmegaConf node (Hydra's ``policy`` node) or a mapping with a
+    ``name`` (their options that are None are not set: the policy's defaults apply). None:
+    ``full``.
+
+    Raises ValueError for an unknown name (listing the valid ones), an option the policy does
+    not read (``policy.<option>=<value>: ``, then :func:`not_read_error`) or a
+    :class:`PolicyOptions` whose class is not its name's.
+    """
+    if spec is None:
+        spec = "full"
+    if isinstance(spec, str):
+        return _from_mapping({"name": spec}, fields)
+    if isinstance(spec, PolicyOptions):
+        name = spec.name
+        if name not in POLICY_CONFIGS:
+            raise _unknown_policy(name)
+        if type(spec) is not POLICY_CONFIGS[name]:
+            raise ValueError(f"policy.name={name} with the options of {type(spec).__name__}; "
+                             f"expected the options of policy {name} "
+                             f"({POLICY_CONFIGS[name].__name__})")
+        if fields:
+            own = set(option_names(type(spec)))
+            for k, v in fields.items():
+                if k not in own:
+                    raise ValueError(f"policy.{k}={v}: {not_read_error(name, k)}")
+            return dataclasses.replace(spec, **fields)
+        return spec
+    if isinstance(spec, Mapping) or type(spec).__module__.startswith("omegaconf") or (
+            dataclasses.is_dataclass(spec) and not isinstance(spec, type)):
+        return _from_mapping(_set_options(spec), {k: v for k, v in fields.items()})
+    raise ValueError(f"policy config: expected a policy name, a PolicyOptions, a PolicyConfig, a "
+                     f"mapping or an OmegaConf node, got {type(spec).__name__}")
+
+
+#: the schema of Hydra's ``policy`` group (:func:`group_schema` of the registered options
+#: classes), with its nested classes set on this module (a pickled config, a sweep's job handed
+#: to a worker process, finds its classes here)
+PolicyConfig = group_schema()
+for _f in dataclasses.fields(PolicyConfig):
+    if dataclasses.is_dataclass(_f.type):
+        globals()[_f.type.__name__] = _f.type

@@ -37,7 +37,9 @@ import numpy as np
 from sim.jit import inline, kernel
 
 from . import importance
-from .config import MODES, PolicyConfig
+from .config import (MODES, AdaKVConfig, FullConfig, H2OConfig, PolicyOptions, PyramidKVConfig, QuestConfig,
+                     RandomConfig, RKVConfig, SnapKVConfig, StreamingLLMConfig, TOVAConfig, TriAttentionConfig,
+                     register_policy)
 from .importance import (lattice_stream_at, log_score_at, log_score_from_streams,
                          log_scores_at, recency_at)
 
@@ -956,7 +958,8 @@ class EvictionPolicy:
     """Base class: no eviction, never fires. Subclasses set the class attributes and override
     :meth:`select` and (for non-periodic cadences) :meth:`next_round_at` / :meth:`on_prefill_end`.
 
-    Args: cfg: :class:`policies.config.PolicyConfig` (validated by :func:`policies.registry.make_policy`).
+    Args: cfg: the policy's :class:`policies.config.PolicyOptions` subclass (validated by
+    :func:`policies.registry.make_policy`).
     """
 
     name = "base"
@@ -967,7 +970,7 @@ class EvictionPolicy:
     default_mode = "union"
     allowed_modes = MODES
 
-    def __init__(self, cfg: PolicyConfig):
+    def __init__(self, cfg: PolicyOptions):
         self.cfg = cfg
         self.mode = cfg.mode or self.default_mode
         self.num_layers: Optional[int] = None
@@ -1193,6 +1196,7 @@ class _Periodic(EvictionPolicy):
 
 
 # ================================================================================== policies
+@register_policy(FullConfig)
 class FullPolicy(EvictionPolicy):
     """``full``: no eviction (dense baseline). Keeps every token; never fires."""
 
@@ -1202,6 +1206,7 @@ class FullPolicy(EvictionPolicy):
     uses_scores = False
 
 
+@register_policy(RandomConfig)
 class RandomPolicy(_Periodic):
     """``random``: seeded uniform-random survivors (control for score-based methods).
 
@@ -1231,6 +1236,7 @@ class RandomPolicy(_Periodic):
         return prot | topk_mask(np.broadcast_to(pri, (H, S)), cand, int(self.cfg.budget))
 
 
+@register_policy(StreamingLLMConfig)
 class StreamingLLMPolicy(_Periodic):
     """``streaming_llm``: attention sinks + sliding recent window.
 
@@ -1262,6 +1268,7 @@ class StreamingLLMPolicy(_Periodic):
         return live & ((pos < self.cfg.sink_tokens) | (pos >= n_tokens - self.cfg.recent_window))
 
 
+@register_policy(H2OConfig)
 class H2OPolicy(_Periodic):
     """``h2o``: Heavy-Hitter Oracle: accumulated-attention heavy hitters + recent window.
 
@@ -1319,6 +1326,7 @@ class H2OPolicy(_Periodic):
         return 2.0 * shape.num_q_heads * shape.score_bytes * shape.num_layers
 
 
+@register_policy(TOVAConfig)
 class TOVAPolicy(_Periodic):
     """``tova``: Token Omission Via Attention.
 
@@ -1359,6 +1367,7 @@ class TOVAPolicy(_Periodic):
         return 2.0 * shape.num_q_heads * shape.score_bytes * shape.num_layers
 
 
+@register_policy(TriAttentionConfig)
 class TriAttentionPolicy(_Periodic):
     """``triattention``: TriAttention as integrated in TensorRT-LLM's KV compression framework.
 
@@ -1408,6 +1417,7 @@ class TriAttentionPolicy(_Periodic):
         return max(cand, 0) * shape.kv_bytes_per_token / 2.0  # reads K of every candidate
 
 
+@register_policy(RKVConfig)
 class RKVPolicy(_Periodic):
     """``r_kv``: Redundancy-aware KV compression for reasoning models (decode time).
 
@@ -1479,6 +1489,7 @@ class RKVPolicy(_Periodic):
         return attn + keys
 
 
+@register_policy(SnapKVConfig)
 class SnapKVPolicy(EvictionPolicy):
     """``snapkv``: compress the prompt once after prefill, from an observation window.
 
@@ -1594,6 +1605,7 @@ class SnapKVPolicy(EvictionPolicy):
         return attn + prompt_len * shape.kv_bytes_per_token / 2.0
 
 
+@register_policy(PyramidKVConfig)
 class PyramidKVPolicy(SnapKVPolicy):
     """``pyramidkv``: SnapKV selection with layer budgets decreasing with depth.
 
@@ -1633,6 +1645,7 @@ class PyramidKVPolicy(SnapKVPolicy):
         return self.layer_budgets(L)[layers]
 
 
+@register_policy(AdaKVConfig)
 class AdaKVPolicy(SnapKVPolicy):
     """``ada_kv``: adaptive per-head budgets within a layer (Ada-SnapKV).
 
@@ -1690,6 +1703,7 @@ class AdaKVPolicy(SnapKVPolicy):
         return keep
 
 
+@register_policy(QuestConfig)
 class QuestPolicy(EvictionPolicy):
     """``quest``: query-aware page selection; keeps ALL KV, reads only the top-k pages per step.
 

@@ -872,7 +872,7 @@ class RecordedImportance:
 
 
 def make_importance(cfg) -> "ImportanceModel | RecordedImportance":
-    """Importance source of a :class:`policies.config.PolicyConfig` (``importance_source``).
+    """Importance source of a score-ranking policy's options (``importance_source``).
 
     Raises ValueError for an unknown source or a recorded source without ``importance_file``.
     """

@@ -198,8 +198,9 @@ def _write_error(e: OSError, folder: Path) -> str:
 class FailedRunsExit(Callback):
     """``on_run_start`` / ``on_multirun_start``: check what Hydra resolves and makes before the
     job runs (an interpolation that does not resolve, a run or sweep folder that cannot be
-    created: one kvsim error line, exit status 2, where Hydra ended with a traceback); give a
-    sweep a new id (see the module doc). ``on_multirun_end``: list the sweep's rejected jobs on
+    created: one kvsim error line, exit status 2, where Hydra ended with a traceback), and for
+    a sweep a policy option one of its policies does not read
+    (:func:`sim.sweep.unread_policy_options`); give a sweep a new id (see the module doc). ``on_multirun_end``: list the sweep's rejected jobs on
     stderr and exit with status 2 (also when the sweep ran no job at all); when none was
     rejected, say on stderr how many jobs ran and how to collect them."""
 
@@ -214,6 +215,11 @@ class FailedRunsExit(Callback):
             _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        from .sweep import unread_policy_options
+
+        bad = unread_policy_options(config)
+        if bad is not None:  # (before anything is made or run: a job's own config is wrong)
+            _exit_with(bad)
         bad = _hydra_problem(config, run=False)
         if bad is not None:
             from .sweep import complete_sweep

@@ -134,28 +134,6 @@ TIER_ONLY_FIELDS = tuple(f.name for f in dataclasses.fields(TiersConfig)
                          if f.name not in ("name", "host_gib", "disk_gib"))
 
 
-# policy option -> the policies that read it (policies.eviction; policy=full reads none, noted
-# apart; mode, seed and the importance model's options are left out; protect_prompt: the
-# policies whose protects_prompt is not fixed, policies.eviction)
-POLICY_READERS = {
-    "protect_prompt": ("random", "h2o", "tova", "triattention", "r_kv"),
-    "budget": ("random", "h2o", "tova", "triattention", "r_kv", "snapkv", "pyramidkv", "ada_kv",
-               "quest"),
-    "beta": ("random", "streaming_llm", "h2o", "tova", "triattention", "r_kv"),
-    "sink_tokens": ("streaming_llm",),
-    "recent_window": ("streaming_llm", "h2o", "triattention"),
-    "heavy_ratio": ("h2o",),
-    "observation_window": ("r_kv", "snapkv", "pyramidkv", "ada_kv"),
-    "pooling_kernel": ("snapkv", "pyramidkv", "ada_kv"),
-    "pooling": ("snapkv", "pyramidkv", "ada_kv"),
-    "layer_budget_ratio": ("pyramidkv",),
-    "ada_floor": ("ada_kv",),
-    "rkv_lambda": ("r_kv",),
-    "redundancy_window": ("r_kv",),
-    "top_k_pages": ("quest",),
-    "dense_layers": ("quest",),
-}
-
 # compaction option -> the compactions that read it (policies.compaction; pin_prompt only when
 # Compactor.apply is called without the engine's pinned_len)
 COMPACTION_READERS = {"position_index_bytes": ("hole_fill",), "position_index_per_group": ("hole_fill",),
@@ -210,9 +188,6 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                 or key == "compaction" and compaction != "none" and policy == "full":
             notes.append(f"{key} applies to a compression policy's rounds; policy=full keeps "
                          f"every token and runs none: it changes nothing")
-        elif group == "policy" and field in POLICY_READERS and policy not in POLICY_READERS[field]:
-            notes.append(f"{key} is read by policy={', '.join(POLICY_READERS[field])}; this run's "
-                         f"policy is {policy}: it changes nothing")
         elif group == "compaction" and field in COMPACTION_READERS \
                 and compaction not in COMPACTION_READERS[field]:
             readers = COMPACTION_READERS[field]
@@ -420,6 +395,14 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     # the fingerprint the run records: Hydra's record's, or that of the config.yaml it writes
     run_fp = record_fp if not cfg.output.dir and hc.output_subdir is not None \
         else config_fingerprint(cfg)
+    if multirun and str(cfg.policy.name) == "full":
+        # the dense baseline of a sweep over policies runs without the options the sweep sets
+        # for its other policies (sim.sweep.unread_policy_options lets only policy=full's jobs
+        # leave an option unread; inert_override_notes names each)
+        from policies.config import unread_options
+
+        for key, _ in unread_options(cfg.policy):
+            OmegaConf.update(cfg.policy, key, None)
 
     def complete_already() -> bool:
         return bool(cfg.output.skip_completed) and is_complete(
@@ -653,11 +636,11 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     if summary.get("codec", "identity") != "identity" and summary.get("tiers") == "gpu_only":
         say(f"kvsim: note: codec={summary['codec']} encodes pages copied below the GPU; with "
             f"no host or disk tier (tiers.host_gib = tiers.disk_gib = 0) it changes nothing")
-    from policies.registry import POLICIES
+    from policies.registry import POLICIES, policy_config
 
     frees = POLICIES[summary.get("policy", "full")].frees_memory  # (full: False)
     if frees and summary.get("rounds") == 0 and summary["requests_finished"]:
-        pol = POLICIES[summary["policy"]](cfg.policy)
+        pol = POLICIES[summary["policy"]](policy_config(cfg.policy))
         if pol.budget_scope == "prompt":  # (snapkv, pyramidkv, ada_kv: one round at prefill end)
             pol.num_groups(int(cfg.model.num_kv_heads), int(cfg.model.num_layers))
             thr = pol._min_budget()  # (pyramidkv: its smallest layer budget)
@@ -681,12 +664,12 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
                 f"lower {what} or policy.beta)")
     longest = summary.get("longest_context_tokens")
     if summary.get("policy") == "quest" and longest:
-        pol = POLICIES["quest"](cfg.policy)
+        pol = POLICIES["quest"](policy_config(cfg.policy))
         B = int(cfg.cache.block_size)
         pages = pol.top_k(B)
         if pages * B >= longest - 1:  # (a step reads the KV of all tokens but the last)
-            knob = (f"policy.top_k_pages={pages:,}" if cfg.policy.top_k_pages > 0
-                    else f"policy.budget={int(cfg.policy.budget):,} tokens")
+            knob = (f"policy.top_k_pages={pages:,}" if pol.cfg.top_k_pages > 0
+                    else f"policy.budget={int(pol.cfg.budget):,} tokens")
             say(f"kvsim: note: policy=quest read every page: it reads the top {pages:,} pages "
                 f"of {B} tokens per step ({knob}), and no request's context passed that (the "
                 f"longest: {longest:,} tokens); it saves reads only on longer contexts (lower "

@@ -25,10 +25,12 @@ slots are treated as pinned for this request's rounds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from policies import (CompactionConfig, ImportanceModel, ModelShape, PagedLayout, PolicyConfig,
-                      RoundResult, make_compactor, make_importance, make_policy, score_slots)
+from policies import (CompactionConfig, ImportanceModel, ModelShape, PagedLayout, RoundResult,
+                      make_compactor, make_importance, make_policy, policy_config, score_slots)
 from policies.compaction import _forward_pack
 from policies.eviction import RULE_H2O, RULE_TOP, GuardedRanking
 
@@ -63,13 +65,15 @@ class Compression:
     def __init__(self, policy_cfg, compaction_cfg, model, cache, cost, hbm_Bps: float, seed: int,
                  calibration=None):
         try:
-            pc = _plain(policy_cfg, PolicyConfig)
+            pc = policy_config(policy_cfg)
             cc = _plain(compaction_cfg, CompactionConfig)
-            # the random policy and the importance model draw from policy.seed + the run seed
-            pc.seed = int(pc.seed) + int(seed)
+            if hasattr(pc, "seed"):
+                # the random policy and the importance model draw from policy.seed + the run seed
+                pc = dataclasses.replace(pc, seed=int(pc.seed) + int(seed))
             self.policy = make_policy(pc)
             self.compactor = make_compactor(cc)
-            self.importance = make_importance(pc)
+            # (the importance model of a policy that ranks by scores: only those read it)
+            self.importance = make_importance(pc) if self.policy.uses_scores else None
             self.groups = self.policy.num_groups(int(model.num_kv_heads), int(model.num_layers))
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(f"policy/compaction config: {e}") from None

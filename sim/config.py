@@ -10,6 +10,7 @@ Units are in the field names: ``*_tokens`` tokens, ``*_s`` seconds, ``*_gib`` Gi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -17,7 +18,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from policies import CompactionConfig, PolicyConfig
+from policies import POLICY_CONFIGS, CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
 from .folders import blocking_file, foreign_folder, uncreatable_folder
@@ -360,6 +361,11 @@ def register_configs() -> None:
     # against their dataclass without being listed as selectable options themselves
     cs = ConfigStore.instance()
     cs.store(name="kvsim_schema", node=KvsimConfig)
+    # each policy's options with their defaults, as plain values (the group's node stays typed
+    # by the schema of every policy's options): a preset's defaults list starts with its
+    # /policy_defaults/<name>, so the composed node holds every option the policy reads
+    for name, options in POLICY_CONFIGS.items():
+        cs.store(group="policy_defaults", name=name, node=dataclasses.asdict(options()))
     if not OmegaConf.has_resolver("kvsim_run_dir"):
         # hydra.run.dir is output.dir when that is set (Hydra's log file then sits beside the
         # results, and no outputs/<date>/<time>/ folder is created), else its default

@@ -219,6 +219,75 @@ def _complete_jobs(config) -> list[Path] | None:
     return folders or None
 
 
+def unread_policy_options(config) -> str | None:
+    """The error for a sweep through Hydra's basic sweeper (``config``: Hydra's whole config of
+    the sweep) in which a policy option is set for a job whose policy does not read it, before
+    any job runs: each job's ``policy`` node is composed as the launchers compose it (Hydra's
+    config loader; one job per distinct choice of config groups and ``policy.*`` values) and
+    checked with :func:`policies.registry.unread_options`. The jobs of ``policy=full``, the
+    dense baseline, run without the options the sweep sets for its other policies (the job
+    notes each); an option that no policy of the sweep reads is an error too. None when every
+    option is read, or for another sweeper; a job whose config does not compose is left to
+    Hydra's own check, a policy name unknown to its job's validation."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from policies.config import readers_of, unread_options
+
+    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+    if sweeper != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    params = config.hydra.sweeper.get("params") or {}
+    given = [f"{k}={v}" for k, v in params.items()] + [
+        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    groups = {str(g) for g in config.hydra.runtime.choices if not str(g).startswith("hydra")}
+
+    def shapes_policy(o: str) -> bool:
+        key = o.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+        return key == "policy" or key.startswith(("policy.", "policy/")) or key in groups
+
+    try:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        seen: dict[tuple, tuple[str, list]] = {}
+        for job in jobs:
+            shape = tuple(o for o in job if shapes_policy(o))
+            if shape in seen:
+                continue
+            node = loader.load_sweep_config(config, list(job)).policy
+            try:
+                seen[shape] = (str(node.name), unread_options(node))
+            except ValueError:
+                seen[shape] = (str(node.name), [])
+    except (OmegaConfBaseException, HydraException):
+        return None
+    finally:
+        HydraConfig.instance().set_config(config)
+    names = sorted({n for n, _ in seen.values()})
+    for key, value in dict(kv for _, unread in seen.values() for kv in unread).items():
+        option = key.split(".", 1)[0]
+        readers = readers_of(option)
+        not_reading = sorted({n for n, unread in seen.values()
+                              if n != "full" and key in dict(unread)})
+        read_by = f"read by policy={', '.join(readers)}" if readers else "read by no policy"
+        if not_reading:
+            return (f"policy.{key}={value}: policy={', '.join(not_reading)} of this sweep "
+                    f"{'does' if len(not_reading) == 1 else 'do'} not read {option} ({read_by}); "
+                    f"expected policy options that every policy of the sweep reads "
+                    f"(policy=full, the dense baseline, runs without them), or one sweep per "
+                    f"policy")
+        if not set(names) & set(readers):
+            return (f"policy.{key}={value}: no policy of this sweep reads {option} ({read_by}; "
+                    f"this sweep runs policy={', '.join(names)})")
+    return None
+
+
 _watching = [False]
 
 

@@ -107,36 +107,24 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
     assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])
 
 
-def test_policy_options_the_policy_does_not_read_get_a_note(tmp_path):
-    """A policy option the run's policy does not read (policy.budget under streaming_llm, whose
-    limit is sink_tokens + recent_window; policy.heavy_ratio under triattention;
-    protect_prompt under policies that never protect the prompt) gets a note naming the
+def test_a_policy_option_the_policy_does_not_read_is_an_error(tmp_path):
+    """A policy option the run's policy does not read (policy.budget under full, which keeps
+    every token; policy.protect_prompt under streaming_llm and the snapkv family, which never
+    protect the prompt) is exit 2 with one line naming the option, the policy's options and the
     policies that read it; the note for a run whose rounds never started names the policy's
     real threshold."""
-    from policies.config import PolicyConfig
-    from policies.registry import POLICIES
-    from sim.cli import POLICY_READERS, inert_override_notes
+    from policies import POLICIES, policy_config
+    from policies.registry import unread_options
 
-    notes = inert_override_notes(["policy.budget=100", "policy.pooling_kernel=5",
-                                  "policy.sink_tokens=8", "policy.beta=64"], "mooncake",
-                                 "gpu_only", policy="streaming_llm")
-    assert [n.split(" is read by ")[0] for n in notes] == ["policy.budget", "policy.pooling_kernel"]
-    assert notes[0].endswith("this run's policy is streaming_llm: it changes nothing")
-    assert inert_override_notes(["policy.heavy_ratio=0.3"], "mooncake", "gpu_only",
-                                policy="triattention") == [
-        "policy.heavy_ratio is read by policy=h2o; this run's policy is triattention: it changes "
-        "nothing"]
-    assert inert_override_notes(["policy.heavy_ratio=0.3", "policy.budget=9"], "mooncake",
-                                "gpu_only", policy="h2o") == []
-    # streaming_llm and the snapkv family never protect the prompt
     for pol in ("streaming_llm", "snapkv", "pyramidkv", "ada_kv"):
-        (note,) = inert_override_notes(["policy.protect_prompt=true"], "mooncake", "gpu_only",
-                                       policy=pol)
-        assert note.startswith("policy.protect_prompt is read by policy=random, h2o")
-        assert not POLICIES[pol](PolicyConfig(name=pol, protect_prompt=True)).protects_prompt
-    assert inert_override_notes(["policy.protect_prompt=false"], "mooncake", "gpu_only",
-                                policy="h2o") == []
-    assert set(n for r in POLICY_READERS.values() for n in r) <= set(POLICIES) - {"full"}
+        assert not POLICIES[pol](policy_config(pol)).protects_prompt
+        assert unread_options({"name": pol, "protect_prompt": True}) == [("protect_prompt", True)]
+    r = run_kvsim(tmp_path / "e", "trace.max_requests=5", "policy=full", "policy.budget=512",
+                  "output.print_summary=false")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert ("kvsim: error: policy.budget=512: policy full does not read budget (its options: "
+            "none); budget is read by policy=ada_kv, h2o, pyramidkv, quest, r_kv, random, "
+            "snapkv, tova, triattention\n") in r.stderr
     r = subprocess.run([*KVSIM, "trace=synthetic_reasoning", "trace.num_sessions=2",
                         "policy=streaming_llm", "policy.sink_tokens=100000", "sim.progress=false",
                         "output.print_summary=false", f"output.dir={tmp_path / 'o'}",

@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from conftest import make_workload
+from policies import POLICY_CONFIGS
+from policies.registry import option_names
 from sim.run import compose_config, run_simulation
 from traces import traces_dir
 
@@ -30,8 +32,11 @@ def test_policy_memory_goldens(slice_name, data_regression):
         for c in COMPACTORS:
             # (the analytic baseline's step times: a refit of the default cost model's
             # settings moves arrivals against finishes, not what a policy frees)
+            # (budget 256 and beta 32 where the policy reads them)
+            reads = option_names(POLICY_CONFIGS[p])
             cfg = compose_config(SLICES[slice_name] + [
-                f"policy={p}", f"compaction={c}", "policy.budget=256", "policy.beta=32",
+                f"policy={p}", f"compaction={c}",
+                *[f"policy.{k}={v}" for k, v in (("budget", 256), ("beta", 32)) if k in reads],
                 "cost=analytic", "sim.progress=false"])
             s = run_simulation(cfg, None)
             out[f"{p}/{c}"] = {
@@ -96,8 +101,10 @@ def test_a_compacted_block_never_produces_a_prefix_hit(tmp_path):
                                                ("h2o", "hole_fill"), ("streaming_llm", "none")])
 def test_blocks_freed_never_negative_nor_more_than_allocated(tmp_path, policy, compaction):
     rows = [_doc(i % 3, 320 + 16 * i, 5.0 * i, out=300) for i in range(8)]
+    reads = option_names(POLICY_CONFIGS[policy])
     s, req, rounds = _run(tmp_path, rows, f"policy={policy}", f"compaction={compaction}",
-                          "policy.budget=96", "policy.beta=32", "policy.recent_window=60")
+                          *[f"policy.{k}={v}" for k, v in (("budget", 96), ("beta", 32),
+                                                           ("recent_window", 60)) if k in reads])
     assert len(rounds) > 0
     assert (rounds.blocks_freed >= 0).all()
     assert (rounds.blocks_freed <= rounds.blocks_before).all()

@@ -469,6 +469,57 @@ def test_multirun_with_a_rejected_job_exits_2_and_collect_names_the_error(tmp_pa
     assert f.run_id == "0" and "cache.block_size=7; expected a power of two" in f.failure
 
 
+def test_a_sweep_over_policies_takes_an_option_every_policy_reads(tmp_path):
+    """kvsim -m policy=h2o,triattention policy.budget=512: the option is composed beside the
+    swept policy (the policy group's schema holds every policy's options) and each job runs
+    its policy with it."""
+    sweep = tmp_path / "sw"
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+               "policy=h2o,triattention", "policy.budget=512", "trace.max_requests=3", *QUIET)
+    runs = {C.read_run(sweep / n, sweep, int(n)).config["policy"]["name"]:
+            C.read_run(sweep / n, sweep, int(n)) for n in ("0", "1")}
+    assert sorted(runs) == ["h2o", "triattention"], r.stderr[-2000:]
+    for run in runs.values():
+        assert run.complete and run.config["policy"]["budget"] == 512
+
+
+def test_a_sweeps_policy_option_runs_the_full_baseline_without_it(tmp_path):
+    """kvsim -m policy=full,h2o policy.heavy_ratio=0.3: full, the dense baseline, reads no
+    option; its job runs without the option and says so, the h2o job runs with it."""
+    sweep = tmp_path / "sw"
+    r = _kvsim("-m", "hydra/launcher=local", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
+               "policy=full,h2o", "policy.heavy_ratio=0.3", "trace.max_requests=3", *QUIET)
+    assert ("kvsim: note: policy.heavy_ratio applies to a compression policy's rounds; "
+            "policy=full keeps every token and runs none: it changes nothing") in r.stderr
+    for n, name in (("0", "full"), ("1", "h2o")):
+        run = C.read_run(sweep / n, sweep, int(n))
+        assert run.complete and run.config["policy"]["name"] == name
+    assert json.loads((sweep / "1" / "summary.json").read_text())["policy"] == "h2o"
+
+
+def test_a_sweeps_policy_option_a_swept_policy_does_not_read_is_an_error_before_any_job(tmp_path):
+    """kvsim -m policy=h2o,tova policy.heavy_ratio=0.3 (tova does not read heavy_ratio), or an
+    option no policy of the sweep reads, is exit 2 with one line naming the option and the
+    policies, before any job runs or any folder is made (Hydra too checks every job's
+    composition before it launches one)."""
+    sweep = tmp_path / "sw"
+    r = _kvsim("-m", f"hydra.sweep.dir={sweep}", "policy=h2o,tova", "policy.heavy_ratio=0.3",
+               "trace.max_requests=3", *QUIET, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "kvsim: error: policy.heavy_ratio=0.3: policy=tova of this sweep does not read "
+        "heavy_ratio (read by policy=h2o); expected policy options that every policy of the "
+        "sweep reads (policy=full, the dense baseline, runs without them), or one sweep per "
+        "policy")
+    assert not sweep.exists()
+    r = _kvsim("-m", f"hydra.sweep.dir={sweep}", "seed=1,2", "policy.importance.sigma=2",
+               "trace.max_requests=3", *QUIET, check=False)
+    assert r.returncode == 2 and not sweep.exists(), r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "kvsim: error: policy.importance.sigma=2.0: no policy of this sweep reads importance "
+        "(read by policy=ada_kv, h2o, ")
+
+
 def test_multirun_with_per_job_output_dirs_reports_a_rejected_job(tmp_path):
     """With per-job output.dir folders a rejected job's INCOMPLETE marker sits in its output.dir,
     outside the sweep folder; the sweep's report follows each job folder's pointer to its

@@ -48,8 +48,7 @@ CONFIGS = {
                  "compaction=forward_pack"],
     "tri_pack_tiers": ["policy=triattention", "policy.budget=128", "policy.beta=32",
                        "compaction=forward_pack", "tiers=gpu_host_disk", "codec=nvfp4"],
-    "stream_hole": ["policy=streaming_llm", "policy.budget=192", "compaction=hole_fill",
-                    "cache=trtllm"],
+    "stream_hole": ["policy=streaming_llm", "compaction=hole_fill", "cache=trtllm"],
 }
 MODES = {"per_step": ["sim.fast_forward=false"], "fast": ["sim.fast_forward=true"]}
 # wall-clock figures and the paths of this checkout's files: not results
