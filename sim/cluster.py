@@ -13,7 +13,8 @@ state at each arrival, so every replica must be in the state its per-step loop w
 then. The fast-forward stretches (:mod:`sim.stretches`) commit several steps at once, so a
 replica's stretch never holds a step whose end is at or after a *barrier*: each arrival's time
 and each ``arrival - cluster.event_staleness_s`` (the instant up to which that arrival's router
-sees KV events) (:meth:`Replica.tie_inside`, :meth:`ReplicaEnv.peek`). Those instants are known
+sees KV events) (:meth:`Replica.tie_inside`, :meth:`ReplicaEnv.peek`); with a router that
+reads no replica state (round_robin), only the arrivals it sends to that replica. Those instants are known
 ahead for open-loop arrivals only, so when the workload has closed-loop children, or when a
 replica has host/disk tiers, a shared store or an active compression policy (whose multi-step
 stretches let events happen inside them), the replicas take only the stretches that keep one
@@ -102,9 +103,11 @@ class ReplicaEnv(simpy.Environment):
     is first, so that a fast-forward stretch ends with a step that ends before the barrier.
     Running the environment is the cluster's (:meth:`step` and :meth:`run` raise)."""
 
-    def __init__(self, shared: simpy.Environment, cluster: "Cluster", peekable: bool = True):
+    def __init__(self, shared: simpy.Environment, cluster: "Cluster", peekable: bool = True,
+                 index: int = 0):
         self._shared = shared
         self._cluster = cluster
+        self._index = index
         self._active_proc = None
         self._own: list = []  # heap of (time, seq, event) this replica scheduled
         self._seq = itertools.count()
@@ -132,7 +135,7 @@ class ReplicaEnv(simpy.Environment):
         while own and own[0][2].callbacks is None:
             heapq.heappop(own)
         t = own[0][0] if own else math.inf
-        b = self._cluster.next_barrier()
+        b = self._cluster.next_barrier(self._index)
         return min(t, float(np.nextafter(b, -math.inf))) if b < math.inf else t
 
     def step(self) -> None:
@@ -158,7 +161,7 @@ class Replica(Simulator):
     def tie_inside(self, lo: float, end: float) -> bool:
         """Whether a barrier of the cluster lands in the step ``(lo, end]`` (s): the stretch
         ends before that step."""
-        return self.cluster.barrier_in(lo, end)
+        return self.cluster.barrier_in(lo, end, self.index)
 
 
 class ReplicaRecorder(Recorder):
@@ -364,7 +367,7 @@ class Cluster:
             else:
                 sim = Replica(self, r, workload, num_gpu_blocks, block_size, scheduler, cache,
                               cost_model, max_model_len, rec,
-                              env=ReplicaEnv(self.env, self, self.ff_reason is None),
+                              env=ReplicaEnv(self.env, self, self.ff_reason is None, r),
                               on_iteration=(lambda r=r: self._publish(r)), **roles, **common)
             self.replicas.append(sim)
             if store is not None:
@@ -377,6 +380,13 @@ class Cluster:
         self.cut_times = [t - self.staleness for t in self.arrival_times]
         self.next_root = 0  # index into order of the next root to arrive
         self._cut = 0  # first cut after the clock, as far as seen
+        # a router that reads no replica state (round_robin) sends the k-th root to replica
+        # k mod N (the fast paths run open loop only, so every arrival is a root): each
+        # replica's barriers are its own arrivals, and without KV views there are no cuts
+        self.own_barriers = (self.ff_reason is None and n > 1
+                             and not self.router.reads_replicas)
+        self.own_times = ([self.arrival_times[r::n] for r in range(n)]
+                          if self.own_barriers else None)
         # KV events (prefix-aware routers)
         self.views: list[KVView] = []
         self.pending: deque = deque()  # (publish time, replica, events)
@@ -406,9 +416,15 @@ class Cluster:
         self.store.watchers.append(watch)
 
     # ------------------------------------------------------------------ barriers
-    def next_barrier(self) -> float:
-        """The cluster's next barrier (s): the next root arrival not yet handed to a replica,
-        or the next ``arrival - event_staleness_s`` after the clock; inf when none is left."""
+    def next_barrier(self, r: int) -> float:
+        """Replica ``r``'s next barrier (s): the next root arrival not yet handed to a replica,
+        or the next ``arrival - event_staleness_s`` after the clock; with a router that reads
+        no replica state (:attr:`sim.routers.Router.reads_replicas`), the next root arrival
+        it sends to ``r``; inf when none is left."""
+        if self.own_barriers:
+            n = self.num_replicas
+            k = self.next_root + (r - self.next_root) % n  # (the next root sent to r)
+            return self.arrival_times[k] if k < len(self.arrival_times) else math.inf
         now = self.env.now
         ct = self.cut_times
         j = self._cut
@@ -420,9 +436,11 @@ class Cluster:
             b = min(b, self.arrival_times[self.next_root])
         return b
 
-    def barrier_in(self, lo: float, end: float) -> bool:
-        """Whether an arrival or a cut lands in ``(lo, end]`` (s)."""
-        for ts in (self.arrival_times, self.cut_times):
+    def barrier_in(self, lo: float, end: float, r: int) -> bool:
+        """Whether one of replica ``r``'s barriers (:meth:`next_barrier`), an arrival or a
+        cut, lands in ``(lo, end]`` (s)."""
+        for ts in ((self.own_times[r],) if self.own_barriers
+                   else (self.arrival_times, self.cut_times)):
             i = bisect.bisect_right(ts, lo)
             if i < len(ts) and ts[i] <= end:
                 return True

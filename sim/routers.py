@@ -90,6 +90,10 @@ class Router:
 
     name = ""
     needs_kv_events = False
+    # whether route() reads replica state (load, KV views, a ledger of finishes); when False the
+    # replica of each arrival is fixed by the arrivals before it, so an arrival need not stop
+    # the other replicas' fast-forward stretches (sim.cluster.Cluster.next_barrier)
+    reads_replicas = True
 
     def __init__(self, cluster, cfg, members=None):
         self.cluster = cluster
@@ -118,6 +122,7 @@ class RoundRobin(Router):
     Dynamo's frontend (``--router-mode round_robin``) and of most HTTP load balancers."""
 
     name = "round_robin"
+    reads_replicas = False
 
     def __init__(self, cluster, cfg, members=None):
         super().__init__(cluster, cfg, members)

@@ -94,6 +94,24 @@ def test_round_robin_over_copies_equals_single_runs(fast_forward):
         pd.testing.assert_frame_equal(sk, s1)
 
 
+def test_round_robin_arrivals_stop_only_their_own_replicas_stretches():
+    """With round-robin routing an arrival stops only its own replica's fast-forward stretch:
+    replica 0 serves the same requests at the same times, and takes the same stretches, whether
+    the other replicas' requests arrive with its own or a little after."""
+    rows = open_loop(5)
+    n = 3
+    counts = []
+    for shift in (0.0, 0.0007):
+        copies = [dict(r, arrival_s=r["arrival_s"] + k * shift, session_id=k * 1000 + j)
+                  for j, r in enumerate(rows) for k in range(n)]
+        req, _, c = cluster(make_workload(copies, prefix_block_tokens=16),
+                            f"cluster.replicas={n}", "cluster.router=round_robin",
+                            num_blocks=120)
+        assert (req.loc[req["replica"] == 0, "request_id"] % n == 0).all()
+        counts.append(c.replicas[0].stretch_counts()["decode"])
+    assert counts[0]["taken"] > 0 and counts[0] == counts[1]
+
+
 def _resend(first):
     """Four documents (16 blocks each, answers of 400 tokens) at t=0..0.3, then ``first``'s
     resent at t=30 (every request done)."""
