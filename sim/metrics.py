@@ -34,7 +34,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from .jit import kernel
 from .request import STATUS_NAMES
 
 REQUEST_COLUMNS = [
@@ -49,29 +48,20 @@ TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s
 
 
 class _Growable:
-    """Column buffers that grow by doubling (cheap appends of scalars)."""
+    """Column buffers that grow by doubling: :meth:`reserve` rows, then fill them."""
 
     def __init__(self, names_dtypes, cap=4096):
         self.names = [n for n, _ in names_dtypes]
         self.cols = {n: np.empty(cap, dtype=d) for n, d in names_dtypes}
+        self.arrays = list(self.cols.values())  # (the buffers in column order)
+        self.cap = cap
         self.n = 0
-
-    def append(self, *vals):
-        i = self.n
-        if i == len(self.cols[self.names[0]]):
-            for k, v in self.cols.items():
-                nv = np.empty(2 * len(v), dtype=v.dtype)
-                nv[:i] = v[:i]
-                self.cols[k] = nv
-        for k, v in zip(self.names, vals):
-            self.cols[k][i] = v
-        self.n = i + 1
 
     def reserve(self, k: int) -> int:
         """Make room for ``k`` more rows, count them as written and return the first one's
         index (the caller fills rows ``i .. i + k - 1`` of every column)."""
         i = self.n
-        cap = len(self.cols[self.names[0]])
+        cap = self.cap
         if i + k > cap:
             while cap < i + k:
                 cap *= 2
@@ -79,6 +69,8 @@ class _Growable:
                 nv = np.empty(cap, dtype=v.dtype)
                 nv[:i] = v[:i]
                 self.cols[name] = nv
+            self.arrays = list(self.cols.values())
+            self.cap = cap
         self.n = i + k
         return i
 
@@ -184,106 +176,67 @@ class Recorder:
             r.peak_blocks, r.end_live, r.end_blocks, STATUS_NAMES[r.status], r.reason,
         ))
 
-    def step(self, t, dur, running, waiting, prefill, decode, used, cached_free, live) -> None:
-        """Record one engine step."""
-        self.num_steps += 1
+    def count(self, k: int, prefill: int, decode: int, peak_used: int) -> None:
+        """Count ``k`` engine steps computing ``prefill`` and ``decode`` tokens in all, the
+        most blocks used in them ``peak_used`` (the counters of every step, recorded as rows
+        or not)."""
+        self.num_steps += k
         self.sum_prefill += prefill
         self.sum_decode += decode
-        if used > self.peak_blocks_used:
-            self.peak_blocks_used = used
-        if self.record_steps:
-            self.steps.append(t, dur, running, waiting, prefill, decode, used, cached_free, live)
-
-    def steps_counted(self, k: int, decode: int, peak_used: int) -> None:
-        """Count ``k`` pure-decode steps of ``decode`` tokens each without per-step rows (the
-        fast-forward when steps are not recorded); ``peak_used``: most blocks used in them."""
-        self.num_steps += k
-        self.sum_decode += decode * k
         if peak_used > self.peak_blocks_used:
             self.peak_blocks_used = peak_used
 
-    def steps_rows(self, starts, durs, running, waiting, prefill, decode, used, cached_free,
-                   live) -> None:
-        """Record ``len(decode)`` consecutive steps of a fast-forward stretch, every column an
-        array (``prefill`` / ``decode``: tokens per step; ``used``: blocks used after each).
-        Without per-step rows only ``prefill``, ``decode`` and ``used`` are read."""
-        self.num_steps += len(decode)
-        self.sum_prefill += int(prefill.sum())
-        self.sum_decode += int(decode.sum())
-        pk = int(np.max(used))
-        if pk > self.peak_blocks_used:
-            self.peak_blocks_used = pk
-        if self.record_steps:
-            self.steps.extend(starts, durs, running, waiting, prefill, decode, used, cached_free,
-                              live)
+    def reserve_steps(self, k: int):
+        """Room for ``k`` rows of the steps table: ``(i, columns)``, the first row's index and
+        the nine column buffers in table order (time_s, duration_s, running, waiting,
+        prefill_tokens, decode_tokens, blocks_used, blocks_cached_free, live_kv_tokens), whose
+        rows ``i .. i + k - 1`` the caller fills; None without per-step rows (``record_steps``
+        false). Every row of the table is written through it; :meth:`count` counts them."""
+        if not self.record_steps:
+            return None
+        st = self.steps
+        return st.reserve(k), st.arrays
 
-    def decode_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray, b: int,
-                       waiting0: int, used1: int, alloc: np.ndarray, cached_free1: int,
-                       evicted: np.ndarray, live0: int, last: tuple) -> None:
-        """Record the ``k = len(durs)`` pure-decode steps of a fast-forward stretch of ``b``
-        running requests (one decode token each) in one compiled pass.
+    def record(self, k: int, starts, durs, running, waiting, prefill, decode, used,
+               cached_free, live) -> None:
+        """Record ``k`` consecutive engine steps from their columns (:meth:`count` and
+        :meth:`reserve_steps`): the per-step loop's step (``k = 1``) and a stretch's arrays
+        alike.
 
-        ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
-        ``durs``: step durations (s); ``waiting0``: waiting requests during the stretch;
-        ``used1`` / ``cached_free1``: blocks used / cached-free before the stretch's
-        allocations, then ``alloc[s]`` blocks allocated and ``evicted[s]`` cached blocks
-        evicted at step ``s`` (shape ``(k + 1,)``; indices 0 and 1 are 0: step 1's blocks
-        came with its scheduling); ``live0``: computed tokens before the stretch
-        (``b`` more per step). ``last``: ``(running, waiting, blocks used, cached free, live
-        tokens)`` of the last row (its finishing requests counted; the waiting after). Rows equal
-        those :meth:`steps_rows` would write from the same arrays; it writes them whether or
-        not ``record_steps`` is set (without per-step rows the engine calls
-        :meth:`steps_counted` instead).
+        Each column is a number (every step's value) or an array of shape ``(k,)``: ``starts``
+        the steps' start times (s), ``durs`` their durations (s), ``running`` / ``waiting``
+        requests, ``prefill`` / ``decode`` tokens, ``used`` / ``cached_free`` blocks and
+        ``live`` computed tokens of the running requests (the steps table, module docstring).
+        Numbers are Python ints and floats (the counters add them as given). Without per-step
+        rows (``record_steps`` false) only ``prefill``, ``decode`` and ``used`` are read, and
+        the others may be None.
         """
-        k = len(durs)
-        self.num_steps += k
-        self.sum_decode += b * k
-        st = self.steps
-        i = st.reserve(k)
-        c = st.cols
-        pk = _fill_decode_stretch(
-            c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
-            c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
-            i, start, cum, durs, b, waiting0, used1, alloc, cached_free1, evicted, live0,
-            last[0], last[1], last[2], last[3], last[4])
-        if pk > self.peak_blocks_used:
-            self.peak_blocks_used = pk
-
-    def finishing_stretch(self, start: float, cum: np.ndarray, durs: np.ndarray,
-                          fin: np.ndarray, ctx0: np.ndarray, waiting0: int, waiting_last: int,
-                          used1: int, alloc: np.ndarray, cached_free1: int, evicted: np.ndarray,
-                          freed: np.ndarray, cached_freed: np.ndarray, prefill1: int,
-                          decode1: int) -> None:
-        """Record the ``k = len(durs)`` steps of a fast-forward stretch whose requests leave as
-        they finish, in one compiled pass (rows as :meth:`steps_rows` would write them, when
-        steps are recorded; the counters and peak always): one decode token per running
-        request a step, but the first step's ``prefill1`` prefill and ``decode1`` decode tokens
-        (an admission step as the first, or ``0`` and ``len(fin)``).
-
-        ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
-        ``durs``: step durations (s); ``fin[i]``: the step request ``i`` finishes at (it runs
-        steps ``1 .. fin[i]``; past ``k``: still running), ``ctx0[i] + s``: its computed tokens
-        after step ``s``; ``waiting0``: waiting requests during the stretch, ``waiting_last``
-        after its last step. ``used1`` / ``cached_free1``: blocks used / cached-free before the
-        stretch's allocations; at step ``s`` (arrays of shape ``(k + 1,)``, index 0 unused)
-        ``alloc[s]`` blocks were allocated and ``evicted[s]`` cached blocks evicted by its
-        scheduling, and ``freed[s]`` blocks (``cached_freed[s]`` of them cached) joined the free
-        queue when its finished requests left."""
-        k = len(durs)
-        st = self.steps
-        write = bool(self.record_steps)
-        i = st.reserve(k) if write else 0
-        c = st.cols
-        pk, dec = _fill_finishing_stretch(
-            c["time_s"], c["duration_s"], c["running"], c["waiting"], c["prefill_tokens"],
-            c["decode_tokens"], c["blocks_used"], c["blocks_cached_free"], c["live_kv_tokens"],
-            write, i, start, cum, durs, fin, ctx0, waiting0, waiting_last, used1, alloc,
-            cached_free1, evicted, freed, cached_freed, prefill1, decode1)
-        self.num_steps += k
-        self.sum_decode += dec
-        self.sum_prefill += prefill1
-        if pk > self.peak_blocks_used:
-            self.peak_blocks_used = pk
+        if k == 1 and not isinstance(durs, np.ndarray):  # (the per-step loop's numbers)
+            self.num_steps += 1
+            self.sum_prefill += prefill
+            self.sum_decode += decode
+            if used > self.peak_blocks_used:
+                self.peak_blocks_used = used
+            if self.record_steps:
+                st = self.steps
+                i = st.n
+                if i < st.cap:
+                    st.n = i + 1
+                else:
+                    st.reserve(1)
+                for col, v in zip(st.arrays, (starts, durs, running, waiting, prefill, decode,
+                                              used, cached_free, live)):
+                    col[i] = v
+            return
+        self.count(k, int(prefill.sum()) if isinstance(prefill, np.ndarray) else prefill * k,
+                   int(decode.sum()) if isinstance(decode, np.ndarray) else decode * k,
+                   int(used.max()) if isinstance(used, np.ndarray) else used)
+        if self.record_steps:
+            i, arrays = self.reserve_steps(k)
+            j = i + k
+            for col, v in zip(arrays, (starts, durs, running, waiting, prefill, decode, used,
+                                       cached_free, live)):
+                col[i:j] = v
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""
@@ -409,85 +362,3 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
     if extra:
         s.update(extra)
     return s
-
-
-@kernel("i8(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], i8, f8, f8[:], f8[:], "
-        "i8, i8, i8, i8[:], i8, i8[:], i8, i8, i8, i8, i8, i8)")
-def _fill_decode_stretch(t, d, run, wait, pre, dec, used, cf, live, i, start, cum, durs, b,
-                         waiting0, used1, alloc, cf1, ev, live0, last_run, last_wait, last_used,
-                         last_cf, last_live):  # pragma: no cover (compiled)
-    """Rows ``i .. i + k - 1`` of the steps columns for :meth:`Recorder.decode_stretch`;
-    returns the most blocks used in them."""
-    k = durs.shape[0]
-    u = used1
-    c = cf1
-    pk = last_used
-    for s in range(k):
-        r = i + s
-        t[r] = start if s == 0 else cum[s - 1]
-        d[r] = durs[s]
-        run[r] = b
-        wait[r] = waiting0
-        pre[r] = 0
-        dec[r] = b
-        u += alloc[s + 1]  # (step s + 1's new blocks; alloc[1] is 0: step 1 was scheduled)
-        c -= ev[s + 1]
-        used[r] = u
-        cf[r] = c
-        live[r] = live0 + (s + 1) * b
-        if s < k - 1 and u > pk:
-            pk = u
-    r = i + k - 1
-    run[r] = last_run
-    wait[r] = last_wait
-    used[r] = last_used
-    cf[r] = last_cf
-    live[r] = last_live
-    return pk
-
-
-@kernel("UniTuple(i8, 2)(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], b1, i8, "
-        "f8, f8[:], f8[:], i8[:], i8[:], i8, i8, i8, i8[:], i8, i8[:], i8[:], i8[:], i8, i8)")
-def _fill_finishing_stretch(t, d, run, wait, pre, dec, used, cf, live, write, i, start, cum,
-                            durs, fin, ctx0, waiting0, waiting_last, used1, alloc, cf1, ev,
-                            freed, cfreed, pre1, dec1):  # pragma: no cover (compiled)
-    """Rows ``i .. i + k - 1`` of the steps columns for :meth:`Recorder.finishing_stretch`
-    (written when ``write``); returns ``(most blocks used, decode tokens)`` of the steps."""
-    k = durs.shape[0]
-    leave = np.zeros(k + 2, dtype=np.int64)  # requests finishing at step s
-    leave_ctx = np.zeros(k + 2, dtype=np.int64)  # their contexts before step 1
-    running = fin.shape[0]
-    ctx = 0
-    for j in range(running):
-        f = fin[j] if fin[j] <= k else k + 1
-        leave[f] += 1
-        leave_ctx[f] += ctx0[j]
-        ctx += ctx0[j]
-    u = used1
-    c = cf1
-    pk = 0
-    n_dec = 0
-    for s in range(1, k + 1):
-        in_step = running if s > 1 else dec1
-        n_dec += in_step
-        # the row: the requests and blocks the step ran with, before its finished ones leave
-        u += alloc[s]
-        c -= ev[s]
-        if u > pk:
-            pk = u
-        if write:
-            r = i + s - 1
-            t[r] = start if s == 1 else cum[s - 2]
-            d[r] = durs[s - 1]
-            run[r] = running
-            wait[r] = waiting0 if s < k else waiting_last
-            pre[r] = 0 if s > 1 else pre1
-            dec[r] = in_step
-            used[r] = u
-            cf[r] = c
-            live[r] = ctx + s * running
-        running -= leave[s]
-        ctx -= leave_ctx[s]
-        u -= freed[s]
-        c += cfreed[s]
-    return pk, n_dec

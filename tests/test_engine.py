@@ -425,14 +425,18 @@ def test_chunk_stretch_times_equal_step_time_per_step(rows, k, start, span, mode
     assert d1 == d2 and e1 == e2
 
 
-def test_decode_stretch_rows_equal_the_numpy_columns():
-    """Recorder.decode_stretch (one compiled pass) writes the rows, counters and peak that
-    steps_rows writes from the numpy columns of the same stretch, across buffer growth."""
+def test_a_decode_stretchs_rows_equal_its_steps_recorded_one_by_one():
+    """The rows a pure-decode stretch writes in one compiled pass into Recorder.reserve_steps
+    (sim.stretches.decode.fill_decode_rows), with its Recorder.count, equal k calls of
+    Recorder.record(1, ...) with each step's numbers (the per-step loop's path) and one
+    Recorder.record of the stretch's numpy columns: rows, counters and peak, across buffer
+    growth."""
+    from sim.stretches.decode import fill_decode_rows
+
     rng = np.random.default_rng(7)
-    a = Recorder(1, np.zeros(1, dtype=np.int64))
-    b = Recorder(1, np.zeros(1, dtype=np.int64))
-    for _ in range(60):
-        k = int(rng.integers(2, 400))
+    a, b, c = (Recorder(1, np.zeros(1, dtype=np.int64)) for _ in range(3))
+    for _ in range(40):
+        k = int(rng.integers(2, 300))
         nb = int(rng.integers(1, 50))
         start = float(rng.uniform(0, 100))
         durs = rng.uniform(1e-3, 0.05, size=k)
@@ -441,20 +445,27 @@ def test_decode_stretch_rows_equal_the_numpy_columns():
         ev = np.concatenate(([0, 0], rng.integers(0, 2, size=k - 1)))
         used1, cf1, live0, w0 = (int(x) for x in rng.integers(0, 10_000, size=4))
         last = tuple(int(x) for x in rng.integers(0, 10_000, size=5))
-        a.peak_blocks_used = b.peak_blocks_used = 0  # (each stretch's own peak, compared below)
-        a.decode_stretch(start, cum, durs, nb, w0, used1, alloc, cf1, ev, live0, last)
+        for r in (a, b, c):
+            r.peak_blocks_used = 0  # (each stretch's own peak, compared below)
+        i, cols = a.reserve_steps(k)
+        a.count(k, 0, nb * k, fill_decode_rows(*cols, i, start, cum, durs, nb, w0, used1, alloc,
+                                               cf1, ev, live0, *last))
+        starts = np.concatenate(([start], cum[:-1]))
         used = used1 + np.cumsum(alloc[1:])
         cached_free = cf1 - np.cumsum(ev[1:])
         live = live0 + np.arange(1, k + 1) * nb
         running = np.full(k, nb)
         waiting = np.full(k, w0)
         running[-1], waiting[-1], used[-1], cached_free[-1], live[-1] = last
-        b.steps_rows(np.concatenate(([start], cum[:-1])), durs, running, waiting,
-                     np.zeros(k, dtype=np.int64), np.full(k, nb, dtype=np.int64), used,
-                     cached_free, live)
-        assert a.peak_blocks_used == b.peak_blocks_used
-    pd.testing.assert_frame_equal(a.steps_frame(), b.steps_frame(), check_exact=True)
-    assert (a.num_steps, a.sum_decode, a.sum_prefill) == (b.num_steps, b.sum_decode, b.sum_prefill)
+        for s in range(k):
+            b.record(1, float(starts[s]), float(durs[s]), int(running[s]), int(waiting[s]), 0,
+                     nb, int(used[s]), int(cached_free[s]), int(live[s]))
+        c.record(k, starts, durs, running, waiting, 0, nb, used, cached_free, live)
+        assert a.peak_blocks_used == b.peak_blocks_used == c.peak_blocks_used
+    for r in (b, c):
+        pd.testing.assert_frame_equal(a.steps_frame(), r.steps_frame(), check_exact=True)
+        assert (a.num_steps, a.sum_decode, a.sum_prefill) == (r.num_steps, r.sum_decode,
+                                                              r.sum_prefill)
 
 
 def test_first_compile_is_announced_once(tmp_path):

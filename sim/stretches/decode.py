@@ -8,6 +8,7 @@ import numpy as np
 
 from ..block_pool import NO_HASH
 from ..clock import advance_to
+from ..jit import kernel
 from ..request import FINISHED
 from .base import Stretch
 from .common import NO_EXTRA, commit_decodes, commit_stretch, flat, head_hit_step, stretch_pairs
@@ -310,15 +311,14 @@ class DecodeStretch(Stretch):
             if t_cached.get(k):
                 sim.pool.cached_log.append(np.asarray(t_cached[k], dtype=np.int64))
             sim.tier_step_end()
-        if not rec.record_steps:
+        rows = rec.reserve_steps(k)
+        if rows is None:
             # counters only: used blocks grow through the stretch; its last step's are the most
-            rec.steps_counted(k, b, last[1])
-            if sim.check:
-                sim.check_invariants()
-            return k
-        rec.decode_stretch(start, cum, durs, b, waiting0, used1, alloc_per_step, cf1,
-                           evicted_per_step, live0,
-                           (last[0], len(sim.waiting), last[1], last[2], last[3]))
+            rec.count(k, 0, b * k, last[1])
+        else:
+            rec.count(k, 0, b * k, fill_decode_rows(
+                *rows[1], rows[0], start, cum, durs, b, waiting0, used1, alloc_per_step, cf1,
+                evicted_per_step, live0, last[0], len(sim.waiting), last[1], last[2], last[3]))
         if sim.check:
             sim.check_invariants()
         return k
@@ -418,8 +418,13 @@ class DecodeStretch(Stretch):
             freed[f] = pool.num_free - nf
             cfreed[f] = pool.num_cached_free - ncf
         sim.drop_finished()
-        sim.rec.finishing_stretch(start, cum, durs, fin, slot0, waiting0, len(sim.waiting),
-                                   used1, alloc, cf1, evicted, freed, cfreed, pre1, dec1)
+        rec = sim.rec
+        rows = rec.reserve_steps(k)
+        i, cols = rows if rows is not None else (0, rec.steps.arrays)
+        pk, dec = fill_finishing_rows(*cols, rows is not None, i, start, cum, durs, fin, slot0,
+                                      waiting0, len(sim.waiting), used1, alloc, cf1, evicted,
+                                      freed, cfreed, pre1, dec1)
+        rec.count(k, pre1, dec, pk)
         if sim.check:
             sim.check_invariants()
 
@@ -471,3 +476,110 @@ class DecodeStretch(Stretch):
                 yield env.timeout(t - env.now)
             tiers.on_gpu_cached(cached[st])
             tiers.flush()
+
+
+@kernel("i8(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], i8, f8, f8[:], f8[:], "
+        "i8, i8, i8, i8[:], i8, i8[:], i8, i8, i8, i8, i8, i8)")
+def fill_decode_rows(t, d, run, wait, pre, dec, used, cf, live, i, start, cum, durs, b,
+                     waiting0, used1, alloc, cf1, ev, live0, last_run, last_wait, last_used,
+                     last_cf, last_live):  # pragma: no cover (compiled)
+    """Rows ``i .. i + k - 1`` of the steps table's columns (``t .. live``, the buffers of
+    :meth:`sim.metrics.Recorder.reserve_steps`) for the ``k = len(durs)`` steps of a
+    pure-decode stretch of ``b`` running requests (one decode token each); returns the most
+    blocks used in them.
+
+    ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
+    ``durs``: step durations (s); ``waiting0``: waiting requests during the stretch;
+    ``used1`` / ``cf1``: blocks used / cached-free before the stretch's allocations, then
+    ``alloc[s]`` blocks allocated and ``ev[s]`` cached blocks evicted at step ``s`` (shape
+    ``(k + 1,)``; indices 0 and 1 are 0: step 1's blocks came with its scheduling);
+    ``live0``: computed tokens before the stretch (``b`` more a step). ``last_*``: the last
+    row's running, waiting (the queue after the stretch), blocks used, cached free and live
+    tokens (its finishing requests counted)."""
+    k = durs.shape[0]
+    u = used1
+    c = cf1
+    pk = last_used
+    for s in range(k):
+        r = i + s
+        t[r] = start if s == 0 else cum[s - 1]
+        d[r] = durs[s]
+        run[r] = b
+        wait[r] = waiting0
+        pre[r] = 0
+        dec[r] = b
+        u += alloc[s + 1]  # (step s + 1's new blocks; alloc[1] is 0: step 1 was scheduled)
+        c -= ev[s + 1]
+        used[r] = u
+        cf[r] = c
+        live[r] = live0 + (s + 1) * b
+        if s < k - 1 and u > pk:
+            pk = u
+    r = i + k - 1
+    run[r] = last_run
+    wait[r] = last_wait
+    used[r] = last_used
+    cf[r] = last_cf
+    live[r] = last_live
+    return pk
+
+
+@kernel("UniTuple(i8, 2)(f8[:], f8[:], i4[:], i4[:], i4[:], i4[:], i8[:], i8[:], i8[:], b1, i8, "
+        "f8, f8[:], f8[:], i8[:], i8[:], i8, i8, i8, i8[:], i8, i8[:], i8[:], i8[:], i8, i8)")
+def fill_finishing_rows(t, d, run, wait, pre, dec, used, cf, live, write, i, start, cum,
+                        durs, fin, ctx0, waiting0, waiting_last, used1, alloc, cf1, ev,
+                        freed, cfreed, pre1, dec1):  # pragma: no cover (compiled)
+    """Rows ``i .. i + k - 1`` of the steps table's columns (``t .. live``, the buffers of
+    :meth:`sim.metrics.Recorder.reserve_steps`; written when ``write``) for the ``k =
+    len(durs)`` steps of a stretch whose requests leave as they finish: one decode token per
+    running request a step, but the first step's ``pre1`` prefill and ``dec1`` decode tokens (an admission step
+    as the first, or ``0`` and ``len(fin)``). Returns ``(most blocks used, decode tokens)`` of
+    the steps.
+
+    ``start``: the first step's start (s); ``cum``: step end times (s, shape ``(k,)``);
+    ``durs``: step durations (s); ``fin[i]``: the step request ``i`` finishes at (it runs
+    steps ``1 .. fin[i]``; past ``k``: still running), ``ctx0[i] + s``: its computed tokens
+    after step ``s``; ``waiting0``: waiting requests during the stretch, ``waiting_last``
+    after its last step. ``used1`` / ``cf1``: blocks used / cached-free before the stretch's
+    allocations; at step ``s`` (arrays of shape ``(k + 1,)``, index 0 unused) ``alloc[s]``
+    blocks were allocated and ``ev[s]`` cached blocks evicted by its scheduling, and
+    ``freed[s]`` blocks (``cfreed[s]`` of them cached) joined the free queue when its finished
+    requests left. A row counts the requests and blocks its step ran with, before its finished
+    requests leave."""
+    k = durs.shape[0]
+    leave = np.zeros(k + 2, dtype=np.int64)  # requests finishing at step s
+    leave_ctx = np.zeros(k + 2, dtype=np.int64)  # their contexts before step 1
+    running = fin.shape[0]
+    ctx = 0
+    for j in range(running):
+        f = fin[j] if fin[j] <= k else k + 1
+        leave[f] += 1
+        leave_ctx[f] += ctx0[j]
+        ctx += ctx0[j]
+    u = used1
+    c = cf1
+    pk = 0
+    n_dec = 0
+    for s in range(1, k + 1):
+        in_step = running if s > 1 else dec1
+        n_dec += in_step
+        u += alloc[s]
+        c -= ev[s]
+        if u > pk:
+            pk = u
+        if write:
+            r = i + s - 1
+            t[r] = start if s == 1 else cum[s - 2]
+            d[r] = durs[s - 1]
+            run[r] = running
+            wait[r] = waiting0 if s < k else waiting_last
+            pre[r] = 0 if s > 1 else pre1
+            dec[r] = in_step
+            used[r] = u
+            cf[r] = c
+            live[r] = ctx + s * running
+        running -= leave[s]
+        ctx -= leave_ctx[s]
+        u -= freed[s]
+        c += cfreed[s]
+    return pk, n_dec

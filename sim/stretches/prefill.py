@@ -145,9 +145,8 @@ class PrefillStretch(Stretch):
         starts = np.empty(k, dtype=np.float64)
         starts[0] = start
         starts[1:] = ends[:-1]
-        rec.steps_rows(starts, np.array(durs, dtype=np.float64), running, waiting,
-                       np.full(k, c, dtype=np.int64), np.full(k, b - 1, dtype=np.int64), used,
-                       cfree, live)
+        rec.record(k, starts, np.array(durs, dtype=np.float64), running, waiting, int(c),
+                   int(b) - 1, used, cfree, live)
         if sim.check:
             sim.check_invariants()
         return k

@@ -533,7 +533,7 @@ class RoundsStretch(Stretch):
             dec[s0 - 1:s1] = d_
             pre[s0 - 1:s1] = p_
         if not rec.record_steps:
-            rec.steps_rows(None, None, None, None, pre, dec, used, None, None)
+            rec.record(k, None, None, None, None, pre, dec, used, None, None)
             return
         steps = np.arange(1, k + 1)
         running = np.empty(k, dtype=np.int64)
@@ -544,7 +544,7 @@ class RoundsStretch(Stretch):
         waiting = waiting_per_step(waiting0, ev_log, cum)
         waiting[-1] = len(sim.waiting)
         starts = np.concatenate(([start], cum[:-1]))
-        rec.steps_rows(starts, durs, running, waiting, pre, dec, used, cached_free, live)
+        rec.record(k, starts, durs, running, waiting, pre, dec, used, cached_free, live)
 
     def pass_arrivals(self, c: np.ndarray, t0: float, t_ev: float, t_lim: float, log: list):
         """SimPy process fragment: let the events that land before the end of a fast-forward

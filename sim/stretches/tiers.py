@@ -168,7 +168,8 @@ class TierStretch(Stretch):
                             req.finish = t
                     sim.retire_finished()
                 sim.tier_step_end()
-                rec.step(start, step_dur, running, len(sim.waiting), 0, b, used, cached_free, live)
+                rec.record(1, start, step_dur, running, len(sim.waiting), 0, b, used,
+                           cached_free, live)
                 if not done:
                     sim.check_sim_time(t)
                     if sim.on_iteration is not None:
