@@ -359,9 +359,9 @@ class Compression:
         if H == 1:
             b0, k0 = int(before[0]), int(kept[0])
             t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
-        else:
-            t_before, t_kept = float(before.mean()), float(kept.mean())
-            t_evicted = float((before - kept).mean())
+        else:  # (the groups' means: integer sums, exact in float64, over H)
+            t_before, t_kept = int(before.sum()) / H, int(kept.sum()) / H
+            t_evicted = int((before - kept).sum()) / H
         return RoundResult(
             tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
             blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
@@ -455,8 +455,9 @@ class _UnmovedLayout:
             waste = 0
         else:
             waste = int((lengths.max() - lengths).sum())
-            t_before, t_kept = float(before.mean()), float(kept.mean())
-            t_evicted = float((before - kept).mean())
+            # (the groups' means: integer sums, exact in float64, over H)
+            t_before, t_kept = int(before.sum()) / H, int(kept.sum()) / H
+            t_evicted = int((before - kept).sum()) / H
         return RoundResult(
             tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
             blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
