@@ -2,7 +2,7 @@
 on the same trace (issue 41 part 1; BENCHMARKS.md, "Policies against full").
 
 ``python -m experiments.policy_bench [--repeats 3] [--policies h2o,tova] [--traces slice,servegen200]
-[--json out.json] [--timeout 900]``
+[--json out.json] [--timeout 900]``; ``--report out.json`` prints the table of a saved run.
 
 Each run is ``kvsim policy=P <trace overrides>`` in a fresh process with
 ``output.write_steps=false`` (:func:`experiments.bench.run_case`, the simulation-speed suite's
@@ -23,7 +23,9 @@ ratios to ``full``'s medians on that trace. The traces:
 * ``slice``: the bundled default slice (``trace=mooncake_conversation_10min``, 1,750 requests).
 * ``servegen200``: ``trace=servegen_r1 trace.num_requests=200`` (DeepSeek-R1 reasoning requests).
 
-A run that exceeds ``--timeout`` seconds is killed and reported as ``> timeout`` (no median).
+A run that exceeds ``--timeout`` seconds is killed and reported as ``> timeout`` with the CPU
+seconds it had used (no median; that pair is not run again). The table marks a policy within
+3x when both its wall and its CPU median are at most 3x ``full``'s.
 """
 
 from __future__ import annotations
@@ -100,7 +102,14 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default=None, help=f"comma-separated traces (default: {', '.join(TRACES)})")
     ap.add_argument("--json", default=None, help="write the raw runs and medians here (rewritten after every run)")
     ap.add_argument("--timeout", type=float, default=None, help="kill a run past this many seconds")
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="print the table of a saved --json file (partial ones too) and exit")
     a = ap.parse_args(argv)
+    if a.report is not None:
+        if not Path(a.report).is_file():
+            ap.error(f"--report {a.report}: no such file")
+        print("\n".join(table(json.loads(Path(a.report).read_text()))[0]))
+        return 0
     if a.repeats < 1:
         ap.error(f"--repeats {a.repeats}: expected >= 1")
     pols = POLICIES[1:] if a.policies is None else [p.strip() for p in a.policies.split(",")]
@@ -125,6 +134,38 @@ def _median_row(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "simulate_s", "cpu_s", "process_s")}
 
 
+def table(doc: dict) -> tuple[list[str], dict]:
+    """The markdown table of a benchmark's JSON (``runs``, ``timed_out``, ``cadence``; a
+    partial file gives the repeats it holds) and the medians per (trace, policy): rounds, wall,
+    CPU, simulate and process medians, their ratios to ``full``'s on that trace, and ``n`` (runs
+    in the medians)."""
+    lines = ["| trace | policy | cadence (preset) | rounds | runs | wall median s | CPU median s | "
+             "wall / full | CPU / full | within 3x |", "|---|---|---|---|---|---|---|---|---|---|"]
+    medians: dict = {}
+    for t, per in doc["runs"].items():
+        medians[t] = {}
+        base = _median_row(per["full"]) if per.get("full") else None
+        for p, runs in per.items():
+            cad = doc["cadence"].get(p, "")
+            late = doc.get("timed_out", {}).get(t, {}).get(p)
+            if late is not None:
+                cpu = late["cpu_s"]
+                rel = f" ({cpu / base['cpu_s']:.1f} x full)" if base else ""
+                lines.append(f"| {t} | {p} | {cad} | | killed | > {late['wall_s']:g} | > {cpu:.1f}{rel} "
+                             f"| | | no |")
+                continue
+            if not runs or base is None:
+                continue
+            m = _median_row(runs)
+            rw, rc = m["wall_s"] / base["wall_s"], m["cpu_s"] / base["cpu_s"]
+            medians[t][p] = {**m, "rounds": runs[0]["rounds"], "n": len(runs), "wall_ratio": rw,
+                             "cpu_ratio": rc}
+            lines.append(f"| {t} | {p} | {cad} | {runs[0]['rounds']:,d} | {len(runs)} | "
+                         f"{m['wall_s']:.2f} | {m['cpu_s']:.2f} | {rw:.2f} | {rc:.2f} | "
+                         f"{'yes' if max(rw, rc) <= 3 else 'no'} |")
+    return lines, medians
+
+
 def _run(a, pols: list[str], traces: list[str], cache_dir: str) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
@@ -141,7 +182,7 @@ def _run(a, pols: list[str], traces: list[str], cache_dir: str) -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(
                 {"commit": commit, "repeats": a.repeats, "host": host, "complete": complete,
-                 "runs": runs, "timed_out": out_of_time,
+                 "runs": runs, "timed_out": out_of_time, "timeout": a.timeout,
                  "cadence": {p: cadence(p) for p in pols}}, indent=2))
 
     print(f"kvsim policy bench, commit {commit}, {a.repeats} repeat(s), load {load0}", flush=True)
@@ -169,24 +210,10 @@ def _run(a, pols: list[str], traces: list[str], cache_dir: str) -> int:
     host["simpy_timeouts_per_s_after"] = simpy_rate()
     host["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     host["end_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    print(f"\n| trace | policy | cadence (preset) | rounds | wall median s | CPU median s | "
-          f"wall / full | CPU / full | within 3x |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    medians: dict = {t: {} for t in traces}
-    for t in traces:
-        base = _median_row(runs[t]["full"]) if runs[t]["full"] else None
-        for p in pols:
-            if p in out_of_time[t] or not runs[t][p] or base is None:
-                cpu = out_of_time[t].get(p, {}).get("cpu_s")
-                base_cpu = f" ({cpu / base['cpu_s']:.1f} x full's CPU)" if cpu and base else ""
-                print(f"| {t} | {p} | {cadence(p)} | | > {a.timeout:g} s (killed) | "
-                      f"> {cpu or 0:.1f}{base_cpu} | | | no |")
-                continue
-            m = _median_row(runs[t][p])
-            rw, rc = m["wall_s"] / base["wall_s"], m["cpu_s"] / base["cpu_s"]
-            medians[t][p] = {**m, "rounds": runs[t][p][0]["rounds"], "wall_ratio": rw, "cpu_ratio": rc}
-            print(f"| {t} | {p} | {cadence(p)} | {runs[t][p][0]['rounds']:,d} | {m['wall_s']:.2f} | "
-                  f"{m['cpu_s']:.2f} | {rw:.2f} | {rc:.2f} | {'yes' if max(rw, rc) <= 3 else 'no'} |")
+    doc = {"runs": runs, "timed_out": out_of_time, "cadence": {p: cadence(p) for p in pols},
+           "timeout": a.timeout}
+    lines, medians = table(doc)
+    print("\n" + "\n".join(lines))
     print(f"\nmachine: {host}")
     host["medians"] = medians
     save(True)
