@@ -139,14 +139,14 @@ def table(doc: dict) -> tuple[list[str], dict]:
     partial file gives the repeats it holds) and the medians per (trace, policy): rounds, wall,
     CPU, simulate and process medians, their ratios to ``full``'s on that trace, and ``n`` (runs
     in the medians)."""
-    lines = ["| trace | policy | cadence (preset) | rounds | runs | wall median s | CPU median s | "
+    lines = ["| trace | policy | preset (its first line) | rounds | runs | wall median s | CPU median s | "
              "wall / full | CPU / full | within 3x |", "|---|---|---|---|---|---|---|---|---|---|"]
     medians: dict = {}
     for t, per in doc["runs"].items():
         medians[t] = {}
         base = _median_row(per["full"]) if per.get("full") else None
         for p, runs in per.items():
-            cad = doc["cadence"].get(p, "")
+            cad = doc["cadence"].get(p, "").split(": ", 1)[-1]  # (the paper's name left out)
             late = doc.get("timed_out", {}).get(t, {}).get(p)
             if late is not None:
                 cpu = late["cpu_s"]
