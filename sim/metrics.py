@@ -211,7 +211,9 @@ class Recorder:
         rows (``record_steps`` false) only ``prefill``, ``decode`` and ``used`` are read, and
         the others may be None.
         """
-        if k == 1 and not isinstance(durs, np.ndarray):  # (the per-step loop's numbers)
+        if k == 1 and not isinstance(prefill, np.ndarray) and not isinstance(
+                decode, np.ndarray) and not isinstance(used, np.ndarray) and not isinstance(
+                durs, np.ndarray):  # (one step's numbers: the per-step loop's)
             self.num_steps += 1
             self.sum_prefill += prefill
             self.sum_decode += decode

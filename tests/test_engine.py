@@ -3,6 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import chunk_workload, make_workload
 from sim.cost_models import build_cost_model
@@ -423,6 +425,35 @@ def test_chunk_stretch_times_equal_step_time_per_step(rows, k, start, span, mode
         d2.append(cm.step_time(n, c, samples))
         e2.append(e2[-1] + d2[-1])
     assert d1 == d2 and e1 == e2
+
+
+@given(k=st.integers(1, 4), steps=st.booleans(), seed=st.integers(0, 2**16))
+@settings(max_examples=30, deadline=None)
+def test_recorder_counts_a_stretchs_columns_as_python_numbers(k, steps, seed):
+    """Recorder.record of a stretch's numpy columns (shape (k,), k = 1 included), with or
+    without per-step rows, leaves the counters Python ints equal to the columns' sums (prefill,
+    decode) and maximum (peak blocks), as k calls with each step's numbers do."""
+    rng = np.random.default_rng(seed)
+    pre, dec, used = (rng.integers(0, 1_000, size=k) for _ in range(3))
+    durs = rng.uniform(1e-3, 0.05, size=k)
+    starts = np.cumsum(durs) - durs
+    cols = [np.full(k, 3), np.full(k, 2)]
+    a = Recorder(1, np.zeros(1, dtype=np.int64), record_steps=steps)
+    b = Recorder(1, np.zeros(1, dtype=np.int64), record_steps=steps)
+    if steps:
+        a.record(k, starts, durs, *cols, pre, dec, used, np.full(k, 5), np.full(k, 9))
+    else:
+        a.record(k, None, None, None, None, pre, dec, used, None, None)
+    for s in range(k):
+        b.record(1, float(starts[s]), float(durs[s]), 3, 2, int(pre[s]), int(dec[s]),
+                 int(used[s]), 5, 9)
+    for r in (a, b):
+        assert all(type(v) is int for v in (r.num_steps, r.sum_prefill, r.sum_decode,
+                                            r.peak_blocks_used))
+    assert (a.num_steps, a.sum_prefill, a.sum_decode, a.peak_blocks_used) == (
+        k, int(pre.sum()), int(dec.sum()), int(used.max()))
+    assert (b.num_steps, b.sum_prefill, b.sum_decode, b.peak_blocks_used) == (
+        a.num_steps, a.sum_prefill, a.sum_decode, a.peak_blocks_used)
 
 
 def test_a_decode_stretchs_rows_equal_its_steps_recorded_one_by_one():
