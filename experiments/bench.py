@@ -49,20 +49,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+# every case is the single engine, whatever kvsim's root config sets
+SINGLE_ENGINE = ["cluster.replicas=1"]
 CASES: dict[str, list[str]] = {
-    "azure_conv": ["trace=azure_conv", "model=llama3_1_8b", "gpu=h100"],
-    "mooncake_tiers": ["trace=mooncake_conversation", "tiers=gpu_host_disk", "codec=nvfp4"],
-    "weka": ["trace=weka_agentic"],
+    "azure_conv": ["trace=azure_conv", "model=llama3_1_8b", "gpu=h100", *SINGLE_ENGINE],
+    "mooncake_tiers": ["trace=mooncake_conversation", "tiers=gpu_host_disk", "codec=nvfp4",
+                       *SINGLE_ENGINE],
+    "weka": ["trace=weka_agentic", *SINGLE_ENGINE],
     "servegen_tri": ["trace=servegen_r1", "trace.num_requests=20000", "policy=triattention",
-                     "compaction=forward_pack"],
-    "linear_1x": ["trace=mooncake_conversation", "trace.max_requests=3000"],
-    "linear_2x": ["trace=mooncake_conversation", "trace.max_requests=6000"],
-    "linear_4x": ["trace=mooncake_conversation", "trace.max_requests=12000"],
-    "pool_10x": ["trace=mooncake_conversation", "trace.max_requests=3000", "cache.num_gpu_blocks=499870"],
+                     "compaction=forward_pack", *SINGLE_ENGINE],
+    "linear_1x": ["trace=mooncake_conversation", "trace.max_requests=3000", *SINGLE_ENGINE],
+    "linear_2x": ["trace=mooncake_conversation", "trace.max_requests=6000", *SINGLE_ENGINE],
+    "linear_4x": ["trace=mooncake_conversation", "trace.max_requests=12000", *SINGLE_ENGINE],
+    "pool_10x": ["trace=mooncake_conversation", "trace.max_requests=3000",
+                 "cache.num_gpu_blocks=499870", *SINGLE_ENGINE],
 }
 TARGETS = {"azure_conv": (5.0, 1024.0), "mooncake_tiers": (10.0, None), "weka": (60.0, 2048.0),
            "servegen_tri": (30.0, None)}
-QUICK = {"quick_default": ["trace.max_requests=300"]}
+QUICK = {"quick_default": ["trace.max_requests=300", *SINGLE_ENGINE]}
 
 
 def target_met(row: dict, target: tuple) -> bool:

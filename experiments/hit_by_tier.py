@@ -39,8 +39,8 @@ SCRATCH = ROOT / "outputs" / "experiments" / "hit_by_tier"
 
 HOST_GIB = [0, 16, 32, 64, 128, 256]
 CODECS = ["identity", "fp8", "nvfp4"]
-COMMON = ["seed=0", "gpu=h200", "model=qwen3_8b", "tiers=gpu_host_disk", "tiers.disk_gib=1024",
-          "output.write_steps=false"]
+COMMON = ["cluster.replicas=1", "seed=0", "gpu=h200", "model=qwen3_8b", "tiers=gpu_host_disk",
+          "tiers.disk_gib=1024", "output.write_steps=false"]
 
 
 def sweep_overrides(trace: str, quick: bool, weka_sessions: int, extra: list[str] = (),

@@ -149,7 +149,7 @@ def point_overrides(p: Point, cost: str, extra: dict | None = None) -> list[str]
     ``--max-num-seqs`` equal to the concurrency, prefix caching off, the deployment's token
     budget (SOURCES.md beside the data)."""
     isl, osl = LABEL_LENGTHS[p.label]
-    ov = [f"model={p.model}", f"gpu={p.gpu}", f"cost={cost}",
+    ov = ["cluster.replicas=1", f"model={p.model}", f"gpu={p.gpu}", f"cost={cost}",
           f"cost.tensor_parallel_size={p.tp}",
           f"scheduler.max_num_batched_tokens={p.max_num_batched_tokens}",
           f"scheduler.max_num_seqs={p.concurrency}",
@@ -304,7 +304,7 @@ def simulate_blis_run(name: str, run: dict, cost: str, extra: dict | None = None
     card = BLIS_MODELS[run["model"]]
     ec = run["exp_config"]
     v = run["vllm"]
-    ov = [f"model={card}", "gpu=h100", f"cost={cost}", "sim.progress=false",
+    ov = ["cluster.replicas=1", f"model={card}", "gpu=h100", f"cost={cost}", "sim.progress=false",
           "output.print_summary=false", f"model.max_model_len={ec['max_model_len']}",
           f"scheduler.max_num_batched_tokens={ec['max_num_batched_tokens']}",
           f"scheduler.max_num_seqs={ec['max_num_seqs']}",

@@ -94,8 +94,8 @@ def run_one(job: dict) -> dict:
     from sim.run import compose_config, run_simulation
 
     p = job["p"]
-    ov = ["seed=0", "gpu=h200", "model=qwen3_8b", "sim.progress=false", "output.print_summary=false",
-          "output.write_steps=false"]
+    ov = ["cluster.replicas=1", "seed=0", "gpu=h200", "model=qwen3_8b", "sim.progress=false",
+          "output.print_summary=false", "output.write_steps=false"]
     if job["host_gib"] > 0:
         ov += ["tiers=gpu_host", f"tiers.host_gib={job['host_gib']}"]
     if p["gpu_blocks"]:

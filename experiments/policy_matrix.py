@@ -46,7 +46,7 @@ POLICIES = ["full", "random", "streaming_llm", "h2o", "tova", "snapkv", "pyramid
 SLOW = {"pyramidkv": "per_layer", "ada_kv": "per_head"}  # cheaper allowed grouping
 STEPWISE = ("streaming_llm", "h2o", "tova")  # presets evict every token (beta 1): slow here
 COMPACTORS = ["none", "forward_pack", "hole_fill"]
-COMMON = ["seed=0", "gpu=h200", "model=qwen3_8b"]
+COMMON = ["cluster.replicas=1", "seed=0", "gpu=h200", "model=qwen3_8b"]
 
 
 def sweeps(quick: bool, num_requests: int, fallback: bool, step_beta: int = 64) -> list[tuple[str, str, list[str]]]:

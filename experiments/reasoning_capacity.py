@@ -72,7 +72,7 @@ def make_workload(n: int, input_tokens: int, output_tokens: int, name: str = "re
 
 
 def overrides(gpu: str, batch: int, method: str, budget: int, beta: int, num_gpu_blocks=None) -> list[str]:
-    ov = [f"gpu={gpu}", f"scheduler.max_num_seqs={max(256, batch)}", "seed=0",
+    ov = ["cluster.replicas=1", f"gpu={gpu}", f"scheduler.max_num_seqs={max(256, batch)}", "seed=0",
           "sim.progress=false", "output.print_summary=false"]
     if num_gpu_blocks:
         ov.append(f"cache.num_gpu_blocks={num_gpu_blocks}")

@@ -43,6 +43,7 @@ FIGURES = Path(os.environ.get("KVSIM_NOTEBOOK_FIGURES", REPO / "notebooks" / "fi
 N_JOBS = int(os.environ.get("KVSIM_NOTEBOOK_JOBS", "2"))
 
 SWEEP = [
+    "cluster.replicas=1",
     "trace=synthetic_reasoning", "trace.num_sessions=16", "trace.output_mean=1200",
     "trace.output_sigma=0.3", "policy.budget=512",
     "policy=full,h2o,triattention",

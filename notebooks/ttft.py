@@ -41,6 +41,7 @@ FIGURES = Path(os.environ.get("KVSIM_NOTEBOOK_FIGURES", REPO / "notebooks" / "fi
 N_JOBS = int(os.environ.get("KVSIM_NOTEBOOK_JOBS", "2"))
 
 SWEEP = [
+    "cluster.replicas=1",
     "trace=synthetic_multiturn", "trace.num_sessions=32",
     "cache.num_gpu_blocks=1200",
     "tiers=gpu_host_disk", "tiers.host_gib=0,1", "tiers.disk_gib=0,16",

@@ -71,6 +71,9 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         title += f" | {s['policy']}" + (f" + {comp}" if comp != "none" else "")
     if s.get("tiers", "gpu_only") != "gpu_only":
         title += f" | tiers {s['tiers']}, codec {s.get('codec', 'identity')}"
+    cl = s.get("cluster")  # (a cluster's summary: the replicas and the router)
+    if cl:
+        title += f" | {cl['replicas']} replicas, {cl['router']} router"
     # what the command line changed (the run's outputs and progress bar aside)
     shown = [o for o in s.get("overrides") or []
              if not o.lstrip("+~").startswith(("output.", "hydra.", "sim.progress"))]
@@ -117,7 +120,8 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
     if s.get("write_back_stalls"):
         t.add_row("steps held for write-back copies / time s",
                   f"{s['write_back_stalls']:,} / {s['write_back_stall_s']:,.2f}")
-    t.add_row("peak GPU blocks used / total",
+    # (a cluster's: the fullest replica's peak and one replica's pool)
+    t.add_row("peak GPU blocks used / total" + (" (fullest replica / each)" if cl else ""),
               f"{s['peak_gpu_blocks_used']:,} / {s['gpu_blocks_total']:,}")
     t.add_row("preemptions", f"{s['preemptions']:,}")
     t.add_row("engine steps", f"{s['engine_steps']:,}")

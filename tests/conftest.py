@@ -17,6 +17,9 @@ from sim.run import compose_config
 REPO = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).parent / "data" / "bad"  # malformed trace files
 KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
+# a call that means the single engine passes these overrides, whatever replicas kvsim's root
+# config (experiments/conf/config.yaml) sets
+SINGLE_ENGINE = ("cluster.replicas=1",)
 
 
 def quiet_config(*overrides):

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import SINGLE_ENGINE
 from traces import TraceError, load_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +312,8 @@ def test_bundled_claude_code_sample():
 def _run(tmp_path, overrides, name="run"):
     from sim.run import compose_config, run_simulation
 
-    cfg = compose_config(["model.max_model_len=200000", "sim.progress=false", *overrides])
+    cfg = compose_config([*SINGLE_ENGINE, "model.max_model_len=200000", "sim.progress=false",
+                          *overrides])
     out = tmp_path / name
     s = run_simulation(cfg, out)
     return s, pd.read_parquet(out / "requests.parquet")

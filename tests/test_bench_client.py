@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
+from conftest import SINGLE_ENGINE
 from sim.run import compose_config, run_simulation
 from traces import TraceConfig, TraceError, generate_bench, load_workload
 from traces.formats.bench import bench_params, chain_parents, length_bounds
@@ -337,7 +338,7 @@ def test_simulated_closed_loop_keeps_n_in_flight(tmp_path, assign):
     """Qwen3-8B on an H200: at most N requests in flight, each later prompt arriving the moment
     its parent finished, the first N at 0 s."""
     N = 4
-    cfg = compose_config(["trace=bench_concurrency", f"trace.max_concurrency={N}",
+    cfg = compose_config([*SINGLE_ENGINE, "trace=bench_concurrency", f"trace.max_concurrency={N}",
                           "trace.num_requests=30", "trace.input_len=300",
                           "trace.output_len=200", "trace.range_rule=symmetric",
                           f"trace.chain_assignment={assign}", "output.print_summary=false"])
@@ -357,7 +358,7 @@ def test_simulated_closed_loop_keeps_n_in_flight(tmp_path, assign):
 def test_simulated_shared_prefix_hits_only_the_prefix(tmp_path):
     """A 64-token shared prefix (4 blocks of 16): later prompts hit at most those 64 tokens,
     and some do; the random parts never hit."""
-    cfg = compose_config(["trace=bench_concurrency", "trace.max_concurrency=2",
+    cfg = compose_config([*SINGLE_ENGINE, "trace=bench_concurrency", "trace.max_concurrency=2",
                           "trace.num_requests=10", "trace.input_len=200", "trace.output_len=30",
                           "trace.range_ratio=0.5", "trace.prefix_tokens=70",
                           "output.print_summary=false"])

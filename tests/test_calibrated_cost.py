@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import make_workload
+from conftest import SINGLE_ENGINE, make_workload
 from gpu_validation.calibration_model import load_calibration
 from sim.cost import AnalyticCostModel
 from sim.cost_models import build_cost_model
@@ -17,7 +17,7 @@ H200 = "gpu_validation/calibrations/h200.json"
 
 
 def cfg(*o):
-    return compose_config(["sim.progress=false", "cost=calibrated", *o])
+    return compose_config([*SINGLE_ENGINE, "sim.progress=false", "cost=calibrated", *o])
 
 
 def model_of(c):
@@ -246,7 +246,8 @@ def test_committed_replay_ops_are_what_the_simulator_writes_now(tmp_path):
     from gpu_validation.trim_ops import main as trim_main
 
     committed = Path(__file__).resolve().parent.parent / "gpu_validation/ops/mooncake10min_triattention_b128_nvfp4.jsonl"
-    c = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=300", "cache=trtllm",
+    c = compose_config([*SINGLE_ENGINE,
+                        "trace=mooncake_conversation_10min", "trace.max_requests=300", "cache=trtllm",
                         "policy=triattention", "policy.budget=128", "policy.beta=32",
                         "compaction=forward_pack", "tiers=gpu_host_disk", "codec=nvfp4",
                         "cost=calibrated", "output.write_ops=true", "output.ops_limit=100000",
@@ -400,7 +401,8 @@ def test_write_ops_counts_the_disk_copies_it_cannot_hold(tmp_path):
     that involves no GPU); summary.json counts them in ``ops_transfers_left_out``, matching
     transfers.parquet."""
     out = tmp_path / "run"
-    s = run_simulation(compose_config(["trace.max_requests=200", "cache.num_gpu_blocks=3000",
+    s = run_simulation(compose_config([*SINGLE_ENGINE,
+                                       "trace.max_requests=200", "cache.num_gpu_blocks=3000",
                                        "tiers=gpu_host_disk", "tiers.host_gib=2",
                                        "output.write_ops=true", "output.ops_limit=100000",
                                        "sim.progress=false"]), out)

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import SINGLE_ENGINE
 from sim.calibrated_cost import CalibratedOperatorModel, _curve, _grid
 from sim.cost import CALIBRATION_DIR
 from sim.cost_models import build_cost_model
@@ -49,7 +50,8 @@ def cal_file(tmp_path_factory):
 
 
 def cfg(cal_file, *o):
-    return compose_config(["sim.progress=false", "cost=calibrated", f"cost.file={cal_file}", *o])
+    return compose_config([*SINGLE_ENGINE,
+                           "sim.progress=false", "cost=calibrated", f"cost.file={cal_file}", *o])
 
 
 def model_of(c):

@@ -12,7 +12,7 @@ import subprocess
 import pandas as pd
 import pytest
 
-from conftest import BAD, KVSIM, REPO, run_kvsim
+from conftest import BAD, KVSIM, REPO, SINGLE_ENGINE, run_kvsim
 from sim.run import MARKER
 
 
@@ -48,8 +48,8 @@ def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
     import re
     at = []
     for ff in ("true", "false"):
-        r = run_kvsim(tmp_path / ff, "trace.max_requests=50", "sim.max_sim_time_s=30",
-                   f"sim.fast_forward={ff}")
+        r = run_kvsim(tmp_path / ff, *SINGLE_ENGINE, "trace.max_requests=50",
+                      "sim.max_sim_time_s=30", f"sim.fast_forward={ff}")
         assert r.returncode == 2, r.stderr[-2000:]
         at.append(re.search(r"passed it at t=([0-9.]+) s", r.stderr).group(1))
     assert at[0] == at[1]
@@ -338,6 +338,31 @@ def test_summary_table_small_rates_and_tensor_parallel_title():
     assert "12,346 / 99.9" in text and "M on H200" in text
 
 
+def test_summary_table_of_a_cluster_names_its_replicas_router_and_fullest_replica():
+    """A cluster's summary table says in its title how many replicas and which router, and its
+    blocks row says the peak is the fullest replica's and the total one replica's pool."""
+    import io
+
+    from rich.console import Console
+
+    from sim.cli import format_summary
+
+    s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
+         "ttft_s": {}, "tpot_s": {}, "e2e_s": {}, "peak_gpu_blocks_used": 7,
+         "gpu_blocks_total": 9, "preemptions": 0, "engine_steps": 5, "sim_duration_s": 1.0,
+         "wall": {"wall_s": 0.1}, "trace": "t", "model": "M", "gpu": "H200",
+         "cluster": {"replicas": 4, "router": "prefix_aware"}}
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    text = buf.getvalue()
+    assert text.splitlines()[0].strip() == "kvsim: t | M on H200 | 4 replicas, prefix_aware router"
+    assert "peak GPU blocks used / total (fullest replica / each)" in text and "7 / 9" in text
+    del s["cluster"]
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(s))
+    assert "replicas" not in buf.getvalue() and "fullest" not in buf.getvalue()
+
+
 def test_summary_and_progress_off_a_terminal(tmp_path):
     """Off a terminal (a sweep, ``| cat``, a CI log) the summary table is 110 wide with whole
     labels and, with sim.progress at its default (null), no progress bar is drawn;
@@ -346,7 +371,8 @@ def test_summary_and_progress_off_a_terminal(tmp_path):
         return subprocess.run([*KVSIM, f"output.dir={out}", *ov], capture_output=True, text=True,
                               cwd=REPO, timeout=120)
 
-    r = run(tmp_path / "a", "trace.max_requests=300", "tiers=gpu_host_disk", "codec=nvfp4")
+    r = run(tmp_path / "a", *SINGLE_ENGINE, "trace.max_requests=300", "tiers=gpu_host_disk",
+            "codec=nvfp4")
     assert r.returncode == 0, r.stderr[-2000:]
     row = [ln for ln in r.stdout.splitlines() if "re-admissions after preemption" in ln]
     assert len(row) == 1 and "their hit tokens GPU / host / disk │" in row[0], r.stdout

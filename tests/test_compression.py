@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import make_workload
+from conftest import SINGLE_ENGINE, make_workload
 from policies import POLICY_CONFIGS
 from policies.registry import option_names
 from sim.run import compose_config, run_simulation
@@ -34,7 +34,7 @@ def test_policy_memory_goldens(slice_name, data_regression):
             # settings moves arrivals against finishes, not what a policy frees)
             # (budget 256 and beta 32 where the policy reads them)
             reads = option_names(POLICY_CONFIGS[p])
-            cfg = compose_config(SLICES[slice_name] + [
+            cfg = compose_config([*SINGLE_ENGINE, *SLICES[slice_name],
                 f"policy={p}", f"compaction={c}",
                 *[f"policy.{k}={v}" for k, v in (("budget", 256), ("beta", 32)) if k in reads],
                 "cost=analytic", "sim.progress=false"])
@@ -55,7 +55,7 @@ def _doc(doc, tokens, t, out=40):
 
 def _run(tmp_path, rows, *o):
     wl = make_workload(rows, prefix_block_tokens=16)
-    cfg = compose_config(["sim.progress=false", "sim.check_invariants=true",
+    cfg = compose_config([*SINGLE_ENGINE, "sim.progress=false", "sim.check_invariants=true",
                           "cache.num_gpu_blocks=400", *o])
     s = run_simulation(cfg, tmp_path, workload=wl)
     req = pd.read_parquet(tmp_path / "requests.parquet").sort_values("request_id")
@@ -155,7 +155,8 @@ def test_fast_forward_equals_per_step_with_compression(tmp_path, policy, n, extr
     out = {}
     for ff in ("true", "false"):
         d = tmp_path / ff
-        cfg = compose_config(["trace=servegen_r1", f"trace.num_requests={n}", f"policy={policy}",
+        cfg = compose_config([*SINGLE_ENGINE,
+                              "trace=servegen_r1", f"trace.num_requests={n}", f"policy={policy}",
                               "compaction=forward_pack", "policy.budget=256",
                               "sim.progress=false", f"sim.fast_forward={ff}",
                               *FF_EXTRA.get(extra, [])])
@@ -185,7 +186,8 @@ def test_admission_step_starts_a_compression_stretch(tmp_path, case):
     the per-step loop's (bundled Mooncake slice: prefix hits, rounds every 16 tokens)."""
     out = {}
     for ff in ("true", "false"):
-        cfg = compose_config(["trace=mooncake_conversation_10min", "trace.max_requests=150",
+        cfg = compose_config([*SINGLE_ENGINE,
+                              "trace=mooncake_conversation_10min", "trace.max_requests=150",
                               "policy=triattention", "policy.budget=64", "policy.beta=16",
                               "compaction=forward_pack", "sim.progress=false",
                               f"sim.fast_forward={ff}", *ADMIT_CASES[case]])
@@ -211,7 +213,8 @@ def test_compression_stretch_ends_before_it_takes_the_waiting_heads_hit(tmp_path
     wl = chunk_workload(187030, n=26)
     out = {}
     for ff in ("true", "false"):
-        cfg = compose_config(["scheduler.max_num_batched_tokens=100", "cache.num_gpu_blocks=40",
+        cfg = compose_config([*SINGLE_ENGINE,
+                              "scheduler.max_num_batched_tokens=100", "cache.num_gpu_blocks=40",
                               "policy=random", "policy.budget=32", "policy.beta=16",
                               "scheduler.long_prefill_token_threshold=40",
                               "scheduler.max_num_seqs=8", "sim.progress=false",
@@ -233,7 +236,8 @@ def test_end_live_tokens_without_applying_pending_tokens(compaction, mode):
 
     from sim.compression import Compression
 
-    cfg = compose_config(["policy=triattention", f"policy.mode={mode}", "policy.budget=64",
+    cfg = compose_config([*SINGLE_ENGINE,
+                          "policy=triattention", f"policy.mode={mode}", "policy.budget=64",
                           "policy.beta=16", f"compaction={compaction}"])
     comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
     req = SimpleNamespace(rid=5, input=100, n_computed=0, n_blocks=0)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SINGLE_ENGINE
+
 REPO = Path(__file__).resolve().parents[1]
 KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
 TABLES = ("requests.parquet", "steps.parquet", "rounds.parquet", "transfers.parquet")
@@ -91,7 +93,7 @@ def test_time_stretched_trace_needs_no_more_memory(tmp_path):
     stays at the unstretched run's: memory follows the live requests, not simulated time.
     Measured on 2 cores: 151 MB (x1) vs 142 MB (x10); with steps.parquet on, 150 vs 177 MB
     (the steps table holds one row per step: 12,891 vs 394,962 steps)."""
-    base = ["output.write_steps=false"]
+    base = [*SINGLE_ENGINE, "output.write_steps=false"]
     a = _run(tmp_path / "x1", "trace.time_scale=1", *base)
     b = _run(tmp_path / "x10", "trace.time_scale=10", *base)
     ra = json.loads((tmp_path / "x1" / "summary.json").read_text())["wall"]["peak_rss_mb"]

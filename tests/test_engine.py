@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import chunk_workload, make_workload
+from conftest import SINGLE_ENGINE, chunk_workload, make_workload
 from sim.cost_models import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
@@ -290,7 +290,7 @@ def test_arrival_created_inside_a_step_at_its_exact_end_waits_for_the_scheduling
     from sim.run import run_simulation
 
     def run(rows, ff, d):
-        cfg = compose_config(["sim.progress=false", f"sim.fast_forward={ff}",
+        cfg = compose_config([*SINGLE_ENGINE, "sim.progress=false", f"sim.fast_forward={ff}",
                               "cache.num_gpu_blocks=120", *extra])
         run_simulation(cfg, d, workload=make_workload(rows, prefix_block_tokens=16))
         return {t: pd.read_parquet(d / f"{t}.parquet") for t in ("requests", "steps")}
@@ -617,7 +617,7 @@ def test_summary_reports_net_blocks_saved_beside_gross_frees(tmp_path):
     blocks held), which is at most the evicted tokens' worth of blocks; without a policy the
     net saving is 0. The time-averaged blocks used is the steps' duration-weighted mean."""
     from sim.run import run_simulation
-    base = ["trace=weka_agentic_slice", "trace.max_requests=6", "sim.progress=false"]
+    base = [*SINGLE_ENGINE, "trace=weka_agentic_slice", "trace.max_requests=6", "sim.progress=false"]
     s = run_simulation(compose_config(base + ["policy=h2o", "compaction=forward_pack"]),
                        tmp_path / "h2o")
     assert s["blocks_freed_total"] > s["blocks_saved_net"] > 0

@@ -4,7 +4,7 @@ after its client sent it; TTFT, E2E and queue time are the client's."""
 import numpy as np
 import pytest
 
-from conftest import make_workload
+from conftest import SINGLE_ENGINE, make_workload
 from sim.errors import ConfigError
 from sim.run import compose_config, delay_workload, run_simulation
 
@@ -28,10 +28,12 @@ def test_delay_workload_shifts_roots_and_children():
 
 
 def test_frontend_latency_adds_to_client_times_only(tmp_path):
-    base = run_simulation(compose_config(["sim.progress=false", "output.print_summary=false",
+    base = run_simulation(compose_config([*SINGLE_ENGINE,
+                                          "sim.progress=false", "output.print_summary=false",
                                           "cost.frontend_latency_s=0"]),
                           tmp_path / "a", workload=make_workload(rows()))
-    late = run_simulation(compose_config(["sim.progress=false", "output.print_summary=false",
+    late = run_simulation(compose_config([*SINGLE_ENGINE,
+                                          "sim.progress=false", "output.print_summary=false",
                                           "cost.frontend_latency_s=0.05"]),
                           tmp_path / "b", workload=make_workload(rows()))
     # two requests far apart: the engine does the same work, 50 ms later

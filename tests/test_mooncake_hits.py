@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import SINGLE_ENGINE
 from sim.run import compose_config, run_simulation
 from traces import traces_dir
 
@@ -48,7 +49,7 @@ def independent_hits(path):
 def test_infinite_cache_hits_match_raw_file(tmp_path):
     expected = independent_hits(TRACE)
     total_in = sum(json.loads(l)["input_length"] for l in open(TRACE))
-    cfg = compose_config([
+    cfg = compose_config([*SINGLE_ENGINE,
         "trace=mooncake_conversation", "trace.time_scale=1000", "trace.timestamp_spread=even",
         "cache.num_gpu_blocks=12000000", "sim.progress=false", "output.write_steps=true",
     ])

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import SINGLE_ENGINE
 from sim.cost_models import build_cost_model
 from sim.errors import ConfigError
 from sim.hardware import linear_param_counts, weight_quant_bytes
@@ -13,7 +14,7 @@ from sim.run import compose_config, run_simulation
 
 
 def cfg(*o):
-    return compose_config(["sim.progress=false", "cost=operator", *o])
+    return compose_config([*SINGLE_ENGINE, "sim.progress=false", "cost=operator", *o])
 
 
 def model_of(c):

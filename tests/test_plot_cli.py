@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import SINGLE_ENGINE
 from experiments import collect as C
 from experiments import plots as P
 from fake_sweeps import fake_sweep
@@ -200,7 +201,7 @@ def test_ttft_decomposition_on_the_simulators_own_requests_table(tmp_path, onboa
     from sim.run import compose_config, run_simulation
 
     out = tmp_path / "run"
-    run_simulation(compose_config(["trace.max_requests=200", "cache.num_gpu_blocks=3000",
+    run_simulation(compose_config([*SINGLE_ENGINE, "trace.max_requests=200", "cache.num_gpu_blocks=3000",
                                    "tiers=gpu_host_disk", "tiers.host_gib=2",
                                    f"tiers.onboard={onboard}", "sim.progress=false"]), out)
     req = pd.read_parquet(out / "requests.parquet").assign(mode=onboard)

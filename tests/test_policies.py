@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import SINGLE_ENGINE
 from experiments.seed_blocks_freed import seed_rows
 from policies import (CompactionConfig, ImportanceModel, ImportanceParams, PagedLayout, PolicyConfig,
                       RecordedImportance, make_compactor, make_policy, score_slots)
@@ -365,7 +366,7 @@ def test_quest_pages_are_the_pools_blocks(tmp_path, monkeypatch, block_size):
         return real(self, n_blocks, num_layers, block_size)
 
     monkeypatch.setattr(QuestPolicy, "reads_fraction", spy)
-    s = run_simulation(compose_config(["trace.max_requests=10", "policy=quest",
+    s = run_simulation(compose_config([*SINGLE_ENGINE, "trace.max_requests=10", "policy=quest",
                                        "policy.budget=256", f"cache.block_size={block_size}",
                                        "sim.progress=false"]), tmp_path / "q")
     assert s["requests_finished"] == 10 and len(seen) > 10 and set(seen) == {block_size}
@@ -1042,7 +1043,7 @@ def test_compression_apply_keep_equals_the_compactor(style, H, prompt, n, keep_s
     from sim.run import compose_config
     rng = np.random.default_rng(seed)
     prompt = min(prompt, n)
-    cfg = compose_config([f"compaction={style}", "policy=tova",
+    cfg = compose_config([*SINGLE_ENGINE, f"compaction={style}", "policy=tova",
                           f"compaction.release_empty_blocks={str(release).lower()}"])
     comp = Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
     a = _scored_layout(rng, H, prompt, n, 0.2)
@@ -1123,7 +1124,7 @@ def test_compression_guarded_rounds_equal_the_full_rounds(overrides, shared):
     class Req:
         pass
 
-    cfg = compose_config(overrides)
+    cfg = compose_config([*SINGLE_ENGINE, *overrides])
     comps = [Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
              for _ in range(2)]
     comps[1].guarded = False
@@ -1172,7 +1173,7 @@ def test_compression_run_rounds_equals_run_round_request_by_request():
     class Req:
         pass
 
-    cfg = compose_config(["policy=h2o", "policy.budget=200"])
+    cfg = compose_config([*SINGLE_ENGINE, "policy=h2o", "policy.budget=200"])
     comps = [Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
              for _ in range(2)]
     prompts = [150, 230, 400, 260, 90, 333]

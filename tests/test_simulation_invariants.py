@@ -11,7 +11,7 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_workload, quiet_config
+from conftest import SINGLE_ENGINE, make_workload, quiet_config
 from sim.run import run_simulation
 
 
@@ -70,7 +70,7 @@ def test_random_configs_keep_invariants(scenario):
     request ends exactly once, finished or rejected."""
     rows, o = scenario
     wl = make_workload(rows, prefix_block_tokens=16)
-    c = quiet_config("sim.check_invariants=true", "output.write_steps=false", *o)
+    c = quiet_config(*SINGLE_ENGINE, "sim.check_invariants=true", "output.write_steps=false", *o)
     with tempfile.TemporaryDirectory() as d:
         s = run_simulation(c, d, workload=wl)
         req = pd.read_parquet(Path(d) / "requests.parquet")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import make_workload
+from conftest import SINGLE_ENGINE, make_workload
 from sim.errors import ConfigError
 from sim.run import compose_config, run_simulation
 from sim.tiers import ARCStore, LRUStore, cold_page_bytes
@@ -14,7 +14,7 @@ PAGE_16 = 147_456 * 16  # Qwen3-8B BF16 hot page of 16 tokens
 
 
 def cfg(*o):
-    return compose_config(["sim.progress=false", "sim.check_invariants=true", *o])
+    return compose_config([*SINGLE_ENGINE, "sim.progress=false", "sim.check_invariants=true", *o])
 
 
 @pytest.mark.parametrize("bs", [16, 32, 64])
@@ -307,7 +307,7 @@ def _ff_on_off(tmp_path, stretch: str, overrides: list):
     digests = {}
     for ff in ("true", "false"):
         out = tmp_path / ff
-        summary = run_simulation(compose_config([*overrides, "sim.progress=false",
+        summary = run_simulation(compose_config([*SINGLE_ENGINE, *overrides, "sim.progress=false",
                                                  f"sim.fast_forward={ff}"]), out)
         if ff == "true":
             counts = summary["wall"]["stretches"][stretch]
@@ -461,7 +461,7 @@ def test_onboarded_pages_are_all_counted_as_hits(tmp_path, extra):
     import json
 
     out = tmp_path / "run"
-    run_simulation(compose_config(["trace.max_requests=300", "cache.num_gpu_blocks=4000",
+    run_simulation(compose_config([*SINGLE_ENGINE, "trace.max_requests=300", "cache.num_gpu_blocks=4000",
                                    "sim.progress=false", *extra]), out)
     s = json.loads((out / "summary.json").read_text())
     r = pd.read_parquet(out / "requests.parquet")
@@ -485,7 +485,8 @@ def test_write_back_holds_the_step_until_evicted_pages_are_copied(tmp_path):
 
     def summary(*o):
         out = tmp_path / "_".join(o).replace("=", "-")
-        run_simulation(compose_config(["trace.max_requests=200", "sim.progress=false", *o]), out)
+        run_simulation(compose_config([*SINGLE_ENGINE,
+                                       "trace.max_requests=200", "sim.progress=false", *o]), out)
         return json.loads((out / "summary.json").read_text()), pd.read_parquet(out / "steps.parquet")
 
     base, _ = summary("tiers=gpu_only")
@@ -520,7 +521,8 @@ def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(
     re-admitted; onboard_s (and its host/disk split) counts the onboarding before the first
     token only, so every term of ttft = queue + onboard + prefill is >= 0."""
     out = tmp_path / "run"
-    run_simulation(compose_config(["trace=synthetic_reasoning", "trace.num_sessions=20", "tiers=gpu_host",
+    run_simulation(compose_config([*SINGLE_ENGINE,
+                                   "trace=synthetic_reasoning", "trace.num_sessions=20", "tiers=gpu_host",
                                    "tiers.host_gib=2", "cache.num_gpu_blocks=1500", f"tiers.onboard={onboard}",
                                    "sim.progress=false"]), out)
     r = pd.read_parquet(out / "requests.parquet")
@@ -533,7 +535,8 @@ def test_ttft_split_terms_are_never_negative_with_reloads_after_the_first_token(
 def test_check_invariants_counts_the_blocks_of_blocking_onboards(tmp_path):
     """sim.check_invariants=true holds with host/disk tiers: a request waiting for a blocking
     onboard holds its blocks outside the running list, and the check counts them."""
-    c = compose_config(["trace.max_requests=150", "sim.check_invariants=true", "tiers=gpu_host_disk",
+    c = compose_config([*SINGLE_ENGINE,
+                        "trace.max_requests=150", "sim.check_invariants=true", "tiers=gpu_host_disk",
                         "sim.progress=false", "output.write_steps=false"])
     s = run_simulation(c, tmp_path)
     assert s["bytes_onboarded"]["host"] > 0 and s["requests_finished"] == 150
@@ -547,7 +550,7 @@ def test_tier_specs_read_the_tiers_config_and_build_the_managers_stores_and_link
 
     from sim.tiers import DISK, HOST, LinkSpec, TierManager, tier_specs
 
-    cfg = compose_config(["tiers=gpu_host_disk", "codec=nvfp4", "tiers.disk_gib=2",
+    cfg = compose_config([*SINGLE_ENGINE, "tiers=gpu_host_disk", "codec=nvfp4", "tiers.disk_gib=2",
                           "tiers.replacement=arc"])
     cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
     host, disk = tier_specs(cfg.tiers, cold, cfg.gpu)

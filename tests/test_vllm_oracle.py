@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import make_workload
+from conftest import SINGLE_ENGINE, make_workload
 from sim.cost_models import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
@@ -42,7 +42,8 @@ def kvsim_one_at_a_time(scen: dict, block_size: int, num_blocks: int, max_model_
                  output_tokens=r["output_tokens"], prefix_ids=r["prefix_ids"],
                  parent_request_id=r["parent_request_id"]) for r in reqs]
     wl = make_workload(rows, prefix_block_tokens=scen["prefix_block_tokens"])
-    cfg = compose_config([f"cache.block_size={block_size}", f"cache.num_gpu_blocks={num_blocks}",
+    cfg = compose_config([*SINGLE_ENGINE,
+                          f"cache.block_size={block_size}", f"cache.num_gpu_blocks={num_blocks}",
                           "scheduler.max_num_seqs=1", f"model.max_model_len={max_model_len}"])
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     rec = Recorder(len(wl), wl.table.column("session_id").to_numpy(), record_steps=False)
@@ -110,7 +111,7 @@ def test_mooncake_conversation_matches_vllm_with_20000_blocks(tmp_path):
     """The whole Mooncake conversation trace (12,031 requests) one at a time with 20,000 usable
     16-token blocks: every request's prefix hit equals vLLM's."""
     g = json.loads((DATA / "mooncake_conversation_b16_n20000.hits.json").read_text())
-    cfg = compose_config([
+    cfg = compose_config([*SINGLE_ENGINE,
         "trace=mooncake_conversation", "trace.time_scale=1000", "trace.timestamp_spread=even",
         "cache.num_gpu_blocks=20000", "scheduler.max_num_seqs=1", "sim.progress=false",
         "output.write_steps=false"])

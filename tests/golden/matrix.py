@@ -76,7 +76,9 @@ def run_case(overrides: list[str]) -> dict[str, str]:
     """Run one configuration in a scratch folder; return ``{table: digest}``."""
     from sim.run import compose_config, run_simulation
 
-    cfg = compose_config(["sim.progress=false", "output.write_steps=true", *overrides])
+    # (the single engine, whatever kvsim's root config sets)
+    cfg = compose_config(["sim.progress=false", "output.write_steps=true", "cluster.replicas=1",
+                          *overrides])
     with tempfile.TemporaryDirectory(prefix="kvsim-golden-") as d:
         summary = run_simulation(cfg, d, progress_bar=False)
         out = {}
