@@ -258,8 +258,9 @@ class ClusterConfig:
     """Replicas of the engine behind a router (:mod:`sim.cluster`, :mod:`sim.routers`).
 
     ``replicas``: engines, each with its own GPU pool, scheduler and host/disk tiers (1: the
-    single engine, tables without a ``replica`` column). ``router``: round_robin |
-    least_loaded | session_affinity | prefix_aware. ``event_staleness_s``: how long after a
+    single engine, tables without a ``replica`` column; kvsim's root config,
+    experiments/conf/config.yaml, sets 4 with ``prefix_aware``: docs/cluster.md). ``router``:
+    round_robin | least_loaded | session_affinity | prefix_aware. ``event_staleness_s``: how long after a
     replica publishes its KV events (end of each engine step) the router applies them
     (prefix_aware). ``overlap_weight``: prefix_aware's weight of the prefill blocks against
     the active blocks (NVIDIA Dynamo's ``kv-overlap-score-weight``). ``store``: a KV store
