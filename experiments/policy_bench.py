@@ -4,9 +4,9 @@ on the same trace (issue 41 part 1; BENCHMARKS.md, "Policies against full").
 ``python -m experiments.policy_bench [--repeats 3] [--policies h2o,tova] [--traces slice,servegen200]
 [--json out.json] [--timeout 900]``; ``--report out.json`` prints the table of a saved run.
 
-Each run is ``kvsim policy=P <trace overrides>`` in a fresh process with
-``output.write_steps=false`` (:func:`experiments.bench.run_case`, the simulation-speed suite's
-runner), at the preset's own cadence (no ``policy.*`` override). The runs are interleaved: repeat
+Each run is ``kvsim policy=P <trace overrides> cluster.replicas=1`` (the single engine) in a
+fresh process with ``output.write_steps=false`` (:func:`experiments.bench.run_case`, the
+simulation-speed suite's runner), at the preset's own cadence (no ``policy.*`` override). The runs are interleaved: repeat
 r runs ``full`` and then every other policy on one trace, then the next trace, before repeat r + 1
 of anything, so a slow spell of the shared machine falls on the baseline and the policies alike.
 Before the timed runs every (trace, policy) runs once untimed on the trace's first 4 requests, so
@@ -176,7 +176,7 @@ def _run(a, pols: list[str], traces: list[str], cache_dir: str) -> int:
     out_of_time: dict = {t: {} for t in traces}
 
     def ov(t: str, p: str) -> list[str]:
-        return [f"policy={p}", *TRACES[t], f"trace.cache_dir={cache_dir}"]
+        return [f"policy={p}", *TRACES[t], "cluster.replicas=1", f"trace.cache_dir={cache_dir}"]
 
     def save(complete: bool) -> None:
         if a.json:
