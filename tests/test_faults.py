@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import SINGLE_ENGINE
 from experiments import collect as C
 from sim.run import MARKER, RUN_LOCK, compose_config, is_complete, run_simulation
 
@@ -505,7 +506,7 @@ def test_out_of_memory_is_one_line_and_marks_the_folder(tmp_path):
             "E.Simulator.run = boom\n"
             "from sim.cli import main\n"
             f"sys.argv = ['kvsim', 'output.dir={out}', 'sim.progress=false', "
-            f"'trace.max_requests=5']\n"
+            f"'trace.max_requests=5', *{list(SINGLE_ENGINE)!r}]\n"  # (Simulator.run: one engine)
             "main()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        timeout=120)

@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SINGLE_ENGINE
 from sim.run import MARKER, is_complete
 
 REPO = Path(__file__).resolve().parents[1]
 KVSIM = [sys.executable, "-c", "from sim.cli import main; main()"]
-# H2O scores every step: the bundled slice takes minutes, so the run is surely mid-simulation
-LONG = ["policy=h2o", "policy.budget=512", "output.print_summary=false", "sim.progress=true"]
+# H2O scores every step: the bundled slice takes the single engine minutes, so the run is surely
+# mid-simulation
+LONG = ["policy=h2o", "policy.budget=512", "output.print_summary=false", "sim.progress=true",
+        *SINGLE_ENGINE]
 PROGRESS = re.compile(rb"\| *([1-9]\d*)/1750 ")  # tqdm: at least one request done
 
 
@@ -202,7 +205,8 @@ def test_collect_names_the_overrides_of_interrupted_and_damaged_runs(tmp_path):
     C.collect(res, tmp_path / "c", quiet=True)
     failed = {f["run_id"]: f for f in json.loads((tmp_path / "c" / "failed_runs.json").read_text())}
     assert set(failed) == {"killed", "damaged"}
-    assert failed["killed"]["overrides"] == " ".join(LONG[:2])  # (output.* is bookkeeping)
+    # (output.* and sim.progress are bookkeeping)
+    assert failed["killed"]["overrides"] == " ".join([*LONG[:2], *SINGLE_ENGINE])
     assert "interrupted, crashed" in failed["killed"]["reason"]
     assert failed["damaged"]["overrides"] == "trace.max_requests=20 cache.block_size=32"
     assert "steps.parquet" in failed["damaged"]["reason"]

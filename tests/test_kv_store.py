@@ -97,7 +97,8 @@ def test_store_codec_sets_the_page_bytes_the_link_moves():
     rows = [dict(arrival_s=0.0, input_tokens=320, output_tokens=2, prefix_ids=_ids(100, 20)),
             dict(arrival_s=5.0, input_tokens=320, output_tokens=2, prefix_ids=_ids(100, 20))]
     wl = make_workload(rows, prefix_block_tokens=16)
-    req, _, tr, c, _ = store_cluster(wl, "cluster.replicas=2", "cluster.store.codec=fp8")
+    req, _, tr, c, _ = store_cluster(wl, "cluster.replicas=2", "cluster.router=round_robin",
+                                     "cluster.store.codec=fp8")
     k = _cfg("codec=fp8")
     fp8 = cold_page_bytes(k.model, k.cache, k.codec)
     assert c.store.page_bytes == fp8 == 147_456 * 16 // 2

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import KVSIM, REPO, quiet_config, run_kvsim
+from conftest import KVSIM, REPO, SINGLE_ENGINE, quiet_config, run_kvsim
 from sim.run import MARKER, run_simulation
 
 
@@ -251,7 +251,8 @@ def test_an_unforeseen_error_marks_the_folder_failed(tmp_path):
             "def boom(self):\n    raise RuntimeError('boom\\nsecond line')\n"
             "E.Simulator.run = boom\n"
             "from sim.cli import main\n"
-            f"sys.argv = ['kvsim', 'output.dir={out}', 'sim.progress=false', 'trace.max_requests=5']\n"
+            f"sys.argv = ['kvsim', 'output.dir={out}', 'sim.progress=false', 'trace.max_requests=5', "
+            f"*{list(SINGLE_ENGINE)!r}]\n"  # (Simulator.run: one engine)
             "main()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env=dict(os.environ, HYDRA_FULL_ERROR="1"), timeout=120)
