@@ -310,12 +310,17 @@ class KVManager:
         if blocking:
             if req.n_generated == 0:
                 req.onboard_s += env.now - t0
-            sim.onboarding -= 1
-            sim.onboarding_reqs.pop(req.rid, None)
-            req.status = RUNNING
-            sim.running.append(req)
-            if sim.wake is not None and not sim.wake.triggered:
-                sim.wake.succeed()
+            self._onboarded(req)
+
+    def _onboarded(self, req: Request) -> None:
+        """``req``'s onboarding ended: it joins the running list and wakes the engine loop."""
+        sim = self.sim
+        sim.onboarding -= 1
+        sim.onboarding_reqs.pop(req.rid, None)
+        req.status = RUNNING
+        sim.running.append(req)
+        if sim.wake is not None and not sim.wake.triggered:
+            sim.wake.succeed()
 
     def start_receive(self, req: Request, blocks: int) -> None:
         """Receive ``req``'s prompt KV from its prefill replica into its last ``blocks`` blocks
@@ -344,12 +349,7 @@ class KVManager:
         req.prefill_end = req.input
         req.onboard_s = sim.env.now - req.pd.start
         req.pd.landed = True
-        sim.onboarding -= 1
-        sim.onboarding_reqs.pop(req.rid, None)
-        req.status = RUNNING
-        sim.running.append(req)
-        if sim.wake is not None and not sim.wake.triggered:
-            sim.wake.succeed()
+        self._onboarded(req)
 
     def head_key_table(self, head):
         """:meth:`KVManager.hit_index` of the waiting head, or None when the memo is not the head's

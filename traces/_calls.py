@@ -38,7 +38,7 @@ from typing import Optional
 
 from ._common import Parsed, SessionOptions, check_session_options, counted
 from .errors import TraceError
-from .registry import session_arrival_of
+from .registry import TraceFormat, session_arrival_of
 
 DEFAULT_BLOCK_TOKENS = 16
 #: Names of the files read from a folder of transcripts or logs.
@@ -288,6 +288,19 @@ def agent_log_input_files(path: Path) -> Optional[list]:
         return None
     return [(q.relative_to(path).as_posix(), q) for q in files]
 
+
+
+def agent_log_format(name: str, load) -> TraceFormat:
+    """The :class:`TraceFormat` of an agent-log format ``name`` (Claude Code transcripts,
+    OpenAI-style logs): :class:`AgentLogOptions` and their checks, a file or folder as input,
+    sessions arriving at their recorded times by default; ``load(path, cfg, rng, sink)`` parses
+    the input."""
+    return TraceFormat(
+        name=name, options=AgentLogOptions, check=check_agent_log_options,
+        input="trace file or folder", path_hint=AGENT_LOG_HINT, input_files=agent_log_input_files,
+        recorded_clock=lambda c: session_arrival_of(c) == "absolute",
+        session_arrival_default="absolute",
+        load=lambda path, cfg, rng, sink, seed: load(path, cfg, rng, sink))
 
 from ._source import note_source as _note_source  # noqa: E402
 

@@ -50,12 +50,11 @@ import datetime as _dt
 import time
 from pathlib import Path
 
-from .._calls import (AGENT_LOG_HINT, AgentLogOptions, Calls, agent_log_input_files, build,
-                      check_agent_log_options, transcript_files)
+from .._calls import Calls, agent_log_format, build, transcript_files
 from .._common import JSONDecodeError, counted, is_int, json_error_found, loads, output_len
 from .._io import iter_lines
 from ..errors import ErrorSink, TraceError
-from ..registry import TraceFormat, register, session_arrival_of
+from ..registry import register
 
 _PROMPT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
@@ -372,12 +371,7 @@ def load_claude_code(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink)
     pr.notes["parse_s"] = round(time.perf_counter() - t0, 3)
     return pr
 
-register(TraceFormat(
-    name="claude_code", options=AgentLogOptions, check=check_agent_log_options,
-    input="trace file or folder", path_hint=AGENT_LOG_HINT, input_files=agent_log_input_files,
-    recorded_clock=lambda c: session_arrival_of(c) == "absolute",
-    session_arrival_default="absolute",
-    load=lambda path, cfg, rng, sink, seed: load_claude_code(path, cfg, rng, sink)), __name__)
+register(agent_log_format("claude_code", load_claude_code), __name__)
 
 
 from .._source import note_source as _note_source  # noqa: E402

@@ -48,13 +48,12 @@ import math
 import time
 from pathlib import Path
 
-from .._calls import (AGENT_LOG_HINT, AgentLogOptions, Calls, agent_log_input_files, build,
-                      check_agent_log_options, transcript_files)
+from .._calls import Calls, agent_log_format, build, transcript_files
 from .._common import (JSONDecodeError, counted, is_int, is_num, json_error_found, loads,
                       output_len)
 from .._io import iter_lines
 from ..errors import ErrorSink, TraceError
-from ..registry import TraceFormat, register, session_arrival_of
+from ..registry import register
 
 TOP_KEYS = ("session_id", "conversation_id", "created", "completed_at", "usage", "id", "object",
             "model", "choices", "system_fingerprint", "service_tier")
@@ -250,12 +249,7 @@ def load_openai_log(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink):
     pr.notes["parse_s"] = round(time.perf_counter() - t0, 3)
     return pr
 
-register(TraceFormat(
-    name="openai_log", options=AgentLogOptions, check=check_agent_log_options,
-    input="trace file or folder", path_hint=AGENT_LOG_HINT, input_files=agent_log_input_files,
-    recorded_clock=lambda c: session_arrival_of(c) == "absolute",
-    session_arrival_default="absolute",
-    load=lambda path, cfg, rng, sink, seed: load_openai_log(path, cfg, rng, sink)), __name__)
+register(agent_log_format("openai_log", load_openai_log), __name__)
 
 
 from .._source import note_source as _note_source  # noqa: E402
