@@ -317,10 +317,9 @@ class Cluster:
         self.store = store
         P = int(cfg.pd.prefill_replicas)
         self.prefill_replicas = P
-        if P and (pd_links is None or store is not None or tiers is not None or comp_on):
+        if P and (pd_links is None or store is not None or tiers is not None):
             raise ConfigError(f"cluster.pd.prefill_replicas={P}: expected a KV link "
-                              f"(sim.pd.PDLinks), no shared store, no host/disk tiers and no "
-                              f"active compression policy")
+                              f"(sim.pd.PDLinks), no shared store and no host/disk tiers")
         self.pd = pd_links if P else None
         if n == 1:
             self.ff_reason = None

@@ -210,6 +210,10 @@ class Compression:
         consulted when the cached next round point is reached (the policy's cadence depends only
         on the token count, so skipping the steps in between changes nothing)."""
         if prefill_done_now:
+            if req.pstate.prefill_done:
+                # a decode replica's first step on KV a prefill replica computed: that
+                # replica ran the prefill-end hook and its round (sim.pd)
+                return False
             d = self.policy.on_prefill_end(req.pstate)
         elif req.next_round is not None and req.n_computed >= req.next_round:
             d = self.policy.on_decode(req.pstate, req.n_computed)

@@ -326,6 +326,7 @@ class Simulator:
             first = pinned // self.B
             pool.uncache(table[first:])
             req.compressed = True
+            req.intact_blocks = first
         freed_idx = res.freed_block_indices
         if len(freed_idx):
             freed = table[freed_idx]

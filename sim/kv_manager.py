@@ -327,9 +327,11 @@ class KVManager:
         (prefill/decode disaggregation; :meth:`sim.scheduler.Scheduler.admit_remote` allocated
         them): ``req`` onboards (it holds its blocks outside the running list, counted against
         ``max_num_seqs``) until the transfer (``sim.receive``) lands, then its full prompt blocks
-        are registered in the prefix cache and it computes from its last prompt token on (vLLM's
+        are registered in the prefix cache (with compression, those its prefill replica's round
+        left uncompressed) and it computes from its last prompt token on (vLLM's
         ``_update_waiting_for_remote_kv``: the received tokens are computed, less one when they
-        are all the request's tokens, so that the decode replica samples the first token)."""
+        are all the request's tokens, so that the decode replica samples the first token; a
+        compressed layout already holds that token's slot)."""
         sim = self.sim
         req.status = ONBOARDING
         sim.onboarding += 1
@@ -341,6 +343,8 @@ class KVManager:
         sim = self.sim
         yield from sim.receive(req, blocks)
         full = req.input // sim.B
+        if req.compressed and req.intact_blocks < full:  # (its other blocks hold compressed KV)
+            full = req.intact_blocks
         if sim.caching and full > req.n_cached:
             sim.pool.cache_blocks(req.blocks[req.n_cached:full], req.keys[req.n_cached:full])
             req.n_cached = full

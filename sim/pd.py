@@ -27,6 +27,12 @@ the decode instance's answer, the prefill's one token is dropped), so it holds t
 queue, the prefill, the wait for the decode replica's blocks, the transfer and the decode
 replica's first step.
 
+With a compression policy the prefill replica runs the prefill-end round (TensorRT-LLM's
+``on_context_step_end``, on the instance that runs the context phase) and the decode replica the
+decode-time rounds: what moves is the prefill replica's block table after its round, with the
+request's layout and policy state (:meth:`sim.scheduler.Scheduler.admit_remote`); the decode
+replica's prefix hit covers at most the blocks that round left intact.
+
 Bytes: the blocks the decode replica lacks, ``page_bytes`` each (a block of ``block_size``
 tokens of every layer's K and V in the run's codec, :func:`sim.tiers.cold_page_bytes`: 2,359,296
 B for Qwen3-8B BF16 identity, half with fp8). Links: each replica has one network link each way
@@ -76,9 +82,9 @@ def validate_pd(cfg) -> None:
                               f"{'>' if strict else '>='} 0")
 
 
-def check_pd_run(cfg, compression_active: bool) -> None:
+def check_pd_run(cfg) -> None:
     """ConfigError when a disaggregated cluster is asked for with what it does not model:
-    host or disk tiers, the shared KV store, an active compression policy."""
+    host or disk tiers, the shared KV store."""
     if not int(cfg.cluster.pd.prefill_replicas):
         return
     t = cfg.tiers
@@ -89,9 +95,6 @@ def check_pd_run(cfg, compression_active: bool) -> None:
     if cfg.cluster.store.enabled:
         raise ConfigError("cluster.pd.prefill_replicas > 0 with cluster.store.enabled=true; "
                           "expected the store off (not modelled with disaggregation)")
-    if compression_active:
-        raise ConfigError(f"cluster.pd.prefill_replicas > 0 with policy={cfg.policy.name}; "
-                          f"expected policy=full (not modelled with disaggregation)")
 
 
 class Handoff:

@@ -19,6 +19,7 @@ class Request:
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
         "next_round", "prefill_end", "recompute_cut", "hit_remote", "onboard_remote_s", "pd",
+        "intact_blocks",
     )
 
     def __init__(self, idx: int, rid: int, arrival: float, input_tokens: int, output_tokens: int):
@@ -67,6 +68,9 @@ class Request:
         # prefill/decode disaggregation (sim.cluster): on a decode replica, None or a
         # sim.cluster.Handoff (its prefill replica, the prefill's request and the KV transfer)
         self.pd = None
+        # with compression, from its first round on: its leading blocks that hold the
+        # uncompressed prompt (wholly inside the pinned part; they stay in the prefix cache)
+        self.intact_blocks = 0
 
     @property
     def num_tokens(self) -> int:

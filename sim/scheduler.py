@@ -263,14 +263,26 @@ class Scheduler:
         (:meth:`sim.kv_manager.KVManager.start_receive`); it computes no token in this step.
         Returns False, admitting nothing, when the free blocks are short: it waits at the head
         of the queue (vLLM's allocation failing stops the admission loop) while the prefill
-        replica holds its KV."""
+        replica holds its KV.
+
+        With a compression policy the prompt's KV is what the prefill replica holds after its
+        prefill-end round (the round of TensorRT-LLM's ``on_context_step_end`` hook, which runs
+        where the context phase runs): its blocks, as many as its table holds, and its layout
+        and policy state, which move to ``req``; the local hit covers at most the blocks that
+        round left uncompressed (``intact_blocks``)."""
         sim = self.sim
         pool = sim.pool
         B = sim.B
         sim.kv.ensure_keys(req)
+        p = req.pd.prefill
         max_hit = (req.input - 1) // B if sim.caching else 0
+        if p.layout is None:
+            n_prompt = -(-req.input // B)
+        else:
+            n_prompt = p.n_blocks
+            if p.compressed and p.intact_blocks < max_hit:
+                max_hit = p.intact_blocks
         hit = pool.lookup_prefix(req.keys, max_hit)
-        n_prompt = -(-req.input // B)
         need = n_prompt - len(hit)
         if need + pool.blocks_needed_for_touch(hit) > pool.num_free:
             return False
@@ -281,6 +293,8 @@ class Scheduler:
         req.n_cached = len(hit)
         if n_prompt > req.peak_blocks:
             req.peak_blocks = n_prompt
+        if p.layout is not None:
+            take_compressed_kv(req, p)
         sim.waiting.popleft()
         req.pd.decode_hit_tokens = len(hit) * B
         sim.kv.start_receive(req, need)
@@ -387,3 +401,15 @@ class Scheduler:
             return False
         p = plan.reqs[-1]
         return p.n_computed + n < p.input + p.n_generated
+
+
+def take_compressed_kv(req: Request, p: Request) -> None:
+    """Move the paged layout and policy state of ``p``, a prefill replica's request whose
+    prefill ended, to ``req``, its decode replica's, whose block table holds as many blocks in
+    the same order: the layout's lazy summary, its round point, whether and where it was
+    compressed, and the tokens and blocks its rounds evicted and freed."""
+    for name in ("layout", "pstate", "n_placed", "compressed", "intact_blocks", "pending",
+                 "blocks_since", "phys_base", "next_round", "tokens_evicted", "blocks_freed"):
+        setattr(req, name, getattr(p, name))
+    p.layout = None
+    p.pstate = None

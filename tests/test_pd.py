@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import chunk_workload, make_workload
 from sim.cluster import Cluster, ClusterRecorder
+from sim.compression import Compression
 from sim.engine import Simulator
 from sim.errors import ConfigError
 from sim.hardware import kv_bytes_per_block
@@ -31,6 +32,12 @@ def page_bytes_of(cfg) -> int:
     return int(m.num_layers) * int(m.num_kv_heads) * int(m.head_dim) * 2 * 2 * int(cfg.cache.block_size)
 
 
+def compression_of(cfg) -> Compression:
+    """The run's compression machinery, as sim.run builds it (policy=full: inactive)."""
+    return Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
+                       float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed))
+
+
 def pd_run(wl, *overrides, num_blocks=400, check=True):
     """A disaggregated cluster's (requests, steps, Cluster); default 1 prefill + 1 decode."""
     cfg = _cfg("cluster.replicas=2", "cluster.pd.prefill_replicas=1", *overrides)
@@ -39,19 +46,22 @@ def pd_run(wl, *overrides, num_blocks=400, check=True):
                            cold_page_bytes(cfg.model, cfg.cache, cfg.codec))
     rec = ClusterRecorder(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
-                cfg.model.max_model_len, rec, check_invariants=check, pd_links=links)
+                cfg.model.max_model_len, rec, check_invariants=check, pd_links=links,
+                compression=compression_of(cfg))
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c
 
 
-def single(wl, num_blocks=400):
-    cfg = _cfg("cluster.replicas=1")
+def single(wl, *overrides, num_blocks=400):
+    """The single engine's (requests, cost model, Simulator)."""
+    cfg = _cfg("cluster.replicas=1", *overrides)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     rec = Recorder(len(wl), wl.table.column("session_id").to_numpy())
     sim = Simulator(wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
-                    cfg.model.max_model_len, rec, check_invariants=True)
+                    cfg.model.max_model_len, rec, check_invariants=True,
+                    compression=compression_of(cfg))
     sim.run()
-    return rec.requests_frame(), cost
+    return rec.requests_frame(), cost, sim
 
 
 def one(inp=100, out=5, ids=None, arrival=0.0):
@@ -134,7 +144,7 @@ def test_one_prefill_and_one_decode_replica_with_a_free_link_add_one_step_to_the
     rows = [one(100 + 37 * k, 4 + k, [k * 100 + j for j in range(-(-(100 + 37 * k) // 16))],
                 100.0 * k) for k in range(4)]
     wl = make_workload(rows, prefix_block_tokens=16)
-    s, cost = single(wl)
+    s, cost, _ = single(wl)
     p, _, _ = pd_run(wl, "cluster.pd.net_gbps=1e12", "cluster.pd.net_latency_s=0")
     step = np.array([cost.step_time(np.array([1]), np.array([n - 1]), 1)
                      for n in s["input_tokens"]])
@@ -158,6 +168,122 @@ def test_a_decode_replica_short_of_blocks_holds_the_transfer_until_blocks_free()
     assert tr.loc[1, "time_s"] >= a["finish_s"]
     assert b["onboard_s"] >= a["finish_s"] - (b["arrival_s"] + b["prefill_done_s"])
     assert b["ttft_s"] > a["e2e_s"]
+
+
+# ---------------------------------------------------------------- compression policies
+SNAP = ("policy=snapkv", "policy.budget=256", "compaction=forward_pack")
+STREAM = ("policy=streaming_llm", "policy.recent_window=200", "policy.beta=16",
+          "compaction=forward_pack")
+
+
+def rounds_of(sim) -> pd.DataFrame:
+    """One engine's rounds (sim.rounds) as a table of ROUND_COLUMNS."""
+    from sim.compression import ROUND_COLUMNS
+
+    return pd.DataFrame.from_records(sim.rounds, columns=ROUND_COLUMNS)
+
+
+def test_a_prefill_round_sends_only_the_blocks_the_prefill_replica_held_after_it():
+    """SnapKV compresses once, at the prefill's end, on the prefill replica: the transfer moves
+    the blocks its table holds after that round (16 of the prompt's 38), page bytes each, and
+    the decode replica runs no round of its own; the row counts the prefill round's evictions."""
+    wl = make_workload([one(600, 40, range(38))], prefix_block_tokens=16)
+    req, _, c = pd_run(wl, *SNAP)
+    pre, dec = rounds_of(c.replicas[0]), rounds_of(c.replicas[1])
+    assert len(pre) == 1 and len(dec) == 0
+    held = int(pre["blocks_after"].iloc[0])
+    assert held < 38 and pre["blocks_before"].iloc[0] == 38
+    r = req.iloc[0]
+    assert r["status"] == "finished"
+    assert r["kv_transfer_blocks"] == held
+    assert r["kv_transfer_bytes"] == held * page_bytes_of(_cfg())
+    assert r["tokens_evicted"] == pre["tokens_evicted"].iloc[0] == 600 - 256
+
+
+def test_decode_time_rounds_run_on_the_decode_replica_as_on_the_single_engine():
+    """StreamingLLM evicts at the prefill's end (on the prefill replica) and then every beta
+    tokens (on the decode replica, with the policy state the prefill replica handed over): the
+    rounds of both replicas, in order, are the single engine's rounds of the same requests,
+    token for token and block for block."""
+    rows = [one(600, 60, [k * 100 + j for j in range(38)], 50.0 * k) for k in range(3)]
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, *STREAM)
+    _, _, s = single(wl, *STREAM)
+    cols = ["request_id", "tokens_before", "tokens_kept", "tokens_evicted", "blocks_before",
+            "blocks_after", "blocks_freed"]
+    pre, dec = rounds_of(c.replicas[0]), rounds_of(c.replicas[1])
+    assert len(pre) == 3 and len(dec) > 3
+    both = pd.concat([pre, dec]).sort_values("time_s", kind="stable")[cols]
+    want = rounds_of(s)[cols]
+    pd.testing.assert_frame_equal(both.reset_index(drop=True), want.reset_index(drop=True))
+    assert (req["kv_transfer_blocks"] == pre["blocks_after"].to_numpy()).all()
+
+
+def test_a_compressed_transfer_takes_no_decode_hit_on_blocks_its_round_rewrote():
+    """SnapKV (budget 256) leaves a 200-token prompt as it is: its 12 full blocks enter both
+    replicas' prefix caches. A 600-token prompt beginning with them hits them on the prefill
+    replica, whose round then compresses the whole prompt (SnapKV pins none of it): the decode
+    replica's cached blocks of that prefix hold the uncompressed KV, so they serve no hit and
+    every block the prefill replica held moves."""
+    ids = list(range(38))
+    wl = make_workload([one(200, 5, ids, 0.0), one(600, 5, ids, 50.0)], prefix_block_tokens=16)
+    req, _, c = pd_run(wl, *SNAP)
+    pre = rounds_of(c.replicas[0])
+    a, b = req.iloc[0], req.iloc[1]
+    assert list(pre["request_id"]) == [1]
+    assert a["kv_transfer_blocks"] == 13 and a["tokens_evicted"] == 0
+    assert b["prefix_hit_tokens"] == 12 * 16
+    assert b["decode_hit_tokens"] == 0
+    assert b["kv_transfer_blocks"] == pre["blocks_after"].iloc[0] < 38
+
+
+def test_a_policy_that_never_evicts_gives_the_full_policys_disaggregated_run():
+    """A compression policy whose rounds never come due (a window longer than any sequence)
+    carries its layouts through the hand-off and gives the full policy's requests, steps and
+    transfers tables."""
+    rng = np.random.default_rng(5)
+    rows = [one(int(rng.integers(20, 400)), int(rng.integers(1, 30)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(30)],
+                float(np.round(rng.uniform(0, 2), 3))) for _ in range(20)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    over = ("cluster.replicas=3", "cluster.router=prefix_aware")
+    full_r, full_s, full_c = pd_run(wl, *over, num_blocks=120)
+    lazy_r, lazy_s, lazy_c = pd_run(wl, *over, "policy=streaming_llm",
+                                    "policy.recent_window=4000", num_blocks=120)
+    assert not any(s.rounds for s in lazy_c.replicas)
+    pd.testing.assert_frame_equal(full_r, lazy_r)
+    pd.testing.assert_frame_equal(full_s, lazy_s)
+    pd.testing.assert_frame_equal(full_c.transfers_frame(), lazy_c.transfers_frame())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000),
+       policy=st.sampled_from([SNAP[:2] + ("policy.mode=union", SNAP[2]), STREAM]),
+       compaction=st.sampled_from(["forward_pack", "none"]), blocks=st.integers(60, 200))
+def test_every_request_moves_the_blocks_its_prefill_replica_held_less_the_decode_hit(
+        seed, policy, compaction, blocks):
+    """Any workload, pool and compression policy on 1 + 2 replicas: every request finishes or
+    is rejected (the pool and layout invariants hold after every step), and its transfer
+    moves the blocks its prefill replica held after its last round there (its prompt's
+    blocks when none ran) less its decode replica's hit, page bytes each."""
+    rng = np.random.default_rng(seed)
+    rows = [one(int(rng.integers(1, 700)), int(rng.integers(1, 40)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(44)],
+                float(np.round(rng.uniform(0, 3), 2))) for _ in range(10)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, "cluster.replicas=3", *policy[:-1], f"compaction={compaction}",
+                       num_blocks=blocks)
+    fin = req[req["status"] == "finished"].set_index("request_id")
+    assert len(fin) + (req["status"] == "rejected").sum() == len(req)
+    last = rounds_of(c.replicas[0]).groupby("request_id")["blocks_after"].last()
+    held = (-(-fin["input_tokens"] // 16)).copy()
+    held.loc[held.index.intersection(last.index)] = last
+    want = held - fin["decode_hit_tokens"] // 16
+    assert (fin["kv_transfer_blocks"] == want).all()
+    assert (fin["kv_transfer_bytes"] == want * page_bytes_of(_cfg())).all()
+    assert all(not s.handed for s in c.replicas)
 
 
 def test_disaggregated_runs_are_deterministic():
@@ -255,8 +381,6 @@ def test_run_writes_the_transfers_and_the_pools_summary(tmp_path):
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "tiers=gpu_host"], "tiers=gpu_only"),
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.store.enabled=true"],
      "cluster.store.enabled=true"),
-    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "policy=streaming_llm"],
-     "policy=full"),
 ])
 def test_a_bad_disaggregation_config_is_one_error_naming_the_field(tmp_path, overrides, field):
     wl = make_workload([one(50, 3)], prefix_block_tokens=16)
