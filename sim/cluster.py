@@ -153,7 +153,10 @@ class Replica(Simulator):
         self.cluster = cluster
         self.index = index
         super().__init__(*args, **kwargs)
-        if cluster.ff_reason is not None:
+        if cluster.prefill_replicas:
+            # hand-offs and transfer landings change the queues between any two steps
+            self.candidates = ()
+        elif cluster.ff_reason is not None:
             # barriers are not known ahead: only the stretches that keep one SimPy timeout per
             # step (Stretch.step_clock), which need none
             self.candidates = tuple(s for s in self.candidates if s.step_clock)
@@ -317,9 +320,9 @@ class Cluster:
         self.store = store
         P = int(cfg.pd.prefill_replicas)
         self.prefill_replicas = P
-        if P and (pd_links is None or store is not None or tiers is not None):
+        if P and (pd_links is None or store is not None):
             raise ConfigError(f"cluster.pd.prefill_replicas={P}: expected a KV link "
-                              f"(sim.pd.PDLinks), no shared store and no host/disk tiers")
+                              f"(sim.pd.PDLinks) and no shared store")
         self.pd = pd_links if P else None
         if n == 1:
             self.ff_reason = None

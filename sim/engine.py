@@ -246,8 +246,8 @@ class Simulator:
     def arrive_remote(self, i: int, handoff) -> None:
         """Workload row ``i`` arrives now on this decode replica with its prompt's KV computed
         by a prefill replica (``handoff``: a :class:`sim.cluster.Handoff`, whose ``prefill``
-        request gives the row's arrival, first scheduling, prefix hit, computed prompt tokens
-        and preemptions so far). It waits in the queue; its admission allocates the blocks of
+        request gives the row's arrival, first scheduling, prefix hit and its split by tier,
+        the onboarding times of its tiers, computed prompt tokens and preemptions so far). It waits in the queue; its admission allocates the blocks of
         its whole prompt, its local prefix hit first, and the rest receive the KV
         (:meth:`sim.scheduler.Scheduler.admit_remote`)."""
         p = handoff.prefill
@@ -256,6 +256,12 @@ class Simulator:
         req.total_blocks = -(-(req.input + req.output - 1) // self.B)
         req.first_scheduled = p.first_scheduled
         req.hit_tokens = p.hit_tokens
+        req.hit_host = p.hit_host
+        req.hit_disk = p.hit_disk
+        req.hit_remote = p.hit_remote
+        req.onboard_host_s = p.onboard_host_s
+        req.onboard_disk_s = p.onboard_disk_s
+        req.onboard_remote_s = p.onboard_remote_s
         req.computed_prompt_tokens = p.computed_prompt_tokens
         req.preemptions = p.preemptions
         req.pd = handoff

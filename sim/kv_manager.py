@@ -341,6 +341,8 @@ class KVManager:
 
     def receive(self, req: Request, blocks: int):
         sim = self.sim
+        if sim.wb_until > sim.env.now:  # (write_back) the reused blocks' old pages leave first
+            yield from advance_to(sim.env, sim.wb_until)
         yield from sim.receive(req, blocks)
         full = req.input // sim.B
         if req.compressed and req.intact_blocks < full:  # (its other blocks hold compressed KV)

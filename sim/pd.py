@@ -33,6 +33,13 @@ decode-time rounds: what moves is the prefill replica's block table after its ro
 request's layout and policy state (:meth:`sim.scheduler.Scheduler.admit_remote`); the decode
 replica's prefix hit covers at most the blocks that round left intact.
 
+With host and disk tiers each replica keeps its own. A prefill replica's admission walks its
+GPU, host and disk and onboards before the prefill, as a single engine's; a decode replica takes
+its GPU hit only and receives the rest of a hand-off over the link (vLLM's ``MultiConnector``
+loads a request from the first connector that has its tokens: the NIXL connector, listed first
+on a decode instance), while its tiers take what its GPU caches and serve what it prefills
+itself (preempted requests).
+
 Bytes: the blocks the decode replica lacks, ``page_bytes`` each (a block of ``block_size``
 tokens of every layer's K and V in the run's codec, :func:`sim.tiers.cold_page_bytes`: 2,359,296
 B for Qwen3-8B BF16 identity, half with fp8). Links: each replica has one network link each way
@@ -83,15 +90,10 @@ def validate_pd(cfg) -> None:
 
 
 def check_pd_run(cfg) -> None:
-    """ConfigError when a disaggregated cluster is asked for with what it does not model:
-    host or disk tiers, the shared KV store."""
+    """ConfigError when a disaggregated cluster is asked for with what it does not model: the
+    shared KV store."""
     if not int(cfg.cluster.pd.prefill_replicas):
         return
-    t = cfg.tiers
-    if float(t.host_gib) > 0 or float(t.disk_gib) > 0:
-        raise ConfigError(f"cluster.pd.prefill_replicas={cfg.cluster.pd.prefill_replicas} with "
-                          f"tiers.host_gib={t.host_gib}, tiers.disk_gib={t.disk_gib}; expected "
-                          f"tiers=gpu_only (a disaggregated cluster has no host or disk tier)")
     if cfg.cluster.store.enabled:
         raise ConfigError("cluster.pd.prefill_replicas > 0 with cluster.store.enabled=true; "
                           "expected the store off (not modelled with disaggregation)")
@@ -189,6 +191,19 @@ class PDLinks:
                 "transfers": len(self.rows), "blocks": int(sum(r[3] for r in self.rows)),
                 "bytes": int(sum(r[4] for r in self.rows)),
                 "transfer_p50_s": q[0], "transfer_p99_s": q[1]}
+
+
+def with_tier_transfers(tiers: pd.DataFrame, kv: pd.DataFrame) -> pd.DataFrame:
+    """One transfers table from the replicas' tier copies (``tiers``: TRANSFER_COLUMNS and
+    ``replica``) and the KV transfers (``kv``: :meth:`PDLinks.frame`): every row of both,
+    ordered by ``time_s`` (stable: at equal times the tier copies first, each table in its own
+    order); a tier copy's ``prefill_replica`` and ``request_id`` are -1."""
+    t = tiers.copy()
+    t["prefill_replica"] = np.full(len(t), -1, dtype=np.int64)
+    t["request_id"] = np.full(len(t), -1, dtype=np.int64)
+    out = pd.concat([t[PD_COLUMNS], kv[PD_COLUMNS]], ignore_index=True)
+    out = out.sort_values("time_s", kind="stable", ignore_index=True)
+    return out.astype(kv.dtypes.to_dict())
 
 
 def build_pd_links(cfg, hot_page_bytes: int, page_bytes: int):

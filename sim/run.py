@@ -468,8 +468,13 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     extra["disk_capacity_pages"] = tm.disk_pages if tm else 0
     extra["peak_host_pages"] = tm.host.peak if tm else 0
     extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
-    # (a disaggregated cluster's transfers table: its KV transfers; it has no tiers)
+    # (a disaggregated cluster's transfers table: its KV transfers, with its replicas' tier
+    # copies when they have tiers)
     pd_transfers = sim.transfers_frame() if pd_links is not None else None
+    if pd_transfers is not None and tm is not None:
+        from .pd import with_tier_transfers
+
+        pd_transfers = with_tier_transfers(transfers_frame(tm), pd_transfers)
     extra["transfers"] = (len(tm.records) if tm else 0) if pd_transfers is None else \
         len(pd_transfers)
     extra["cost_model"] = cost.describe(codec=tm.codec if tm else None, disk=bool(tm and tm.disk is not None),

@@ -17,7 +17,8 @@ from sim.errors import ConfigError
 from sim.hardware import kv_bytes_per_block
 from sim.metrics import Recorder
 from sim.pd import build_pd_links
-from sim.run import build_cost_model, compose_config, run_simulation
+from sim.hardware import plan_memory
+from sim.run import _tiers_factory, build_cost_model, compose_config, run_simulation
 from sim.tiers import cold_page_bytes
 
 
@@ -44,10 +45,12 @@ def pd_run(wl, *overrides, num_blocks=400, check=True):
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
     links = build_pd_links(cfg, kv_bytes_per_block(cfg.model, cfg.cache),
                            cold_page_bytes(cfg.model, cfg.cache, cfg.codec))
+    plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
+    tiers, _ = _tiers_factory(cfg, plan)  # (None: tiers=gpu_only)
     rec = ClusterRecorder(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                 cfg.model.max_model_len, rec, check_invariants=check, pd_links=links,
-                compression=compression_of(cfg))
+                compression=compression_of(cfg), tiers=tiers, num_layers=cfg.model.num_layers)
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c
 
@@ -286,6 +289,72 @@ def test_every_request_moves_the_blocks_its_prefill_replica_held_less_the_decode
     assert all(not s.handed for s in c.replicas)
 
 
+# ---------------------------------------------------------------- host and disk tiers
+def test_a_prefill_replicas_host_tier_serves_its_prefix_hit_and_the_decode_link_the_rest():
+    """Replicas of 24 blocks with a host tier: a third request repeats the first one's prompt
+    after a second one evicted most of its blocks from both replicas' GPUs. The prefill
+    replica's hit takes its 4 blocks still on the GPU and onboards the 15 its host tier holds
+    (19 = (320 - 1) // 16 in all); the decode replica takes only its GPU hit (3 blocks) and
+    receives the other 17 over the link, although its own host tier holds them (the connector
+    that loads a handed-off request is the KV link's)."""
+    X, Y = list(range(20)), list(range(100, 120))
+    wl = make_workload([one(320, 3, X, 0.0), one(320, 3, Y, 10.0), one(320, 3, X, 20.0)],
+                       prefix_block_tokens=16)
+    req, _, c = pd_run(wl, "tiers=gpu_host", num_blocks=24)
+    r = req.iloc[2]
+    assert (r["prefix_hit_tokens"], r["hit_tokens_gpu"], r["hit_tokens_host"]) == (304, 64, 240)
+    assert r["onboard_host_s"] > 0
+    assert r["decode_hit_tokens"] == 48 and r["kv_transfer_blocks"] == 17
+    keys = c.prompt_keys(2)[0]
+    assert c.replicas[1].tiers.host.contains_many(keys[3:20]).all()
+    only_gpu, _, _ = pd_run(wl, num_blocks=24)
+    assert only_gpu["prefix_hit_tokens"].iloc[2] == 64
+    assert r["prefill_done_s"] < only_gpu["prefill_done_s"].iloc[2]
+
+
+def test_a_host_tier_nothing_spills_to_gives_the_gpu_only_tables():
+    """Pools that never evict a cached block: a disaggregated run with a host tier gives the
+    GPU-only run's requests and transfers tables."""
+    rng = np.random.default_rng(11)
+    rows = [one(int(rng.integers(20, 400)), int(rng.integers(1, 30)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(30)],
+                float(np.round(rng.uniform(0, 2), 3))) for _ in range(20)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    over = ("cluster.replicas=3", "cluster.router=prefix_aware")
+    gpu, _, gc = pd_run(wl, *over, num_blocks=2000)
+    host, _, hc = pd_run(wl, *over, "tiers=gpu_host", num_blocks=2000)
+    assert host["hit_tokens_host"].sum() == 0
+    pd.testing.assert_frame_equal(gpu, host)
+    pd.testing.assert_frame_equal(gc.transfers_frame(), hc.transfers_frame())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), tiers=st.sampled_from(["gpu_host", "gpu_host_disk"]),
+       write=st.sampled_from(["write_back", "write_through"]), blocks=st.integers(40, 120))
+def test_with_tiers_every_request_moves_its_prompt_blocks_less_the_decode_gpu_hit(
+        seed, tiers, write, blocks):
+    """Any workload and small pools over host (and disk) tiers on 1 + 2 replicas: every
+    request finishes or is rejected (the pool invariants hold after every step), its prefill
+    hit splits into GPU, host and disk tokens, and its transfer moves its prompt's blocks less
+    the decode replica's GPU hit."""
+    rng = np.random.default_rng(seed)
+    rows = [one(int(rng.integers(1, 500)), int(rng.integers(1, 30)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(32)],
+                float(np.round(rng.uniform(0, 3), 2))) for _ in range(20)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, "cluster.replicas=3", f"tiers={tiers}", f"tiers.write_policy={write}",
+                       num_blocks=blocks)
+    fin = req[req["status"] == "finished"]
+    assert len(fin) + (req["status"] == "rejected").sum() == len(req)
+    assert (fin["hit_tokens_gpu"] + fin["hit_tokens_host"] + fin["hit_tokens_disk"]
+            == fin["prefix_hit_tokens"]).all()
+    want = -(-fin["input_tokens"] // 16) - fin["decode_hit_tokens"] // 16
+    assert (fin["kv_transfer_blocks"] == want).all()
+    assert all(not s.handed for s in c.replicas)
+
+
 def test_disaggregated_runs_are_deterministic():
     """The same workload and config give identical tables."""
     rng = np.random.default_rng(3)
@@ -371,6 +440,28 @@ def test_run_writes_the_transfers_and_the_pools_summary(tmp_path):
     assert s["cluster"]["per_step_reason"] == "prefill/decode disaggregation"
 
 
+def test_run_writes_the_replicas_tier_copies_beside_the_kv_transfers(tmp_path):
+    """run_simulation with disaggregation and a host tier: transfers.parquet holds the KV
+    transfers (request and prefill replica named) and the replicas' tier copies (request and
+    prefill replica -1), in time order; summary.json counts them all."""
+    X, Y = list(range(20)), list(range(100, 120))
+    wl = make_workload([one(320, 3, X, 0.0), one(320, 3, Y, 10.0), one(320, 3, X, 20.0)],
+                       prefix_block_tokens=16)
+    cfg = _cfg("cluster.replicas=2", "cluster.pd.prefill_replicas=1", "tiers=gpu_host",
+               "cache.num_gpu_blocks=24")
+    s = run_simulation(cfg, tmp_path, workload=wl)
+    req = pd.read_parquet(tmp_path / "requests.parquet")
+    tr = pd.read_parquet(tmp_path / "transfers.parquet")
+    kv = tr[tr["direction"] == "prefill_to_decode"]
+    copies = tr[tr["direction"] != "prefill_to_decode"]
+    assert list(kv["request_id"]) == [0, 1, 2] and (kv["prefill_replica"] == 0).all()
+    assert kv["bytes"].sum() == req["kv_transfer_bytes"].sum()
+    assert {"d2h", "h2d"} <= set(copies["direction"])
+    assert (copies["request_id"] == -1).all() and (copies["prefill_replica"] == -1).all()
+    assert tr["time_s"].is_monotonic_increasing
+    assert s["transfers"] == len(tr)
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=2"], "cluster.pd.prefill_replicas=2"),
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=-1"], "cluster.pd.prefill_replicas=-1"),
@@ -378,7 +469,6 @@ def test_run_writes_the_transfers_and_the_pools_summary(tmp_path):
      "cluster.pd.decode_router='nearest'"),
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.pd.net_gbps=0"],
      "cluster.pd.net_gbps=0"),
-    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "tiers=gpu_host"], "tiers=gpu_only"),
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.store.enabled=true"],
      "cluster.store.enabled=true"),
 ])
