@@ -271,11 +271,11 @@ class CalibratedOperatorModel(OperatorCostModel):
         d, p = self._attention_parts(new_tokens, context_tokens)
         return float(self.host_time(b, prefill)) + self.linear_time(t, samples) + d + p
 
-    def decode_step_times(self, ctx0, k, first=0, shift=0):
+    def _decode_times(self, ctx0, k, first=0, shift=0):
         """``k`` pure-decode steps with calibrated decode attention (shape ``(k,)``, s); each
         equals :meth:`step_time` of that step."""
         if self._dec_cal is None:
-            return super().decode_step_times(ctx0, k, first, shift)
+            return super()._decode_times(ctx0, k, first, shift)
         b, _, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         kv_mean = (sum_c + b) / b
         return self._fixed_step_times(b)[b] + self.full_layers * self._dec_cal(b, kv_mean)

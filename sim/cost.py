@@ -27,8 +27,11 @@ form (``cost.kind=calibrated``) :mod:`sim.calibrated_cost`; both keep this class
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -36,6 +39,46 @@ from .clock import step_ends
 from .hardware import (full_attention_layers, kv_bytes_per_token, weight_bytes,
                        window_kv_bytes_per_token)
 from .jit import kernel
+
+
+@dataclass(slots=True)
+class StretchShape:
+    """The steps of a fast path's stretch, as :meth:`AnalyticCostModel.stretch_times` times
+    them: one batch of ``b`` requests, step after step, each request's context growing by the
+    tokens it computes.
+
+    Attributes:
+        ctx0: int64, shape ``(b,)``: tokens request ``i`` has cached before the stretch's first
+            step.
+        k: steps at most (>= 1).
+        new_tokens: int64, shape ``(b,)``: tokens request ``i`` computes each step (a chunked
+            prefill with decodes: step ``s``, 1-based, computes them after ``ctx0[i] + (s - 1)
+            x new_tokens[i]`` cached tokens, ``samples`` requests sampling); None: a pure-decode
+            stretch, one token per request a step, every request sampling.
+        samples: requests that sample a token each step (with ``new_tokens``).
+        first_s: with ``new_tokens``, step 1's duration (s), given (the engine's
+            :meth:`AnalyticCostModel.step_time` of it; required).
+        fin: int64, shape ``(b,)`` (pure decode): request ``i`` runs steps ``1 .. fin[i]``
+            and then leaves; ``fin >= 1``, some ``fin[i] >= k``. None: every request runs
+            every step.
+        first: pure decode without ``fin``: the stretch's steps are steps ``first .. first + k
+            - 1`` of a decode run from ``ctx0`` (step ``s``, 0-based, computes one token after
+            ``ctx0[i] + s`` cached tokens).
+        shift: pure decode without ``fin``: tokens added to the batch's context sum (a
+            compression round between steps changed some contexts; a model without
+            sliding-window layers, else ValueError).
+        extra_first: seconds added to step 1 (pure decode without ``fin``).
+    """
+
+    ctx0: np.ndarray
+    k: int
+    new_tokens: Optional[np.ndarray] = None
+    samples: int = 0
+    first_s: Optional[float] = None
+    fin: Optional[np.ndarray] = None
+    first: int = 0
+    shift: int = 0
+    extra_first: float = 0.0
 
 
 class AnalyticCostModel:
@@ -140,7 +183,47 @@ class AnalyticCostModel:
         t = int(new_tokens.sum())
         return self.overhead + self.linear_time(t, samples) + self.attention_time(new_tokens, context_tokens)
 
-    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
+    def stretch_times(self, shape: StretchShape, start: float = 0.0,
+                      stop: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
+        """Durations and end times (s) of the steps of a fast path's stretch (``shape``) from
+        ``start`` (s), up to ``shape.k`` steps, ending with the first step whose end is at or
+        after ``stop`` (s; ``inf``: all ``k``). A chunked stretch's durations are
+        :meth:`step_time`'s for each step's batch, bit for bit; a pure-decode stretch's are
+        :meth:`step_time`'s formulas computed for all its steps at once (each model's
+        ``_decode_times``; the fast paths and the per-step loop's stretches use the same).
+        ``ends[i]`` is ``start + durs[0] + ... + durs[i]`` added left to right (the per-step
+        loop's clock, :func:`sim.clock.step_ends`).
+
+        Returns:
+            ``(durs, ends)``: float64 arrays of one shape ``(k',)``, ``1 <= k' <= k``.
+
+        Raises:
+            ValueError: ``shape.shift`` with sliding-window layers; ``first``, ``shift`` or
+                ``extra_first`` with ``fin`` or ``new_tokens``; ``new_tokens`` without
+                ``first_s``, or ``first_s`` without them.
+        """
+        if shape.first_s is not None and shape.new_tokens is None:
+            raise ValueError("stretch_times: first_s applies to a chunked stretch (new_tokens)")
+        if shape.new_tokens is not None or shape.fin is not None:
+            if shape.first or shape.shift or shape.extra_first:
+                raise ValueError("stretch_times: first, shift and extra_first apply to a pure-"
+                                 "decode stretch without fin")
+            if shape.new_tokens is not None:
+                if shape.first_s is None:
+                    raise ValueError("stretch_times: a chunked stretch needs first_s")
+                durs, ends = self._chunk_times(shape.new_tokens, shape.ctx0, shape.samples,
+                                               shape.k, start, shape.first_s, stop)
+                return np.array(durs, dtype=np.float64), np.array(ends, dtype=np.float64)
+            return self._finishing_times(shape.ctx0, shape.fin, shape.k, start, stop)
+        if shape.first or shape.shift:
+            durs = self._decode_times(shape.ctx0, shape.k, shape.first, shape.shift)
+            durs[0] += shape.extra_first
+            ends = step_ends(start, durs)
+            j = int(np.searchsorted(ends, stop, side="left"))
+            return (durs[:j + 1], ends[:j + 1]) if j < len(ends) else (durs, ends)
+        return self._decode_stretch(shape.ctx0, shape.k, start, stop, shape.extra_first)
+
+    def _decode_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
         """Durations (s) of ``k`` consecutive pure-decode steps of one batch.
 
         ``ctx0[i]``: tokens of request ``i`` already cached before step 0; at step ``s`` (0-based)
@@ -152,7 +235,7 @@ class AnalyticCostModel:
         them). Returns shape ``(k,)``.
         """
         if shift and self.win_layers:
-            raise ValueError("decode_step_times: a context shift needs per-request contexts "
+            raise ValueError("stretch_times: a context shift needs per-request contexts "
                              "with sliding-window layers")
         args = self._dense_decode_args(ctx0)
         if args is not None:
@@ -195,10 +278,10 @@ class AnalyticCostModel:
                 [np.nan] + [self.overhead + self.linear_time(n, n) for n in range(1, 2 * b + 1)])
         return self._fixed_times
 
-    def decode_stretch_times(self, ctx0: np.ndarray, k: int, start: float, stop: float,
-                             extra_first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    def _decode_stretch(self, ctx0: np.ndarray, k: int, start: float, stop: float,
+                        extra_first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Durations and end times (s) of up to ``k`` consecutive pure-decode steps of one batch
-        (:meth:`decode_step_times`, the first step ``extra_first`` s longer) from ``start`` (s),
+        (:meth:`_decode_times`, the first step ``extra_first`` s longer) from ``start`` (s),
         ending with the first step whose end is at or after ``stop`` (s; ``inf``: all ``k``).
 
         Returns ``(durs, ends)``, float64 of one shape ``(k',)``, ``k' <= k``: ``ends[i]`` is
@@ -213,11 +296,11 @@ class AnalyticCostModel:
             n = _dense_stretch(*args, float(start), float(stop), float(extra_first), durs, ends)
             return durs[:n], ends[:n]
         k_try = min(k, 64)
-        durs = self.decode_step_times(ctx0, k_try)
+        durs = self._decode_times(ctx0, k_try)
         durs[0] += extra_first
         ends = step_ends(start, durs)
         if k_try < k and ends[-1] < stop:
-            durs = self.decode_step_times(ctx0, k)
+            durs = self._decode_times(ctx0, k)
             durs[0] += extra_first
             ends = step_ends(start, durs)
         j = int(np.searchsorted(ends, stop, side="left"))
@@ -225,15 +308,15 @@ class AnalyticCostModel:
             return durs[:j + 1], ends[:j + 1]
         return durs, ends
 
-    def decode_stretch_times_finishing(self, ctx0: np.ndarray, fin: np.ndarray, k: int,
-                                       start: float, stop: float) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`decode_stretch_times` of a batch whose requests leave as they finish: request
+    def _finishing_times(self, ctx0: np.ndarray, fin: np.ndarray, k: int,
+                         start: float, stop: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_decode_stretch` of a batch whose requests leave as they finish: request
         ``i`` (``ctx0[i]`` tokens cached before step 1) runs steps ``1 .. fin[i]``. Each run of
-        steps between finishes is timed as :meth:`decode_stretch_times` times the requests
+        steps between finishes is timed as :meth:`_decode_stretch` times the requests
         still running from the previous run's end, so the times equal those of the per-step
         loop's stretches. Returns ``(durs, ends)`` (s), float64 of shape ``(k',)``, ``k' <= k``,
         ending with the first step whose end is at or after ``stop`` (s). One compiled loop
-        where :meth:`decode_stretch_times` has one (no sliding-window layers, analytic
+        where :meth:`_decode_stretch` has one (no sliding-window layers, analytic
         attention), else one call of it per run. ``ctx0``, ``fin``: int64, shape ``(b,)``;
         ``fin`` >= 1, some ``fin[i] >= k``."""
         args = self._dense_decode_args(ctx0)
@@ -250,7 +333,7 @@ class AnalyticCostModel:
         ctx = ctx0
         t = start
         for f in sorted({f for f in fin.tolist() if f < k}) + [k]:
-            d, e = self.decode_stretch_times(ctx, f - done, t, stop)
+            d, e = self._decode_stretch(ctx, f - done, t, stop)
             durs.append(d)
             ends.append(e)
             if len(e) < f - done or e[-1] >= stop:
@@ -262,9 +345,9 @@ class AnalyticCostModel:
             return durs[0], ends[0]
         return np.concatenate(durs), np.concatenate(ends)
 
-    def chunk_stretch_times(self, new_tokens: np.ndarray, ctx0: np.ndarray, samples: int,
-                            k: int, start: float, first: float,
-                            stop: float) -> tuple[list, list]:
+    def _chunk_times(self, new_tokens: np.ndarray, ctx0: np.ndarray, samples: int,
+                     k: int, start: float, first: float,
+                     stop: float) -> tuple[list, list]:
         """Durations and end times (s) of up to ``k`` consecutive steps of one batch whose
         requests each compute ``new_tokens[i]`` tokens a step (a chunked prefill with decodes):
         step ``s`` (1-based) computes them after ``ctx0[i] + (s - 1) x new_tokens[i]`` cached
@@ -310,7 +393,7 @@ class AnalyticCostModel:
 
     @staticmethod
     def _decode_ctx_sums(ctx0: np.ndarray, k: int, first: int, shift: int):
-        """``(b, steps, context sum per step)`` of :meth:`decode_step_times` (float64, exact for
+        """``(b, steps, context sum per step)`` of :meth:`_decode_times` (float64, exact for
         integer token counts below 2**53)."""
         b = len(ctx0)
         s = np.arange(first, first + k, dtype=np.float64)
@@ -350,7 +433,7 @@ def _attention_sums(n, c):  # pragma: no cover (compiled)
 @kernel("f8(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8)")
 def _dense_step_time(sum0, b, i, shift, apf, layers, kv_tok, flops_s, bytes_s,
                      fixed):  # pragma: no cover (compiled)
-    """Step ``i``'s time (s) of :meth:`AnalyticCostModel.decode_step_times` without
+    """Step ``i``'s time (s) of :meth:`AnalyticCostModel._decode_times` without
     sliding-window layers: the numpy expression's float64 operations in its order (``sum0``:
     the batch's context sum before step 0, ``b`` requests, ``shift``: tokens added to the sum,
     ``fixed`` = overhead + linear time, ``flops_s`` = peak FLOP/s x attention efficiency,
@@ -364,7 +447,7 @@ def _dense_step_time(sum0, b, i, shift, apf, layers, kv_tok, flops_s, bytes_s,
 @kernel("void(f8, i8, i8, f8, f8, f8, f8, f8, f8, f8, f8[:])")
 def _dense_decode_times(sum0, b, first, shift, apf, layers, kv_tok, flops_s, bytes_s, fixed,
                         out):  # pragma: no cover (compiled)
-    """:meth:`AnalyticCostModel.decode_step_times` without sliding-window layers: steps
+    """:meth:`AnalyticCostModel._decode_times` without sliding-window layers: steps
     ``first .. first + len(out) - 1`` by :func:`_dense_step_time`."""
     for i in range(out.shape[0]):
         out[i] = _dense_step_time(sum0, b, first + i, shift, apf, layers, kv_tok, flops_s,
@@ -374,7 +457,7 @@ def _dense_decode_times(sum0, b, first, shift, apf, layers, kv_tok, flops_s, byt
 @kernel("i8(f8, i8, f8, f8, f8, f8, f8, f8, f8, f8, f8, f8[:], f8[:])")
 def _dense_stretch(sum0, b, apf, layers, kv_tok, flops_s, bytes_s, fixed, start, stop,
                    extra_first, durs, ends):  # pragma: no cover (compiled)
-    """:meth:`AnalyticCostModel.decode_stretch_times` without sliding-window layers: the step
+    """:meth:`AnalyticCostModel._decode_stretch` without sliding-window layers: the step
     times of :func:`_dense_step_time` (from step 0, no shift) and their running sum from
     ``start``, up to the first end at or after ``stop``; returns the number of steps written."""
     t = start
@@ -427,7 +510,7 @@ def resolve_calibration_path(cost, gpu) -> Path:
 @kernel("i8(i8[:], i8[:], i8, f8, f8, f8, f8, f8, f8[:], f8, f8, f8[:], f8[:])")
 def _dense_finishing_stretch(ctx0, fin, k, apf, layers, kv_tok, flops_s, bytes_s, fixed, start,
                              stop, durs, ends):  # pragma: no cover (compiled)
-    """:meth:`AnalyticCostModel.decode_stretch_times_finishing` without sliding-window layers:
+    """:meth:`AnalyticCostModel._finishing_times` without sliding-window layers:
     each run of steps between finishes as :func:`_dense_stretch` times it (``fixed[b]``: step
     overhead + linear time of a batch of ``b``; a run's context sum is the running requests'
     contexts at its first step, summed exactly as integers); returns the steps written."""

@@ -326,8 +326,8 @@ class OperatorCostModel(AnalyticCostModel):
         d, p = self._attention_parts(new_tokens, context_tokens)
         return float(self.host_time(b, prefill)) + self.linear_time(t, samples) + d + p
 
-    def decode_step_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
-        """``k`` pure-decode steps (see :meth:`sim.cost.AnalyticCostModel.decode_step_times`)
+    def _decode_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
+        """``k`` pure-decode steps (see :meth:`sim.cost.AnalyticCostModel._decode_times`)
         with this model's terms; shape ``(k,)`` (s)."""
         args = self._dense_decode_args(ctx0)
         if args is not None:
@@ -336,7 +336,7 @@ class OperatorCostModel(AnalyticCostModel):
             _dense_decode_times(args[0], args[1], first, float(shift), *args[2:], out)
             return out
         if shift:
-            raise ValueError("decode_step_times: a context shift needs per-request contexts "
+            raise ValueError("stretch_times: a context shift needs per-request contexts "
                              "with sliding-window layers")
         b, s, sum_c = self._decode_ctx_sums(ctx0, k, first, shift)
         pairs = sum_c + b

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SINGLE_ENGINE, make_workload
 from gpu_validation.calibration_model import load_calibration
-from sim.cost import AnalyticCostModel
+from sim.cost import AnalyticCostModel, StretchShape
 from sim.cost_models import build_cost_model
 from sim.errors import ConfigError
 from sim.run import compose_config, run_simulation
@@ -148,8 +148,9 @@ def test_calibration_of_another_gpu_is_rejected():
 
 
 @pytest.mark.parametrize("model", ["qwen3_8b", "llama3_1_8b", "deepseek_v3"])
-def test_compiled_decode_step_times_equal_the_numpy_formula_bit_for_bit(model):
-    """The compiled loop behind AnalyticCostModel.decode_step_times (no sliding-window layers)
+def test_compiled_stretch_times_equal_the_numpy_formula_bit_for_bit(model):
+    """The compiled loops behind AnalyticCostModel.stretch_times of a pure-decode stretch (no
+    sliding-window layers; steps ``first ..`` with a context ``shift``, or from step 0)
     gives the numpy expression's bits: the fast-forward's step ends must not move."""
     c = cfg(f"model={model}")
     m = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
@@ -169,15 +170,16 @@ def test_compiled_decode_step_times_equal_the_numpy_formula_bit_for_bit(model):
         bytes_ = pairs * m.kv_tok
         attn = np.maximum(flops / (m.peak_flops * m.attn_eff), bytes_ / (m.hbm_bw * m.mbu))
         want = m.overhead + m.linear_time(b, b) + attn
-        got = m.decode_step_times(ctx0, k, first, shift)
+        got, _ = m.stretch_times(StretchShape(ctx0, k, first=first, shift=shift))
         assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("model", ["qwen3_8b", "gpt_oss_120b"])
-def test_decode_stretch_times_stop_at_the_step_that_reaches_stop_bit_for_bit(model):
-    """AnalyticCostModel.decode_stretch_times (the fast-forward's step ends: compiled without
-    sliding-window layers, numpy with them) equals decode_step_times with the extra time on the
-    first step, their running sum, cut after the first end at or after ``stop``."""
+def test_stretch_times_stop_at_the_step_that_reaches_stop_bit_for_bit(model):
+    """AnalyticCostModel.stretch_times of a pure-decode stretch with a ``stop`` (the
+    fast-forward's step ends: compiled without sliding-window layers, numpy with them) equals
+    its durations without one, the extra time on the first step, their running sum, cut after
+    the first end at or after ``stop``."""
     from sim.clock import step_ends
 
     c = cfg(f"model={model}")
@@ -191,7 +193,7 @@ def test_decode_stretch_times_stop_at_the_step_that_reaches_stop_bit_for_bit(mod
         k = int(rng.integers(1, 300))
         start = float(rng.uniform(0, 1e4))
         extra = float(rng.choice([0.0, rng.uniform(0, 0.05)]))
-        durs = m.decode_step_times(ctx0, k)
+        durs, _ = m.stretch_times(StretchShape(ctx0, k))
         durs[0] += extra
         ends = step_ends(start, durs)
         # stop: past every end, between two ends, or exactly on one
@@ -201,7 +203,7 @@ def test_decode_stretch_times_stop_at_the_step_that_reaches_stop_bit_for_bit(mod
         n = k if j >= k else j + 1
         cut += n < k
         full += n == k
-        got_d, got_e = m.decode_stretch_times(ctx0, k, start, stop, extra)
+        got_d, got_e = m.stretch_times(StretchShape(ctx0, k, extra_first=extra), start, stop)
         assert got_d.tobytes() == durs[:n].tobytes() and got_e.tobytes() == ends[:n].tobytes()
     assert cut and full
 
@@ -415,3 +417,22 @@ def test_write_ops_counts_the_disk_copies_it_cannot_hold(tmp_path):
     assert sum(o["op"] in ("d2h", "h2d") for o in ops) == s["ops_transfers_written"]
     assert json.loads((out / "summary.json").read_text())["ops_transfers_left_out"] \
         == s["ops_transfers_left_out"]
+
+
+def test_stretch_times_refuses_a_shape_whose_fields_do_not_go_together():
+    """StretchShape's fields of one kind of stretch are refused on another (ValueError naming
+    them): a pure decode's first/shift/extra_first with fin or new_tokens, first_s without
+    new_tokens, a chunked stretch without first_s."""
+    c = cfg("model=qwen3_8b")
+    m = AnalyticCostModel(c.model, c.gpu, c.cache, c.cost)
+    ctx = np.array([10, 20], dtype=np.int64)
+    fin = np.array([3, 5], dtype=np.int64)
+    n = np.array([64, 1], dtype=np.int64)
+    for shape in (StretchShape(ctx, 5, fin=fin, shift=4), StretchShape(ctx, 5, fin=fin, first=1),
+                  StretchShape(ctx, 5, new_tokens=n, samples=1, first_s=0.01, extra_first=0.1)):
+        with pytest.raises(ValueError, match="first, shift and extra_first apply"):
+            m.stretch_times(shape)
+    with pytest.raises(ValueError, match="first_s applies to a chunked stretch"):
+        m.stretch_times(StretchShape(ctx, 5, first_s=0.01))
+    with pytest.raises(ValueError, match="needs first_s"):
+        m.stretch_times(StretchShape(ctx, 5, new_tokens=n, samples=1))

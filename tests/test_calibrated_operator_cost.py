@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SINGLE_ENGINE
 from sim.calibrated_cost import CalibratedOperatorModel, _curve, _grid
-from sim.cost import CALIBRATION_DIR
+from sim.cost import CALIBRATION_DIR, StretchShape
 from sim.cost_models import build_cost_model
 from sim.run import compose_config, run_simulation
 
@@ -95,7 +95,7 @@ def test_gemm_and_attention_come_from_the_tables(cal_file):
 def test_decode_steps_equal_step_time(cal_file):
     m = model_of(cfg(cal_file, "cost.seq_overhead_s=1e-5"))
     ctx0 = np.array([100, 2000, 9000], dtype=np.int64)
-    durs = m.decode_step_times(ctx0, 30)
+    durs, _ = m.stretch_times(StretchShape(ctx0, 30))
     per = [m.step_time(np.ones(3, dtype=np.int64), ctx0 + s, 3) for s in range(30)]
     np.testing.assert_allclose(durs, per, rtol=1e-12)
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SINGLE_ENGINE, chunk_workload, make_workload
+from sim.cost import StretchShape
 from sim.cost_models import build_cost_model
 from sim.engine import Simulator
 from sim.metrics import Recorder
@@ -386,8 +387,9 @@ def _cost_model(i):
        st.integers(1, 400), st.floats(0, 1e5), st.floats(0.0, 3.0), st.sampled_from([0, 1]))
 def test_finishing_stretch_times_compiled_equal_the_runs_between_finishes(rows, k, start, span,
                                                                           model):
-    """AnalyticCostModel.decode_stretch_times_finishing's compiled loop equals its fallback,
-    one decode_stretch_times per run of steps between finishes (here through the numpy step
+    """AnalyticCostModel.stretch_times of a stretch whose requests leave as they finish
+    (``fin``): its compiled loop equals its fallback, one pure-decode stretch per run of steps
+    between finishes (here through the numpy step
     times): same steps, same bits, stopped at the same step."""
     import copy
 
@@ -396,9 +398,9 @@ def test_finishing_stretch_times_compiled_equal_the_runs_between_finishes(rows, 
     fin = np.asarray([r[1] for r in rows], dtype=np.int64)
     k = min(k, int(fin.max()))  # (somebody runs to the stretch's end)
     stop = start + span if span < 2.5 else np.inf
-    d1, e1 = cm.decode_stretch_times_finishing(ctx, fin, k, start, stop)
+    d1, e1 = cm.stretch_times(StretchShape(ctx, k, fin=fin), start, stop)
     cm._dense_decode_args = lambda ctx0: None  # the fallback's runs, numpy step times
-    d2, e2 = cm.decode_stretch_times_finishing(ctx, fin, k, start, stop)
+    d2, e2 = cm.stretch_times(StretchShape(ctx, k, fin=fin), start, stop)
     assert d1.tolist() == d2.tolist() and e1.tolist() == e2.tolist()
     assert len(e1) == k or (e1[-1] >= stop and (len(e1) == 1 or e1[-2] < stop))
 
@@ -406,8 +408,8 @@ def test_finishing_stretch_times_compiled_equal_the_runs_between_finishes(rows, 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 200_000), st.integers(1, 9000)), min_size=1, max_size=30),
        st.integers(1, 60), st.floats(0, 1e5), st.floats(0.0, 3.0), st.sampled_from([0, 1, 2]))
-def test_chunk_stretch_times_equal_step_time_per_step(rows, k, start, span, model):
-    """AnalyticCostModel.chunk_stretch_times (integer sums moved a step at a time; the
+def test_stretch_times_of_a_chunked_stretch_equal_step_time_per_step(rows, k, start, span, model):
+    """AnalyticCostModel.stretch_times of a chunked stretch (``new_tokens``; integer sums moved a step at a time; the
     calibrated model calls step_time per step) equals step_time called on each step's arrays,
     added to the clock one step at a time: same bits, stopped at the first step that ends at
     or after ``stop``."""
@@ -417,7 +419,9 @@ def test_chunk_stretch_times_equal_step_time_per_step(rows, k, start, span, mode
     samples = int((n == 1).sum())
     stop = start + span if span < 2.5 else np.inf
     first = cm.step_time(n, ctx, samples)
-    d1, e1 = cm.chunk_stretch_times(n, ctx, samples, k, start, first, stop)
+    d1, e1 = cm.stretch_times(StretchShape(ctx, k, new_tokens=n, samples=samples, first_s=first),
+                              start, stop)
+    d1, e1 = d1.tolist(), e1.tolist()
     d2, e2 = [first], [start + first]
     c = ctx.copy()
     while len(e2) < k and e2[-1] < stop:

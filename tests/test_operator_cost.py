@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import SINGLE_ENGINE
+from sim.cost import StretchShape
 from sim.cost_models import build_cost_model
 from sim.errors import ConfigError
 from sim.hardware import linear_param_counts, weight_quant_bytes
@@ -100,17 +101,17 @@ def test_step_time_equals_decode_stretches_bit_for_bit():
                      "cost.tensor_parallel_size=4", "cost.seq_overhead_s=2e-5",
                      "cost.layer_overhead_s=1e-5"))
     ctx0 = np.array([100, 2000, 4097, 33], dtype=np.int64)
-    durs = m.decode_step_times(ctx0, 40)
+    durs, _ = m.stretch_times(StretchShape(ctx0, 40, first=0, shift=0))
     per = [m.step_time(np.ones(4, dtype=np.int64), ctx0 + s, 4) for s in range(40)]
     assert list(durs) == per
-    d2, ends = m.decode_stretch_times(ctx0, 40, 1.0, math.inf)
+    d2, ends = m.stretch_times(StretchShape(ctx0, 40), 1.0, math.inf)
     assert list(d2) == per
 
 
 def test_sliding_window_model_decode_times_match_step_time():
     m = model_of(cfg("model=gpt_oss_120b", "gpu=h200"))
     ctx0 = np.array([10, 500, 3000], dtype=np.int64)
-    durs = m.decode_step_times(ctx0, 20)
+    durs, _ = m.stretch_times(StretchShape(ctx0, 20))
     per = [m.step_time(np.ones(3, dtype=np.int64), ctx0 + s, 3) for s in range(20)]
     np.testing.assert_allclose(durs, per, rtol=1e-12)
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..block_pool import NO_HASH
 from ..clock import advance_to
+from ..cost import StretchShape
 from ..jit import kernel
 from ..request import FINISHED
 from .base import Stretch
@@ -57,7 +58,7 @@ class DecodeStretch(Stretch):
         (every running request samples one token per step; without compression, tiers and waiting
         requests, by the last finish or the first that releases closed-loop children instead, the
         finished requests leaving the batch at their steps:
-        :meth:`AnalyticCostModel.decode_stretch_times_finishing`,
+        :meth:`AnalyticCostModel.stretch_times` with ``fin``,
         :meth:`DecodeStretch.finishing_end`), by the next pending SimPy event (an arrival or a
         closed-loop release: the run stops at the step during which it happens, as the per-step loop
         would see it at that step's end), and by the free blocks (the step that would need a
@@ -126,15 +127,16 @@ class DecodeStretch(Stretch):
             if t1 >= t_next:
                 return 0
             keep = fin_a > 1  # (the step-1 finishers leave; the others from step 2 on)
-            durs, cum = sim.cost.decode_stretch_times_finishing(
-                slot0[keep] + 1, fin_a[keep] - 1, k - 1, t1, t_next)
+            durs, cum = sim.cost.stretch_times(
+                StretchShape(slot0[keep] + 1, k - 1, fin=fin_a[keep] - 1), t1, t_next)
             durs = np.concatenate(([admitted[0]], durs))
             cum = np.concatenate(([t1], cum))
         elif inner:
-            durs, cum = sim.cost.decode_stretch_times_finishing(ctx0, fin_a, k, env.now,
-                                                                 t_next)
+            durs, cum = sim.cost.stretch_times(StretchShape(ctx0, k, fin=fin_a), env.now,
+                                               t_next)
         else:
-            durs, cum = sim.cost.decode_stretch_times(ctx0, k, env.now, t_next, extra_first)
+            durs, cum = sim.cost.stretch_times(StretchShape(ctx0, k, extra_first=extra_first),
+                                               env.now, t_next)
         k = len(cum)
         if cum[-1] >= t_next:
             j = k - 1

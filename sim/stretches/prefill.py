@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..clock import advance_to
+from ..cost import StretchShape
 from .base import Stretch
 from .common import commit_decodes, stretch_pairs
 
@@ -46,7 +47,7 @@ class PrefillStretch(Stretch):
         evicts, so registrations and evictions keep their order). The blocks decode tokens fill
         are registered in one call at the end (their keys are unique to their requests). Step
         times are :meth:`AnalyticCostModel.step_time`'s for each step's batch
-        (:meth:`AnalyticCostModel.chunk_stretch_times`); the rows are the per-step loop's.
+        (:meth:`AnalyticCostModel.stretch_times` with ``new_tokens``); the rows are the per-step loop's.
         Returns ``k`` (0 = not taken, nothing changed)."""
         sim = self.sim
         env = sim.env
@@ -70,7 +71,9 @@ class PrefillStretch(Stretch):
             t_next = min(t_next, float(sim.max_sim_time))
         # step times up to the step during which the next event lands: step s's batch is
         # step 1's with every request s - 1 chunks further
-        durs, ends = sim.cost.chunk_stretch_times(n_arr, ctx_arr, b - 1, k, env.now, dt, t_next)
+        durs, ends = sim.cost.stretch_times(
+            StretchShape(ctx_arr, k, new_tokens=n_arr, samples=b - 1, first_s=dt), env.now,
+            t_next)
         k = len(ends)
         t = ends[-1]
         if t >= t_next:

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..clock import advance_to, step_ends
+from ..cost import StretchShape
 from ..request import FINISHED
 from .base import Stretch
 from .common import block_pairs, commit_stretch, grown, head_hit_step, waiting_per_step
@@ -185,7 +186,8 @@ class RoundsStretch(Stretch):
         seg = 1
         while True:
             hi = min(heap[0][0], k) if heap else k  # this segment: steps seg..hi
-            d = sim.cost.decode_step_times(ctx0, hi - seg + 1, seg - 1, shift)
+            d, _ = sim.cost.stretch_times(StretchShape(ctx0, hi - seg + 1, first=seg - 1,
+                                                       shift=shift))
             if step_time is not None:
                 d[0] = step_time  # an admission step: the scheduler's batch (round costs in)
                 step_time = None

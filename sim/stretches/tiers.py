@@ -10,6 +10,7 @@ import heapq
 import numpy as np
 
 from ..clock import advance_to
+from ..cost import StretchShape
 from ..kv_manager import queue_registration
 from ..request import FINISHED
 from .base import Stretch
@@ -109,7 +110,7 @@ class TierStretch(Stretch):
         if k < 2 or (tm.layerwise and any(r.load_event is not None for r in reqs)):
             return 0  # (layer-by-layer loads: the per-step loop waits for them, then clears)
         nc0 = [r.n_computed for r in reqs]  # before step 1
-        durs = sim.cost.decode_step_times(ctx0, k).tolist()
+        durs = sim.cost.stretch_times(StretchShape(ctx0, k))[0].tolist()
         durs[0] = dt
         live0 = sum(nc0)
         caching = sim.caching
