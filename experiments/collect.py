@@ -966,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="kvsim-collect",
         description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "
                     "tables (requests/, steps/, ...) and failed_runs.csv.")
-    ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00) or one run dir")
+    ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00-000000) or one run dir")
     ap.add_argument("--out", default=None,
                     help="output directory (default SWEEP_DIR/collected): a new or empty directory, "
                          "or an earlier kvsim-collect output, which is replaced")

@@ -138,6 +138,27 @@ def first_unresolvable(config, skip: tuple = ()) -> tuple[str, Exception] | None
     return walk(config, "")
 
 
+def config_problem(config) -> str | None:
+    """The error of :func:`sim.run.validate_config` (every check a config must pass before a
+    simulation starts) for the job config of ``config`` (Hydra's whole config of a run, its
+    ``hydra`` node aside); None when the config passes."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    from .errors import ConfigError
+    from .run import validate_config
+
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    try:
+        validate_config(task)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def _folder_problem(folder: Path, key: str, what: str) -> str | None:
     """The error for the folder ``folder`` (set by ``key``) that kvsim cannot create or write
     (a file in the way, no permission, a system folder); None when it can."""
@@ -150,11 +171,12 @@ def _folder_problem(folder: Path, key: str, what: str) -> str | None:
             f"create and write")
 
 
-def _hydra_problem(config, run: bool) -> str | None:
+def _hydra_problem(config, run: bool, folders: bool = True) -> str | None:
     """What Hydra would end with a traceback on before kvsim's job runs: an interpolation
     anywhere in the config (``output.dir``, ``hydra.run.dir``, ``hydra.sweep.dir``, ``hydra.job
-    .name``, ...) that cannot be resolved, or the run folder (with ``run``: and its
-    ``hydra.output_subdir``) or sweep folder that cannot be created. None when neither."""
+    .name``, ...) that cannot be resolved, or, with ``folders``, the run folder (with ``run``:
+    and its ``hydra.output_subdir``) or sweep folder that cannot be created (probing a folder
+    creates it). None when neither."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
@@ -165,6 +187,8 @@ def _hydra_problem(config, run: bool) -> str | None:
             *OmegaConf.to_container(config.hydra.overrides.task, resolve=False),
             *OmegaConf.to_container(config.hydra.overrides.hydra, resolve=False)]]
         return interpolation_error(found[0], found[1], given)
+    if not folders:
+        return None
     if not run:
         return _folder_problem(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir",
                                "sweep folder")
@@ -198,14 +222,23 @@ def _write_error(e: OSError, folder: Path) -> str:
 class FailedRunsExit(Callback):
     """``on_run_start`` / ``on_multirun_start``: check what Hydra resolves and makes before the
     job runs (an interpolation that does not resolve, a run or sweep folder that cannot be
-    created: one kvsim error line, exit status 2, where Hydra ended with a traceback), and for
+    created: one kvsim error line, exit status 2, where Hydra ended with a traceback); for a
+    single run into Hydra's own run folder (no ``output.dir``), the config's checks
+    (:func:`config_problem`: one line, exit status 2, before the folder is made); and for
     a sweep a policy option one of its policies does not read
     (:func:`sim.sweep.unread_policy_options`); give a sweep a new id (see the module doc). ``on_multirun_end``: list the sweep's rejected jobs on
     stderr and exit with status 2 (also when the sweep ran no job at all); when none was
     rejected, say on stderr how many jobs ran and how to collect them."""
 
     def on_run_start(self, config, **kwargs) -> None:
-        bad = _hydra_problem(config, run=True)
+        bad = _hydra_problem(config, run=True, folders=False)
+        if bad is None and not config.output.dir:
+            # (before Hydra's own run folder is made, for this run alone: a config that fails
+            # its checks leaves none; a run into output.dir marks that folder instead)
+            bad = config_problem(config)
+            if bad is not None:
+                _exit_with(bad)
+        bad = bad or _hydra_problem(config, run=True)
         if bad is not None:
             done = complete_run_folder(config)  # (output.skip_completed: a read-only folder)
             if done is not None:

@@ -67,11 +67,13 @@ def validate_config(cfg) -> None:
 
     Delegates to :func:`sim.validation.validate_config` (every pre-simulation check: scheduler,
     model and GPU cards, cache, cost, trace options, tiers, codec, policy/compaction, the memory
-    plan).
+    plan) and :func:`sim.cluster.validate_cluster` (replicas, router, store, P/D).
     """
+    from .cluster import validate_cluster
     from .validation import validate_config as _validate
 
     _validate(cfg)
+    validate_cluster(cfg.cluster)
 
 
 def _write_parquet(df, path: Path) -> None:
@@ -313,9 +315,6 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     # every config and trace check runs before the results directory is touched, so a
     # rejected run leaves an earlier run's results there as they were
     validate_config(cfg)
-    from .cluster import validate_cluster
-
-    validate_cluster(cfg.cluster)
     inputs = input_files(cfg)  # (before they are read: a file changed during the run reruns)
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)

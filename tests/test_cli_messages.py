@@ -42,6 +42,28 @@ def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
     assert sorted(names) == [MARKER]
 
 
+def test_a_config_error_without_output_dir_leaves_no_run_folder(tmp_path):
+    """A single run into Hydra's own run folder (no output.dir) whose config fails its checks
+    is one line, exit 2, and leaves no outputs/ folder where kvsim was started."""
+    r = subprocess.run([*KVSIM, "cache.block_size=24", "sim.progress=false"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr == ("kvsim: error: cache.block_size=24; expected a power of two between 1 and "
+                        "cache.max_block_size=256\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_names_the_run_folders_and_the_companion_commands():
+    """``kvsim --help`` says where a run and a sweep write (the time folder to the microsecond),
+    what the policy_defaults group is, and names kvsim-collect and kvsim-plot."""
+    r = subprocess.run([*KVSIM, "--help"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for text in ("outputs/YYYY-MM-DD/HH-MM-SS-ffffff/", "multirun/YYYY-MM-DD/HH-MM-SS-ffffff/",
+                 "policy_defaults is not chosen on the command line", "kvsim-collect DIR",
+                 "kvsim-plot FIGURE DIR"):
+        assert text in r.stdout, text
+
+
 def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
     """The limit error names the clock at the first step that passed it, the same with the decode
     fast-forward as without it (a stretch ends at that step)."""
