@@ -206,12 +206,6 @@ class ClusterRecorder(Recorder):
         df = super().requests_frame()  # (rows sorted by request_id, stable)
         rid = np.array([row[0] for row in self.rows], dtype=np.int64)
         order = np.argsort(rid, kind="stable")
-        if self.pd is not None:
-            cols = list(zip(*self.pd)) if self.pd else [()] * len(PD_REQUEST_COLUMNS)
-            for (name, dtype), col in zip(PD_REQUEST_COLUMNS, cols):
-                df[name] = np.asarray(col, dtype=dtype)[order]
-            return df
-        df["replica"] = self.replica_of[order]
         if self.remote is not None:
             rem = (np.array(self.remote, dtype=np.float64).reshape(-1, 2)[order]
                    if len(self.remote) else np.empty((0, 2)))
@@ -219,6 +213,12 @@ class ClusterRecorder(Recorder):
             df["hit_tokens_gpu"] = df["hit_tokens_gpu"] - hit
             df.insert(df.columns.get_loc("hit_tokens_disk") + 1, "hit_tokens_remote", hit)
             df.insert(df.columns.get_loc("onboard_disk_s") + 1, "onboard_remote_s", rem[:, 1])
+        if self.pd is not None:
+            cols = list(zip(*self.pd)) if self.pd else [()] * len(PD_REQUEST_COLUMNS)
+            for (name, dtype), col in zip(PD_REQUEST_COLUMNS, cols):
+                df[name] = np.asarray(col, dtype=dtype)[order]
+            return df
+        df["replica"] = self.replica_of[order]
         return df
 
 
@@ -320,9 +320,9 @@ class Cluster:
         self.store = store
         P = int(cfg.pd.prefill_replicas)
         self.prefill_replicas = P
-        if P and (pd_links is None or store is not None):
+        if P and pd_links is None:
             raise ConfigError(f"cluster.pd.prefill_replicas={P}: expected a KV link "
-                              f"(sim.pd.PDLinks) and no shared store")
+                              f"(sim.pd.PDLinks)")
         self.pd = pd_links if P else None
         if n == 1:
             self.ff_reason = None

@@ -40,6 +40,13 @@ loads a request from the first connector that has its tokens: the NIXL connector
 on a decode instance), while its tiers take what its GPU caches and serve what it prefills
 itself (preempted requests).
 
+With the shared store (:mod:`sim.kv_store`) every replica has its link to it: each puts the
+full blocks it registers (a prefill replica its prompts', a decode replica the blocks it
+received and generated), and a prefill replica's walk extends into it (a prefix another prefill
+replica computed is fetched over its link, on its TTFT path). A hand-off's KV is the decode
+replica's GPU hit and the KV link's, as with tiers (the NIXL connector listed first); the store
+serves what a decode replica prefills itself.
+
 Bytes: the blocks the decode replica lacks, ``page_bytes`` each (a block of ``block_size``
 tokens of every layer's K and V in the run's codec, :func:`sim.tiers.cold_page_bytes`: 2,359,296
 B for Qwen3-8B BF16 identity, half with fp8). Links: each replica has one network link each way
@@ -87,16 +94,6 @@ def validate_pd(cfg) -> None:
         if not ok:
             raise ConfigError(f"cluster.pd.{f}={v!r}; expected a finite number "
                               f"{'>' if strict else '>='} 0")
-
-
-def check_pd_run(cfg) -> None:
-    """ConfigError when a disaggregated cluster is asked for with what it does not model: the
-    shared KV store."""
-    if not int(cfg.cluster.pd.prefill_replicas):
-        return
-    if cfg.cluster.store.enabled:
-        raise ConfigError("cluster.pd.prefill_replicas > 0 with cluster.store.enabled=true; "
-                          "expected the store off (not modelled with disaggregation)")
 
 
 class Handoff:

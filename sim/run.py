@@ -338,9 +338,8 @@ def run_simulation(cfg, out_dir=None, progress_bar: bool | None = None, workload
     if cfg.output.write_ops:
         comp.ops = []
         comp.ops_limit = int(cfg.output.ops_limit)
-    from .pd import build_pd_links, check_pd_run
+    from .pd import build_pd_links
 
-    check_pd_run(cfg)
     pd_links = build_pd_links(cfg, plan.block_bytes, page_bytes)  # (None: not disaggregated)
     lock = hold_output_dir(out) if out is not None and hold else None
     try:

@@ -18,6 +18,7 @@ from sim.hardware import kv_bytes_per_block
 from sim.metrics import Recorder
 from sim.pd import build_pd_links
 from sim.hardware import plan_memory
+from sim.kv_store import build_store
 from sim.run import _tiers_factory, build_cost_model, compose_config, run_simulation
 from sim.tiers import cold_page_bytes
 
@@ -46,11 +47,13 @@ def pd_run(wl, *overrides, num_blocks=400, check=True):
     links = build_pd_links(cfg, kv_bytes_per_block(cfg.model, cfg.cache),
                            cold_page_bytes(cfg.model, cfg.cache, cfg.codec))
     plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler, cfg.cost.tensor_parallel_size)
-    tiers, _ = _tiers_factory(cfg, plan)  # (None: tiers=gpu_only)
+    tiers, _ = _tiers_factory(cfg, plan)  # (None: tiers=gpu_only and no store)
+    store = build_store(cfg, plan.block_bytes)  # (None: cluster.store.enabled=false)
     rec = ClusterRecorder(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                 cfg.model.max_model_len, rec, check_invariants=check, pd_links=links,
-                compression=compression_of(cfg), tiers=tiers, num_layers=cfg.model.num_layers)
+                compression=compression_of(cfg), tiers=tiers, num_layers=cfg.model.num_layers,
+                store=store)
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c
 
@@ -355,6 +358,60 @@ def test_with_tiers_every_request_moves_its_prompt_blocks_less_the_decode_gpu_hi
     assert all(not s.handed for s in c.replicas)
 
 
+# ---------------------------------------------------------------- the shared store
+STORE = ("cluster.replicas=3", "cluster.pd.prefill_replicas=2", "cluster.store.enabled=true")
+
+
+def test_the_store_serves_one_prefill_replicas_prefix_to_another_over_its_link():
+    """2 prefill replicas (round-robin) and a decode replica over the shared store: a prompt
+    repeated after replica 0 computed it goes to replica 1, which fetches its 19 hittable
+    blocks ((320 - 1) // 16) from the store over its link (the fetch on its TTFT path); the
+    decode replica, which received the first copy, takes 19 blocks from its GPU and 1 moves."""
+    X = list(range(20))
+    wl = make_workload([one(320, 3, X, 0.0), one(320, 3, X, 10.0)], prefix_block_tokens=16)
+    req, _, c = pd_run(wl, *STORE)
+    a, b = req.iloc[0], req.iloc[1]
+    assert (a["prefill_replica"], b["prefill_replica"]) == (0, 1)
+    assert a["hit_tokens_remote"] == 0 and b["hit_tokens_remote"] == 19 * 16
+    assert b["prefix_hit_tokens"] == 19 * 16 and b["onboard_remote_s"] > 0
+    assert b["decode_hit_tokens"] == 19 * 16 and b["kv_transfer_blocks"] == 1
+    tr = c.tiers.records.frame()
+    fetched = tr[tr["direction"] == "store_to_gpu"]
+    assert (fetched["replica"] == 1).all() and fetched["pages"].sum() == 19
+    assert fetched["bytes"].sum() == 19 * c.store.page_bytes
+    put = tr[tr["direction"] == "gpu_to_store"]
+    assert put["pages"].sum() == 20  # (the prompt's 20 full blocks, put once)
+    cold, _, _ = pd_run(wl, "cluster.replicas=3", "cluster.pd.prefill_replicas=2")
+    assert cold["prefix_hit_tokens"].iloc[1] == 0
+    assert b["prefill_done_s"] < cold["prefill_done_s"].iloc[1]
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(40, 120),
+       tiers=st.sampled_from(["gpu_only", "gpu_host"]))
+def test_with_the_store_every_request_moves_its_prompt_blocks_less_the_decode_gpu_hit(
+        seed, blocks, tiers):
+    """Any workload and small pools on 2 prefill and 1 decode replica over the shared store
+    (with or without host tiers): every request finishes or is rejected (the pool invariants
+    hold after every step), its prefill hit splits into GPU, host, disk and store tokens, and
+    its transfer moves its prompt's blocks less the decode replica's GPU hit."""
+    rng = np.random.default_rng(seed)
+    rows = [one(int(rng.integers(1, 500)), int(rng.integers(1, 30)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(32)],
+                float(np.round(rng.uniform(0, 3), 2))) for _ in range(20)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, *STORE, f"tiers={tiers}", num_blocks=blocks)
+    fin = req[req["status"] == "finished"]
+    assert len(fin) + (req["status"] == "rejected").sum() == len(req)
+    assert (fin["hit_tokens_gpu"] + fin["hit_tokens_host"] + fin["hit_tokens_disk"]
+            + fin["hit_tokens_remote"] == fin["prefix_hit_tokens"]).all()
+    want = -(-fin["input_tokens"] // 16) - fin["decode_hit_tokens"] // 16
+    assert (fin["kv_transfer_blocks"] == want).all()
+    assert all(not s.handed for s in c.replicas)
+    assert len(c.store.pages) <= c.store.capacity
+
+
 def test_disaggregated_runs_are_deterministic():
     """The same workload and config give identical tables."""
     rng = np.random.default_rng(3)
@@ -469,8 +526,6 @@ def test_run_writes_the_replicas_tier_copies_beside_the_kv_transfers(tmp_path):
      "cluster.pd.decode_router='nearest'"),
     (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.pd.net_gbps=0"],
      "cluster.pd.net_gbps=0"),
-    (["cluster.replicas=2", "cluster.pd.prefill_replicas=1", "cluster.store.enabled=true"],
-     "cluster.store.enabled=true"),
 ])
 def test_a_bad_disaggregation_config_is_one_error_naming_the_field(tmp_path, overrides, field):
     wl = make_workload([one(50, 3)], prefix_block_tokens=16)
