@@ -40,8 +40,8 @@ from . import importance
 from .config import (MODES, AdaKVConfig, FullConfig, H2OConfig, PolicyOptions, PyramidKVConfig, QuestConfig,
                      RandomConfig, RKVConfig, SnapKVConfig, StreamingLLMConfig, TOVAConfig, TriAttentionConfig,
                      register_policy)
-from .importance import (lattice_stream_at, log_score_at, log_score_from_streams,
-                         log_scores_at, recency_at)
+from .importance import log_score_at, log_scores_at
+from .pooled_round import ada_keep, ada_pooled, scatter_rows, snap_keep
 
 
 @dataclass
@@ -321,122 +321,6 @@ def _rank_band(keep: np.ndarray, pend: np.ndarray, pend_v: np.ndarray, aged: boo
     for a, b in zip(np.r_[0, cut], np.r_[cut, len(pend)]):
         order = np.argsort(-ex[a:b], kind="stable")
         keep[pend[a, 0], pend[a:b, 1][order[:pend[a, 2]]]] = True
-
-
-@kernel("i8(f8[:, :], i4[:, :], i8, i8[:], b1[:, :], i8[:, :], f8[:])")
-def _band_topk_below(key, slot_pos, cut, k, keep, pend, pend_v):  # pragma: no cover (compiled)
-    """SnapKV's keep: per group ``h``, live slots holding a position ``>= cut`` are kept, and
-    of those holding a position below it (the candidates), the top ``k[h]`` by a key known
-    within :data:`KEY_EPS` of the log of the exact one (``key``: ``float64[H, S]``; exact key
-    ``f32(exp(key))``), as :func:`topk_mask` ranks: kept where the keys decide, and where more
-    candidates lie within ``2 KEY_EPS`` of the k-th largest key than places are left, they go
-    to ``pend`` (group, slot, places left, 1) and ``pend_v`` (key) for :func:`_rank_band`.
-    Returns the band candidates written, or -1 when ``pend`` cannot hold them."""
-    H, S = key.shape
-    tmp = np.empty(S, dtype=np.float64)
-    n_pend = 0
-    for g in range(H):
-        n = 0
-        for j in range(S):
-            p = slot_pos[g, j]
-            if p >= cut:
-                keep[g, j] = True
-            elif p >= 0:
-                tmp[n] = key[g, j]
-                n += 1
-        kg = k[g]
-        if kg <= 0 or n == 0:
-            continue
-        if n <= kg:
-            for j in range(S):
-                p = slot_pos[g, j]
-                if p >= 0 and p < cut:
-                    keep[g, j] = True
-            continue
-        thr = np.partition(tmp[:n], n - kg)[n - kg]
-        above = thr + 2.0 * KEY_EPS
-        below = thr - 2.0 * KEY_EPS
-        certain = 0
-        band = 0
-        for i in range(n):
-            if tmp[i] > above:
-                certain += 1
-            elif tmp[i] >= below:
-                band += 1
-        need = kg - certain
-        if need != band and n_pend + band > pend.shape[0]:
-            return -1
-        for j in range(S):
-            p = slot_pos[g, j]
-            if p >= 0 and p < cut:
-                x = key[g, j]
-                if x > above or (need == band and x >= below):
-                    keep[g, j] = True
-                elif x >= below:
-                    pend[n_pend, 0] = g
-                    pend[n_pend, 1] = j
-                    pend[n_pend, 2] = need
-                    pend[n_pend, 3] = 1
-                    pend_v[n_pend] = x
-                    n_pend += 1
-    return n_pend
-
-
-@kernel("i8(i4[:, :], i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], f8[:], "
-        "i8, f8[:, :])", depends=(importance,))
-def _pooled_log_scores(slot_pos, P, k, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
-                       out):  # pragma: no cover (compiled)
-    """SnapKV's max pooling in the log domain: per group, the live slots holding prompt
-    positions (below ``P``) taken in slot order, each gets the largest clipped log-score
-    (the shared stream and the recency term computed once per position, each group's own
-    stream per slot, by :mod:`policies.importance`'s helpers) of the region entries ``i - k //
-    2 .. i - k // 2 + k - 1`` around it (:func:`_pool_along_positions`' window), into ``out``
-    (``-inf`` elsewhere); the exponential is monotone, so ``f32(exp(out))`` is the pooled
-    float32 score. Returns 0, or -1 (``out`` partly written) when a group's prompt positions
-    do not increase along its slots (the pooling's position order is not the slot order)."""
-    H, S = slot_pos.shape
-    half = k // 2
-    rj = np.empty(S, dtype=np.int64)
-    rp = np.empty(S, dtype=np.int64)
-    v = np.empty(S, dtype=np.float64)
-    # the shared stream and the recency term of every prompt position, once for all groups
-    top = min(P, ip_i.shape[1])
-    z0 = np.empty(top, dtype=np.float64)
-    rec = np.empty(top, dtype=np.float64)
-    for p in range(top):
-        z0[p] = lattice_stream_at(0, p, ip_i, ip_f, slat, drift, consts)
-        rec[p] = recency_at(p, lm, sink, seq_len)
-    for g in range(H):
-        n = 0
-        last = -1
-        for j in range(S):
-            out[g, j] = -np.inf
-            p = slot_pos[g, j]
-            if p >= 0 and p < P:
-                if p <= last or p >= top:
-                    return -1
-                last = p
-                rj[n] = j
-                rp[n] = p
-                n += 1
-        for i in range(n):
-            p = rp[i]
-            v[i] = log_score_from_streams(
-                g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
-                consts, sig)
-        for i in range(n):
-            lo = i - half
-            hi = lo + k - 1
-            if lo < 0:
-                lo = 0
-            if hi > n - 1:
-                hi = n - 1
-            m = v[lo]
-            for q in range(lo + 1, hi + 1):
-                if v[q] > m:
-                    m = v[q]
-            out[g, rj[i]] = m
-    return 0
 
 
 # ------------------------------------------------------------ per-step rounds kept between steps
@@ -1562,9 +1446,9 @@ class SnapKVPolicy(EvictionPolicy):
         """:meth:`select` for the scores of a fused :class:`policies.importance.ImportanceModel`
         given as ``log_score_terms(..., static_lattice=True)`` at the round's step (``seq_len
         = layout.next_position``): the same keep mask (``bool[H, S]``), pooled in the log
-        domain (:func:`_pooled_log_scores`) and ranked by :meth:`_keep_pooled_logs`, or None
-        where it does not apply (average pooling, prompt positions out of slot order, more
-        near-ties than it holds)."""
+        domain and ranked group by group in compiled passes (:meth:`_keep_from_terms`,
+        :mod:`policies.pooled_round`), or None where it does not apply (average pooling,
+        prompt positions out of slot order, more near-ties than it holds)."""
         if not self.pools_logs:
             return None
         pos = layout.slot_pos
@@ -1575,24 +1459,20 @@ class SnapKVPolicy(EvictionPolicy):
         w = min(int(self.cfg.observation_window), P)
         kernel = int(self.cfg.pooling_kernel)
         k = max(1, min(kernel, 2 * S - 1)) if kernel > 1 else 1
-        pv = np.empty((H, S), dtype=np.float64)
-        t = terms
-        if _pooled_log_scores(pos, P, k, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig, t.lm,
-                              t.sink, t.seq_len, pv) < 0:
-            return None
-        return self._keep_pooled_logs(pv, pos, P, w)
+        return self._keep_from_terms(pos, P, w, k, terms)
 
-    def _keep_pooled_logs(self, pv, pos, P, w):
-        """The keep mask from the pooled log-scores ``pv``: the observation window and decode
-        tokens, and the top ``group_budgets - w`` of the other prompt tokens per group
-        (:func:`_band_topk_below`, near-ties by the exact float32 scores); None when more
-        near-ties are open than it holds."""
-        H = pv.shape[0]
-        keep = np.zeros(pv.shape, dtype=bool)
+    def _keep_from_terms(self, pos, P, w, k, t):
+        """:meth:`select_from_terms`' keep from the terms ``t`` (pooling kernel ``k``): the
+        observation window, decode tokens and the top ``group_budgets - w`` pooled scores of
+        each group (:func:`policies.pooled_round.snap_keep`, near-ties by the exact float32
+        scores), or None (see :meth:`select_from_terms`)."""
+        H, S = pos.shape
+        keep = np.zeros((H, S), dtype=bool)
         pend = np.empty((self.PEND_CAP, 4), dtype=np.int64)
         pend_v = np.empty(self.PEND_CAP, dtype=np.float64)
-        k = np.ascontiguousarray(self.group_budgets(H) - w, dtype=np.int64)
-        n = _band_topk_below(pv, pos, P - w, k, keep, pend, pend_v)
+        kg = np.ascontiguousarray(self.group_budgets(H) - w, dtype=np.int64)
+        n = snap_keep(pos, P, k, P - w, kg, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig,
+                      t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend, pend_v)
         if n < 0:
             return None
         if n:
@@ -1670,15 +1550,31 @@ class AdaKVPolicy(SnapKVPolicy):
         w, window, decode, cand, pooled = self._window_and_pool(layout, sc, pos, live)
         return window | decode | self._keep_pooled(pooled, cand, w)
 
-    def _keep_pooled_logs(self, pv, pos, P, w):
-        """:meth:`_keep_pooled` on the exact pooled scores ``f32(exp(pv))`` of the candidates
-        (the normalisation sums every candidate's score, so each is needed exactly), with
-        the observation window and decode tokens."""
-        live = pos >= 0
-        cand = live & (pos < P - w)
-        pooled = np.zeros(pv.shape, dtype=np.float64)
-        pooled[cand] = np.exp(pv[cand]).astype(np.float32)
-        return (live & (pos >= P - w)) | self._keep_pooled(pooled, cand, w)
+    def _keep_from_terms(self, pos, P, w, k, t):
+        """:meth:`_keep_pooled` on the exact pooled scores of the candidates, ``f32(exp(.))`` of
+        their pooled log-scores (:func:`policies.pooled_round.ada_pooled`; the normalisation
+        sums every candidate's score, so each is needed exactly; numpy's exp and row sums, as
+        :meth:`select` computes them), with the observation window and decode tokens
+        (:func:`policies.pooled_round.ada_keep`); None where the pooling does not apply."""
+        H, S = pos.shape
+        keep = np.zeros((H, S), dtype=bool)
+        cv = np.empty(H * S, dtype=np.float64)
+        cj = np.empty(H * S, dtype=np.int64)
+        off = np.empty(H + 1, dtype=np.int64)
+        n = ada_pooled(pos, P, k, P - w, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig, t.lm,
+                       t.sink, t.seq_len, keep, cv, cj, off)
+        if n < 0:
+            return None
+        e = np.exp(cv[:n]).astype(np.float32)
+        rows = np.zeros((H, S), dtype=np.float64)
+        scatter_rows(e, cj, off, rows)
+        den = np.maximum(rows.sum(axis=1), 1e-300)
+        per_head = max(int(self.cfg.budget) - w, 0)
+        floor = int(math.floor(self.cfg.ada_floor * per_head))
+        layers = self.group_layer(H)
+        starts = np.r_[0, np.flatnonzero(np.diff(layers)) + 1, H].astype(np.int64)
+        ada_keep(e, cj, off, den, starts, per_head, floor, keep)
+        return keep
 
     def _keep_pooled(self, pooled, cand, w):
         """The candidates kept by the pooled scores ``pooled`` (float64 of the float32 scores;

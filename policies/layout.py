@@ -151,8 +151,11 @@ class PagedLayout:
         if k < 0:
             raise ValueError(f"cannot add a negative number of blocks ({k})")
         if k:
-            pad = np.full((self.num_groups, k * self.block_size), -1, dtype=np.int32)
-            self.slot_pos = np.concatenate([self.slot_pos, pad], axis=1)
+            H, S = self.slot_pos.shape
+            grown = np.empty((H, S + k * self.block_size), dtype=np.int32)
+            grown[:, :S] = self.slot_pos
+            grown[:, S:] = -1
+            self.slot_pos = grown
 
     def commit_append(self, n: int, positions: Optional[np.ndarray] = None) -> np.ndarray:
         """Write ``n`` new tokens (same positions in every group); returns the ``int64[H, n]`` slots used.
@@ -254,9 +257,9 @@ class PagedLayout:
         else:
             below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
             self.append_ptr = ptr - below
-            keep_blocks = np.ones(nb, dtype=bool)
-            keep_blocks[idx] = False
-            self.slot_pos = self.slot_pos[:, np.repeat(keep_blocks, B)]
+            out = np.empty((self.num_groups, (nb - k) * B), dtype=np.int32)
+            _copy_blocks_but(self.slot_pos, np.ascontiguousarray(idx, dtype=np.int64), B, out)
+            self.slot_pos = out
 
     def copy(self) -> "PagedLayout":
         """Deep copy."""
@@ -287,6 +290,22 @@ def _append_rows(slot_pos, append_ptr, first, n):  # pragma: no cover (compiled)
             slot_pos[g, j + i] = first + i
         append_ptr[g] = j + n
     return True
+
+
+@kernel("void(i4[:, :], i8[:], i8, i4[:, :])")
+def _copy_blocks_but(slot_pos, idx, B, out):  # pragma: no cover (compiled)
+    """``slot_pos`` without the blocks ``idx`` (distinct, ascending) into ``out`` (``int32[H,
+    S - len(idx) B]``): the kept blocks' slots in order."""
+    H, S = slot_pos.shape
+    for g in range(H):
+        d = 0
+        b0 = 0
+        for i in range(idx.shape[0] + 1):
+            b1 = idx[i] if i < idx.shape[0] else S // B
+            for s in range(b0 * B, b1 * B):
+                out[g, d] = slot_pos[g, s]
+                d += 1
+            b0 = b1 + 1
 
 
 @kernel("i8(i4[:, :], i8, i8[:])")

@@ -15,6 +15,7 @@ from experiments.seed_blocks_freed import seed_rows
 from policies import (CompactionConfig, ImportanceModel, ImportanceParams, PagedLayout, PolicyConfig,
                       RecordedImportance, make_compactor, make_policy, score_slots)
 from policies.eviction import ModelShape, RequestState
+from policies.pooled_round import kth_largest
 
 B = 16
 
@@ -1265,6 +1266,26 @@ def test_commit_next_writes_what_commit_append_writes(H, steps, n, block):
     assert a.next_position == b.next_position
     with pytest.raises(ValueError, match="do not fit"):
         b.commit_next(b.allocated_slots + 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 7000), st.integers(0, 2**32 - 1), st.sampled_from(["normal", "ties", "sorted", "runs"]))
+def test_kth_largest_is_numpys_partition_value(n, seed, kind):
+    """``policies.pooled_round.kth_largest(x, n, kg, buf)`` is the value ``np.partition(x[:n],
+    n - kg)[n - kg]`` for every rank, on spread values, heavy ties, sorted rows and long runs
+    of equal values (the sample's bracket missing the rank)."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal(n)
+    elif kind == "ties":
+        x = rng.integers(0, 4, n).astype(np.float64)
+    elif kind == "sorted":
+        x = np.sort(rng.standard_normal(n))[::-1].copy()
+    else:
+        x = np.repeat(rng.standard_normal(n // 50 + 1), 50)[:n].copy()
+    buf = np.empty(n)
+    for kg in {1, n, int(rng.integers(1, n + 1)), max(1, n // 3), max(1, n - 7)}:
+        assert kth_largest(x, n, kg, buf) == np.partition(x, n - kg)[n - kg]
 
 
 @settings(max_examples=80, deadline=None)

@@ -1,0 +1,338 @@
+"""The compiled round of SnapKV's family (SnapKV, PyramidKV, Ada-KV) on the generative model.
+
+A SnapKV round scores every prompt position of every group once, max-pools the scores along
+positions and keeps the top of each group (Li et al., NeurIPS 2024; Cai et al., 2024; Feng et
+al., 2024). With PyramidKV's and Ada-KV's ``per_layer_per_head`` groups (a 36-layer model with
+8 KV heads: 288 groups) that is millions of scores a round, so the kernels here work group by
+group, with the group's scores, pooled scores and ranking in arrays of one prompt's length
+(they stay in the CPU's caches), and compute what the groups share (the shared stream and the
+recency term of each position) once.
+
+Every value is the arithmetic of :mod:`policies.importance`'s helpers (:func:`lattice_stream_at`,
+:func:`log_score_from_streams`, :func:`recency_at`) in the same order, so the keep masks are
+those of :meth:`policies.eviction.SnapKVPolicy.select` on :func:`policies.importance.score_slots`'
+float32 scores (``tests/test_policies.py`` checks it on random layouts and models).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.jit import inline, kernel
+
+from . import importance
+from .importance import lattice_stream_at, log_score_from_streams, recency_at
+
+
+@inline
+def _window_max(v, n, nc, half, k, out, buf):  # pragma: no cover (compiled)
+    """``out[i]`` for ``i < nc``: the largest of ``v[lo..hi]``, ``lo = max(i - half, 0)``,
+    ``hi = min(i - half + k - 1, n - 1)`` (``k`` odd, ``half = k // 2``; the values finite),
+    by van Herk and Gil-Werman's running maxima over blocks of ``k`` (three comparisons an
+    entry whatever ``k``). ``out``: at least ``nc`` entries; ``buf``: scratch of at least
+    ``nc + k - 1``."""
+    if k == 1:
+        for i in range(nc):
+            out[i] = v[i]
+        return
+    # the window of entry i is [i - half, i + half] clipped to [0, n - 1]: over the padded
+    # sequence u (u[q] = v[q - half], -inf outside), the window [i, i + k - 1] of u
+    m = nc + k - 1  # entries of u the windows of 0..nc-1 reach
+    ninf = -np.inf
+    # forward running maxima within each block of k entries of u (g), backward ones (h)
+    # g into buf, h into out (out[i] only needs h[i] and g[i + k - 1]: h first, then combined)
+    for b0 in range(0, m, k):
+        b1 = min(b0 + k, m)
+        run = ninf
+        for q in range(b0, b1):
+            x = v[q - half] if 0 <= q - half < n else ninf
+            run = x if x > run else run
+            buf[q] = run
+    for b0 in range(0, m, k):
+        b1 = min(b0 + k, m)
+        run = ninf
+        for q in range(b1 - 1, b0 - 1, -1):
+            x = v[q - half] if 0 <= q - half < n else ninf
+            run = x if x > run else run
+            if q < nc:
+                out[q] = run
+    for i in range(nc):
+        a = out[i]
+        c = buf[i + k - 1]
+        out[i] = a if a > c else c
+
+
+@inline
+def kth_largest(x, n, kg, buf):  # pragma: no cover (compiled)
+    """The ``kg``-th largest of ``x[:n]`` (``1 <= kg <= n``, values not NaN): the value
+    ``np.partition(x[:n], n - kg)[n - kg]`` gives. The values between two order statistics of
+    a sample of ``x`` that bracket the rank are gathered into ``buf`` (``n`` entries) and
+    partitioned there; a rank outside the bracket partitions all of them."""
+    t = n - kg  # rank, ascending from 0
+    if n > 2048:
+        m = 256
+        smp = np.empty(m, dtype=np.float64)
+        for i in range(m):
+            smp[i] = x[(i * n) // m]
+        smp.sort()
+        c = (t * m) // n
+        lo = smp[max(c - 24, 0)]
+        hi = smp[min(c + 24, m - 1)]
+        below = 0
+        nb = 0
+        for i in range(n):
+            y = x[i]
+            if y < lo:
+                below += 1
+            elif y <= hi:
+                buf[nb] = y
+                nb += 1
+        if below <= t < below + nb:
+            return np.partition(buf[:nb], t - below)[t - below]
+    for i in range(n):
+        buf[i] = x[i]
+    return np.partition(buf[:n], t)[t]
+
+
+@inline
+def _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0,
+                  rec):  # pragma: no cover (compiled)
+    """The shared stream ``z0[p]`` and the recency term ``rec[p]`` of every position ``p <
+    top`` (the same for every group)."""
+    for p in range(top):
+        z0[p] = lattice_stream_at(0, p, ip_i, ip_f, slat, drift, consts)
+        rec[p] = recency_at(p, lm, sink, seq_len)
+
+
+@inline
+def _region(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
+    """Group ``g``'s pooling region: its live slots holding positions below ``P``, in slot
+    order, into ``rj`` (slots) and ``rp`` (positions); live slots holding positions ``>= cut``
+    are kept (``keep[g]``). Returns ``(n, nc)``: region entries and candidates (the leading
+    entries, positions below ``cut``, as the positions increase along the region), or ``(-1,
+    -1)`` when they do not increase or one is ``>= top``."""
+    n = 0
+    nc = 0
+    last = -1
+    for j in range(slot_pos.shape[1]):
+        p = slot_pos[g, j]
+        if p >= cut:
+            keep[g, j] = True
+        if p >= 0 and p < P:
+            if p <= last or p >= top:
+                return -1, -1
+            last = p
+            rj[n] = j
+            rp[n] = p
+            n += 1
+            if p < cut:
+                nc += 1
+    return n, nc
+
+
+@inline
+def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled,
+                tmp):  # pragma: no cover (compiled)
+    """``pooled[i]``, ``i < nc``: group ``g``'s max-pooled clipped log-score of region entry
+    ``i`` (kernel ``k``) from :func:`_shared_terms`' ``z0`` and ``rec`` (``v``, ``tmp``:
+    scratch)."""
+    half = k // 2
+    m = min(n, nc + half)  # (the candidates' windows reach half entries past the last one)
+    for i in range(m):
+        p = rp[i]
+        v[i] = log_score_from_streams(
+            g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
+            consts, sig)
+    _window_max(v, m, nc, half, k, pooled, tmp)
+
+
+@kernel("i8(i4[:, :], i8, i8, i8, i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], "
+        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:])", depends=(importance,))
+def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
+              eps, keep, pend, pend_v):  # pragma: no cover (compiled)
+    """SnapKV's keep mask in one pass per group, from the terms of ``log_score_terms(...,
+    static_lattice=True)``.
+
+    Per group ``g`` (row of ``slot_pos``, ``int32[H, S]``): the live slots holding prompt
+    positions (below ``P``), in slot order, are the pooling region; each gets the largest
+    clipped log-score of the region entries ``i - k // 2 .. i - k // 2 + k - 1`` around it
+    (``k``: the pooling kernel, odd, at most ``2 S - 1``). Live slots holding a position
+    ``>= cut`` (the observation window and decode tokens) are kept; of those below it (the
+    candidates), the top ``kg_all[g]`` by pooled log-score are kept, as
+    :func:`policies.eviction.topk_mask` ranks their float32 scores ``f32(exp(.))``: where more
+    candidates lie within ``2 eps`` (``eps``: the bound on the log-domain error,
+    :data:`policies.eviction.KEY_EPS`) of the ``kg``-th largest than places are left, they go
+    to ``pend`` (group, slot, places left, 1) and ``pend_v`` (pooled log-score) in slot order,
+    for :func:`policies.eviction._rank_band`. ``keep`` (``bool[H, S]``, False on entry) gets
+    the rest.
+
+    Returns the band rows written, or -1 (``keep`` partly written) when a group's prompt
+    positions do not increase along its slots, a prompt position lies beyond the terms'
+    tables, or ``pend`` cannot hold the band."""
+    H, S = slot_pos.shape
+    rj = np.empty(S, dtype=np.int64)
+    rp = np.empty(S, dtype=np.int64)
+    v = np.empty(S, dtype=np.float64)
+    pooled = np.empty(S, dtype=np.float64)
+    tmp = np.empty(S + k, dtype=np.float64)  # (_window_max's scratch: nc + k - 1 entries)
+    top = min(P, ip_i.shape[1])
+    z0 = np.empty(top, dtype=np.float64)
+    rec = np.empty(top, dtype=np.float64)
+    _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0, rec)
+    n_pend = 0
+    for g in range(H):
+        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        if n < 0:
+            return -1
+        kg = kg_all[g]
+        if kg <= 0 or nc == 0:
+            continue
+        if nc <= kg:
+            for i in range(nc):
+                keep[g, rj[i]] = True
+            continue
+        _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled, tmp)
+        thr = kth_largest(pooled, nc, kg, tmp)
+        above = thr + 2.0 * eps
+        below = thr - 2.0 * eps
+        certain = 0
+        band = 0
+        for i in range(nc):
+            if pooled[i] > above:
+                certain += 1
+            elif pooled[i] >= below:
+                band += 1
+        need = kg - certain
+        if need != band and n_pend + band > pend.shape[0]:
+            return -1
+        for i in range(nc):
+            x = pooled[i]
+            if x > above or (need == band and x >= below):
+                keep[g, rj[i]] = True
+            elif x >= below:
+                pend[n_pend, 0] = g
+                pend[n_pend, 1] = rj[i]
+                pend[n_pend, 2] = need
+                pend[n_pend, 3] = 1
+                pend_v[n_pend] = x
+                n_pend += 1
+    return n_pend
+
+
+@kernel("i8(i4[:, :], i8, i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], "
+        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:])", depends=(importance,))
+def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len, keep,
+               cv, cj, off):  # pragma: no cover (compiled)
+    """Ada-KV's pooled log-scores (:func:`snap_keep`'s pooling) of every candidate, group by
+    group: group ``g``'s candidates (live slots holding positions below ``cut``, in slot
+    order) are entries ``off[g]..off[g + 1] - 1`` of ``cv`` (pooled clipped log-score) and
+    ``cj`` (slot), ``cv``, ``cj`` of ``H x S`` entries; live slots holding positions ``>=
+    cut`` are kept (``keep``). Returns the candidates, or -1 where :func:`snap_keep` returns
+    it for the region."""
+    H, S = slot_pos.shape
+    rj = np.empty(S, dtype=np.int64)
+    rp = np.empty(S, dtype=np.int64)
+    v = np.empty(S, dtype=np.float64)
+    pooled = np.empty(S, dtype=np.float64)
+    tmp = np.empty(S + k, dtype=np.float64)
+    top = min(P, ip_i.shape[1])
+    z0 = np.empty(top, dtype=np.float64)
+    rec = np.empty(top, dtype=np.float64)
+    _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0, rec)
+    o = 0
+    for g in range(H):
+        off[g] = o
+        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        if n < 0:
+            return -1
+        if nc:
+            _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled,
+                        tmp)
+            for i in range(nc):
+                cv[o + i] = pooled[i]
+                cj[o + i] = rj[i]
+            o += nc
+    off[H] = o
+    return o
+
+
+@kernel("void(f4[:], i8[:], i8[:], f8[:, :])")
+def scatter_rows(e, cj, off, out):  # pragma: no cover (compiled)
+    """``out[g, cj[i]] = e[i]`` for the entries ``off[g]..off[g + 1] - 1`` of each group
+    (``out``: zeros elsewhere, as the caller made it)."""
+    for g in range(out.shape[0]):
+        for i in range(off[g], off[g + 1]):
+            out[g, cj[i]] = e[i]
+
+
+@inline
+def _top_by_value(x, idx, n, kk, buf, out_keep):  # pragma: no cover (compiled)
+    """The ``kk`` entries of ``x[:n]`` with the largest values, ties to the lower entry (as
+    :func:`policies.eviction.topk_mask` ranks a row): ``out_keep[idx[i]] = True`` for each
+    (``idx``: ``i``'s place in ``out_keep``). Returns how many were kept."""
+    if kk <= 0 or n == 0:
+        return 0
+    if kk >= n:
+        for i in range(n):
+            out_keep[idx[i]] = True
+        return n
+    thr = kth_largest(x, n, kk, buf)
+    above = 0
+    for i in range(n):
+        if x[i] > thr:
+            above += 1
+    ties = kk - above
+    for i in range(n):
+        y = x[i]
+        if y > thr:
+            out_keep[idx[i]] = True
+        elif y == thr and ties > 0:
+            out_keep[idx[i]] = True
+            ties -= 1
+    return kk
+
+
+@kernel("void(f4[:], i8[:], i8[:], f8[:], i8[:], i8, i8, b1[:, :])")
+def ada_keep(e, cj, off, den, layer_start, per_head, floor, keep):  # pragma: no cover (compiled)
+    """Ada-KV's keep (:meth:`policies.eviction.AdaKVPolicy._keep_pooled`) from the candidates'
+    float32 pooled scores ``e`` (:func:`ada_pooled`'s order) and each group's normaliser
+    ``den`` (``max(sum of its scores, 1e-300)``, as numpy sums the row): per group the top
+    ``floor`` by normalised score ``e / den``, then per layer (groups ``layer_start[l] ..
+    layer_start[l + 1] - 1``) the top ``per_head x groups - kept`` of the others by the same
+    score, ties to the lower group, then the lower slot; into ``keep`` (``bool[H, S]``)."""
+    H, S = keep.shape
+    tot = off[H]
+    p = np.empty(tot, dtype=np.float64)
+    for g in range(H):
+        for i in range(off[g], off[g + 1]):
+            p[i] = np.float64(e[i]) / den[g]
+    buf = np.empty(tot, dtype=np.float64)
+    flat_keep = np.zeros(tot, dtype=np.bool_)
+    idx = np.empty(tot, dtype=np.int64)
+    for i in range(tot):
+        idx[i] = i
+    for g in range(H):
+        a = off[g]
+        b = off[g + 1]
+        _top_by_value(p[a:b], idx[a:b], b - a, floor, buf, flat_keep)
+    for l in range(layer_start.shape[0] - 1):
+        g0 = layer_start[l]
+        g1 = layer_start[l + 1]
+        n_l = 0
+        kept_l = 0
+        for i in range(off[g0], off[g1]):
+            if flat_keep[i]:
+                kept_l += 1
+            else:
+                buf[n_l] = p[i]
+                idx[n_l] = i
+                n_l += 1
+        extra = per_head * (g1 - g0) - kept_l
+        if extra <= 0:
+            continue
+        vals = buf[:n_l].copy()
+        _top_by_value(vals, idx[:n_l], n_l, extra, buf, flat_keep)
+    for g in range(H):
+        for i in range(off[g], off[g + 1]):
+            if flat_keep[i]:
+                keep[g, cj[i]] = True
