@@ -2,12 +2,15 @@
 other files, cannot be created or takes no file is refused with one line before anything is
 written; an earlier complete run survives a rejected re-run; a live run's lock refuses a second
 run and a dead run's lock is taken over; any failure marks the folder; an interrupted write
-leaves no temporary file."""
+leaves no temporary file; a Hydra run folder reused as ``output.dir`` drops its stale record;
+relative paths under ``hydra.job.chdir=true`` name paths from the start folder; a run folder's own
+collection does not block a new run."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ import pandas as pd
 import pytest
 
 from conftest import KVSIM, REPO, SINGLE_ENGINE, quiet_config, run_kvsim
+from experiments import collect as C
 from sim.run import MARKER, run_simulation
 
 
@@ -291,3 +295,71 @@ def test_interrupted_write_leaves_no_tmp_file(tmp_path, monkeypatch, stopped):
     names = sorted(p.name for p in out.iterdir())
     assert MARKER in names and not [n for n in names if n.endswith(".tmp")], names
     assert "summary.json" not in names
+
+
+QUIET = ["sim.progress=false", "output.print_summary=false"]
+
+
+def _kvsim(*args, timeout=300, check=True):
+    r = subprocess.run([*KVSIM, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"kvsim {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def test_output_dir_reusing_a_hydra_run_folder_drops_its_stale_record(tmp_path):
+    """A run into a Hydra run folder with output.dir removes the earlier run's .hydra/ record with
+    its tables and writes its own config.yaml, so the collected row shows the new settings."""
+    run = tmp_path / "outputs" / "run"
+    _kvsim(f"hydra.run.dir={run}", "trace.max_requests=20", "seed=1", *QUIET)
+    assert (run / ".hydra" / "overrides.yaml").is_file()
+    _kvsim(f"output.dir={run}", "trace.max_requests=30", "cache.block_size=32", *QUIET)
+    assert not (run / ".hydra").exists()
+    assert "block_size: 32" in (run / "config.yaml").read_text()
+    res = C.collect(run, tmp_path / "col", quiet=True)
+    row = res.runs.iloc[0]
+    assert row["cache.block_size"] == 32 and row["trace.max_requests"] == 30
+
+
+def test_output_dir_under_a_file_is_one_line(tmp_path):
+    """output.dir=FILE/sub is one error line, not Hydra's NotADirectoryError."""
+    f = tmp_path / "plainfile"
+    f.write_text("x")
+    r = _kvsim(f"output.dir={f / 'sub'}", "trace.max_requests=5", *QUIET, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"output.dir={f / 'sub'}: {f} is a file, not a folder" in r.stderr
+    assert f.read_text() == "x"
+
+
+@pytest.mark.slow
+def test_relative_paths_with_hydra_job_chdir(tmp_path):
+    """With hydra.job.chdir=true, relative trace.path and output.dir name paths from the folder
+    kvsim started in, as without chdir."""
+    lines = (REPO / "traces" / "data" / "mooncake_conversation_10min.jsonl").read_text().splitlines()
+    (tmp_path / "m.jsonl").write_text("\n".join(lines[:40]) + "\n")
+    r = subprocess.run([*KVSIM, "trace=mooncake_conversation", "trace.path=m.jsonl",
+                        "hydra.job.chdir=true", "output.dir=res", *QUIET], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert s["requests_total"] == 40 and s["trace_source"] == str(tmp_path / "m.jsonl")
+
+
+def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):
+    """``kvsim-collect RUN_DIR`` writes its default ``RUN_DIR/collected``, and a later run into
+    RUN_DIR is allowed (the collection is a kvsim file there); a folder named so that is not a
+    collection is still refused."""
+    out = tmp_path / "run"
+    args = ["trace.max_requests=20", f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}", *QUIET]
+    _kvsim(*args)
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "collected" / "manifest.json").is_file()
+    _kvsim(*args, "seed=1")  # accepted: replaces the run's results
+    assert json.loads((out / "summary.json").read_text())["seed"] == 1
+    shutil.rmtree(out / "collected")
+    (out / "collected").mkdir()
+    (out / "collected" / "notes.txt").write_text("mine")
+    r = _kvsim(*args, check=False)
+    assert r.returncode == 2 and "not a kvsim run's (collected)" in r.stderr
