@@ -412,6 +412,33 @@ def test_with_the_store_every_request_moves_its_prompt_blocks_less_the_decode_gp
     assert len(c.store.pages) <= c.store.capacity
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(50, 120),
+       policy=st.sampled_from([SNAP[:2] + ("policy.mode=union", SNAP[2]), STREAM]))
+def test_compression_tiers_and_the_store_together_keep_the_transfer_rule(seed, blocks, policy):
+    """A compression policy, host tiers and the shared store on 2 prefill and 2 decode
+    replicas: every request finishes or is rejected (pool and layout invariants after every
+    step), and its transfer moves the blocks its prefill replica held after its last round
+    there less its decode replica's GPU hit."""
+    rng = np.random.default_rng(seed)
+    rows = [one(int(rng.integers(1, 700)), int(rng.integers(1, 40)),
+                [int(rng.integers(0, 3)) * 100 + j for j in range(44)],
+                float(np.round(rng.uniform(0, 3), 2))) for _ in range(12)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    wl = make_workload(rows, prefix_block_tokens=16)
+    req, _, c = pd_run(wl, "cluster.replicas=4", "cluster.pd.prefill_replicas=2",
+                       "cluster.store.enabled=true", "tiers=gpu_host", *policy, num_blocks=blocks)
+    fin = req[req["status"] == "finished"].set_index("request_id")
+    assert len(fin) + (req["status"] == "rejected").sum() == len(req)
+    rounds = pd.concat([rounds_of(c.replicas[p]) for p in (0, 1)]).sort_values("time_s",
+                                                                             kind="stable")
+    last = rounds.groupby("request_id")["blocks_after"].last()
+    held = (-(-fin["input_tokens"] // 16)).copy()
+    held.loc[held.index.intersection(last.index)] = last
+    assert (fin["kv_transfer_blocks"] == held - fin["decode_hit_tokens"] // 16).all()
+    assert all(not s.handed for s in c.replicas)
+
+
 def test_disaggregated_runs_are_deterministic():
     """The same workload and config give identical tables."""
     rng = np.random.default_rng(3)
