@@ -36,15 +36,16 @@ replica's prefix hit covers at most the blocks that round left intact.
 With host and disk tiers each replica keeps its own. A prefill replica's admission walks its
 GPU, host and disk and onboards before the prefill, as a single engine's; a decode replica takes
 its GPU hit only and receives the rest of a hand-off over the link (vLLM's ``MultiConnector``
-loads a request from the first connector that has its tokens: the NIXL connector, listed first
-on a decode instance), while its tiers take what its GPU caches and serve what it prefills
+loads a request from the first connector in its list that has the request's tokens; kvsim
+takes the NIXL connector to be listed first on a decode instance), while its tiers take what its GPU caches and serve what it prefills
 itself (preempted requests).
 
 With the shared store (:mod:`sim.kv_store`) every replica has its link to it: each puts the
 full blocks it registers (a prefill replica its prompts', a decode replica the blocks it
 received and generated), and a prefill replica's walk extends into it (a prefix another prefill
 replica computed is fetched over its link, on its TTFT path). A hand-off's KV is the decode
-replica's GPU hit and the KV link's, as with tiers (the NIXL connector listed first); the store
+replica's GPU hit and the KV link's, as with tiers (the NIXL connector taken to be listed
+first); the store
 serves what a decode replica prefills itself.
 
 Bytes: the blocks the decode replica lacks, ``page_bytes`` each (a block of ``block_size``
