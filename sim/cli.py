@@ -104,15 +104,17 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
         t.add_row("prefix-hit tokens kvsim / provider's cache reads",
                   f"{pc['kvsim_hit_tokens']:,} / {pc['provider_cached_tokens']:,} "
                   f"({pc['difference_pct']:+.1f}%)")
-    if s.get("tiers", "gpu_only") != "gpu_only" or (s.get("hit_ratio") or {}).get("host"):
+    # (the levels below the GPU by name, level 1 first: host / disk in the default chain)
+    levels = [k for k in (s.get("bytes_offloaded") or {"host": 0, "disk": 0})]
+    if s.get("tiers", "gpu_only") != "gpu_only" or (s.get("hit_ratio") or {}).get(levels[0]):
         h = s["hit_ratio"]
-        t.add_row("hit ratio by tier (GPU / host / disk)",
-                  " / ".join("-" if h[k] is None else f"{h[k]:.1%}" for k in ("gpu", "host", "disk")))
+        t.add_row(f"hit ratio by tier (GPU / {' / '.join(levels)})",
+                  " / ".join("-" if h[k] is None else f"{h[k]:.1%}" for k in ("gpu", *levels)))
     pl = s.get("preempted_lookups") or {}
     if pl.get("requests"):
         ht = pl["hit_tokens"]
-        t.add_row("re-admissions after preemption / their hit tokens GPU / host / disk",
-                  f"{pl['requests']:,} / {ht['gpu']:,} / {ht['host']:,} / {ht['disk']:,}")
+        t.add_row(f"re-admissions after preemption / their hit tokens GPU / {' / '.join(levels)}",
+                  f"{pl['requests']:,} / " + " / ".join(f"{ht[k]:,}" for k in ("gpu", *levels)))
     if s.get("policy", "full") != "full" and s.get("rounds") is not None:
         t.add_row("compression rounds / tokens evicted / blocks freed",
                   f"{s['rounds']:,} / {s.get('tokens_evicted_total', 0):,} / "

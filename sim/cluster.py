@@ -194,9 +194,9 @@ class ReplicaRecorder(Recorder):
 class ClusterRecorder(Recorder):
     """The run's :class:`Recorder` for a cluster: after :meth:`Cluster.run` it holds every
     replica's rows and counters; its tables carry a ``replica`` column (int64). With a shared
-    store the requests table also has ``hit_tokens_remote`` (int64, tokens; after
-    ``hit_tokens_disk``, and ``hit_tokens_gpu`` excludes them) and ``onboard_remote_s`` (s;
-    after ``onboard_disk_s``)."""
+    store the requests table also has ``hit_tokens_remote`` (int64, tokens; after the deepest
+    level's ``hit_tokens_disk``, and ``hit_tokens_gpu`` excludes them) and ``onboard_remote_s``
+    (s; after its ``onboard_disk_s``)."""
 
     replica_of: np.ndarray | None = None  # the replica of each of ``rows``
     remote: list | None = None  # (hit_remote, onboard_remote_s) of each of ``rows``
@@ -211,8 +211,9 @@ class ClusterRecorder(Recorder):
                    if len(self.remote) else np.empty((0, 2)))
             hit = rem[:, 0].astype(np.int64)
             df["hit_tokens_gpu"] = df["hit_tokens_gpu"] - hit
-            df.insert(df.columns.get_loc("hit_tokens_disk") + 1, "hit_tokens_remote", hit)
-            df.insert(df.columns.get_loc("onboard_disk_s") + 1, "onboard_remote_s", rem[:, 1])
+            last = self.levels[-1]  # (after the deepest level's columns)
+            df.insert(df.columns.get_loc(f"hit_tokens_{last}") + 1, "hit_tokens_remote", hit)
+            df.insert(df.columns.get_loc(f"onboard_{last}_s") + 1, "onboard_remote_s", rem[:, 1])
         if self.pd is not None:
             cols = list(zip(*self.pd)) if self.pd else [()] * len(PD_REQUEST_COLUMNS)
             for (name, dtype), col in zip(PD_REQUEST_COLUMNS, cols):
@@ -241,12 +242,12 @@ class ClusterTiers:
         t0 = tms[0]
         self.tms = tms
         self.codec = t0.codec
-        self.host_pages = t0.host_pages
-        self.disk_pages = t0.disk_pages
+        self.names = t0.names
+        self.capacity = t0.capacity
         self.bytes_offloaded = {k: sum(t.bytes_offloaded[k] for t in tms) for k in t0.bytes_offloaded}
         self.bytes_onboarded = {k: sum(t.bytes_onboarded[k] for t in tms) for k in t0.bytes_onboarded}
-        self.host = SimpleNamespace(peak=max(t.host.peak for t in tms))
-        self.disk = None if t0.disk is None else SimpleNamespace(peak=max(t.disk.peak for t in tms))
+        self.stores = [SimpleNamespace(peak=max(t.stores[i].peak for t in tms))
+                       for i in range(len(t0.stores))]
         self.records = _ClusterTransfers(tms)
 
 
@@ -570,6 +571,7 @@ class Cluster:
         rec = self.rec
         recs = [s.rec for s in self.replicas]
         rec.rows = [row for r in recs for row in r.rows]
+        rec.levels = recs[0].levels
         rec.replica_of = np.concatenate([np.full(len(r.rows), k, dtype=np.int64)
                                          for k, r in enumerate(recs)]) if rec.rows else \
             np.empty(0, dtype=np.int64)
@@ -609,7 +611,8 @@ class Cluster:
 
     @property
     def preempted_lookups(self) -> dict:
-        out = {"requests": 0, "query_tokens": 0, "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
+        levels = self.replicas[0].rec.levels
+        out = {"requests": 0, "query_tokens": 0, "hit_tokens": dict.fromkeys(("gpu",) + levels, 0)}
         if self.store is not None:
             out["hit_tokens"]["remote"] = 0
         for s in self.replicas:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -172,6 +172,27 @@ class CostConfig:
 
 
 @dataclass
+class LevelConfig:
+    """One level of a tier chain listed in ``tiers.levels`` (:func:`sim.tiers.tier_specs`).
+
+    ``name``: its name (the summary's and tables' columns, e.g. ``hit_tokens_<name>``);
+    ``gib``: capacity (GiB; 0: off, and so is every level below the last one above 0);
+    ``read_gbps`` / ``write_gbps``: GB/s of its link toward the GPU (reads into the level
+    above; the first level: host-to-device) and of the link filling it (demotions from the
+    level above; the first level: device-to-host); ``latency_s``: s per batch (an I/O or an
+    issued copy) on both; null for the first level: the PCIe figures (``tiers.pcie_gbps`` /
+    ``pcie_overhead_s`` or the GPU card's). ``replacement``: lru | arc, null for
+    ``tiers.replacement``."""
+
+    name: str = MISSING
+    gib: float = 0.0
+    read_gbps: Optional[float] = None
+    write_gbps: Optional[float] = None
+    latency_s: Optional[float] = None
+    replacement: Optional[str] = None
+
+
+@dataclass
 class TiersConfig:
     """Host and disk tiers below the GPU (see :mod:`sim.tiers`).
 
@@ -183,6 +204,10 @@ class TiersConfig:
     ``selective_min_hits`` hits). ``onboard``: blocking (load, then prefill) | layerwise (load
     overlapped with the prefill layer by layer). ``load_or_recompute``: recompute a disk hit
     when loading it would take longer. PCIe defaults come from the GPU card.
+
+    ``levels``: the chain below the GPU as a list of :class:`LevelConfig`, level 1 first (then
+    ``host_gib`` and ``disk_gib`` stay 0); empty: the two levels host (``host_gib``, PCIe) and
+    disk (``disk_gib``, ``disk_read_gbps`` / ``disk_write_gbps`` / ``disk_latency_s``).
     """
 
     name: str = "gpu_only"
@@ -199,6 +224,7 @@ class TiersConfig:
     disk_read_gbps: float = 7.0
     disk_write_gbps: float = 5.0
     disk_latency_s: float = 80e-6
+    levels: List[LevelConfig] = field(default_factory=list)
 
 
 @dataclass

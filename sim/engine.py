@@ -125,6 +125,8 @@ class Simulator:
         self.handed: dict = {}  # rid -> request whose prefill ended, holding its blocks
         # tiers: a factory env -> TierManager (None = GPU only)
         self.tiers = tiers(self.env) if tiers is not None else None
+        if self.tiers is not None:  # (the requests table's columns per level of its chain)
+            recorder.levels = self.tiers.names
         self.num_layers = max(1, int(num_layers))
         self.onboarding = 0
         self.onboarding_reqs: dict = {}  # rid -> request in a blocking onboard (with self.check)
@@ -174,7 +176,7 @@ class Simulator:
         # prefix lookups of preempted requests re-admitted (the requests' own hit columns count
         # their first admission only): lookups, tokens looked up, hit tokens by serving tier
         self.preempted_lookups = {"requests": 0, "query_tokens": 0,
-                                  "hit_tokens": {"gpu": 0, "host": 0, "disk": 0}}
+                                  "hit_tokens": dict.fromkeys(("gpu",) + recorder.levels, 0)}
         # tiers.load_or_recompute: admissions whose hit was cut at a disk page because loading
         # would take longer than recomputing, the hit tokens given up, and those held on disk
         self.recomputed_instead_of_load = {"admissions": 0, "tokens": 0, "disk_tokens": 0}
@@ -256,11 +258,9 @@ class Simulator:
         req.total_blocks = -(-(req.input + req.output - 1) // self.B)
         req.first_scheduled = p.first_scheduled
         req.hit_tokens = p.hit_tokens
-        req.hit_host = p.hit_host
-        req.hit_disk = p.hit_disk
+        req.hit_tier = None if p.hit_tier is None else list(p.hit_tier)
         req.hit_remote = p.hit_remote
-        req.onboard_host_s = p.onboard_host_s
-        req.onboard_disk_s = p.onboard_disk_s
+        req.onboard_tier_s = None if p.onboard_tier_s is None else list(p.onboard_tier_s)
         req.onboard_remote_s = p.onboard_remote_s
         req.computed_prompt_tokens = p.computed_prompt_tokens
         req.preemptions = p.preemptions
@@ -620,9 +620,9 @@ class Simulator:
             assert r.n_blocks == 0 and r.status == WAITING
         tm = self.tiers
         if tm is not None:
-            assert len(tm.host) <= tm.host_pages, f"host holds {len(tm.host)} > {tm.host_pages} pages"
-            if tm.disk is not None:
-                assert len(tm.disk) <= tm.disk_pages, f"disk holds {len(tm.disk)} > {tm.disk_pages} pages"
+            for sp, st in zip(tm.specs, tm.stores):
+                assert len(st) <= sp.capacity_pages, \
+                    f"{sp.name} holds {len(st)} > {sp.capacity_pages} pages"
 
     def stretch_counts(self) -> dict:
         """Which fast paths ran: ``{stretch name: {"taken": stretches advanced, "steps": engine

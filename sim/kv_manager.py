@@ -16,7 +16,7 @@ from .block_pool import KeyTable
 from .clock import advance_to
 from .keys import block_keys, continues
 from .request import ONBOARDING, RUNNING, Request
-from .tiers.spec import DISK, GPU, HOST, REMOTE
+from .tiers.spec import GPU, HOST, REMOTE
 
 
 MEMO_LOG_MAX = 1 << 18  # keys logged while a hit-walk memo waits; past this the memo is dropped
@@ -235,8 +235,8 @@ class KVManager:
         on the GPU served by the fastest tier holding it, up to the first held nowhere. Returns
         the block-table prefix (GPU block ids, -1 where a page must be onboarded) and the
         positions, keys and tier codes of those pages (None, None, None without any). With
-        ``load_or_recompute`` the hit is cut at the first disk page when loading the disk pages
-        would take longer than recomputing the tokens from there on.
+        ``load_or_recompute`` the hit is cut at the first page below level 1 (a disk page) when
+        loading the pages from there on would take longer than recomputing their tokens.
         """
         sim = self.sim
         tiers = sim.tiers
@@ -251,11 +251,13 @@ class KVManager:
         gpu_hit = blk[:g]
         ext = blk[g:]
         codes_a = code[g:]
-        if (codes_a == DISK).any():
-            first = int(np.argmax(codes_a == DISK))
-            n_disk = int(np.count_nonzero(codes_a[first:] == DISK))
-            n_host = int(np.count_nonzero(codes_a[first:] == HOST))
-            load = tiers.estimate_load_s(n_host, n_disk)
+        deep = (codes_a > HOST) & (codes_a != REMOTE)
+        if deep.any():
+            first = int(np.argmax(deep))
+            rest = codes_a[first:]
+            counts = [int(np.count_nonzero(rest == lv)) for lv in range(1, len(tiers.stores) + 1)]
+            n_disk = sum(counts[1:])
+            load = tiers.estimate_load_s(counts)
             ctx = (g + first) * sim.B
             recompute = sim.cost.prefill_time((len(codes_a) - first) * sim.B, ctx)
             if recompute < load:
@@ -275,9 +277,8 @@ class KVManager:
     def start_onboard(self, req: Request, pos, keys, codes, blocking: bool) -> None:
         sim = self.sim
         tiers = sim.tiers
-        host_keys = keys[codes == HOST]
-        disk_keys = keys[codes == DISK]
-        tiers.touch(host_keys, disk_keys)
+        level_keys = [keys[codes == lv] for lv in range(1, len(tiers.stores) + 1)]
+        tiers.touch(level_keys)
         remote_keys = None
         if tiers.store is not None:  # (a cluster's shared store: fetched over its link)
             remote_keys = keys[codes == REMOTE]
@@ -288,9 +289,9 @@ class KVManager:
             if sim.check:
                 sim.onboarding_reqs[req.rid] = req  # (check_invariants counts their blocks)
         req.load_event = sim.env.process(
-            self.onboard(req, pos, host_keys, disk_keys, blocking, req.gen, remote_keys))
+            self.onboard(req, pos, level_keys, blocking, req.gen, remote_keys))
 
-    def onboard(self, req: Request, pos, host_keys, disk_keys, blocking: bool, gen: int,
+    def onboard(self, req: Request, pos, level_keys, blocking: bool, gen: int,
                 remote_keys=None):
         sim = self.sim
         env = sim.env
@@ -298,13 +299,16 @@ class KVManager:
         out = {}
         if sim.wb_until > env.now:  # (write_back) the reused blocks' old pages leave first
             yield from advance_to(env, sim.wb_until)
-        yield env.process(sim.tiers.onboard(host_keys, disk_keys, out, remote_keys))
+        yield env.process(sim.tiers.onboard(level_keys, out, remote_keys))
         if req.gen != gen:  # preempted while loading (layerwise): its blocks are gone
             return
         sim.pool.cache_blocks(req.blocks[pos], req.keys[pos])
         if req.n_generated == 0:  # before the first token (the TTFT split: queue + onboard + prefill)
-            req.onboard_host_s += out["onboard_host_s"]
-            req.onboard_disk_s += out["onboard_disk_s"]
+            t = req.onboard_tier_s
+            if t is None:
+                t = req.onboard_tier_s = [0.0] * len(sim.tiers.names)
+            for i, name in enumerate(sim.tiers.names):
+                t[i] += out[f"onboard_{name}_s"]
             if remote_keys is not None:
                 req.onboard_remote_s += out["onboard_remote_s"]
         if blocking:

@@ -44,6 +44,27 @@ REQUEST_COLUMNS = [
     "peak_blocks", "end_live_tokens", "end_blocks", "status", "reject_reason",
 ]
 
+
+
+def request_columns(levels=("host", "disk")) -> list:
+    """The requests table's columns for a chain of tiers whose levels are named ``levels``
+    (level 1 first; :mod:`sim.tiers.spec`): ``onboard_<level>_s`` after ``onboard_s`` and
+    ``hit_tokens_<level>`` after ``hit_tokens_gpu``, one per level (the default chain's:
+    :data:`REQUEST_COLUMNS`)."""
+    levels = tuple(levels)
+    if levels == ("host", "disk"):
+        return list(REQUEST_COLUMNS)
+    cols = []
+    for c in REQUEST_COLUMNS:
+        if c in ("onboard_host_s", "onboard_disk_s", "hit_tokens_host", "hit_tokens_disk"):
+            if c in ("onboard_host_s", "hit_tokens_host"):
+                fmt = "onboard_{}_s" if c.startswith("onboard") else "hit_tokens_{}"
+                cols += [fmt.format(n) for n in levels]
+            continue
+        cols.append(c)
+    return cols
+
+
 TRANSFER_COLUMNS = ["time_s", "direction", "tier", "pages", "bytes", "duration_s", "queue_s", "codec"]
 
 
@@ -96,13 +117,17 @@ class TransferLog:
     """
 
     DIRECTIONS = ("d2h", "h2d", "disk_to_host", "host_to_disk")
-    TIERS = ("host", "disk")
+    TIERS = ("host", "disk")  # (the default chain's; ``directions`` / ``tiers`` replace them)
     _TYPES = ("d", "b", "b", "q", "q", "d", "d")  # time, direction, tier, pages, bytes, dur, queue
 
-    def __init__(self, codec: str):
+    def __init__(self, codec: str, directions: tuple | None = None, tiers: tuple | None = None):
         from array import array
 
         self.codec = codec
+        if directions is not None:  # (a chain of tiers of its own: its links and levels)
+            self.DIRECTIONS = tuple(directions)
+        if tiers is not None:
+            self.TIERS = tuple(tiers)
         self._cols = [array(t) for t in self._TYPES]
         (self._t, self._d, self._tr, self._p, self._b, self._dur, self._q) = (
             c.append for c in self._cols)
@@ -144,8 +169,12 @@ class TransferLog:
 class Recorder:
     """Collects what happened. ``request_done`` is called once per request (finished or rejected)."""
 
-    def __init__(self, n_requests: int, session_id: np.ndarray, record_steps: bool = True):
+    def __init__(self, n_requests: int, session_id: np.ndarray, record_steps: bool = True,
+                 levels: tuple = ("host", "disk")):
         self.n = n_requests
+        # the names of the levels below the GPU whose hit and onboarding columns the requests
+        # table has (request_columns; set by the engine from its tier chain)
+        self.levels = tuple(levels)
         self.session_id = session_id
         self.rows: list[tuple] = []
         self.preemptions = 0
@@ -167,11 +196,14 @@ class Recorder:
         e2e = r.finish - r.arrival
         queue = r.first_scheduled - r.arrival
         prefill = ttft - queue - r.onboard_s
-        gpu_hit = r.hit_tokens - r.hit_host - r.hit_disk
+        k = len(self.levels)
+        hits = r.hit_tier if r.hit_tier is not None else (0,) * k
+        onb = r.onboard_tier_s if r.onboard_tier_s is not None else (0.0,) * k
+        gpu_hit = r.hit_tokens - sum(hits)
         self.rows.append((
             r.rid, int(self.session_id[r.idx]), r.arrival, r.first_token, r.finish, ttft, tpot, e2e,
-            queue, r.onboard_s, r.onboard_host_s, r.onboard_disk_s, prefill,
-            r.input, r.output, r.hit_tokens, gpu_hit, r.hit_host, r.hit_disk,
+            queue, r.onboard_s, *onb, prefill,
+            r.input, r.output, r.hit_tokens, gpu_hit, *hits,
             r.computed_prompt_tokens, r.preemptions, r.tokens_evicted, r.blocks_freed,
             r.peak_blocks, r.end_live, r.end_blocks, STATUS_NAMES[r.status], r.reason,
         ))
@@ -242,12 +274,12 @@ class Recorder:
 
     def requests_frame(self) -> pd.DataFrame:
         """The requests table, sorted by request_id."""
-        df = pd.DataFrame.from_records(self.rows, columns=REQUEST_COLUMNS)
+        df = pd.DataFrame.from_records(self.rows, columns=request_columns(self.levels))
         df = df.sort_values("request_id", kind="stable").reset_index(drop=True)
         return df.astype({
             "request_id": "int64", "session_id": "int64", "input_tokens": "int64",
             "output_tokens": "int64", "prefix_hit_tokens": "int64", "hit_tokens_gpu": "int64",
-            "hit_tokens_host": "int64", "hit_tokens_disk": "int64", "tokens_evicted": "int64",
+            **{f"hit_tokens_{n}": "int64" for n in self.levels}, "tokens_evicted": "int64",
             "blocks_freed": "int64", "peak_blocks": "int64", "end_live_tokens": "int64",
             "end_blocks": "int64",
             "computed_prompt_tokens": "int64", "preemptions": "int64",
@@ -336,14 +368,17 @@ def summarize(req: pd.DataFrame, rec: Recorder, sim_duration_s: float, gpu_block
         "first_arrival_s": first,
         "serving_span_s": span,
     }
-    tier_hits = {t: float(fin[f"hit_tokens_{t}"].sum()) for t in ("gpu", "host", "disk")}
+    tiers = ("gpu",) + rec.levels
+    tier_hits = {t: float(fin[f"hit_tokens_{t}"].sum()) for t in tiers}
     s["hit_ratio"] = {t: (v / prompt if prompt > 0 else None) for t, v in tier_hits.items()}
     s["hit_ratio"]["total"] = s["prefix_hit_ratio"]
     s["hit_ratio_mean_per_request"] = {
         t: (float((fin[f"hit_tokens_{t}"] / fin["input_tokens"]).mean()) if len(fin) else None)
-        for t in ("gpu", "host", "disk")}
+        for t in tiers}
     s["hit_ratio_mean_per_request"]["total"] = s["prefix_hit_ratio_mean_per_request"]
-    s["disk_share_of_hits"] = tier_hits["disk"] / hits if hits > 0 else None
+    # (the hits served below level 1: the disk's in the default chain)
+    deep = sum(tier_hits[t] for t in rec.levels[1:])
+    s["disk_share_of_hits"] = deep / hits if hits > 0 else None
     # compression: logical = tokens the sequence has / tokens still cached; physical = blocks a
     # dense cache would hold / blocks actually held (both at finish, summed over requests)
     seq_tokens = fin["input_tokens"] + fin["output_tokens"] - 1

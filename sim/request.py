@@ -15,7 +15,7 @@ class Request:
         "idx", "rid", "arrival", "input", "output", "keys", "blocks", "n_blocks", "n_cached",
         "n_computed", "n_generated", "status", "first_scheduled", "first_token", "finish",
         "hit_tokens", "computed_prompt_tokens", "preemptions", "reason", "total_blocks",
-        "hit_host", "hit_disk", "onboard_s", "onboard_host_s", "onboard_disk_s", "load_event",
+        "hit_tier", "onboard_s", "onboard_tier_s", "load_event",
         "gen", "layout", "pstate", "n_placed", "compressed", "tokens_evicted", "blocks_freed",
         "peak_blocks", "end_live", "end_blocks", "pending", "blocks_since", "phys_base",
         "next_round", "prefill_end", "recompute_cut", "hit_remote", "onboard_remote_s", "pd",
@@ -44,12 +44,14 @@ class Request:
         self.preemptions = 0
         self.reason = ""
         self.total_blocks = 0
-        self.hit_host = 0
-        self.hit_disk = 0
+        # prefix-hit tokens served by each level below the GPU (sim.tiers; level 1 first),
+        # set at its first admission with a tier chain; None: none
+        self.hit_tier = None
         self.hit_remote = 0  # prefix-hit tokens a cluster's shared store served (sim.kv_store)
         self.onboard_s = 0.0
-        self.onboard_host_s = 0.0
-        self.onboard_disk_s = 0.0
+        # seconds its onboarding before the first token read out of each level (level 1
+        # first; sim.tiers.TierManager.onboard); None: none
+        self.onboard_tier_s = None
         self.onboard_remote_s = 0.0
         self.load_event = None
         self.gen = 0  # incremented at preemption (invalidates in-flight loads)

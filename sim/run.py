@@ -252,20 +252,22 @@ def _tiers_factory(cfg, plan, calibration=None):
     bytes). A tier manager exists when host or disk capacity is above zero, or with a cluster's
     shared store (``cluster.store.enabled``). ``calibration`` (``cost.kind=calibrated``) times
     the host copies and codecs."""
-    from .tiers import TierManager, cold_page_bytes
+    from .tiers import TierManager, cold_page_bytes, tiers_enabled
 
     cold = cold_page_bytes(cfg.model, cfg.cache, cfg.codec)
     t = cfg.tiers
-    for f in ("host_gib", "disk_gib"):
-        if getattr(t, f) < 0:
-            raise ConfigError(f"tiers.{f}={getattr(t, f)}; expected a finite capacity >= 0 GiB")
-    for f, gib in (("host_gib", t.host_gib), ("disk_gib", t.disk_gib)):
+    sizes = ([(f"levels[{i}].gib", lv.gib) for i, lv in enumerate(t.levels)] if t.levels else
+             [("host_gib", t.host_gib), ("disk_gib", t.disk_gib)])
+    for f, gib in sizes:
+        if gib < 0:
+            raise ConfigError(f"tiers.{f}={gib}; expected a finite capacity >= 0 GiB")
+    for f, gib in sizes:
         if 0 < gib and gib * 2**30 < cold:
             raise ConfigError(
                 f"tiers.{f}={gib} holds no page of {cold} bytes ({cfg.codec.name} page of "
                 f"{cfg.cache.block_size} tokens); use 0 to disable the tier or at least "
                 f"{cold / 2**30:.6f} GiB")
-    if t.host_gib == 0 and t.disk_gib == 0 and not cfg.cluster.store.enabled:
+    if not tiers_enabled(t) and not cfg.cluster.store.enabled:
         return None, cold
     if not cfg.cache.enable_prefix_caching:
         raise ConfigError("tiers below the GPU need cache.enable_prefix_caching=true")
@@ -455,17 +457,19 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
     extra["codec"] = cfg.codec.name
     # the tiers the run had (a preset's capacities can be overridden: tiers.host_gib=64 on
     # gpu_only is a host tier); the preset's name is kept beside it
-    has_host, has_disk = float(cfg.tiers.host_gib) > 0, float(cfg.tiers.disk_gib) > 0
-    extra["tiers"] = ("gpu_host_disk" if has_host and has_disk else "gpu_host" if has_host
-                      else "gpu_disk" if has_disk else "gpu_only")
+    from .tiers.spec import tiers_name
+
+    extra["tiers"] = tiers_name(cfg.tiers)
     extra["tiers_preset"] = cfg.tiers.name
     extra["page_bytes"] = page_bytes
-    extra["bytes_offloaded"] = dict(tm.bytes_offloaded) if tm else {"host": 0, "disk": 0}
-    extra["bytes_onboarded"] = dict(tm.bytes_onboarded) if tm else {"host": 0, "disk": 0}
-    extra["host_capacity_pages"] = tm.host_pages if tm else 0
-    extra["disk_capacity_pages"] = tm.disk_pages if tm else 0
-    extra["peak_host_pages"] = tm.host.peak if tm else 0
-    extra["peak_disk_pages"] = tm.disk.peak if tm and tm.disk is not None else 0
+    # per level below the GPU, by name (the default chain: host, disk)
+    names = tm.names if tm else ("host", "disk")
+    extra["bytes_offloaded"] = dict(tm.bytes_offloaded) if tm else dict.fromkeys(names, 0)
+    extra["bytes_onboarded"] = dict(tm.bytes_onboarded) if tm else dict.fromkeys(names, 0)
+    for n in names:
+        extra[f"{n}_capacity_pages"] = tm.capacity[n] if tm else 0
+    for i, n in enumerate(names):
+        extra[f"peak_{n}_pages"] = tm.stores[i].peak if tm and i < len(tm.stores) else 0
     # (a disaggregated cluster's transfers table: its KV transfers, with its replicas' tier
     # copies when they have tiers)
     pd_transfers = sim.transfers_frame() if pd_links is not None else None
@@ -475,7 +479,7 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         pd_transfers = with_tier_transfers(transfers_frame(tm), pd_transfers)
     extra["transfers"] = (len(tm.records) if tm else 0) if pd_transfers is None else \
         len(pd_transfers)
-    extra["cost_model"] = cost.describe(codec=tm.codec if tm else None, disk=bool(tm and tm.disk is not None),
+    extra["cost_model"] = cost.describe(codec=tm.codec if tm else None, disk=bool(tm and len(tm.stores) > 1),
                                         compaction=comp.active)
     rounds = pd.DataFrame.from_records(sim.rounds, columns=ROUND_COLUMNS).astype({
         "time_s": "float64", "request_id": "int64", "policy": "string", "compaction": "string",

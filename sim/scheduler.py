@@ -15,7 +15,7 @@ import numpy as np
 
 from .kv_manager import queue_registration
 from .request import RUNNING, WAITING, Request
-from .tiers.spec import DISK, REMOTE
+from .tiers.spec import REMOTE
 
 
 @dataclass(slots=True)
@@ -213,22 +213,25 @@ class Scheduler:
                 ri["tokens"] += req.recompute_cut[0]
                 ri["disk_tokens"] += req.recompute_cut[1]
                 req.recompute_cut = (0, 0)
-            n_disk = int(np.count_nonzero(tier_codes == DISK)) * B if n_tier else 0
+            # per level below the GPU, level 1 first (tokens; sim.tiers.spec's codes)
+            by_level = ([int(np.count_nonzero(tier_codes == lv)) * B
+                         for lv in range(1, len(tiers.names) + 1)] if n_tier else None)
             # (a cluster's shared store: sim.kv_store)
             n_remote = int(np.count_nonzero(tier_codes == REMOTE)) * B if n_tier else 0
             if req.preemptions == 0:
                 req.hit_tokens = hit_tokens
                 req.first_scheduled = sim.env.now
-                req.hit_disk = n_disk
-                req.hit_host = n_tier * B - n_disk - n_remote
+                req.hit_tier = by_level
                 req.hit_remote = n_remote
             else:  # a preempted request's lookup, counted apart (as vLLM's PrefixCacheStats)
                 pl = sim.preempted_lookups
                 pl["requests"] += 1
                 pl["query_tokens"] += num_tokens
                 pl["hit_tokens"]["gpu"] += hit_tokens - n_tier * B
-                pl["hit_tokens"]["host"] += n_tier * B - n_disk - n_remote
-                pl["hit_tokens"]["disk"] += n_disk
+                if by_level:
+                    ht = pl["hit_tokens"]
+                    for name, v in zip(tiers.names, by_level):
+                        ht[name] += v
                 if n_remote:
                     pl["hit_tokens"]["remote"] += n_remote
             if tiers is not None and len(gpu_blocks):

@@ -241,9 +241,29 @@ def _check_tiers(cfg) -> None:
     _need("tiers", t, "disk_read_gbps", _pos, "> 0")
     _need("tiers", t, "disk_write_gbps", _pos, "> 0")
     _need("tiers", t, "disk_latency_s", _nonneg, ">= 0 s")
-    if (t.host_gib > 0 or t.disk_gib > 0) and not cfg.cache.enable_prefix_caching:
+    levels = list(t.levels or ())
+    for i, lv in enumerate(levels):
+        sec = f"tiers.levels[{i}]"
+        _need(sec, lv, "gib", _nonneg, "a finite capacity >= 0 GiB")
+        for f in ("read_gbps", "write_gbps"):
+            if getattr(lv, f) is not None or i > 0:
+                _need(sec, lv, f, _pos, "> 0" + (" or null (the PCIe figure)" if i == 0 else ""))
+        if lv.latency_s is not None or i > 0:
+            _need(sec, lv, "latency_s", _nonneg,
+                  ">= 0 s" + (" or null (the PCIe figure)" if i == 0 else ""))
+        if lv.replacement is not None and lv.replacement not in REPLACEMENTS:
+            raise ConfigError(f"{sec}.replacement={lv.replacement!r}; expected one of "
+                              f"{list(REPLACEMENTS)} or null (tiers.replacement)")
+    if levels and (t.host_gib != 0 or t.disk_gib != 0):
+        raise ConfigError(f"tiers.levels lists {len(levels)} levels with tiers.host_gib="
+                          f"{t.host_gib}, tiers.disk_gib={t.disk_gib}; expected both 0 "
+                          f"(tiers.levels is the whole chain below the GPU)")
+    from .tiers import tiers_enabled
+
+    if tiers_enabled(t) and not cfg.cache.enable_prefix_caching:
         raise ConfigError(
-            f"tiers.host_gib={t.host_gib}, tiers.disk_gib={t.disk_gib}: tiers below the GPU need "
+            f"tiers.host_gib={t.host_gib}, tiers.disk_gib={t.disk_gib}"
+            f"{', tiers.levels' if levels else ''}: tiers below the GPU need "
             f"cache.enable_prefix_caching=true")
 
 

@@ -387,49 +387,71 @@ def test_key_set_matches_a_python_set(ops):
         assert s.contains_many(probe).tolist() == [k in ref for k in probe.tolist()]
 
 
+def _walk_reference(gpu: dict, levels: list, query: list, stop: bool):
+    """The hit walk spelled out: each key's GPU block (or -1) and the code of the fastest place
+    holding it (0 GPU, k level k, -1 none); with ``stop`` it ends at the first held nowhere."""
+    blk, code = [], []
+    for k in query:
+        b = gpu.get(k, -1)
+        c = 0 if b >= 0 else next((i for i, lv in enumerate(levels, 1) if k in lv), -1)
+        if c < 0 and stop:
+            break
+        blk.append(b)
+        code.append(c)
+    return blk, code
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=24),
-       st.lists(st.integers(0, 40), max_size=30), st.lists(st.integers(0, 40), max_size=30),
+       st.lists(st.lists(st.integers(0, 40), max_size=30), min_size=3, max_size=3),
        st.integers(0, 12), st.lists(st.integers(0, 45), max_size=40), st.booleans(),
-       st.sampled_from([0, 8]))
-def test_tier_locate_compiled_equals_numpy_lookups(cached, host, disk, evict, query, stop, disk_cap):
-    """TierManager.locate: the one-pass compiled walk (table index, LRU stores) gives the same
-    (block, tier) arrays as the numpy lookups (dict index), stale GPU entries and a missing disk
-    tier included."""
+       st.sampled_from([0, 8]), st.sampled_from([1, 2, 3]), st.booleans())
+def test_tier_locate_compiled_equals_numpy_lookups_and_the_walk_spelled_out(
+        cached, held, evict, query, stop, deep_cap, n_levels, as_levels):
+    """TierManager.locate over a chain of 1-3 levels (the default host/disk chain, or the same
+    figures listed in tiers.levels): the one-pass compiled walk (table index, LRU stores) and
+    the numpy lookups (dict index) both give each key's GPU block and the fastest level
+    holding it, as the walk spelled out does; stale GPU entries and levels off included."""
     import types
 
     import simpy
 
     from sim.block_pool import BlockPool
-    from sim.config import CodecConfig, TiersConfig
+    from sim.config import CodecConfig, LevelConfig, TiersConfig
     from sim.tiers import TierManager
 
     gpu = types.SimpleNamespace(pcie_bandwidth_gbps=50.0, pcie_overhead_s=1e-5)
     scale = 1 << 40  # spread keys over the int64 range, colliding in the low bits
+    page = 1 << 20
+    caps = [6, deep_cap, 8][:n_levels]  # (pages; deep_cap 0: the levels below level 1 off)
+    if as_levels or n_levels == 3:
+        tiers = TiersConfig(levels=[LevelConfig(name=f"l{i}", gib=c / 1024, read_gbps=7.0,
+                                                write_gbps=5.0, latency_s=1e-4)
+                                    for i, c in enumerate(caps)])
+    else:
+        tiers = TiersConfig(host_gib=caps[0] / 1024, disk_gib=caps[1] / 1024 if n_levels > 1 else 0)
+    # (the levels the chain runs: down to the last with pages; a level of 0 above it stages)
+    on = caps[:max(i for i, c in enumerate(caps) if c or i == 0) + 1]
     out = []
     for index in ("table", "dict"):
-        tm = TierManager(simpy.Environment(), TiersConfig(host_gib=1.0, disk_gib=1.0), CodecConfig(),
-                         1 << 20, 1 << 20, gpu, 1e12)
-        tm.host = LRUStore(6)
-        tm.disk = LRUStore(disk_cap) if disk_cap else None
+        tm = TierManager(simpy.Environment(), tiers, CodecConfig(), page, page, gpu, 1e12)
+        assert [st_.capacity for st_ in tm.stores] == on
         pool = BlockPool(16, index=index)
         keys = np.array(sorted(set(cached))[:16], dtype=np.int64) * scale + 3
         b = pool.allocate(len(keys))
         pool.cache_blocks(b, keys)
         pool.free(b[::-1])
         pool.allocate(min(evict, pool.num_free))  # reallocates cached blocks: stale entries
-        tm.host.insert_array(np.array(host, dtype=np.int64) * scale + 3)
-        if tm.disk is not None:
-            tm.disk.insert_array(np.array(disk, dtype=np.int64) * scale + 3)
-        blk, code = tm.locate(pool, np.array(query, dtype=np.int64) * scale + 3, stop=stop)
+        for st_, h in zip(tm.stores, held):
+            st_.insert_array(np.array(h, dtype=np.int64) * scale + 3)
+        q = np.array(query, dtype=np.int64) * scale + 3
+        blk, code = tm.locate(pool, q, stop=stop)
         out.append((blk.tolist(), code.tolist()))
+        gpu_map = {int(k): int(pool.cached_blocks(np.array([k], dtype=np.int64))[0]) for k in q}
+        gpu_map = {k: v for k, v in gpu_map.items() if v >= 0}
+        sets = [set(q[st_.contains_many(q)].tolist()) for st_ in tm.stores]
+        assert out[-1] == tuple(_walk_reference(gpu_map, sets, q.tolist(), stop))
     assert out[0] == out[1]
-    blk, code = out[0]
-    assert all((c == 0) == (bb >= 0) for bb, c in zip(blk, code))
-    if stop:
-        assert -1 not in code and len(code) <= len(query)
-    else:
-        assert len(code) == len(query)
 
 
 def test_bench_pagestore_runs_small_and_rejects_bad_sizes(capsys):
@@ -560,14 +582,134 @@ def test_tier_specs_read_the_tiers_config_and_build_the_managers_stores_and_link
     assert host.fill == LinkSpec("d2h", pcie, float(cfg.gpu.pcie_overhead_s))
     assert host.serve == LinkSpec("h2d", pcie, float(cfg.gpu.pcie_overhead_s))
     assert (disk.name, disk.code, disk.capacity_pages) == ("disk", DISK, 2 * 2**30 // cold)
-    assert disk.fill == LinkSpec("disk_write", 5e9, 80e-6)
-    assert disk.serve == LinkSpec("disk_read", 7e9, 80e-6)
+    assert disk.fill == LinkSpec("host_to_disk", 5e9, 80e-6)
+    assert disk.serve == LinkSpec("disk_to_host", 7e9, 80e-6)
     tm = TierManager(simpy.Environment(), cfg.tiers, cfg.codec, 1 << 20, cold, cfg.gpu, 1e12)
-    assert tm.specs == (host, disk)
+    assert tm.specs == (host, disk) and tm.names == ("host", "disk")
     assert isinstance(tm.host, ARCStore) and tm.host.capacity == host.capacity_pages
     assert tm.disk.capacity == disk.capacity_pages
-    for link, spec in ((tm.d2h, host.fill), (tm.h2d, host.serve), (tm.disk_write, disk.fill),
-                       (tm.disk_read, disk.serve)):
+    for link, spec in ((tm.d2h, host.fill), (tm.h2d, host.serve), (tm.fill[1], disk.fill),
+                       (tm.serve[1], disk.serve)):
         assert (link.name, link.bw, link.overhead) == (spec.name, spec.bandwidth_Bps, spec.overhead_s)
-    with pytest.raises(ConfigError, match="link disk_read: bandwidth -1.0 B/s; expected > 0"):
-        LinkSpec("disk_read", -1.0, 0.0).build()
+    with pytest.raises(ConfigError, match="link disk_to_host: bandwidth -1.0 B/s; expected > 0"):
+        LinkSpec("disk_to_host", -1.0, 0.0).build()
+
+
+THREE_LEVELS = ["tiers=gpu_host_cxl_disk"]
+
+
+def test_tier_specs_read_a_chain_of_levels_from_tiers_levels():
+    """tiers.levels lists the whole chain: one level per entry, codes 1 .. N, links named by the
+    levels they join, the first level's null figures PCIe's; the levels' columns name the
+    summary's keys. A chain beside host_gib / disk_gib, a repeated or reserved name, or a deep
+    level without its link figures is an error naming the field."""
+    from sim.tiers import LinkSpec, tier_specs
+
+    cfg = compose_config([*SINGLE_ENGINE, *THREE_LEVELS])
+    pcie = float(cfg.gpu.pcie_bandwidth_gbps) * 1e9
+    host, cxl, disk = tier_specs(cfg.tiers, 1 << 20, cfg.gpu)
+    assert [(sp.name, sp.code) for sp in (host, cxl, disk)] == [("host", 1), ("cxl", 2), ("disk", 3)]
+    assert host.fill == LinkSpec("d2h", pcie, float(cfg.gpu.pcie_overhead_s))
+    assert cxl.fill.name == "host_to_cxl" and cxl.serve.name == "cxl_to_host"
+    assert disk.fill.name == "cxl_to_disk" and disk.serve.name == "disk_to_cxl"
+    assert cxl.capacity_pages == int(cfg.tiers.levels[1].gib * 2**30) // (1 << 20)
+    for bad, msg in ((["tiers.host_gib=1"], r"tiers\.levels lists 3 levels with tiers\.host_gib=1"),
+                     (["tiers.levels.1.name=host"], r"tiers\.levels\[1\]\.name='host'"),
+                     (["tiers.levels.2.name=remote"], r"tiers\.levels\[2\]\.name='remote'"),
+                     (["tiers.levels.1.read_gbps=null"], r"tiers\.levels\[1\]\.read_gbps=None; expected > 0"),
+                     (["tiers.levels.2.gib=-1"], r"tiers\.levels\[2\]\.gib=-1\.0")):
+        with pytest.raises(ConfigError, match=msg):
+            from sim.validation import validate_config
+
+            c = compose_config([*SINGLE_ENGINE, *THREE_LEVELS, *bad])
+            validate_config(c)
+            tier_specs(c.tiers, 1 << 20, c.gpu)
+
+
+def test_three_level_chain_demotes_and_onboards_through_every_level_with_exact_bytes_and_times():
+    """A chain host (2 pages) -> cxl (2 pages) -> disk (8 pages): six pages offloaded one at a
+    time land in the host; its evictions are demoted to cxl, whose evictions are demoted to
+    disk; an onboarding of one page per level reads the disk page into cxl, the cxl pages
+    (its own and the staged one) into the host (their evictions demoted again), then all three
+    to the GPU; every batch's
+    duration is overhead + bytes / bandwidth on its link, and the bytes per level count the
+    pages each level served."""
+    import types
+
+    import simpy
+
+    from sim.config import CodecConfig, LevelConfig, TiersConfig
+    from sim.tiers import TierManager
+
+    page = 1 << 20
+    gpu = types.SimpleNamespace(pcie_bandwidth_gbps=50.0, pcie_overhead_s=1e-5)
+    tiers = TiersConfig(transfer_batch_pages=4, levels=[
+        LevelConfig(name="host", gib=2 / 1024),
+        LevelConfig(name="cxl", gib=2 / 1024, read_gbps=30.0, write_gbps=20.0, latency_s=2e-6),
+        LevelConfig(name="disk", gib=8 / 1024, read_gbps=7.0, write_gbps=5.0, latency_s=8e-5)])
+    env = simpy.Environment()
+    tm = TierManager(env, tiers, CodecConfig(), page, page, gpu, 1e12)
+    keys = np.arange(1, 7, dtype=np.int64) * 1_000_003
+    for k in keys:  # (one offload after the other lands)
+        tm.write_back(np.array([k]))
+        env.run()
+    assert sorted(tm.stores[0].not_held(keys).tolist()) == sorted(keys[:4].tolist())  # host: 5, 6
+    assert tm.where(int(keys[5])) == 1 and tm.where(int(keys[3])) == 2
+    assert tm.where(int(keys[0])) == 3 and tm.where(int(keys[1])) == 3
+    assert tm.bytes_offloaded == {"host": 6 * page, "cxl": 4 * page, "disk": 2 * page}
+    tr = tm.records.frame()
+    d2h, demote_cxl, demote_disk = (tr[tr["direction"] == d] for d in
+                                    ("d2h", "host_to_cxl", "cxl_to_disk"))
+    assert len(d2h) == 6 and len(demote_cxl) == 4 and len(demote_disk) == 2
+    assert set(demote_cxl["tier"]) == {"cxl"} and set(demote_disk["tier"]) == {"disk"}
+    assert demote_cxl["duration_s"].tolist() == [2e-6 + page / 20e9] * 4
+    assert demote_disk["duration_s"].tolist() == [8e-5 + page / 5e9] * 2
+    out = {}
+    t0 = env.now
+    proc = env.process(tm.onboard([keys[[5]], keys[[3]], keys[[0]]], out))
+    env.run(until=proc)
+    end = env.now
+    env.run()  # (the demotions the promotions' evictions caused)
+    tr = tm.records.frame()
+    reads = tr[(tr["time_s"] >= t0) & tr["direction"].isin(["disk_to_cxl", "cxl_to_host", "h2d"])]
+    assert reads["direction"].tolist() == ["disk_to_cxl", "cxl_to_host", "h2d"]
+    assert reads["pages"].tolist() == [1, 2, 3]
+    disk_read, cxl_read, h2d = 8e-5 + page / 7e9, 2e-6 + 2 * page / 30e9, 1e-5 + 3 * page / 50e9
+    assert reads["duration_s"].tolist() == [disk_read, cxl_read, h2d]
+    assert (out["onboard_disk_s"], out["onboard_cxl_s"], out["onboard_host_s"]) == \
+        pytest.approx((disk_read, cxl_read, h2d), rel=1e-12)
+    assert end == pytest.approx(t0 + disk_read + cxl_read + h2d, rel=1e-12)
+    assert tm.bytes_onboarded == {"host": page, "cxl": page, "disk": page}
+    assert tm.where(int(keys[0])) == 1 and tm.where(int(keys[3])) == 1  # (promoted on the way)
+    assert tm.estimate_load_s([1, 1, 1]) == disk_read + cxl_read + h2d
+
+
+def test_three_level_preset_runs_end_to_end_with_columns_per_level(tmp_path):
+    """tiers=gpu_host_cxl_disk on 60 requests revisiting 12 documents, with room for a few of
+    them on the GPU and in each level: hits come from every level, the requests table and the
+    summary carry one column / key per level name, and the per-step loop and the fast paths
+    give the same tables."""
+    import json
+
+    rng = np.random.default_rng(5)
+    rows = [doc(int(rng.integers(0, 12)), int(rng.integers(4, 12)) * 16,
+                t=float(rng.uniform(0, 40)), out=int(rng.integers(20, 120))) for _ in range(60)]
+    rows.sort(key=lambda r: r["arrival_s"])
+    page = 147_456 * 16
+    common = [*THREE_LEVELS, "cache.num_gpu_blocks=40", f"tiers.levels.0.gib={8 * page / 2**30}",
+              f"tiers.levels.1.gib={16 * page / 2**30}", f"tiers.levels.2.gib={200 * page / 2**30}",
+              "tiers.transfer_batch_pages=4"]
+    sa, ra, ta = run_frames(tmp_path / "ff", rows, *common, "sim.fast_forward=true")
+    sb, rb, tb = run_frames(tmp_path / "step", rows, *common, "sim.fast_forward=false")
+    pd.testing.assert_frame_equal(ra, rb)
+    pd.testing.assert_frame_equal(ta, tb)
+    levels = ("host", "cxl", "disk")
+    assert (ra["hit_tokens_gpu"] + sum(ra[f"hit_tokens_{n}"] for n in levels)
+            == ra["prefix_hit_tokens"]).all()
+    assert all(ra[f"hit_tokens_{n}"].sum() > 0 for n in levels), ra[[f"hit_tokens_{n}" for n in levels]].sum()
+    assert (ra[[f"onboard_{n}_s" for n in levels]] >= 0).all().all()
+    assert sa["tiers"] == "gpu_host_cxl_disk"
+    assert set(sa["hit_ratio"]) == {"gpu", *levels, "total"}
+    assert all(sa["bytes_offloaded"][n] > 0 and sa[f"peak_{n}_pages"] > 0 for n in levels)
+    assert set(ta["direction"]) >= {"d2h", "h2d", "host_to_cxl", "cxl_to_disk", "disk_to_cxl"}
+    assert json.loads((tmp_path / "ff" / "summary.json").read_text())["tiers"] == "gpu_host_cxl_disk"

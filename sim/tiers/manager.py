@@ -6,8 +6,9 @@ it, and the block is not overwritten before that copy lands: the engine holds th
 reuses it (and onboarding copies into it) until then (:meth:`TierManager.write_back`; SGLang
 HiCache, ``HiRadixCache.evict`` with ``write_policy="write_back"``, waits for its writes before
 freeing device memory); ``write_through`` and ``write_through_selective`` copy blocks that stay
-on the GPU, asynchronously. The host's evictions are demoted to the disk; a disk page read back
-is promoted into the host. An onboarding request's process waits on its batches' timeouts; an
+on the GPU, asynchronously. Each level's evictions are demoted to the level below it (the
+host's to the disk); a page read back from a deeper level is promoted into each level above it
+on its way to the GPU (a disk page into the host). An onboarding request's process waits on its batches' timeouts; an
 offload or demotion lands at its batch's end (one timeout, or an entry of a tier stretch's
 agenda: :class:`sim.stretches.tiers.Agenda`).
 """
@@ -22,7 +23,7 @@ from ..errors import ConfigError
 from ..metrics import TransferLog
 from .links import Link
 from .pages import codec_time
-from .spec import DISK, GPU, HOST, REMOTE, tier_specs
+from .spec import GPU, REMOTE, tier_specs
 from .stores import KeySet, LRUStore, locate_pages, queue_absent
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
@@ -34,7 +35,8 @@ def joined(parts: list) -> np.ndarray:
 
 
 class TierManager:
-    """Host/disk stores, links, offload (write policy) and onboarding, inside one SimPy env.
+    """The stores and links of the chain of levels below the GPU (:func:`sim.tiers.spec.
+    tier_specs`), offload (write policy), demotion and onboarding, inside one SimPy env.
 
     Args:
         env: SimPy environment.
@@ -46,7 +48,14 @@ class TierManager:
             replace the analytic link + codec times.
 
     Records every batch transfer in ``records`` (time_s, direction, tier, pages, bytes,
-    duration_s, queue_s, codec).
+    duration_s, queue_s, codec; direction: the link's name, tier: the level it fills or
+    serves from).
+
+    The chain runs down to its last level with capacity above 0 (level 1 always: with none,
+    a level of 0 pages that a shared store's replica stages nothing through): ``specs``,
+    ``names``, ``stores`` (``host`` is level 1's, ``disk`` level 2's or None), ``fill`` and
+    ``serve`` (their links), level 1 first; a level of 0 pages above a deeper one stages the
+    pages passing through it.
     """
 
     def __init__(self, env, tiers, codec, hot_page_bytes: int, cold_page_bytes: int, gpu,
@@ -70,32 +79,42 @@ class TierManager:
         self.layerwise = tiers.onboard == "layerwise"
         self.load_or_recompute = bool(tiers.load_or_recompute)
         # the levels below the GPU (sim.tiers.spec): their stores and links
-        self.specs = host, disk = tier_specs(tiers, self.cold, gpu)
-        self.host_pages = host.capacity_pages
-        self.disk_pages = disk.capacity_pages
-        self.host = host.store()
-        self.disk = disk.store() if self.disk_pages > 0 else None
-        self.h2d = host.serve.build()
-        self.d2h = host.fill.build()
-        self.disk_read = disk.serve.build()
-        self.disk_write = disk.fill.build()
+        chain = tier_specs(tiers, self.cold, gpu)
+        last = max([0] + [i for i, sp in enumerate(chain) if sp.capacity_pages > 0])
+        self.all_specs = chain  # (every level of the config, those off included)
+        self.specs = chain[:last + 1]
+        self.names = tuple(sp.name for sp in chain)
+        self.capacity = {sp.name: sp.capacity_pages for sp in chain}
+        self.stores = [sp.store() for sp in self.specs]
+        self.fill = [sp.fill.build() for sp in self.specs]
+        self.serve = [sp.serve.build() for sp in self.specs]
+        self.host = self.stores[0]
+        self.disk = self.stores[1] if len(self.stores) > 1 else None
+        self.h2d = self.serve[0]
+        self.d2h = self.fill[0]
+        # (the compiled hit walk's arguments, while every store is an LRUStore)
+        self._compiled = all(isinstance(st, LRUStore) for st in self.stores)
         self.hbm = float(hbm_Bps)
         self.cal = calibration
         self._d2h_memo: dict = {}  # pages -> d2h_time / h2d_time (s)
         self._h2d_memo: dict = {}
         self.inflight = KeySet()  # pages queued or being copied to the host
         self.pending: list[np.ndarray] = []  # pages to offload, in order (int64 arrays)
-        self.pending_demote: list[np.ndarray] = []  # host evictions to write to disk
+        # per level (index 0: level 1, never used): the evictions of the level above it to
+        # write into it
+        self.pending_demote: list[list[np.ndarray]] = [[] for _ in self.specs]
         self.hit_count: dict[int, int] = {}
-        self.records = TransferLog(self.codec)
-        self.bytes_offloaded = {"host": 0, "disk": 0}
-        self.bytes_onboarded = {"host": 0, "disk": 0}
+        self.records = TransferLog(
+            self.codec, tuple(d for sp in chain for d in (sp.fill.name, sp.serve.name)),
+            self.names)
+        self.bytes_offloaded = {n: 0 for n in self.names}
+        self.bytes_onboarded = {n: 0 for n in self.names}
         # keys whose host/disk membership changed (inserted or evicted) since the engine last
         # cleared the list (int64 arrays, none empty): it revalidates its memo of the waiting
         # head's hit walk with it
         self.change_log: list[np.ndarray] = []
-        # no host or disk capacity (a replica with a shared store only): nothing is offloaded
-        self.local = self.host_pages > 0 or self.disk is not None
+        # no level with capacity (a replica with a shared store only): nothing is offloaded
+        self.local = any(sp.capacity_pages > 0 for sp in self.specs)
         # a cluster's shared store: this replica's sim.kv_store.StoreLink, set by the cluster
         self.store = None
         # a tier stretch's agenda (sim.stretches.tiers.Agenda) while it runs the landings it
@@ -140,44 +159,49 @@ class TierManager:
                                                         f"{self.codec}_h2d_decode_fused", "h2d")
         return t
 
-    def disk_read_time(self, pages: int) -> float:
-        """Seconds to read ``pages`` encoded pages from disk (one I/O per batch)."""
-        return self.disk_read.duration(pages * self.cold)
+    def read_time(self, level: int, pages: int) -> float:
+        """Seconds to read ``pages`` encoded pages out of level ``level`` (>= 2) into the level
+        above it (one I/O per batch)."""
+        return self.serve[level - 1].duration(pages * self.cold)
 
-    def estimate_load_s(self, n_host: int, n_disk: int) -> float:
-        """Unqueued estimate of onboarding ``n_host`` host pages and ``n_disk`` disk pages."""
+    def estimate_load_s(self, counts) -> float:
+        """Unqueued estimate of onboarding ``counts[k - 1]`` pages held by level ``k`` (level 1
+        first): each deeper level's pages, and those staged through it from below, read up one
+        level at a time, deepest first, then all of them copied to the GPU."""
         t = 0.0
-        for lo in range(0, n_disk, self.batch):
-            t += self.disk_read_time(min(self.batch, n_disk - lo))
-        n = n_host + n_disk
+        below = 0
+        for lv in range(len(counts), 1, -1):
+            below += counts[lv - 1]
+            for lo in range(0, below, self.batch):
+                t += self.read_time(lv, min(self.batch, below - lo))
+        n = below + counts[0]
         for lo in range(0, n, self.batch):
             t += self.h2d_time(min(self.batch, n - lo))
         return t
 
     # ------------------------------------------------------------------ lookup
     def where(self, key: int) -> int:
-        """HOST, DISK, or -1 if neither tier holds the page."""
-        if key in self.host:
-            return HOST
-        if self.disk is not None and key in self.disk:
-            return DISK
+        """The code of the fastest level holding the page (1 .. N), or -1 if none does."""
+        for lv, st in enumerate(self.stores, 1):
+            if key in st:
+                return lv
         return -1
 
-    def touch(self, host_keys: np.ndarray, disk_keys: np.ndarray) -> None:
-        """Refresh hit pages in their stores, deepest first (shallow blocks end most recent).
+    def touch(self, level_keys) -> None:
+        """Refresh hit pages in their stores, each store's pages deepest block first (shallow
+        blocks end most recent).
 
-        ``host_keys`` / ``disk_keys``: the hit's pages held by each tier, in block order (int64
-        arrays)."""
-        if len(host_keys):
-            self.host.touch_many(host_keys[::-1])
-        if len(disk_keys):
-            self.disk.touch_many(disk_keys[::-1])
+        ``level_keys``: per level (level 1 first), the hit's pages it holds, in block order
+        (int64 arrays)."""
+        for st, k in zip(self.stores, level_keys):
+            if len(k):
+                st.touch_many(k[::-1])
 
     def locate(self, pool, keys: np.ndarray, stop: bool = False):
         """Where each of ``keys`` (int64 array of block hashes) is served from: ``(blk, code)``,
         ``blk`` the GPU block of ``pool`` (:class:`sim.block_pool.BlockPool`) caching it or -1
-        (int64), ``code`` GPU, HOST, DISK, REMOTE (the fastest tier holding it; REMOTE: held by
-        the cluster's shared store only) or -1 where none does (int8). With ``stop`` the arrays
+        (int64), ``code`` GPU, a level's code (1 .. N: the fastest level holding it), REMOTE
+        (held by the cluster's shared store only) or -1 where none does (int8). With ``stop`` the arrays
         end before the first key held nowhere (the walk of a prefix hit)."""
         blk, code = self._locate_local(pool, keys, stop)
         st = self.store
@@ -202,26 +226,26 @@ class TierManager:
         return np.concatenate([blk, rest_b]), np.concatenate([code, rest_c])
 
     def _locate_local(self, pool, keys: np.ndarray, stop: bool):
-        """:meth:`locate` over the GPU, host and disk only. One compiled pass when the prefix
-        index is a :class:`PrefixTable` and the stores are :class:`LRUStore` (the defaults),
-        else numpy lookups giving the same arrays."""
+        """:meth:`locate` over the GPU and the chain's levels only. One compiled pass when the
+        prefix index is a :class:`PrefixTable` and the stores are :class:`LRUStore` (the
+        defaults), else numpy lookups giving the same arrays."""
         q = np.ascontiguousarray(keys, dtype=np.int64)
-        disk = self.disk
         idx = pool.index
-        if isinstance(idx, PrefixTable) and isinstance(self.host, LRUStore) and \
-                (disk is None or isinstance(disk, LRUStore)):
+        if self._compiled and isinstance(idx, PrefixTable):
             blk = np.empty(len(q), dtype=np.int64)
             code = np.empty(len(q), dtype=np.int8)
-            d = disk if disk is not None else self.host
-            m = locate_pages(idx.tab, idx.mask, idx.shift,
-                              self.host._tab, self.host._mask, self.host._shift, d._tab, d._mask, d._shift, disk is not None, q, stop, blk, code)
+            st = self.stores
+            m = locate_pages(idx.tab, idx.mask, idx.shift, tuple(s._tab for s in st),
+                             tuple(s._mask for s in st), tuple(s._shift for s in st), q, stop,
+                             blk, code)
             return blk[:m], code[:m]
         blk = pool.cached_blocks(q)
-        in_host = self.host.contains_many(q)
-        code = np.where(blk >= 0, GPU, np.where(in_host, HOST, -1)).astype(np.int8)
-        rest = np.flatnonzero(code < 0)
-        if disk is not None and len(rest):
-            code[rest[disk.contains_many(q[rest])]] = DISK
+        code = np.where(blk >= 0, GPU, -1).astype(np.int8)
+        for lv, st in enumerate(self.stores, 1):
+            rest = np.flatnonzero(code < 0)
+            if not len(rest):
+                break
+            code[rest[st.contains_many(q[rest])]] = lv
         if stop:
             miss = code < 0
             if miss.any():
@@ -305,11 +329,16 @@ class TierManager:
             self.store.flush()
         if self.pending:
             self._issue_offloads()
-        if self.pending_demote:
-            d = joined(self.pending_demote)
-            self.pending_demote = []
-            for lo in range(0, len(d), self.batch):
-                self._demote(d[lo:lo + self.batch])
+        for lv in range(2, len(self.stores) + 1):
+            if self.pending_demote[lv - 1]:
+                self._issue_demotions(lv)
+
+    def _issue_demotions(self, level: int) -> None:
+        """Issue the queued demotions into level ``level`` (>= 2) now, in batches."""
+        d = joined(self.pending_demote[level - 1])
+        self.pending_demote[level - 1] = []
+        for lo in range(0, len(d), self.batch):
+            self._demote(level, d[lo:lo + self.batch])
 
     def _record(self, start, direction, tier, pages, dur, queued):
         self.records.append(start, direction, tier, pages, pages * self.cold, dur, start - queued)
@@ -340,48 +369,52 @@ class TierManager:
         self.at(end, self._offloaded, keys, start, dur, now)
 
     def _offloaded(self, keys, start, dur, queued) -> None:
-        self._record(start, "d2h", "host", len(keys), dur, queued)
-        self.bytes_offloaded["host"] += len(keys) * self.cold
+        sp = self.specs[0]
+        self._record(start, sp.fill.name, sp.name, len(keys), dur, queued)
+        self.bytes_offloaded[sp.name] += len(keys) * self.cold
         self.inflight.discard_many(keys)
-        self._insert_host(keys)
+        self._insert(1, keys)
         self.flush()
 
-    def _insert_host(self, keys) -> None:
-        """Insert pages (int64 array or list) into the host store; its evictions not on disk
-        are queued for writing there."""
+    def _insert(self, level: int, keys) -> None:
+        """Insert pages (int64 array or list) into level ``level``'s store; its evictions not
+        held by the level below (if any) are queued for demotion there."""
         keys = np.asarray(keys, dtype=np.int64)
         if not len(keys):
             return
-        ev = self.host.insert_array(keys)
+        ev = self.stores[level - 1].insert_array(keys)
         self.change_log.append(keys)
         if len(ev):
             self.change_log.append(ev)
-            if self.disk is not None:
-                d = self.disk.not_held(ev)
+            if level < len(self.stores):
+                d = self.stores[level].not_held(ev)
                 if len(d):
-                    self.pending_demote.append(d)
+                    self.pending_demote[level].append(d)
 
-    def _demote(self, keys) -> None:
-        """Issue one host-to-disk batch now (arithmetic queue, as :meth:`_offload`)."""
+    def _demote(self, level: int, keys) -> None:
+        """Issue one batch into level ``level`` (>= 2) from the level above now (arithmetic
+        queue, as :meth:`_offload`)."""
         now = self.now()
-        dur = self.disk_write.duration(len(keys) * self.cold)
-        start, end = self.disk_write.reserve(now, dur)
-        self.at(end, self._demoted, keys, start, dur, now)
+        link = self.fill[level - 1]
+        dur = link.duration(len(keys) * self.cold)
+        start, end = link.reserve(now, dur)
+        self.at(end, self._demoted, level, keys, start, dur, now)
 
-    def _demoted(self, keys, start, dur, queued) -> None:
-        self._record(start, "host_to_disk", "disk", len(keys), dur, queued)
-        self.bytes_offloaded["disk"] += len(keys) * self.cold
-        self.change_log.append(keys)
-        ev = self.disk.insert_array(keys)
-        if len(ev):
-            self.change_log.append(ev)
+    def _demoted(self, level, keys, start, dur, queued) -> None:
+        sp = self.specs[level - 1]
+        self._record(start, sp.fill.name, sp.name, len(keys), dur, queued)
+        self.bytes_offloaded[sp.name] += len(keys) * self.cold
+        self._insert(level, keys)
+        if level < len(self.stores) and self.pending_demote[level]:
+            self._issue_demotions(level + 1)  # (this landing's evictions, one level down)
 
     # ------------------------------------------------------------------ onboarding
     def _copy_batches(self, keys: np.ndarray, link: Link, duration, direction: str, tier: str,
                       after=None):
         """SimPy process: move ``keys`` over ``link`` in batches of ``transfer_batch_pages``,
         each batch queued on the link (:meth:`Link.reserve`) for ``duration(pages)`` seconds, then
-        recorded and passed to ``after(batch_keys)`` if given."""
+        recorded and passed to ``after(batch_keys, lo)`` if given (``lo``: the batch's first
+        index in ``keys``)."""
         env = self.env
         for lo in range(0, len(keys), self.batch):
             chunk = keys[lo:lo + self.batch]
@@ -393,34 +426,51 @@ class TierManager:
                 yield env.timeout(d)
             self._record(start, direction, tier, n, dur, q)
             if after is not None:
-                after(chunk)
+                after(chunk, lo)
 
-    def onboard(self, host_keys: np.ndarray, disk_keys: np.ndarray, out: dict,
-                remote_keys: np.ndarray | None = None):
-        """SimPy process: read ``disk_keys`` from disk (promoting them into the host store), then
-        copy all pages to the GPU in batches. Fills ``out`` with onboard_host_s and
-        onboard_disk_s (time spent per tier, queueing included). ``remote_keys`` (a shared
-        store's pages) are fetched at the same time over the store link
-        (:meth:`sim.kv_store.StoreLink.fetch`, ``out["onboard_remote_s"]``); the process ends
-        when both paths have."""
+    def onboard(self, level_keys, out: dict, remote_keys: np.ndarray | None = None):
+        """SimPy process: read the pages of ``level_keys`` (per level, level 1 first: the hit's
+        pages it holds, int64 arrays) up the chain, deepest level first: those of level ``k``
+        and those staged through it from below are read into level ``k - 1`` (promoted into
+        its store batch by batch); then all pages are copied to the GPU in batches. Fills
+        ``out`` with ``onboard_<level name>_s`` (time spent reading out of each level,
+        queueing included). ``remote_keys`` (a shared store's pages) are fetched at the same
+        time over the store link (:meth:`sim.kv_store.StoreLink.fetch`,
+        ``out["onboard_remote_s"]``); the process ends when both paths have."""
         env = self.env
-        t0 = env.now
         fetch = None
         if remote_keys is not None:
             out["onboard_remote_s"] = 0.0
             if len(remote_keys):
                 fetch = env.process(self.store.fetch(remote_keys, out))
-        def promote(chunk):  # read pages land in the host store batch by batch
-            self.bytes_onboarded["disk"] += len(chunk) * self.cold
-            self._insert_host(chunk)
+        cold = self.cold
+        specs = self.specs
+        n = len(level_keys)
+        below = level_keys[n - 1] if n > 1 else None
+        for lv in range(n, 1, -1):
+            if lv < n:
+                below = np.concatenate([level_keys[lv - 1], below])
+            own = len(level_keys[lv - 1])
+            sp = specs[lv - 1]
+            t0 = env.now
 
-        yield from self._copy_batches(disk_keys, self.disk_read, self.disk_read_time,
-                                      "disk_to_host", "disk", after=promote)
+            def promote(chunk, lo, lv=lv, own=own, name=sp.name):  # (into the level above)
+                self.bytes_onboarded[name] += (min(lo + len(chunk), own) - min(lo, own)) * cold
+                self._insert(lv - 1, chunk)
+
+            yield from self._copy_batches(below, self.serve[lv - 1],
+                                          lambda k, lv=lv: self.read_time(lv, k),
+                                          sp.serve.name, sp.name, after=promote)
+            out[f"onboard_{sp.name}_s"] = env.now - t0
         t1 = env.now
-        yield from self._copy_batches(np.concatenate([host_keys, disk_keys]), self.h2d, self.h2d_time, "h2d", "host")
-        self.bytes_onboarded["host"] += len(host_keys) * self.cold
+        host = specs[0]
+        yield from self._copy_batches(level_keys[0] if below is None else
+                                      np.concatenate([level_keys[0], below]), self.h2d,
+                                      self.h2d_time, host.serve.name, host.name)
+        self.bytes_onboarded[host.name] += len(level_keys[0]) * cold
         self.flush()
-        out["onboard_disk_s"] = t1 - t0
-        out["onboard_host_s"] = env.now - t1
+        out[f"onboard_{host.name}_s"] = env.now - t1
+        for sp in self.all_specs[n:]:  # (levels off: nothing read from them)
+            out[f"onboard_{sp.name}_s"] = 0.0
         if fetch is not None:
             yield fetch
