@@ -1,34 +1,40 @@
 """kvsim policies: paged KV layout, token importance, eviction policies and compactors (numpy only).
 
-See ``policies/README.md`` for the interface the engine uses. Each policy's options class is
-declared in :mod:`policies.config` (dataclasses only), which derives :class:`PolicyConfig`, the
-schema of Hydra's ``policy`` group, from them; :mod:`policies.registry` imports every module of
-the package, so each policy class registered there with :func:`policies.config.register_policy`
-is in :data:`POLICIES` (CONTRIBUTING.md, "Adding a policy").
+See ``policies/README.md`` for the interface the engine uses. Each policy family is one module
+holding its options class and its policy class, both registered as the module is imported
+(:func:`policies.config.register_options`, :func:`policies.config.register_policy`);
+:mod:`policies.config` imports every module of the package (:func:`policies.config.discover`)
+when the registry is first read and derives :class:`PolicyConfig`, the schema of Hydra's
+``policy`` group, from the options classes (CONTRIBUTING.md, "Adding a policy").
 """
 
-# (each name's module, imported on first use: ``import policies`` and ``from policies.config
-# import ...`` import no other module of the package, nor numba, so what needs only the config
-# classes (``kvsim --help``, composing a run's config) does not wait for them)
+# (each name's module, imported on first use: ``import policies`` imports no other module of the
+# package, and no module of the package imports numba before a kernel is called (sim.jit), so
+# what needs only the config classes (``kvsim --help``, composing a run's config) does not
+# wait for it)
 _HOMES = {
+    "baselines": ("FullConfig", "RandomConfig"),
     "compaction": ("COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction",
                    "RoundResult", "make_compactor"),
     "config": ("MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig", "PolicyOptions", "ScoredConfig",
-               "FullConfig", "RandomConfig", "StreamingLLMConfig", "H2OConfig", "TOVAConfig",
-               "TriAttentionConfig", "RKVConfig", "SnapKVConfig", "PyramidKVConfig", "AdaKVConfig",
-               "QuestConfig", "POLICY_CONFIGS", "policy_config", "register_options", "register_policy",
-               "unread_options"),
+               "StreamingLLMConfig", "H2OConfig", "TOVAConfig", "SnapKVConfig", "PyramidKVConfig", "AdaKVConfig",
+               "POLICY_CONFIGS", "policy_config", "register_options", "register_policy", "unread_options"),
     "eviction": ("EvictionPolicy", "ModelShape", "RequestState", "topk_mask"),
     "importance": ("ImportanceModel", "RecordedImportance", "make_importance", "score_slots"),
     "layout": ("PagedLayout",),
+    "quest": ("QuestConfig",),
+    "r_kv": ("RKVConfig",),
     "registry": ("POLICIES", "make_policy", "validate_policy_config"),
+    "triattention": ("TriAttentionConfig",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 
 def _home(module: str):
     """The submodule ``module`` of ``_HOMES``, imported."""
-    if module == "compaction":
+    if module == "baselines":
+        from . import baselines as m
+    elif module == "compaction":
         from . import compaction as m
     elif module == "config":
         from . import config as m
@@ -38,6 +44,12 @@ def _home(module: str):
         from . import importance as m
     elif module == "layout":
         from . import layout as m
+    elif module == "quest":
+        from . import quest as m
+    elif module == "r_kv":
+        from . import r_kv as m
+    elif module == "triattention":
+        from . import triattention as m
     else:
         from . import registry as m
     return m

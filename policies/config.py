@@ -1,12 +1,14 @@
-"""Plain dataclass configs for eviction policies, compactors and the importance model.
+"""What the policies share: the options base classes, the registry, the ``policy`` group's
+schema, the importance model's and the compactors' configs.
 
-Only ``dataclasses`` are used here (no Hydra / OmegaConf, numpy or numba import), so composing a
-config imports nothing else of ``policies``. Each policy has its own :class:`PolicyOptions`
-subclass whose fields are exactly the options that policy reads, registered under the policy's
-name (:func:`register_options`) and linked to the policy's class by :func:`register_policy`.
-The Hydra schema of the ``policy`` group, :class:`PolicyConfig`, is derived from the registered
-classes (:func:`group_schema`); an option the chosen policy does not read is an error
-(:func:`policy_config`).
+Only ``dataclasses`` are used here (no Hydra / OmegaConf, numpy or numba import). Each policy
+has its own :class:`PolicyOptions` subclass, declared beside the policy in the policy's module,
+whose fields are exactly the options that policy reads, registered under the policy's name
+(:func:`register_options`) and linked to the policy's class by :func:`register_policy`. Reading
+:data:`POLICY_CONFIGS`, :data:`POLICIES` or :class:`PolicyConfig` imports every module of the
+package first (:func:`discover`); :class:`PolicyConfig`, the Hydra schema of the ``policy``
+group, is derived from the registered classes (:func:`group_schema`); an option the chosen
+policy does not read is an error (:func:`policy_config`).
 
 Units are in the field names or docstrings: token counts are tokens, ``*_bytes`` are bytes.
 Validation (``PolicyOptions.check`` through :func:`policies.registry.validate_policy_config`,
@@ -131,17 +133,51 @@ class PolicyOptions:
             raise ValueError(f"policy {self.name}: seed must be an integer in [0, 2**32) (the "
                              f"random policy's and the importance model's seed), got {self.seed}")
 
+    def _window_within_budget(self) -> None:
+        if self.observation_window > self.budget:
+            raise ValueError(f"policy {self.name}: observation_window {self.observation_window} "
+                             f"exceeds budget {self.budget}")
+
     def _fraction(self, f: str) -> None:
         v = getattr(self, f)
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"policy {self.name}: {f} must be in [0, 1], got {v}")
 
 
-#: name -> options class of that policy (:func:`register_options`), in registration order
-POLICY_CONFIGS: dict[str, type[PolicyOptions]] = {}
-#: name -> policy class (:func:`register_policy`); complete once :mod:`policies.registry`,
-#: which imports every module of the package, is imported (read it from there)
-POLICIES: dict[str, type] = {}
+# name -> options class of that policy (register_options), in registration order; read as
+# POLICY_CONFIGS (module __getattr__), which imports every policy module first (discover)
+_CONFIGS: dict[str, type[PolicyOptions]] = {}
+# name -> policy class (register_policy); read as POLICIES, likewise
+_POLICIES: dict[str, type] = {}
+_discovered = [False]
+
+
+def discover() -> None:
+    """Import every module of the ``policies`` package, in name order, once: each policy module
+    registers its options class (:func:`register_options`) and its policy class
+    (:func:`register_policy`) as it is imported, so afterwards :data:`POLICY_CONFIGS` and
+    :data:`POLICIES` hold every policy. A policy module imports numpy, not numba (its kernels
+    are :mod:`sim.jit` stand-ins until one is called), so composing a config stays free of
+    numba. An exception from a module propagates (and the next call tries again)."""
+    if _discovered[0]:
+        return
+    import importlib
+    import os
+    import pkgutil
+
+    _discovered[0] = True
+    try:
+        for m in sorted(pkgutil.iter_modules([os.path.dirname(__file__)]), key=lambda m: m.name):
+            importlib.import_module(f"{__package__}.{m.name}")
+    except BaseException:
+        _discovered[0] = False
+        raise
+
+
+def registered_options() -> dict[str, type[PolicyOptions]]:
+    """Every policy's options class by name (:func:`discover` first), in registration order."""
+    discover()
+    return _CONFIGS
 
 
 def register_options(config: type[PolicyOptions]) -> type[PolicyOptions]:
@@ -155,10 +191,10 @@ def register_options(config: type[PolicyOptions]) -> type[PolicyOptions]:
     if not isinstance(name, str) or not name:
         raise ValueError(f"register_options: {config.__name__}.name has no default; expected the "
                          f"policy's registry name")
-    if POLICY_CONFIGS.get(name, config) is not config:
+    if _CONFIGS.get(name, config) is not config:
         raise ValueError(f"register_options: policy {name!r} already has options "
-                         f"({POLICY_CONFIGS[name].__module__}.{POLICY_CONFIGS[name].__name__})")
-    POLICY_CONFIGS[name] = config
+                         f"({_CONFIGS[name].__module__}.{_CONFIGS[name].__name__})")
+    _CONFIGS[name] = config
     return config
 
 
@@ -177,26 +213,18 @@ def register_policy(config: type[PolicyOptions]):
         if default != name:
             raise ValueError(f"register_policy: {config.__name__}.name defaults to {default!r}; "
                              f"expected the policy's name {name!r}")
-        if POLICY_CONFIGS.get(name) is not config:
+        if _CONFIGS.get(name) is not config:
             raise ValueError(f"register_policy: {config.__name__} is not registered as the options "
-                             f"of policy {name!r}; expected @register_options on it in "
-                             f"policies/config.py")
-        if POLICIES.get(name, cls) is not cls:
+                             f"of policy {name!r}; expected @register_options on it, above the "
+                             f"policy class in its module")
+        if _POLICIES.get(name, cls) is not cls:
             raise ValueError(f"register_policy: policy {name!r} is already registered "
-                             f"({POLICIES[name].__module__}.{POLICIES[name].__name__})")
-        POLICIES[name] = cls
+                             f"({_POLICIES[name].__module__}.{_POLICIES[name].__name__})")
+        _POLICIES[name] = cls
         cls.config_class = config
         return cls
 
     return register
-
-
-@register_options
-@dataclass
-class FullConfig(PolicyOptions):
-    """``full``: no eviction; reads no option."""
-
-    name: str = "full"
 
 
 @dataclass
@@ -227,29 +255,6 @@ class ScoredConfig(PolicyOptions):
             raise ValueError(f"policy {self.name}: importance_source=recorded needs "
                              f"importance_file")
         validate_importance_params(self.importance)
-
-
-@register_options
-@dataclass
-class RandomConfig(PolicyOptions):
-    """``random``: seeded uniform-random survivors.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), mode, protect_prompt, seed (plus the run's seed).
-    """
-
-    name: str = "random"
-    budget: int = 2048
-    beta: int = 128
-    mode: str = ""
-    protect_prompt: bool = True
-    seed: int = 0
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._seed_in_range()
 
 
 @register_options
@@ -323,64 +328,6 @@ class TOVAConfig(ScoredConfig):
 
 @register_options
 @dataclass
-class TriAttentionConfig(ScoredConfig):
-    """``triattention``: top-scoring decode tokens every beta tokens once over budget.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), recent_window (always-kept recent tokens, inside the budget; 0 = none),
-    protect_prompt.
-    """
-
-    name: str = "triattention"
-    budget: int = 2048
-    beta: int = 128
-    recent_window: int = 0
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("recent_window")
-        if self.recent_window > self.budget:
-            raise ValueError(f"policy triattention: recent_window {self.recent_window} exceeds "
-                             f"budget {self.budget}")
-
-
-@register_options
-@dataclass
-class RKVConfig(ScoredConfig):
-    """``r_kv``: importance minus redundancy, decode time.
-
-    Fields: budget (decode tokens kept with protect_prompt, else total tokens), beta (round
-    period, tokens), observation_window (always-kept recent tokens, inside the budget),
-    rkv_lambda (weight of importance vs redundancy), redundancy_window (following tokens a
-    token is compared with), protect_prompt.
-    """
-
-    name: str = "r_kv"
-    budget: int = 2048
-    beta: int = 128
-    observation_window: int = 32
-    rkv_lambda: float = 0.1
-    redundancy_window: int = 8
-    protect_prompt: bool = True
-
-    option_hints: ClassVar[dict] = {
-        "recent_window": "r_kv's always-kept recent tokens are its observation_window (set "
-                         "policy.observation_window instead)"}
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("observation_window", "redundancy_window")
-        _window_within_budget(self)
-        self._fraction("rkv_lambda")
-
-
-@register_options
-@dataclass
 class SnapKVConfig(ScoredConfig):
     """``snapkv``: compress the prompt once after prefill from an observation window.
 
@@ -398,7 +345,7 @@ class SnapKVConfig(ScoredConfig):
         super().check()
         self._budget_at_least_one()
         self._nonneg("observation_window")
-        _window_within_budget(self)
+        self._window_within_budget()
         _check_choice_of(self, "pooling", ("max", "avg"))
         if self.pooling_kernel < 1 or self.pooling_kernel % 2 == 0:
             raise ValueError(f"policy {self.name}: pooling_kernel must be an odd number >= 1 (a "
@@ -438,33 +385,6 @@ class AdaKVConfig(SnapKVConfig):
     def check(self) -> None:
         super().check()
         self._fraction("ada_floor")
-
-
-@register_options
-@dataclass
-class QuestConfig(PolicyOptions):
-    """``quest``: keeps all KV, reads only the top-k pages per decode step.
-
-    Fields: budget (tokens read per step: top_k_pages = ceil(budget / block_size) when
-    top_k_pages is 0), top_k_pages, dense_layers (leading layers that read every page), mode.
-    """
-
-    name: str = "quest"
-    budget: int = 2048
-    top_k_pages: int = 0
-    dense_layers: int = 2
-    mode: str = ""
-
-    def check(self) -> None:
-        super().check()
-        self._budget_at_least_one()
-        self._nonneg("top_k_pages", "dense_layers")
-
-
-def _window_within_budget(cfg) -> None:
-    if cfg.observation_window > cfg.budget:
-        raise ValueError(f"policy {cfg.name}: observation_window {cfg.observation_window} "
-                         f"exceeds budget {cfg.budget}")
 
 
 def _check_choice_of(cfg, what: str, valid) -> None:
@@ -562,13 +482,13 @@ def option_names(config: type[PolicyOptions]) -> list[str]:
 
 def readers_of(option: str) -> list[str]:
     """The registered policies whose options class has ``option``, sorted."""
-    return sorted(n for n, c in POLICY_CONFIGS.items() if option in option_names(c))
+    return sorted(n for n, c in registered_options().items() if option in option_names(c))
 
 
 def not_read_error(name: str, option: str) -> str:
     """The message for the option ``option`` set on the policy ``name``, which does not read it:
     the policy's options, the options class's hint, if any, and the policies that read it."""
-    config = POLICY_CONFIGS[name]
+    config = registered_options()[name]
     own = option_names(config)
     readers = readers_of(option)
     hint = config.option_hints.get(option)
@@ -609,7 +529,7 @@ def group_schema(configs: Mapping[str, type[PolicyOptions]] | None = None) -> ty
     read.
 
     Raises ValueError when two policies declare one option with different types."""
-    configs = POLICY_CONFIGS if configs is None else configs
+    configs = registered_options() if configs is None else configs
     types: dict[str, tuple[Any, str]] = {}
     readers: dict[str, list[str]] = {}
     for pname, config in configs.items():
@@ -672,7 +592,7 @@ def _flat(options: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _unknown_policy(name) -> ValueError:
-    return ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICY_CONFIGS))}")
+    return ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(registered_options()))}")
 
 
 def unread_options(spec) -> list[tuple[str, Any]]:
@@ -682,9 +602,10 @@ def unread_options(spec) -> list[tuple[str, Any]]:
     Raises ValueError for an unknown policy name."""
     d = _set_options(spec)
     name = d.pop("name", "full")
-    if name not in POLICY_CONFIGS:
+    configs = registered_options()
+    if name not in configs:
         raise _unknown_policy(name)
-    own = set(option_names(POLICY_CONFIGS[name]))
+    own = set(option_names(configs[name]))
     return _flat({k: v for k, v in d.items() if k not in own})
 
 
@@ -692,9 +613,10 @@ def _from_mapping(d: Mapping, fields: dict) -> PolicyOptions:
     d = dict(d)
     d.update(fields)
     name = d.pop("name", None)
-    if name not in POLICY_CONFIGS:
+    configs = registered_options()
+    if name not in configs:
         raise _unknown_policy(name)
-    config = POLICY_CONFIGS[name]
+    config = configs[name]
     own = set(option_names(config))
     for k, v in d.items():
         if k not in own:
@@ -727,12 +649,13 @@ def policy_config(spec: Any = None, /, **fields) -> PolicyOptions:
         return _from_mapping({"name": spec}, fields)
     if isinstance(spec, PolicyOptions):
         name = spec.name
-        if name not in POLICY_CONFIGS:
+        configs = registered_options()
+        if name not in configs:
             raise _unknown_policy(name)
-        if type(spec) is not POLICY_CONFIGS[name]:
+        if type(spec) is not configs[name]:
             raise ValueError(f"policy.name={name} with the options of {type(spec).__name__}; "
                              f"expected the options of policy {name} "
-                             f"({POLICY_CONFIGS[name].__name__})")
+                             f"({configs[name].__name__})")
         if fields:
             own = set(option_names(type(spec)))
             for k, v in fields.items():
@@ -747,10 +670,29 @@ def policy_config(spec: Any = None, /, **fields) -> PolicyOptions:
                      f"mapping or an OmegaConf node, got {type(spec).__name__}")
 
 
-#: the schema of Hydra's ``policy`` group (:func:`group_schema` of the registered options
-#: classes), with its nested classes set on this module (a pickled config, a sweep's job handed
-#: to a worker process, finds its classes here)
-PolicyConfig = group_schema()
-for _f in dataclasses.fields(PolicyConfig):
-    if dataclasses.is_dataclass(_f.type):
-        globals()[_f.type.__name__] = _f.type
+_schema: dict[str, type] = {}
+
+
+def __getattr__(name: str):
+    """The names that need every policy module (:func:`discover`): ``POLICY_CONFIGS`` (name ->
+    options class), ``POLICIES`` (name -> policy class), ``PolicyConfig`` (the schema of Hydra's
+    ``policy`` group, :func:`group_schema` of the registered options classes) and the schema's
+    nested classes (a pickled config, a sweep's job handed to a worker process, finds its
+    classes here)."""
+    if name == "POLICY_CONFIGS":
+        return registered_options()
+    if name == "POLICIES":
+        discover()
+        return _POLICIES
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _schema:
+        schema = group_schema()
+        _schema[schema.__name__] = schema
+        for f in dataclasses.fields(schema):
+            if dataclasses.is_dataclass(f.type):
+                _schema[f.type.__name__] = f.type
+        globals().update(_schema)
+    if name in _schema:
+        return _schema[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,9 +37,8 @@ import numpy as np
 from sim.jit import inline, kernel
 
 from . import importance
-from .config import (MODES, AdaKVConfig, FullConfig, H2OConfig, PolicyOptions, PyramidKVConfig, QuestConfig,
-                     RandomConfig, RKVConfig, SnapKVConfig, StreamingLLMConfig, TOVAConfig, TriAttentionConfig,
-                     register_policy)
+from .config import (MODES, AdaKVConfig, H2OConfig, PolicyOptions, PyramidKVConfig, SnapKVConfig,
+                     StreamingLLMConfig, TOVAConfig, register_policy)
 from .importance import log_score_at, log_scores_at
 from .pooled_round import ada_keep, ada_pooled, scatter_rows, snap_keep
 
@@ -1080,46 +1079,6 @@ class _Periodic(EvictionPolicy):
 
 
 # ================================================================================== policies
-@register_policy(FullConfig)
-class FullPolicy(EvictionPolicy):
-    """``full``: no eviction (dense baseline). Keeps every token; never fires."""
-
-    name = "full"
-    citation = "dense attention baseline"
-    frees_memory = False
-    uses_scores = False
-
-
-@register_policy(RandomConfig)
-class RandomPolicy(_Periodic):
-    """``random``: seeded uniform-random survivors (control for score-based methods).
-
-    Rule: same cadence as TriAttention (rounds every ``beta`` tokens once over ``budget``); keeps
-    the protected prompt plus ``budget`` uniformly random tokens (decode tokens if
-    ``protect_prompt``, else any tokens). ``mode`` union draws one set for all groups; per-head
-    modes draw independently per group. Deterministic in (cfg.seed, request_key, step).
-    Source: random-eviction baselines in the KV compression literature (e.g. "Random Attention",
-    2026: prompt kept, uniform eviction per head).
-    """
-
-    name = "random"
-    citation = "uniform random eviction baseline (prompt kept, per head or shared)"
-    uses_scores = False
-
-    @property
-    def budget_scope(self) -> str:
-        return "decode" if self.protects_prompt else "total"
-
-    def select(self, layout, scores, n_tokens, step):
-        pos, live, _ = self._prep(layout, None)
-        H, S = pos.shape
-        prot = self._protected(pos, live, layout.prompt_len)
-        cand = live & ~prot
-        rng = np.random.default_rng([int(self.cfg.seed), int(layout.request_key) & 0x7FFFFFFF, int(step)])
-        pri = rng.random((1 if self.mode == "union" else H, S))
-        return prot | topk_mask(np.broadcast_to(pri, (H, S)), cand, int(self.cfg.budget))
-
-
 @register_policy(StreamingLLMConfig)
 class StreamingLLMPolicy(_Periodic):
     """``streaming_llm``: attention sinks + sliding recent window.
@@ -1249,128 +1208,6 @@ class TOVAPolicy(_Periodic):
 
     def scoring_bytes_per_token(self, shape):
         return 2.0 * shape.num_q_heads * shape.score_bytes * shape.num_layers
-
-
-@register_policy(TriAttentionConfig)
-class TriAttentionPolicy(_Periodic):
-    """``triattention``: TriAttention as integrated in TensorRT-LLM's KV compression framework.
-
-    Rule: the prompt is protected (never evicted, never moved); ``budget`` decode tokens are kept
-    (TensorRT-LLM default 2048). A round fires every ``beta`` generated tokens (default 128) once the
-    sequence exceeds prompt + budget: at generated counts that are multiples of beta and > budget
-    (budget 2048, beta 128: first at 2176, then 2304, ...). Each round keeps the ``budget``
-    top-scoring decode tokens (scores: pre-RoPE query statistics x cached keys in the real method;
-    here the importance model) and compacts (forward packing in TensorRT-LLM). Modes ``union`` (one
-    decision broadcast to every KV head), ``per_head``, ``per_layer_per_head``. Does not need
-    attention scores: reads the candidate keys once per round.
-    Source: Mao et al., "TriAttention: Efficient Long Reasoning with Trigonometric KV Compression",
-    ICML 2026; TensorRT-LLM ``TriAttentionKvCacheCompressionConfig`` (budget=2048, beta=128,
-    eviction_mode).
-    """
-
-    name = "triattention"
-    scores_candidates_only = True
-    score_rule = RULE_RECENT
-    citation = "Mao et al., TriAttention, ICML 2026; TensorRT-LLM KV cache compression framework"
-    scoring_when = "round"
-    allowed_modes = ("union", "per_head", "per_layer_per_head")
-
-    @property
-    def budget_scope(self) -> str:
-        return "decode" if self.protects_prompt else "total"
-
-    def _recent_param(self) -> int:
-        return int(self.cfg.recent_window)
-
-    def select(self, layout, scores, n_tokens, step):
-        pos, live, sc = self._prep(layout, scores)
-        prot = self._protected(pos, live, layout.prompt_len)
-        # = live & ~prot: a live slot is protected exactly when it holds a prompt position
-        cand = pos >= layout.prompt_len if self.protects_prompt else live
-        budget = int(self.cfg.budget)
-        keep = prot
-        if self.cfg.recent_window > 0:
-            rec = recent_mask(pos, cand, min(self.cfg.recent_window, budget))
-            keep = keep | rec
-            cand = cand & ~rec
-            budget -= min(self.cfg.recent_window, budget)
-        return keep | topk_mask(sc, cand, budget)
-
-    def scoring_bytes(self, shape, n_tokens, prompt_len, n_blocks):
-        cand = n_tokens - (prompt_len if self.protects_prompt else 0)
-        return max(cand, 0) * shape.kv_bytes_per_token / 2.0  # reads K of every candidate
-
-
-@register_policy(RKVConfig)
-class RKVPolicy(_Periodic):
-    """``r_kv``: Redundancy-aware KV compression for reasoning models (decode time).
-
-    Rule: decode-time; the prompt is kept; once generated tokens exceed ``budget``, every ``beta``
-    generated tokens (the paper's buffer, 128) keep the ``observation_window`` most recent tokens
-    plus the top ``budget - observation_window`` by ``rkv_lambda x importance - (1 - rkv_lambda) x
-    redundancy`` (paper lambda = 0.1). Importance = attention from the observation window (here:
-    importance scores, min-max normalised per group); redundancy = key cosine similarity in the
-    paper, proxied here by the similarity of log-scores with the next ``redundancy_window`` cached
-    tokens (tokens inside a run of alike tokens are redundant). Needs attention scores of the
-    observation window (eager attention) at each round.
-    Source: Cai et al., "R-KV: Redundancy-aware KV Cache Compression for Reasoning Models", 2025.
-    """
-
-    name = "r_kv"
-    citation = "Cai et al., R-KV: Redundancy-aware KV Cache Compression for Reasoning Models, 2025"
-    needs_attention_scores = True
-    scoring_when = "round"
-
-    @property
-    def budget_scope(self) -> str:
-        return "decode" if self.protects_prompt else "total"
-
-    def redundancy(self, pos, cand, sc) -> np.ndarray:
-        """``float64[H, S]`` in [0, 1]: mean similarity exp(-|log s_p - log s_q|) to the next
-        ``redundancy_window`` candidates in position order (0 for the last one)."""
-        H, S = pos.shape
-        big = np.iinfo(np.int32).max
-        order = np.argsort(np.where(cand, pos, big), axis=1, kind="stable")
-        rows = np.arange(H)[:, None]
-        ok = cand[rows, order]
-        ls = np.where(ok, np.log(np.maximum(sc[rows, order].astype(np.float64), 1e-30)), np.nan)
-        acc = np.zeros((H, S))
-        cnt = np.zeros((H, S))
-        for d in range(1, max(1, int(self.cfg.redundancy_window)) + 1):
-            if d >= S:
-                break
-            sim = np.exp(-np.abs(ls[:, :-d] - ls[:, d:]))
-            valid = ~np.isnan(sim)
-            acc[:, :-d] += np.where(valid, sim, 0.0)
-            cnt[:, :-d] += valid
-        red_sorted = np.where(cnt > 0, acc / np.maximum(cnt, 1), 0.0)
-        out = np.zeros((H, S))
-        out[rows, order] = red_sorted
-        return np.where(cand, out, 0.0)
-
-    def select(self, layout, scores, n_tokens, step):
-        pos, live, sc = self._prep(layout, scores)
-        prot = self._protected(pos, live, layout.prompt_len)
-        cand = live & ~prot
-        budget = int(self.cfg.budget)
-        w = min(int(self.cfg.observation_window), budget)
-        rec = recent_mask(pos, cand, w)
-        rest = cand & ~rec
-        s = np.where(rest, sc.astype(np.float64), np.nan)
-        with np.errstate(invalid="ignore", all="ignore"):
-            lo = np.nanmin(np.where(rest, s, np.inf), axis=1, keepdims=True)
-            hi = np.nanmax(np.where(rest, s, -np.inf), axis=1, keepdims=True)
-            imp = np.where(rest, (s - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
-        red = self.redundancy(pos, rest, sc)
-        lam = float(self.cfg.rkv_lambda)
-        combined = lam * imp - (1.0 - lam) * red
-        return prot | rec | topk_mask(combined, rest, budget - w)
-
-    def scoring_bytes(self, shape, n_tokens, prompt_len, n_blocks):
-        w = self.cfg.observation_window
-        attn = 2.0 * w * shape.num_q_heads * n_tokens * shape.score_bytes * shape.num_layers
-        keys = max(n_tokens - (prompt_len if self.protects_prompt else 0), 0) * shape.kv_bytes_per_token / 2.0
-        return attn + keys
 
 
 @register_policy(SnapKVConfig)
@@ -1597,57 +1434,3 @@ class AdaKVPolicy(SnapKVPolicy):
             flat = topk_mask(p[gs].reshape(1, -1), rest.reshape(1, -1), extra).reshape(gs.size, S)
             keep[gs] |= flat
         return keep
-
-
-@register_policy(QuestConfig)
-class QuestPolicy(EvictionPolicy):
-    """``quest``: query-aware page selection; keeps ALL KV, reads only the top-k pages per step.
-
-    Rule: every decode step, each page's upper-bound score (from per-page min/max keys) ranks the
-    pages and attention reads the top ``top_k_pages`` (default ceil(budget / block_size); paper token
-    budgets 1K-4K, page size 16) in every layer except the first ``dense_layers`` (paper: 2), which
-    read everything. Nothing is evicted, no block is freed: it saves bandwidth, not memory.
-    Source: Tang et al., "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
-    ICML 2024.
-    """
-
-    name = "quest"
-    citation = "Tang et al., Quest, ICML 2024"
-    frees_memory = False
-    uses_scores = False
-    scoring_when = "step"
-
-    @property
-    def budget_scope(self) -> str:
-        return "read"
-
-    def num_groups(self, num_kv_heads: int, num_layers: int) -> int:
-        """As :meth:`EvictionPolicy.num_groups`; ValueError if ``dense_layers`` exceeds the
-        model's layers."""
-        if self.cfg.dense_layers > num_layers:
-            raise ValueError(f"quest: dense_layers={self.cfg.dense_layers} exceeds the model's "
-                             f"{num_layers} layers; expected 0..{num_layers}")
-        return super().num_groups(num_kv_heads, num_layers)
-
-    def top_k(self, block_size: int) -> int:
-        """Pages read per step in sparse layers."""
-        if self.cfg.top_k_pages > 0:
-            return int(self.cfg.top_k_pages)
-        return max(1, -(-int(self.cfg.budget) // int(block_size)))
-
-    def pages_read(self, n_blocks: int, block_size: int = 16) -> int:
-        """Pages a sparse layer reads this step: min(n_blocks, top_k)."""
-        return min(int(n_blocks), self.top_k(block_size))
-
-    def reads_fraction(self, n_blocks, num_layers, block_size: int = 16):
-        """Pages read / pages held: the ``dense_layers`` read all ``n_blocks``, the others
-        :meth:`pages_read` (``block_size``: the pool's block size, tokens)."""
-        if n_blocks <= 0:
-            return 1.0
-        dense = min(int(self.cfg.dense_layers), num_layers)
-        read = dense * n_blocks + (num_layers - dense) * self.pages_read(n_blocks, block_size)
-        return read / float(num_layers * n_blocks)
-
-    def scoring_bytes(self, shape, n_tokens, prompt_len, n_blocks):
-        # per-page min and max key per KV head per layer = 2 x (K bytes of one token) = kv bytes/token
-        return float(n_blocks) * shape.kv_bytes_per_token

@@ -1,27 +1,21 @@
 """Policy registry: every policy class, with validation and construction.
 
-Importing this module imports every module of the package, so each policy class registered with
-:func:`policies.config.register_policy` is in :data:`POLICIES`. The options classes, the
-``policy`` group's schema and :func:`policy_config` live in :mod:`policies.config` (dataclasses
-only: composing a config imports neither numpy nor numba); :func:`validate_policy_config` checks
-a policy's options and :func:`make_policy` builds the policy. Errors are ``ValueError`` naming
-the policy and the field (an unknown name lists the valid ones; an option the policy does not
-read lists the ones it does and the policies that read it).
+Importing this module imports every module of the package (:func:`policies.config.discover`),
+so each policy class registered with :func:`policies.config.register_policy` is in
+:data:`POLICIES`. The options classes live beside their policies, one module per family; the
+``policy`` group's schema and :func:`policy_config` live in :mod:`policies.config` (no policy
+module imports numba before a kernel is called, so composing a config never does);
+:func:`validate_policy_config` checks a policy's options and :func:`make_policy` builds the
+policy. Errors are ``ValueError`` naming the policy and the field (an unknown name lists the
+valid ones; an option the policy does not read lists the ones it does and the policies that
+read it).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import pkgutil
-
-from . import eviction  # noqa: F401 - (registers the policies it defines)
 from .config import (MODES, POLICIES, POLICY_CONFIGS, CompactionConfig, PolicyOptions, not_read_error,
                      option_names, policy_config, readers_of, register_options, register_policy,
                      unread_options, validate_compaction_config)
-
-for _module in pkgutil.iter_modules([os.path.dirname(__file__)]):  # (by name: a fixed order)
-    importlib.import_module(f"{__package__}.{_module.name}")  # (a new policy module registers itself)
 
 __all__ = ["POLICIES", "POLICY_CONFIGS", "not_read_error", "option_names", "policy_config", "readers_of",
            "register_options", "register_policy", "unread_options", "validate_policy_config", "make_policy",

@@ -66,6 +66,54 @@ def test_a_kernel_compiles_on_its_first_call_not_at_import(tmp_path):
     assert r.stdout.split() == ["3", "2"] and "compiling" not in r.stderr
 
 
+HELPERS = '''
+from sim.jit import inline, kernel
+
+
+@inline
+def scale(x):
+    return x * 3
+
+
+@kernel("i8(i8)")
+def plus_one(x):
+    return x + 1
+'''
+
+USER = '''
+import helpers
+from helpers import plus_one, scale
+from sim.jit import kernel
+
+
+@kernel("i8(i8)", depends=(helpers,))
+def scaled_plus_one(x):
+    return plus_one(scale(x))
+'''
+
+
+def test_declaring_kernels_imports_no_numba_until_one_is_called(tmp_path):
+    """Modules declaring kernels and inline helpers import no numba; the first call imports it,
+    builds every declared kernel and helper, and puts numba's object in place of each stand-in
+    in every module holding it (a name imported from another module included), so a kernel
+    calling another module's kernel and helper compiles and returns their result."""
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "helpers.py").write_text(HELPERS)
+    (tmp_path / "mod" / "user.py").write_text(USER)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(tmp_path / "mod"), str(REPO)]))
+    env.pop("NUMBA_DISABLE_JIT", None)
+    code = ("import sys, helpers, user; print('numba' in sys.modules); "
+            "print(user.scaled_plus_one(4)); print('numba' in sys.modules); "
+            "print(type(user.plus_one).__name__, type(helpers.plus_one).__name__, "
+            "type(user.scaled_plus_one).__name__, type(user.scale).__name__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:4] == ["False", "13", "True",
+                                        "_LazyKernel _LazyKernel _LazyKernel CPUDispatcher"]
+
+
 @kernel("i8(i8)")
 def _lazy_plus_one(x):
     return x + 1
