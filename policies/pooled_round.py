@@ -95,12 +95,35 @@ def kth_largest(x, n, kg, buf):  # pragma: no cover (compiled)
 
 
 @inline
+def _still_stream(r, p, ip_i, ip_f, slat, drift, consts):  # pragma: no cover (compiled)
+    """:func:`lattice_stream_at` of stream ``r`` at position ``p`` when the drift's second
+    epoch has weight ``sin th = 0`` (``consts[1] == 0``, a round at step 0): only the first
+    epoch's field is read, ``c F_e`` for ``c F_e + 0 F_(e+1)``: the same number whenever ``c
+    F_e`` is not zero, and otherwise one that differs only in the sign of a zero, which no
+    comparison or exponential downstream tells apart. (The caller picks this helper or
+    :func:`lattice_stream_at` outside its loop: a branch around array reads inside a helper
+    keeps numba's reference counting in the loop.)"""
+    i0 = ip_i[0, p]
+    t = ip_f[0, p]
+    omt = ip_f[1, p]
+    den = ip_f[2, p]
+    S = slat.shape[0]
+    fe = (omt * drift[r, i0] + t * drift[r + 2 * S, i0]) / den
+    return consts[5] * ((omt * slat[r, i0] + t * slat[r, i0 + 1]) / den) + consts[2] * (consts[0] * fe)
+
+
+@inline
 def _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0,
                   rec):  # pragma: no cover (compiled)
     """The shared stream ``z0[p]`` and the recency term ``rec[p]`` of every position ``p <
     top`` (the same for every group)."""
+    if consts[1] == 0.0:
+        for p in range(top):
+            z0[p] = _still_stream(0, p, ip_i, ip_f, slat, drift, consts)
+    else:
+        for p in range(top):
+            z0[p] = lattice_stream_at(0, p, ip_i, ip_f, slat, drift, consts)
     for p in range(top):
-        z0[p] = lattice_stream_at(0, p, ip_i, ip_f, slat, drift, consts)
         rec[p] = recency_at(p, lm, sink, seq_len)
 
 
@@ -138,11 +161,18 @@ def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, 
     scratch)."""
     half = k // 2
     m = min(n, nc + half)  # (the candidates' windows reach half entries past the last one)
-    for i in range(m):
-        p = rp[i]
-        v[i] = log_score_from_streams(
-            g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
-            consts, sig)
+    if consts[1] == 0.0:
+        for i in range(m):
+            p = rp[i]
+            v[i] = log_score_from_streams(
+                g, z0[p], _still_stream(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p], consts,
+                sig)
+    else:
+        for i in range(m):
+            p = rp[i]
+            v[i] = log_score_from_streams(
+                g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
+                consts, sig)
     _window_max(v, m, nc, half, k, pooled, tmp)
 
 
@@ -266,16 +296,17 @@ def scatter_rows(e, cj, off, out):  # pragma: no cover (compiled)
 
 
 @inline
-def _top_by_value(x, idx, n, kk, buf, out_keep):  # pragma: no cover (compiled)
+def _top_by_value(x, idx, base, n, kk, buf, out_keep):  # pragma: no cover (compiled)
     """The ``kk`` entries of ``x[:n]`` with the largest values, ties to the lower entry (as
-    :func:`policies.eviction.topk_mask` ranks a row): ``out_keep[idx[i]] = True`` for each
-    (``idx``: ``i``'s place in ``out_keep``). Returns how many were kept."""
+    :func:`policies.eviction.topk_mask` ranks a row): ``out_keep[j] = True`` for each, ``j =
+    idx[i]``, or ``base + i`` when ``idx`` is empty. ``buf``: ``n`` entries of scratch."""
     if kk <= 0 or n == 0:
-        return 0
+        return
+    direct = idx.shape[0] == 0
     if kk >= n:
         for i in range(n):
-            out_keep[idx[i]] = True
-        return n
+            out_keep[base + i if direct else idx[i]] = True
+        return
     thr = kth_largest(x, n, kk, buf)
     above = 0
     for i in range(n):
@@ -284,12 +315,10 @@ def _top_by_value(x, idx, n, kk, buf, out_keep):  # pragma: no cover (compiled)
     ties = kk - above
     for i in range(n):
         y = x[i]
-        if y > thr:
-            out_keep[idx[i]] = True
-        elif y == thr and ties > 0:
-            out_keep[idx[i]] = True
-            ties -= 1
-    return kk
+        if y > thr or (y == thr and ties > 0):
+            if y == thr:
+                ties -= 1
+            out_keep[base + i if direct else idx[i]] = True
 
 
 @kernel("void(f4[:], i8[:], i8[:], f8[:], i8[:], i8, i8, b1[:, :])")
@@ -306,15 +335,17 @@ def ada_keep(e, cj, off, den, layer_start, per_head, floor, keep):  # pragma: no
     for g in range(H):
         for i in range(off[g], off[g + 1]):
             p[i] = np.float64(e[i]) / den[g]
-    buf = np.empty(tot, dtype=np.float64)
+    wide = 0  # (the most candidates of a group or a layer: the scratch arrays' length)
+    for l in range(layer_start.shape[0] - 1):
+        wide = max(wide, off[layer_start[l + 1]] - off[layer_start[l]])
+    buf = np.empty(wide, dtype=np.float64)
+    vals = np.empty(wide, dtype=np.float64)
+    idx = np.empty(wide, dtype=np.int64)
     flat_keep = np.zeros(tot, dtype=np.bool_)
-    idx = np.empty(tot, dtype=np.int64)
-    for i in range(tot):
-        idx[i] = i
+    none = idx[:0]
     for g in range(H):
         a = off[g]
-        b = off[g + 1]
-        _top_by_value(p[a:b], idx[a:b], b - a, floor, buf, flat_keep)
+        _top_by_value(p[a:off[g + 1]], none, a, off[g + 1] - a, floor, buf, flat_keep)
     for l in range(layer_start.shape[0] - 1):
         g0 = layer_start[l]
         g1 = layer_start[l + 1]
@@ -324,14 +355,12 @@ def ada_keep(e, cj, off, den, layer_start, per_head, floor, keep):  # pragma: no
             if flat_keep[i]:
                 kept_l += 1
             else:
-                buf[n_l] = p[i]
+                vals[n_l] = p[i]
                 idx[n_l] = i
                 n_l += 1
         extra = per_head * (g1 - g0) - kept_l
-        if extra <= 0:
-            continue
-        vals = buf[:n_l].copy()
-        _top_by_value(vals, idx[:n_l], n_l, extra, buf, flat_keep)
+        if extra > 0:
+            _top_by_value(vals, idx[:n_l], 0, n_l, extra, buf, flat_keep)
     for g in range(H):
         for i in range(off[g], off[g + 1]):
             if flat_keep[i]:
