@@ -86,637 +86,28 @@ Runs that failed are listed on stderr with a warning line (how many, and the pat
 unless no run completed (exit status 1: there is nothing to analyse).
 """
 
+
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
-from sim.folders import (FAILED_PREFIX, JOB_CLAIM, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID, is_collection,
-                         output_files_problem, stale_job)
-
-MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
-
-# Override keys that say how a run was executed, not what was simulated: they never become
-# columns of the per-request tables (they are still in ``overrides`` and in the config columns).
-BOOKKEEPING_PREFIXES = ("hydra.", "hydra/", "output.", "sim.progress", "sim.check_invariants")
-
-# Names of the per-run tables that are not collected into datasets (none today; kept explicit).
-SKIP_TABLES: frozenset[str] = frozenset()
-
-
-class CollectError(Exception):
-    """A sweep directory that cannot be collected (missing, empty, or unreadable run files)."""
-
-
-@dataclass
-class RunInfo:
-    """One run directory of a sweep and what was read from it."""
-
-    run_dir: Path
-    run_id: str
-    job: int | None = None
-    overrides: list[str] = field(default_factory=list)
-    choices: dict[str, str] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] | None = None
-    failure: str | None = None
-    tables: dict[str, Path] = field(default_factory=dict)
-    has_hydra: bool = False  # .hydra/hydra.yaml was read (group choices and job number)
-    config_path: Path | None = None  # the config file read, None when the run has none
-    sweep_id: str | None = None  # the multirun it ran in (its id), None for a single run
-    hydra_overrides: list[str] | None = None  # .hydra/overrides.yaml as read, None without one
-
-    @property
-    def complete(self) -> bool:
-        return self.failure is None
-
-
-# ---------------------------------------------------------------------------------------------
-# Discovery and reading
-
-
-def _is_run_dir(p: Path) -> bool:
-    return ((p / ".hydra" / "overrides.yaml").is_file() or (p / "summary.json").is_file()
-            or (p / MARKER).exists() or (p / RESULTS_POINTER).is_file())
-
-
-def results_dir(run_dir: Path) -> tuple[Path, str | None]:
-    """Where the results of the run in ``run_dir`` are: ``(folder, problem)``. A multirun job
-    whose ``output.dir`` put them elsewhere leaves a pointer to that folder in its Hydra
-    folder (``sim.folders.RESULTS_POINTER``); ``problem`` is a one-line reason when the
-    pointed-to folder is missing or now holds another sweep's run (its ``.kvsim_sweep_id``),
-    else None. Without a pointer the folder is ``run_dir`` itself."""
-    ptr = run_dir / RESULTS_POINTER
-    if (run_dir / "summary.json").is_file() or (run_dir / MARKER).exists() or not ptr.is_file():
-        return run_dir, None
-    target = Path(ptr.read_text(errors="replace").strip())
-    if not target.is_dir():
-        return target, f"its results folder {target} (output.dir) is not there"
-    mine, theirs = run_dir / SWEEP_ID, target / SWEEP_ID
-    if mine.is_file() and (not theirs.is_file()
-                           or mine.read_text().strip() != theirs.read_text().strip()):
-        return target, (f"its results folder {target} (output.dir) now holds another run (its "
-                        f"{SWEEP_ID} is not this sweep's)")
-    return target, None
-
-
-def check_out_dir(sweep_dir, out_dir) -> None:
-    """Raise CollectError (one line naming ``out_dir``) unless ``out_dir`` may receive a
-    collection of ``sweep_dir``: a directory that does not exist yet, an empty one, or an
-    earlier collection (:func:`is_collection`), which is replaced. Refused: the sweep directory
-    itself, a directory containing it, one inside it (except the default ``SWEEP_DIR/collected``),
-    a run directory, an existing file, and a non-empty directory that is not a collection.
-    Nothing is written or deleted here."""
-    given = Path(out_dir)
-    sw = Path(sweep_dir).resolve()
-    o = given.resolve()
-    what = f"output directory {given} (--out)"
-    if o.exists() and not o.is_dir():
-        raise CollectError(f"{what}: is an existing file; expected a directory (a new or empty one, "
-                           f"or an earlier kvsim-collect output to replace)")
-    for parent in o.parents:  # the first existing ancestor must be a directory
-        if parent.exists():
-            if not parent.is_dir():
-                raise CollectError(f"{what}: {parent} is a file, not a directory")
-            break
-    if o == sw:
-        raise CollectError(f"{what}: is the sweep directory itself; collecting into it would "
-                           f"delete its runs (default: {Path(sweep_dir) / 'collected'})")
-    if sw.is_relative_to(o):
-        raise CollectError(f"{what}: contains the sweep directory {sweep_dir}; collecting into it "
-                           f"would delete the sweep; choose a directory outside it")
-    if o.is_dir() and _is_run_dir(o):
-        raise CollectError(f"{what}: is a kvsim run directory (it holds summary.json, "
-                           f".hydra/overrides.yaml or an {MARKER} marker); collecting into it "
-                           f"would delete the run; choose another directory")
-    if o.is_relative_to(sw) and o != sw / "collected":
-        raise CollectError(f"{what}: is inside the sweep directory {sweep_dir} (only the default "
-                           f"{Path(sweep_dir) / 'collected'} may be); choose a directory outside "
-                           f"the sweep")
-    try:
-        non_empty = o.is_dir() and any(o.iterdir())
-    except OSError as e:
-        raise CollectError(f"{what}: cannot list directory: {_one_line(e)}") from e
-    if non_empty and not is_collection(o):
-        raise CollectError(f"{what}: is a non-empty directory that is not a kvsim-collect output "
-                           f"(no kvsim-collect manifest.json); it would be replaced, deleting its "
-                           f"files: choose a new or empty directory")
-
-
-def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
-    """Run directories under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``,
-    ``summary.json``, an ``INCOMPLETE`` marker, or the pointer a multirun job leaves when its
-    ``output.dir`` is elsewhere: :func:`results_dir`); not descending into a run directory.
-
-    ``sweep_dir`` may itself be one run directory (``kvsim`` without ``-m``): it is then the only
-    run. Hidden directories (``.submitit``, ``.hydra``) and ``exclude`` are skipped.
-    Raises CollectError if ``sweep_dir`` does not exist or is not a directory.
-    """
-    root = Path(sweep_dir)
-    if not root.exists():
-        raise CollectError(f"{root}: no such sweep directory")
-    if not root.is_dir():
-        raise CollectError(f"{root}: not a directory (expected a kvsim sweep directory)")
-    if _is_run_dir(root):
-        return [root]
-    excl = exclude.resolve() if exclude is not None else None
-    found: list[Path] = []
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        try:
-            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
-        except OSError as e:
-            raise CollectError(f"{d}: cannot list directory: {e}") from e
-        for c in children:
-            if excl is not None and c.resolve() == excl:
-                continue
-            if _is_run_dir(c):
-                found.append(c)
-            else:
-                stack.append(c)
-    return found
-
-
-def _load_yaml(path: Path):
-    try:
-        with open(path) as f:
-            return yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as e:
-        raise CollectError(f"{path}: cannot read YAML: {e}") from e
-
-
-def _load_config(run_dir: Path) -> tuple[dict, Path | None]:
-    """The run's config as a plain dict, interpolations resolved where they resolve on their own,
-    and the file it came from (``({}, None)`` when the run has no config file)."""
-    from omegaconf import OmegaConf
-
-    for p in (run_dir / ".hydra" / "config.yaml", run_dir / "config.yaml"):
-        if p.is_file():
-            try:
-                conf = OmegaConf.load(p)
-            except Exception as e:  # noqa: BLE001 - report any parse error with the file name
-                raise CollectError(f"{p}: cannot read config: {e}") from e
-            try:
-                return OmegaConf.to_container(conf, resolve=True), p
-            except Exception:  # noqa: BLE001 - e.g. ${hydra:...} resolvers outside a Hydra app
-                return OmegaConf.to_container(conf, resolve=False), p
-    return {}, None
-
-
-def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
-    """Read one run directory: overrides, group choices, config, summary and table paths.
-
-    A run that has not completed is returned with ``failure`` set (never raised); a file that
-    exists but cannot be parsed (config or Hydra YAML) raises CollectError naming the file.
-    """
-    rel = run_dir.relative_to(sweep_dir).as_posix() if run_dir != sweep_dir else run_dir.name
-    job_dir = run_dir
-    run_dir, moved = results_dir(job_dir)
-    info = RunInfo(run_dir=run_dir.resolve(), run_id=rel)
-    info.sweep_id = _sweep_id(job_dir, run_dir)
-    hydra_dir = job_dir / ".hydra"
-    if (hydra_dir / "overrides.yaml").is_file():
-        ov = _load_yaml(hydra_dir / "overrides.yaml") or []
-        if not isinstance(ov, list):
-            raise CollectError(f"{hydra_dir / 'overrides.yaml'}: expected a list of overrides")
-        info.overrides = [str(o) for o in ov]
-        info.hydra_overrides = list(info.overrides)
-    if (hydra_dir / "hydra.yaml").is_file():
-        hy = (_load_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra", {}) or {}
-        choices = (hy.get("runtime") or {}).get("choices") or {}
-        info.choices = {str(k): str(v) for k, v in choices.items()
-                        if not str(k).startswith("hydra/") and v is not None}
-        num = (hy.get("job") or {}).get("num")
-        if isinstance(num, int):
-            info.job = num
-        info.has_hydra = True
-    if info.job is None:
-        info.job = int(rel) if rel.isdigit() else index
-    if moved is not None:
-        info.failure = moved
-        return info
-    info.config, info.config_path = _load_config(run_dir)
-    for p in sorted(run_dir.glob("*.parquet")):
-        name = p.name[: -len(".parquet")]
-        if name not in SKIP_TABLES:
-            info.tables[name] = info.run_dir / p.name
-
-    summary_path = run_dir / "summary.json"
-    if (run_dir / MARKER).exists():
-        text = (run_dir / MARKER).read_text(errors="replace").strip()
-        lines = text.splitlines() or [""]
-        if lines[-1].startswith(OVERRIDES_PREFIX):  # the run's overrides (kvsim's markers)
-            try:
-                ov = json.loads(lines[-1][len(OVERRIDES_PREFIX):])
-            except ValueError:
-                ov = None
-            if isinstance(ov, list):
-                lines.pop()
-                if not info.overrides:
-                    info.overrides = [str(o) for o in ov]
-        if text.startswith(FAILED_PREFIX):  # the CLI's record of a rejected config/trace
-            info.failure = f"INCOMPLETE marker: {' '.join(lines)}"
-        else:
-            info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
-    elif not summary_path.is_file():
-        info.failure = "no summary.json"
-    else:
-        try:
-            summary = json.loads(summary_path.read_text())
-        except (OSError, ValueError) as e:
-            info.failure = f"summary.json unreadable: {e}"
-        else:
-            if isinstance(summary, dict) and not info.overrides \
-                    and isinstance(summary.get("overrides"), list):
-                # a run with output.dir has no .hydra/ record: summary.json keeps its overrides
-                # (also those of a run that fails a check below: the failed-runs list names them)
-                info.overrides = [str(o) for o in summary["overrides"]]
-            if not isinstance(summary, dict):
-                info.failure = "summary.json is not a JSON object"
-            elif summary.get("complete") is not True:
-                info.failure = f"summary.json has complete={summary.get('complete')!r}"
-            elif (gone := output_files_problem(run_dir, summary, sizes=False)) is not None:
-                # (sizes are not compared: a truncated or corrupt table is found when it is
-                # read, with the Parquet error; one rewritten since is collected if it reads)
-                info.failure = gone
-            elif (mixed := labels_problem(info, summary)) is not None:
-                info.failure = mixed
-            else:
-                info.summary = summary
-                cc = summary.get("config_choices")
-                if not info.has_hydra and isinstance(cc, dict):
-                    # (and the option of each config group, those its overrides do not name too)
-                    info.choices = {str(k): str(v) for k, v in cc.items()
-                                    if not str(k).startswith("hydra/") and v is not None}
-    return info
-
-
-def labels_problem(info: RunInfo, summary: dict) -> str | None:
-    """Why the labels read for a run (``info``: its ``.hydra/`` overrides and group choices,
-    its config file) are not those of the run whose ``summary.json`` is ``summary``: its
-    overrides, group choices (``config_choices``) or config fingerprint
-    (:func:`sim.folders.config_fingerprint`) differ, as when a process wrote into the folder
-    after another run had taken it. None when they agree, and for what a summary does not
-    record (a kvsim that recorded no fingerprint)."""
-    from omegaconf import OmegaConf
-
-    from sim.folders import config_fingerprint, run_overrides
-
-    def mixed(what: str) -> str:
-        return (f"{what}: the folder holds the record of one run and the results of another "
-                f"(e.g. a process that wrote into it after another run took it); rerun it "
-                f"(output.skip_completed=true reruns it)")
-
-    ov = summary.get("overrides")
-    given = info.hydra_overrides
-    if isinstance(ov, list) and given is not None and run_overrides(given) != \
-            [str(o) for o in ov]:
-        return mixed(f".hydra/overrides.yaml ({' '.join(run_overrides(given))}) and "
-                     f"summary.json's overrides ({' '.join(str(o) for o in ov)}) differ")
-    cc = summary.get("config_choices")
-    if isinstance(cc, dict) and info.has_hydra and info.choices != {
-            str(k): str(v) for k, v in cc.items() if not str(k).startswith("hydra/")
-            and v is not None}:
-        return mixed(".hydra/hydra.yaml's config group choices and summary.json's "
-                     "config_choices differ")
-    fp = summary.get("config_fingerprint")
-    if isinstance(fp, str) and info.config_path is not None:
-        try:
-            here = config_fingerprint(OmegaConf.load(info.config_path))
-        except Exception as e:  # noqa: BLE001 - (read already by _load_config: not expected)
-            return mixed(f"{info.config_path} cannot be read back ({_one_line(e)})")
-        if here != fp:
-            return mixed(f"{info.config_path.name} is not the config of the run that wrote "
-                         f"summary.json (config fingerprint {here}, summary.json's {fp})")
-    return None
-
-
-def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
-    """The id of the multirun a run belongs to: its job folder's stamp (``.kvsim_sweep_id``),
-    else its ``output.dir``'s claim (``.kvsim_job``: "<sweep id> <job>"); None for a single
-    run (or one of a kvsim that wrote neither)."""
-    for f in (job_dir / SWEEP_ID, run_dir / JOB_CLAIM):
-        try:
-            words = f.read_text().split()
-        except OSError:
-            continue
-        if words:
-            return words[0]
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Flattening and typing
-
-
-def flatten(d: dict, prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """Flatten nested dicts into ``{"a.b.c": leaf}``; lists become JSON strings, NaN becomes None.
-
-    An empty dict becomes no key.
-    """
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{sep}{k}" if prefix else str(k)
-        if isinstance(v, dict):
-            out.update(flatten(v, key, sep))
-        elif isinstance(v, (list, tuple)):
-            out[key] = json.dumps(v, default=str)
-        elif isinstance(v, float) and math.isnan(v):
-            out[key] = None
-        else:
-            out[key] = v
-    return out
-
-
-def _override_key(ov: str) -> tuple[str, str] | None:
-    """``"cache.block_size=32"`` -> ``("cache.block_size", "32")``; ``"~x"`` -> None."""
-    s = ov.strip()
-    if s.startswith("~") or "=" not in s:
-        return None
-    key, val = s.split("=", 1)
-    key = key.lstrip("+")
-    if "@" in key:  # group@package=option
-        key = key.split("@", 1)[0]
-    return key, val
-
-
-def parse_override_value(text: str) -> Any:
-    """The typed value of an override's right-hand side, as Hydra reads a plain value:
-    ``"20"`` -> 20, ``"0.5"`` -> 0.5, ``"true"`` -> True, ``"null"`` -> None, ``"'x'"`` -> ``"x"``;
-    anything else (``"nvfp4"``, ``"[1,2]"``) stays the string it is."""
-    s = text.strip()
-    low = s.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "null":
-        return None
-    if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
-        return s[1:-1]
-    try:
-        return int(s.replace("_", "")) if s.lstrip("+-").replace("_", "").isdigit() else float(s)
-    except ValueError:
-        return s
-
-
-def override_keys(runs: list[RunInfo]) -> list[str]:
-    """The override keys of a sweep, in first-seen order, without bookkeeping keys.
-
-    A group override (``codec=nvfp4``) yields the group name; a value override
-    (``tiers.host_gib=32``) yields the dotted key.
-    """
-    keys: list[str] = []
-    for r in runs:
-        for ov in r.overrides:
-            kv = _override_key(ov)
-            if kv is None:
-                continue
-            k = kv[0]
-            if k.startswith(BOOKKEEPING_PREFIXES) or k in keys:
-                continue
-            keys.append(k)
-    return keys
-
-
-def _override_values(run: RunInfo, keys: list[str], flat_cfg: dict[str, Any]) -> dict[str, Any]:
-    """The run's value for each override key: the group choice for a group, else the resolved
-    config value (typed), else the override's value typed by :func:`parse_override_value` (a run
-    without a config file)."""
-    literal = {}
-    for ov in run.overrides:
-        kv = _override_key(ov)
-        if kv is not None:
-            literal[kv[0]] = parse_override_value(kv[1])
-    out = {}
-    for k in keys:
-        if k in run.choices:
-            out[k] = run.choices[k]
-        elif k in flat_cfg:
-            out[k] = flat_cfg[k]
-        else:
-            out[k] = literal.get(k)
-    return out
-
-
-def _column_array(values: list) -> pa.Array:
-    """A typed Arrow array for one column's values; mixed types fall back to strings."""
-    try:
-        arr = pa.array(values, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        arr = pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v, default=str))
-                        for v in values], type=pa.string())
-    if pa.types.is_null(arr.type):
-        arr = arr.cast(pa.string())
-    return arr
-
-
-def _table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    cols: list[str] = []
-    seen = set()
-    for r in rows:
-        for k in r:
-            if k not in seen:
-                seen.add(k)
-                cols.append(k)
-    return pa.table({c: _column_array([r.get(c) for r in rows]) for c in cols})
-
-
-def run_row(run: RunInfo, groups: set[str] | None = None) -> dict[str, Any]:
-    """The ``runs.parquet`` row of a completed run (see the module docstring for the columns).
-
-    ``groups``: the config group names of the whole sweep (default: the run's own choices); a
-    summary key named like one of them is stored as ``summary.<key>`` even in a run that lacks
-    that group's choice (no ``.hydra/`` record), so one column never mixes the two meanings.
-    A run without a config file gets its config columns from its overrides (typed values).
-    """
-    if run.summary is None:
-        raise ValueError(f"{run.run_dir}: run is not complete ({run.failure})")
-    groups = set(run.choices) if groups is None else set(groups) | set(run.choices)
-    row: dict[str, Any] = {
-        "run_id": run.run_id,
-        "job": run.job,
-        "run_dir": str(run.run_dir),
-        "overrides": " ".join(run.overrides),
-    }
-    for g, opt in run.choices.items():
-        row[g] = opt
-    for k, v in flatten(run.config).items():
-        if k not in row:
-            row[k] = v
-    if run.config_path is None:  # no config file: what the overrides say is all there is
-        for ov in run.overrides:
-            kv = _override_key(ov)
-            if kv is None or kv[0].startswith(("hydra.", "hydra/")) or kv[0] in row:
-                continue
-            row[kv[0]] = kv[1] if kv[0] in groups else parse_override_value(kv[1])
-    taken = set(row)
-    # (config_choices are the group columns above: not repeated as config_choices.<group>)
-    for k, v in flatten({k: v for k, v in run.summary.items() if k != "config_choices"}).items():
-        top = k.split(".", 1)[0]
-        row[f"summary.{k}" if (k in taken or top in groups or top in ("run_id", "job")) else k] = v
-    return row
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
-# Errors a Parquet reader raises on a truncated or corrupt file (footer, thrift page headers,
-# decompression): OSError for I/O and thrift, ArrowInvalid/ArrowException for the rest.
-_PARQUET_ERRORS = (OSError, ValueError, pa.ArrowException)
-
-
-def _one_line(e: BaseException) -> str:
-    """An exception's message on one line (Parquet errors span several)."""
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-class _UnreadableTable(Exception):
-    """Internal: one run's table file cannot be read; the run is listed as failed."""
-
-    def __init__(self, run: RunInfo, reason: str):
-        super().__init__(reason)
-        self.run = run
-        self.reason = reason
-
-
-def _runs_text(runs: list[RunInfo], limit: int = 4) -> str:
-    """``"run 3"`` / ``"runs 0, 1, 2, 4 and 7 more"`` for an error message."""
-    ids = [r.run_id for r in runs]
-    head = ", ".join(ids[:limit]) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
-    return f"{'run' if len(ids) == 1 else 'runs'} {head}"
-
-
-def _type_conflict(name: str, have: list[RunInfo], schemas: list[pa.Schema]) -> str:
-    """The one-line description of the first column of table ``name`` whose types do not unify."""
-    cols: dict[str, dict[str, tuple[pa.DataType, list[RunInfo]]]] = {}
-    for r, s in zip(have, schemas):
-        for f in s:
-            by_type = cols.setdefault(f.name, {})
-            by_type.setdefault(str(f.type), (f.type, []))[1].append(r)
-    for col, by_type in cols.items():
-        if len(by_type) < 2:
-            continue
-        try:
-            pa.unify_schemas([pa.schema([pa.field(col, t)]) for t, _ in by_type.values()],
-                             promote_options="permissive")
-            continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            pass
-        groups = sorted(by_type.items(), key=lambda kv: -len(kv[1][1]))  # most common type first
-        parts = [f"{t} in {_runs_text(rs)}" for t, (_, rs) in groups]
-        odd = groups[-1][1][1][0]  # a run of the least common type
-        parts[-1] += f" ({odd.tables[name]})"
-        return (f"table {name!r} ({name}.parquet): column {col!r} has incompatible types across "
-                f"runs: {'; '.join(parts)}; fix or remove the odd file, or leave the table out "
-                f"with --tables")
-    return f"table {name!r} ({name}.parquet): the runs' schemas cannot be unified"
-
-
-def _check_table_files(runs: list[RunInfo], names: list[str]) -> None:
-    """Open the footer of every table in ``names`` of every run; a run with an unreadable one
-    gets ``failure`` set to the file and the Parquet error (its other tables are not read)."""
-    for r in runs:
-        for n in names:
-            p = r.tables.get(n)
-            if p is None:
-                continue
-            try:
-                pq.read_schema(p)
-            except _PARQUET_ERRORS as e:
-                r.failure = f"{p}: cannot read Parquet file: {_one_line(e)}"
-                break
-
-
-def _write_table_dataset(name: str, runs: list[RunInfo], extra_cols: dict[str, dict[str, Any]],
-                         out_dir: Path) -> int:
-    """Write table ``name`` of every run into ``out_dir/name/job=<n>/part-0.parquet`` with a unified
-    schema plus ``run_id`` and the override columns. Returns the number of rows written.
-
-    Raises CollectError (naming the table, the column, the types and the runs that have each) when
-    a column's types differ between runs and cannot be unified, and ``_UnreadableTable`` when one
-    run's file cannot be read (the caller lists that run as failed and writes again without it).
-    """
-    have = [r for r in runs if name in r.tables]
-    if not have:
-        return 0
-    # pass 1: schemas only
-    schemas = []
-    for r in have:
-        try:
-            schemas.append(pq.read_schema(r.tables[name]).remove_metadata())
-        except _PARQUET_ERRORS as e:
-            raise _UnreadableTable(
-                r, f"{r.tables[name]}: cannot read Parquet file: {_one_line(e)}") from e
-    extra_names = list(next(iter(extra_cols.values())).keys()) if extra_cols else []
-    # one typed array per override column over the runs (mixed types fall back to strings for
-    # every run alike, so each run's value always fits the column's type)
-    extra_arrays = {c: _column_array([extra_cols[r.run_id][c] for r in have]) for c in extra_names}
-    try:
-        base = pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise CollectError(_type_conflict(name, have, schemas)) from e
-    fields = [pa.field("run_id", pa.string())]
-    fields += [pa.field(c, extra_arrays[c].type) for c in extra_names if c not in base.names]
-    fields += [f for f in base if f.name not in ("run_id", "job")]
-    schema = pa.schema(fields)
-    total = 0
-    for i, r in enumerate(have):
-        try:
-            t = pq.read_table(r.tables[name])
-        except _PARQUET_ERRORS as e:
-            raise _UnreadableTable(
-                r, f"{r.tables[name]}: cannot read Parquet file: {_one_line(e)}") from e
-        n = t.num_rows
-        cols = []
-        for f in schema:
-            if f.name == "run_id":
-                cols.append(pa.array([r.run_id] * n, type=pa.string()))
-            elif f.name in t.column_names:
-                col = t.column(f.name)
-                try:
-                    cols.append(col.cast(f.type))
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-                    raise CollectError(
-                        f"table {name!r} ({name}.parquet): column {f.name!r} of run {r.run_id} "
-                        f"({r.tables[name]}) is {col.type}, which does not convert to the "
-                        f"{f.type} of the other runs: {_one_line(e)}") from e
-            elif f.name in extra_arrays:
-                cols.append(extra_arrays[f.name].take(pa.array([i] * n, type=pa.int64())))
-            else:
-                cols.append(pa.nulls(n, f.type))
-        part = out_dir / name / f"job={r.job}"
-        part.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table(cols, schema=schema), part / "part-0.parquet")
-        total += n
-    return total
-
-
-def _write_failed(failed: list[RunInfo], out_dir: Path) -> None:
-    rows = [{"run_id": r.run_id, "job": r.job, "run_dir": str(r.run_dir), "reason": r.failure,
-             "overrides": " ".join(r.overrides)} for r in failed]
-    with open(out_dir / "failed_runs.json", "w") as f:
-        json.dump(rows, f, indent=2)
-        f.write("\n")
-    with open(out_dir / "failed_runs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["run_id", "job", "run_dir", "reason", "overrides"])
-        w.writeheader()
-        w.writerows(rows)
-
+from experiments.collect_tables import (UnreadableTable, check_table_files, flatten, override_key, override_keys,
+                                        override_values, run_row, table_from_rows, write_failed,
+                                        write_table_dataset)
+from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir, find_run_dirs, one_line,
+                                     read_run, results_dir)
+from sim.folders import RESULTS_POINTER, stale_job
 
 @dataclass
 class CollectResult:
@@ -773,7 +164,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     no_hydra = [r for r in runs if not r.has_hydra]
     for r in no_hydra:
         for ov in r.overrides:
-            kv = _override_key(ov)
+            kv = override_key(ov)
             if kv is not None and kv[0] in groups:
                 r.choices.setdefault(kv[0], kv[1])
     keys = override_keys(runs)
@@ -789,7 +180,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
                 f"(<table>.parquet); tables the runs wrote: {', '.join(wanted) or 'none'}"
                 + (f"; did you mean {', '.join(near)}?" if near else ""))
         wanted = [n for n in wanted if n in tables]
-    _check_table_files([r for r in runs if r.complete], wanted)
+    check_table_files([r for r in runs if r.complete], wanted)
 
     from sim.errors import Busy
     from sim.locks import hold
@@ -805,7 +196,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
                            f"collection; expected one kvsim-collect into a folder at a time "
                            f"(wait for it to end)") from None
     except OSError as e:
-        why = getattr(e, "strerror", None) or _one_line(e)
+        why = getattr(e, "strerror", None) or one_line(e)
         raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
                            f"{why})") from e
     try:
@@ -874,17 +265,17 @@ def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
     try:
         tmp.mkdir()
     except OSError as e:
-        why = getattr(e, "strerror", None) or _one_line(e)  # (the error names the temporary name)
+        why = getattr(e, "strerror", None) or one_line(e)  # (the error names the temporary name)
         raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
                            f"{why})") from e
     try:
         while True:  # a table that fails past its footer drops its run; write again without it
             done = [r for r in runs if r.complete]
-            extra = {r.run_id: _override_values(r, keys, flatten(r.config)) for r in done}
+            extra = {r.run_id: override_values(r, keys, flatten(r.config)) for r in done}
             names = [n for n in wanted if any(n in r.tables for r in done)]
             try:
-                written = {n: _write_table_dataset(n, done, extra, tmp) for n in names}
-            except _UnreadableTable as e:
+                written = {n: write_table_dataset(n, done, extra, tmp) for n in names}
+            except UnreadableTable as e:
                 e.run.failure = e.reason
                 for n in names:
                     shutil.rmtree(tmp / n, ignore_errors=True)
@@ -892,9 +283,9 @@ def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
             break
         failed = [r for r in runs if not r.complete]
         rows = [run_row(r, groups) for r in done]
-        runs_table = _table_from_rows(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
+        runs_table = table_from_rows(rows) if rows else pa.table({"run_id": pa.array([], pa.string())})
         pq.write_table(runs_table, tmp / "runs.parquet")
-        _write_failed(failed, tmp)
+        write_failed(failed, tmp)
         manifest = {
             "sweep_dir": str(sweep.resolve()),
             "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -232,14 +232,14 @@ def _check_x_hue(x: str, hue: str, agg: str | None, what: str) -> None:
 def _run_names(runs: pd.DataFrame, limit: int = 6) -> str:
     """``"run 0 [model.max_model_len=100], run 3 [...]"``: run ids with their overrides (bookkeeping
     overrides such as ``sim.progress`` left out) when ``runs`` has an ``overrides`` column."""
-    from experiments.collect import BOOKKEEPING_PREFIXES, _override_key
+    from experiments.collect_tables import BOOKKEEPING_PREFIXES, override_key
 
     names = []
     for _, r in runs.head(limit).iterrows():
         name = f"run {r['run_id'] if 'run_id' in runs.columns else r.name}"
         if "overrides" in runs.columns and isinstance(r["overrides"], str):
             ovs = [o for o in r["overrides"].split()
-                   if (kv := _override_key(o)) is None or not kv[0].startswith(BOOKKEEPING_PREFIXES)]
+                   if (kv := override_key(o)) is None or not kv[0].startswith(BOOKKEEPING_PREFIXES)]
             name += f" [{' '.join(ovs)}]"
         names.append(name)
     more = f" and {len(runs) - limit} more" if len(runs) > limit else ""
@@ -1366,7 +1366,7 @@ def _warn_pooled(df: pd.DataFrame, runs: pd.DataFrame, by: list[str], figure: st
     if (df.empty or "run_id" not in df.columns or "overrides" not in runs.columns
             or any(c not in df.columns for c in by)):  # (a missing column is the figure's error)
         return
-    from experiments.collect import BOOKKEEPING_PREFIXES, _override_key
+    from experiments.collect_tables import BOOKKEEPING_PREFIXES, override_key
 
     pairs = df[[*dict.fromkeys([*by, "run_id"])]].drop_duplicates()
     pairs = pairs.assign(_g=_labels(pairs, by))
@@ -1374,7 +1374,7 @@ def _warn_pooled(df: pd.DataFrame, runs: pd.DataFrame, by: list[str], figure: st
     literal: dict = {}
     for rid, ov in sel["overrides"].items():
         for o in str(ov).split() if isinstance(ov, str) else []:
-            kv = _override_key(o)
+            kv = override_key(o)
             if kv is not None and not kv[0].startswith(BOOKKEEPING_PREFIXES) and kv[0] not in by:
                 literal.setdefault(kv[0], {})[rid] = kv[1]
     if not literal:
@@ -1410,13 +1410,13 @@ def varying_keys(runs: pd.DataFrame) -> list[str]:
     """The override keys (``overrides`` column; bookkeeping keys such as ``sim.progress`` and
     ``output.*`` left out) whose value differs between ``runs``, in the order the overrides first
     name them; only keys that are columns of ``runs``."""
-    from experiments.collect import BOOKKEEPING_PREFIXES, _override_key
+    from experiments.collect_tables import BOOKKEEPING_PREFIXES, override_key
 
     keys: list[str] = []
     if "overrides" in runs.columns:
         for ov in runs["overrides"]:
             for o in ov.split() if isinstance(ov, str) else []:
-                kv = _override_key(o)
+                kv = override_key(o)
                 if kv is not None and not kv[0].startswith(BOOKKEEPING_PREFIXES):
                     keys.append(kv[0])
     out = []

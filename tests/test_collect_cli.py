@@ -20,6 +20,7 @@ import pytest
 from experiments import collect as C
 from experiments import plots as P
 from fake_sweeps import fake_run, fake_sweep
+from sim.folders import is_collection
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,17 +112,17 @@ def test_an_earlier_collection_an_empty_folder_and_the_default_are_still_written
     default ``SWEEP/collected`` are written, and no temporary folder is left beside them."""
     out = tmp_path / "col"
     assert _cli(capsys, sweep, "--out", out)[0] == 0
-    assert C.is_collection(out) and not C.is_collection(sweep) and not C.is_collection(sweep / "0")
+    assert is_collection(out) and not is_collection(sweep) and not is_collection(sweep / "0")
     (out / "stale.txt").write_text("old\n")
     assert _cli(capsys, sweep, "--out", out)[0] == 0  # an earlier collection is replaced whole
     assert not (out / "stale.txt").exists() and len(pd.read_parquet(out / "runs.parquet")) == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".col")]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert _cli(capsys, sweep, "--out", empty)[0] == 0 and C.is_collection(empty)
+    assert _cli(capsys, sweep, "--out", empty)[0] == 0 and is_collection(empty)
     for _ in range(2):  # the default SWEEP/collected, new and then replaced
         assert _cli(capsys, sweep)[0] == 0
-    assert C.is_collection(sweep / "collected")
+    assert is_collection(sweep / "collected")
     assert len(pd.read_parquet(sweep / "collected" / "runs.parquet")) == 2
 
 

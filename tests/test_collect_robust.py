@@ -22,6 +22,7 @@ import pytest
 
 from experiments import collect as C
 from experiments import plots as P
+from experiments.collect_tables import parse_override_value
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["sim.progress=false", "output.print_summary=false"]
@@ -117,7 +118,7 @@ def test_run_without_hydra_dir_uses_its_own_config_yaml(sweep, tmp_path):
                                          ("true", True), ("False", False), ("null", None),
                                          ("'16'", "16"), ("nvfp4", "nvfp4"), ("[1,2]", "[1,2]")])
 def test_parse_override_value(text, value):
-    got = C.parse_override_value(text)
+    got = parse_override_value(text)
     assert got == value and type(got) is type(value)
 
 
