@@ -56,6 +56,7 @@ would be a stretch).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -371,7 +372,7 @@ class Cluster:
                 sim = Replica(self, r, workload, num_gpu_blocks, block_size, scheduler, cache,
                               cost_model, max_model_len, rec,
                               env=ReplicaEnv(self.env, self, self.ff_reason is None, r),
-                              on_iteration=(lambda r=r: self._publish(r)), **roles, **common)
+                              on_iteration=functools.partial(self._publish, r), **roles, **common)
             self.replicas.append(sim)
             if store is not None:
                 self._attach(sim, r)

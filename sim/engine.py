@@ -472,8 +472,8 @@ class Simulator:
                 self.retire_finished()
             if self.tiers is not None:
                 self.tier_step_end()
-            rec.record(1, start, dt, running, len(self.waiting), prefill_tokens,
-                       decode_tokens, used, cached_free, live)
+            rec.record_step(start, dt, running, len(self.waiting), prefill_tokens,
+                            decode_tokens, used, cached_free, live)
             if self.check:
                 self.check_invariants()
             self.check_sim_time()

@@ -229,6 +229,26 @@ class Recorder:
         st = self.steps
         return st.reserve(k), st.arrays
 
+    def record_step(self, start, dur, running, waiting, prefill, decode, used, cached_free,
+                    live) -> None:
+        """Record one engine step from its numbers (Python ints and floats; the columns of
+        :meth:`record`, one step's): :meth:`record` with ``k = 1`` and no arrays."""
+        self.num_steps += 1
+        self.sum_prefill += prefill
+        self.sum_decode += decode
+        if used > self.peak_blocks_used:
+            self.peak_blocks_used = used
+        if self.record_steps:
+            st = self.steps
+            i = st.n
+            if i < st.cap:
+                st.n = i + 1
+            else:
+                st.reserve(1)
+            for col, v in zip(st.arrays, (start, dur, running, waiting, prefill, decode,
+                                          used, cached_free, live)):
+                col[i] = v
+
     def record(self, k: int, starts, durs, running, waiting, prefill, decode, used,
                cached_free, live) -> None:
         """Record ``k`` consecutive engine steps from their columns (:meth:`count` and
@@ -246,21 +266,8 @@ class Recorder:
         if k == 1 and not isinstance(prefill, np.ndarray) and not isinstance(
                 decode, np.ndarray) and not isinstance(used, np.ndarray) and not isinstance(
                 durs, np.ndarray):  # (one step's numbers: the per-step loop's)
-            self.num_steps += 1
-            self.sum_prefill += prefill
-            self.sum_decode += decode
-            if used > self.peak_blocks_used:
-                self.peak_blocks_used = used
-            if self.record_steps:
-                st = self.steps
-                i = st.n
-                if i < st.cap:
-                    st.n = i + 1
-                else:
-                    st.reserve(1)
-                for col, v in zip(st.arrays, (starts, durs, running, waiting, prefill, decode,
-                                              used, cached_free, live)):
-                    col[i] = v
+            self.record_step(starts, durs, running, waiting, prefill, decode, used,
+                             cached_free, live)
             return
         self.count(k, int(prefill.sum()) if isinstance(prefill, np.ndarray) else prefill * k,
                    int(decode.sum()) if isinstance(decode, np.ndarray) else decode * k,

@@ -129,7 +129,9 @@ class TierStretch(Stretch):
             yield from sim.wait_write_back(hold)
         # every step and landing through SimPy with a shared store (its link's puts are events)
         # and in a cluster's replica (its KV events are published between steps on the clock)
-        ahead = tm.store is None and sim.on_iteration is None
+        if tm.store is not None or sim.on_iteration is not None:
+            return (yield from self.advance_clocked(reqs, nc0, durs, k, live0, grow_at, reg_at,
+                                                    start, hold))
         agenda = Agenda()
         agenda.push(env.now + durs[0], None, None)
         s = 1
@@ -137,15 +139,14 @@ class TierStretch(Stretch):
         try:
             while True:
                 t, fn, args = agenda.pop()
-                if env.now < t and (not ahead or env.peek() <= t or (fn is None and s == k)):
+                if env.now < t and (env.peek() <= t or (fn is None and s == k)):
                     # another event comes first or at the same time (or the requests finish:
                     # their closed-loop children are released on the SimPy clock)
                     tm.agenda = tm.clock = None
                     self.clock_waits += 1
                     yield from advance_to(env, t)
-                if ahead:
-                    tm.agenda = agenda
-                    tm.clock = t
+                tm.agenda = agenda
+                tm.clock = t
                 if fn is not None:  # a landing
                     fn(*args)
                     continue
@@ -171,16 +172,13 @@ class TierStretch(Stretch):
                 sim.tier_step_end()
                 rec.record(1, start, step_dur, running, len(sim.waiting), 0, b, used,
                            cached_free, live)
-                if not done:
-                    sim.check_sim_time(t)
-                    if sim.on_iteration is not None:
-                        sim.on_iteration()  # (between steps, before the next scheduling, as the loop)
                 if done:
                     break
+                sim.check_sim_time(t)
                 nxt = self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at)
                 if nxt != 1:
                     # step s + 1 unscheduled, or its batch part scheduled: Scheduler.schedule
-                    # goes on, without a second on_iteration before it
+                    # goes on (as a cluster's replica, without a second on_iteration before it)
                     sim.iteration_begun = nxt == 2
                     break
                 hold = sim.write_back_hold()  # (as the engine after a scheduling)
@@ -199,6 +197,85 @@ class TierStretch(Stretch):
             yield from advance_to(env, t)
         for end, _, fn, args in sorted(agenda.heap):  # (landings after t, in their order)
             tm.at(end, fn, *args)
+        if not done:
+            self.commit_counts(reqs, nc0, s)
+        if sim.check:
+            sim.check_invariants()
+        return s
+
+    def advance_clocked(self, reqs, nc0, durs, k: int, live0: int, grow_at: dict, reg_at: dict,
+                        start: float, hold: float | None):
+        """:meth:`advance`'s steps when each is a SimPy timeout of its own (with a shared store,
+        as a cluster's replica): the same steps, rows and scheduling, the clock advanced to
+        every step's end (and to a write-back hold's end) where the per-step loop advances it,
+        and the landings the steps issue left to SimPy. Arguments as :meth:`advance` prepares
+        them: ``nc0`` the batch's computed tokens before step 1, ``durs`` the steps' durations
+        (s; ``durs[0]`` the scheduled step's), ``k`` the step at whose end the first request
+        finishes, ``live0`` the sum of ``nc0``, ``grow_at`` / ``reg_at`` the block buckets,
+        ``start`` the first step's scheduling time (s) and ``hold`` its write-back hold (s) or
+        None (already waited for). Returns the steps taken."""
+        sim = self.sim
+        env = sim.env
+        pool = sim.pool
+        rec = sim.rec
+        B = sim.B
+        b = len(reqs)
+        on_iteration = sim.on_iteration
+        timeout = env.timeout  # (simpy makes the bound method at each attribute access)
+        t = env.now + durs[0]
+        step_end = True  # (False: t is a write-back hold's end, the step starts there)
+        s = 1
+        while True:
+            now = env.now
+            if now < t:
+                self.clock_waits += 1
+                d = t - now
+                if now + d == t:
+                    yield timeout(d)
+                else:
+                    yield from advance_to(env, t)
+            if not step_end:  # (the hold ended: the step runs)
+                step_end = True
+                t = t + durs[s - 1]
+                continue
+            step_dur = durs[s - 1] if hold is None else t - start
+            done = s == k
+            # the row: as TierStretch.advance's
+            running = len(sim.running)
+            live = live0 + s * b
+            if running > b:
+                live += sum(r.n_computed for r in sim.running[b:])
+            used = pool.num_used
+            cached_free = pool.num_cached_free
+            if done:
+                self.commit_counts(reqs, nc0, s)
+                for req in reqs:
+                    if req.n_generated >= req.output:
+                        req.status = FINISHED
+                        req.finish = t
+                sim.retire_finished()
+            sim.tier_step_end()
+            rec.record_step(start, step_dur, running, len(sim.waiting), 0, b, used,
+                            cached_free, live)
+            if done:
+                break
+            sim.check_sim_time(t)
+            if on_iteration is not None:
+                on_iteration()  # (between steps, before the next scheduling, as the loop)
+            nxt = self.next_step(reqs, nc0, s + 1, B, grow_at, reg_at)
+            if nxt != 1:
+                sim.iteration_begun = nxt == 2
+                break
+            hold = sim.write_back_hold()
+            s += 1
+            start = t
+            if hold is None:
+                t = t + durs[s - 1]
+            else:  # (Simulator.wait_write_back's count)
+                sim.write_back_stall_s += hold - t
+                sim.write_back_stalls += 1
+                t = hold
+                step_end = False
         if not done:
             self.commit_counts(reqs, nc0, s)
         if sim.check:
@@ -236,19 +313,18 @@ class TierStretch(Stretch):
             gi.sort()
             if len(gi) > pool.num_free:
                 return 0  # the scheduler preempts
-            grow = [reqs[i] for i in gi]
-        else:
-            grow = []
-        reg = ([], [])
         ri = reg_at.pop(s, None)
-        if ri is not None:
-            ri.sort()
-            for i in ri:
-                req = reqs[i]
-                full = (nc0[i] + s) // B
-                queue_registration(req, full, reg)
-                reg_at.setdefault((full + 1) * B - nc0[i], []).append(i)
-        sim.kv.flush_grow(grow, reg)  # the new blocks, then the registrations, as the scheduler
+        if gi is not None or ri is not None:  # (else the batch's part is nothing)
+            grow = [reqs[i] for i in gi] if gi is not None else []
+            reg = ([], [])
+            if ri is not None:
+                ri.sort()
+                for i in ri:
+                    req = reqs[i]
+                    full = (nc0[i] + s) // B
+                    queue_registration(req, full, reg)
+                    reg_at.setdefault((full + 1) * B - nc0[i], []).append(i)
+            sim.kv.flush_grow(grow, reg)  # the new blocks, then the registrations, as the scheduler
         if gi is not None:
             del grow_at[s]
             for i in gi:  # (one block more: the next starts B tokens on)
