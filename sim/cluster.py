@@ -16,10 +16,14 @@ and each ``arrival - cluster.event_staleness_s`` (the instant up to which that a
 sees KV events) (:meth:`Replica.tie_inside`, :meth:`ReplicaEnv.peek`); with a router that
 reads no replica state (round_robin), only the arrivals it sends to that replica. Those instants are known
 ahead for open-loop arrivals only, so when the workload has closed-loop children, or when a
-replica has host/disk tiers, a shared store or an active compression policy (whose multi-step
-stretches let events happen inside them), the replicas take only the stretches that keep one
-SimPy timeout per step (:attr:`sim.stretches.base.Stretch.step_clock`: the tier stretch), which
-need no barrier; the summary's ``cluster.per_step_reason`` says why. Either way the run is deterministic and ties go to
+replica has host/disk tiers or a shared store (whose multi-step stretches let events happen
+inside them), the replicas take only the stretches that keep one SimPy timeout per step
+(:attr:`sim.stretches.base.Stretch.step_clock`: the tier stretch), which need no barrier; the
+summary's ``cluster.per_step_reason`` says why. Under an active compression policy the
+replicas take the compression stretches only behind a router that reads no replica state
+(round_robin: each replica is then a single engine fed its own arrivals); a compression
+stretch may commit a step's end (an admission's round, freeing blocks) before an arrival that
+lands during that step, which a router reading the replica's load or KV events would see. Either way the run is deterministic and ties go to
 the lowest replica index; with fast paths the tables equal the per-step loop's bit for bit
 (tests/test_cluster.py).
 
@@ -313,8 +317,8 @@ class Cluster:
         session = workload.table.column("session_id").to_numpy()
         has_children = bool((np.asarray(workload.parent_request_id) >= 0).any())
         comp_on = compression is not None and compression.active
-        # the fast paths of several replicas: open loop, no tiers, no active compression
-        # (module docstring)
+        # the fast paths of several replicas: open loop, no tiers, no store, and with an active
+        # compression policy a router that reads no replica state (module docstring)
         if store is not None and (n < 2 or tiers is None):
             raise ConfigError(f"a shared KV store with cluster.replicas={n} and "
                               f"{'tier managers' if tiers is not None else 'no tier manager'}; "
@@ -326,6 +330,12 @@ class Cluster:
             raise ConfigError(f"cluster.pd.prefill_replicas={P}: expected a KV link "
                               f"(sim.pd.PDLinks)")
         self.pd = pd_links if P else None
+        if P:  # (one router per pool)
+            self.router = make_router(self, cfg, members=range(P))
+            self.decode_router = make_router(self, cfg, members=range(P, n),
+                                             field="pd.decode_router")
+        else:
+            self.router = self.decode_router = make_router(self, cfg)
         if n == 1:
             self.ff_reason = None
         elif P:
@@ -336,18 +346,12 @@ class Cluster:
             self.ff_reason = "closed-loop children (their arrivals are not known ahead)"
         elif tiers is not None:
             self.ff_reason = "host/disk tiers"
-        elif comp_on:
-            self.ff_reason = "a compression policy"
+        elif comp_on and (self.router.reads_replicas or self.decode_router.reads_replicas):
+            self.ff_reason = "a compression policy with a router that reads replica state"
         else:
             self.ff_reason = None
         ff = bool(fast_forward)
         self.fast_forward = ff
-        if P:  # (one router per pool)
-            self.router = make_router(self, cfg, members=range(P))
-            self.decode_router = make_router(self, cfg, members=range(P, n),
-                                             field="pd.decode_router")
-        else:
-            self.router = self.decode_router = make_router(self, cfg)
         self.replicas: list[Simulator] = []
         self._done_by = [0] * n
         for r in range(n):

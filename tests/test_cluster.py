@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from conftest import chunk_workload, make_workload
 from sim.block_pool import NO_HASH
 from sim.cluster import Cluster, ClusterRecorder
+from sim.compression import Compression
 from sim.engine import Simulator
 from sim.errors import ConfigError
 from sim.metrics import Recorder
@@ -32,11 +33,16 @@ def single(wl, *overrides, num_blocks=1000, fast_forward=True):
     return rec.requests_frame(), rec.steps_frame()
 
 
-def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True, tiers=False):
+def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True, tiers=False,
+            compression=False):
     """A cluster's (requests, steps, Cluster) for ``cluster.*`` overrides; ``tiers``: each
-    replica gets the tier manager the ``tiers.*`` overrides describe."""
+    replica gets the tier manager the ``tiers.*`` overrides describe; ``compression``: each
+    replica runs the ``policy.*`` / ``compaction.*`` overrides' compression."""
     cfg = _cfg(*overrides)
     cost = build_cost_model(cfg.model, cfg.gpu, cfg.cache, cfg.cost)
+    comp = (Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost,
+                        float(cfg.gpu.hbm_bandwidth_gbps) * 1e9, int(cfg.seed))
+            if compression else None)
     factory = None
     if tiers:
         plan = plan_memory(cfg.model, cfg.gpu, cfg.cache, cfg.scheduler,
@@ -46,7 +52,7 @@ def cluster(wl, *overrides, num_blocks=1000, fast_forward=True, check=True, tier
     rec = (ClusterRecorder if n > 1 else Recorder)(len(wl), wl.table.column("session_id").to_numpy())
     c = Cluster(cfg.cluster, wl, num_blocks, cfg.cache.block_size, cfg.scheduler, cfg.cache, cost,
                 cfg.model.max_model_len, rec, fast_forward=fast_forward, check_invariants=check,
-                tiers=factory, num_layers=cfg.model.num_layers)
+                tiers=factory, num_layers=cfg.model.num_layers, compression=comp)
     c.run()
     return rec.requests_frame(), rec.steps_frame(), c
 
@@ -198,6 +204,44 @@ def test_every_request_served_once_and_fast_paths_equal_the_per_step_loop(seed, 
     assert set(rf["status"]) <= {"finished", "rejected"}
     pd.testing.assert_frame_equal(rf, rp)
     pd.testing.assert_frame_equal(sf, sp)
+
+
+COMPRESSION_POLICIES = [("policy=triattention", "policy.budget=64", "policy.beta=16",
+                         "compaction=forward_pack"),
+                        ("policy=snapkv", "policy.budget=64"),
+                        ("policy=streaming_llm", "policy.recent_window=60", "policy.beta=16")]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 3),
+       policy=st.sampled_from(COMPRESSION_POLICIES), blocks=st.sampled_from([120, 400]))
+def test_round_robin_replicas_with_compression_take_the_stretches_and_equal_the_per_step_loop(
+        seed, n, policy, blocks):
+    """Behind round_robin, replicas under a compression policy (no tiers) take the compression
+    stretches, each ended at its own replica's arrivals, and every table (requests, steps,
+    compression rounds) equals the per-step loop's."""
+    wl = make_workload(open_loop(seed, n=20, spread=3.0), prefix_block_tokens=16)
+    ov = (f"cluster.replicas={n}", "cluster.router=round_robin", *policy)
+    rf, sf, c = cluster(wl, *ov, num_blocks=blocks, compression=True)
+    assert c.ff_reason is None
+    counts = c.stretch_counts()
+    assert counts["rounds"]["taken"] > 0 and counts["rounds"]["steps"] > counts["rounds"]["taken"]
+    rp, sp, cp = cluster(wl, *ov, num_blocks=blocks, compression=True, fast_forward=False)
+    assert all(v["taken"] == 0 for v in cp.stretch_counts().values())
+    pd.testing.assert_frame_equal(rf, rp)
+    pd.testing.assert_frame_equal(sf, sp)
+    assert c.rounds == cp.rounds
+
+
+@pytest.mark.parametrize("router", ["prefix_aware", "least_loaded"])
+def test_replicas_with_compression_behind_a_state_reading_router_run_per_step(router):
+    """Behind a router that reads replica state, replicas under a compression policy take no
+    multi-step stretch (per_step_reason says why)."""
+    wl = make_workload(open_loop(5, n=12, spread=2.0), prefix_block_tokens=16)
+    ov = ("cluster.replicas=2", f"cluster.router={router}", *COMPRESSION_POLICIES[1])
+    _, _, c = cluster(wl, *ov, num_blocks=200, compression=True)
+    assert c.ff_reason == "a compression policy with a router that reads replica state"
+    assert all(v["taken"] == 0 for v in c.stretch_counts().values())
 
 
 @pytest.mark.parametrize("router", ["prefix_aware", "least_loaded"])
