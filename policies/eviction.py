@@ -903,6 +903,12 @@ class EvictionPolicy:
             return layout.prompt_len
         return 0
 
+    def evict_range(self, n_tokens: int) -> Optional[tuple[int, int]]:
+        """``(lo, hi)`` when :meth:`select` at sequence length ``n_tokens`` keeps every live
+        slot except those holding positions ``lo <= p < hi`` (in every group); None when a
+        round's selection depends on more than positions (scores, draws)."""
+        return None
+
     def pinned_len(self, layout) -> int:
         """Leading slots a compactor must not move: ``layout.prompt_len`` if the prompt is protected."""
         return layout.prompt_len if self.protects_prompt else 0
@@ -1106,9 +1112,16 @@ class StreamingLLMPolicy(_Periodic):
     def _threshold(self) -> int:
         return int(self.cfg.sink_tokens + self.cfg.recent_window)
 
+    def evict_range(self, n_tokens: int) -> tuple[int, int]:
+        """``(lo, hi)``: a round at sequence length ``n_tokens`` evicts every live position
+        ``lo <= p < hi`` (the tokens between the sinks and the recent window) and keeps the
+        rest."""
+        return int(self.cfg.sink_tokens), int(n_tokens) - int(self.cfg.recent_window)
+
     def select(self, layout, scores, n_tokens, step):
         pos, live, _ = self._prep(layout, None)
-        return live & ((pos < self.cfg.sink_tokens) | (pos >= n_tokens - self.cfg.recent_window))
+        lo, hi = self.evict_range(n_tokens)
+        return live & ((pos < lo) | (pos >= hi))
 
 
 @register_policy(H2OConfig)

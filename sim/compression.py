@@ -116,6 +116,12 @@ class Compression:
                         and self.policy.score_rule in (RULE_TOP, RULE_H2O)
                         and int(self.policy.cfg.beta) <= 8
                         and self.compactor.cfg.release_empty_blocks)
+        # a window policy (StreamingLLM) under the none compactor: a round evicts the live
+        # slots of a range of positions, found and emptied with the freed blocks in one
+        # compiled pass (_window_evict)
+        self.window = (self.compaction == "none" and not self.hole_fill
+                       and self.compactor.cfg.release_empty_blocks
+                       and self.policy.evict_range(0) is not None)
         self.ops = None  # list of compaction ops for gpu_validation replay (output.write_ops)
         self.ops_limit = 0
         # rounds the ops file cannot hold: the replay's mover is single-group forward packing
@@ -245,6 +251,10 @@ class Compression:
                 return res, self.round_time(res.bytes_moved), pinned
         elif self.guarded:
             st.extra.pop("guard", None)
+        elif self.window and self.ops is None:
+            res, pinned = self._window_round(req, shared_blocks)
+            self._rebase(req)
+            return res, self.round_time(res.bytes_moved), pinned
         if self.terms_select is not None and lay.next_position > 0:
             seq = lay.next_position  # (every position held is below it: the scores' seq_len)
             terms = self.importance.log_score_terms(lay.request_key, lay.num_groups, st.generated,
@@ -333,6 +343,49 @@ class Compression:
             return None
         return un.evict(lay, ev[0], ev[1], self.kv_tok), pinned
 
+    def _window_round(self, req, shared_blocks: int):
+        """:meth:`run_round`'s selection and ``none`` compaction for a policy whose round
+        evicts a range of positions (:meth:`policies.EvictionPolicy.evict_range`), the slots of
+        the ``shared_blocks`` leading blocks kept: ``(RoundResult, pinned)``, the same as the
+        round through ``select`` and :meth:`apply_keep`."""
+        lay = req.layout
+        H = lay.num_groups
+        pinned = self.policy.pinned_len(lay)
+        shared_slots = shared_blocks * self.B
+        if shared_blocks:
+            pinned = max(pinned, shared_slots)
+        lo, hi = self.policy.evict_range(req.n_computed)
+        cnt = np.empty((3, H), dtype=np.int64)
+        freed = np.empty(lay.n_blocks, dtype=np.int64)
+        nf = _window_evict(lay.slot_pos, self.B, lo, hi, shared_slots, cnt, freed)
+        return self._unmoved_result(lay, cnt, freed[:nf]), pinned
+
+    def _unmoved_result(self, lay: PagedLayout, cnt: np.ndarray, freed: np.ndarray) -> RoundResult:
+        """The ``none`` compactor's :class:`policies.RoundResult` of a round that emptied its
+        evicted slots: ``cnt`` (``int64[3, H]``: live slots before, kept, 1 + last kept slot
+        per group), ``freed`` the blocks left empty (ascending block-table indices), dropped
+        from the layout here."""
+        H = lay.num_groups
+        lengths = cnt[2].copy()
+        before, kept = cnt[0].copy(), cnt[1].copy()
+        blocks_before = lay.n_blocks
+        if len(freed):
+            lay._drop_blocks(freed)
+        per_group_bytes = self.kv_tok / H
+        waste = int((lengths.max() - lengths).sum()) if H > 1 else 0
+        if H == 1:
+            b0, k0 = int(before[0]), int(kept[0])
+            t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
+        else:  # (the groups' means: integer sums, exact in float64, over H)
+            t_before, t_kept = int(before.sum()) / H, int(kept.sum()) / H
+            t_evicted = int((before - kept).sum()) / H
+        return RoundResult(
+            tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
+            blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
+            bytes_moved=0 * per_group_bytes, moves=_NO_MOVES, kept_per_group=kept,
+            group_lengths=lengths, ragged_waste_slots=waste,
+            ragged_waste_bytes=waste * per_group_bytes, metadata_bytes=0.0)
+
     def apply_keep(self, lay: PagedLayout, keep: np.ndarray, pinned: int) -> RoundResult:
         """``self.compactor.apply(lay, keep, self.kv_tok, pinned_len=pinned)`` for the ``none``
         and ``forward_pack`` compactors, with the per-group counts, the eviction and the
@@ -348,14 +401,14 @@ class Compression:
         if pack:
             moves = np.empty((nk, 3), dtype=np.int64)
             moves = moves[:_forward_pack(lay.slot_pos, keep, lay.append_ptr, int(pinned), moves)]
-            lengths = lay.append_ptr.astype(np.int64).copy()
-        else:
-            moves = _NO_MOVES
-            lengths = cnt[2].copy()
-        before, kept = cnt[0].copy(), cnt[1].copy()
-        blocks_before = lay.n_blocks
+        # (the blocks empty after the eviction, and after the moves when packing)
         freed = (lay.empty_blocks() if self.compactor.cfg.release_empty_blocks
                  else np.zeros(0, dtype=np.int64))
+        if not pack:
+            return self._unmoved_result(lay, cnt, freed)
+        lengths = lay.append_ptr.astype(np.int64).copy()
+        before, kept = cnt[0].copy(), cnt[1].copy()
+        blocks_before = lay.n_blocks
         if len(freed):
             lay._drop_blocks(freed)
         per_group_bytes = self.kv_tok / H
@@ -541,6 +594,45 @@ def _unmoved_round(slot_pos, B, base, blive, live, nxt, seq, groups, positions, 
             j -= 1
         lengths[g] = j + 1
     return nf
+
+
+@kernel("i8(i4[:, :], i8, i8, i8, i8, i8[:, :], i8[:])")
+def _window_evict(slot_pos, B, lo, hi, shared_slots, cnt, freed):  # pragma: no cover (compiled)
+    """Per group ``g``: empties the live slots from ``shared_slots`` on holding positions
+    ``lo <= p < hi``; ``cnt[0, g]`` live slots before, ``cnt[1, g]`` kept, ``cnt[2, g]`` 1 +
+    the last kept slot (0 if none). Writes the blocks then empty in every group into ``freed``
+    (ascending) and returns how many."""
+    H, S = slot_pos.shape
+    for g in range(H):
+        live = 0
+        kept = 0
+        last = -1
+        for j in range(S):
+            p = slot_pos[g, j]
+            if p >= 0:
+                live += 1
+                if j >= shared_slots and lo <= p < hi:
+                    slot_pos[g, j] = -1
+                else:
+                    kept += 1
+                    last = j
+        cnt[0, g] = live
+        cnt[1, g] = kept
+        cnt[2, g] = last + 1
+    m = 0
+    for b in range(S // B):
+        empty = True
+        for g in range(H):
+            for j in range(b * B, (b + 1) * B):
+                if slot_pos[g, j] >= 0:
+                    empty = False
+                    break
+            if not empty:
+                break
+        if empty:
+            freed[m] = b
+            m += 1
+    return m
 
 
 @kernel("i8(i4[:, :], b1[:, :], b1, i8[:, :])")

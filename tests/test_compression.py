@@ -4,9 +4,13 @@ policy x compactor memory behaviour is pinned by golden files (pytest-regression
 Changing a golden needs its reason in the commit message (regenerate with
 ``pytest tests/test_compression.py --force-regen``)."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import SINGLE_ENGINE, make_workload
 from policies import POLICY_CONFIGS
@@ -260,3 +264,69 @@ def test_end_live_tokens_without_applying_pending_tokens(compaction, mode):
             comp.sync(req)
             assert lazy == req.layout.live_tokens().mean()
     assert req.pstate.rounds > 3
+
+
+class _Req:
+    """The request fields :class:`sim.compression.Compression` reads and writes."""
+
+
+@functools.lru_cache(maxsize=1)
+def _streaming_config():
+    """The single engine's config with the streaming_llm preset (composed once)."""
+    return compose_config([*SINGLE_ENGINE, "policy=streaming_llm"])
+
+
+@settings(max_examples=12, deadline=None)
+@given(sink=st.integers(0, 20), window=st.integers(1, 300), beta=st.integers(1, 40),
+       mode=st.sampled_from(["union", "per_head"]), prompt=st.integers(1, 700),
+       shared=st.integers(0, 30), seed=st.integers(0, 2**16))
+def test_compression_window_rounds_equal_the_select_rounds(sink, window, beta, mode, prompt,
+                                                           shared, seed):
+    """``Compression.run_round`` on StreamingLLM rounds under the none compactor (the compiled
+    window eviction) gives the round results, pinned lengths and layouts of the round through
+    ``select`` and the compactor, over a prefill-end round and decode steps with a varying
+    number of shared leading blocks."""
+    from sim.compression import Compression
+
+    from omegaconf import OmegaConf
+
+    cfg = _streaming_config()
+    policy = OmegaConf.merge(cfg.policy, {"sink_tokens": sink, "recent_window": window,
+                                          "beta": beta, "mode": mode})
+    comps = [Compression(policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
+             for _ in range(2)]
+    comps[1].window = False
+    assert comps[0].window
+    reqs = []
+    for comp in comps:
+        r = _Req()
+        r.rid, r.input, r.n_computed = 7, prompt, 0
+        comp.new_request(r)
+        reqs.append(r)
+    rng = np.random.default_rng(seed)
+    rounds = 0
+    for it in range(400):
+        n = prompt if it == 0 else 1
+        due = []
+        for comp, r in zip(comps, reqs):
+            comp.place(r, n, comp.blocks_for(r, n))
+            r.n_computed += n
+            due.append(comp.due(r, it == 0))
+        assert due[0] == due[1]
+        if not due[0]:
+            continue
+        nb = reqs[0].layout.n_blocks + reqs[0].blocks_since
+        sh = min(int(rng.integers(0, shared + 1)), nb)
+        (a, da, pa), (b, db, pb) = (comp.run_round(r, sh) for comp, r in zip(comps, reqs))
+        rounds += 1
+        assert (da, pa) == (db, pb)
+        for f in ("tokens_before", "tokens_kept", "tokens_evicted", "blocks_before",
+                  "blocks_after", "bytes_moved", "ragged_waste_slots", "ragged_waste_bytes",
+                  "metadata_bytes"):
+            assert getattr(a, f) == getattr(b, f), f
+        for f in ("freed_block_indices", "moves", "kept_per_group", "group_lengths"):
+            x, y = getattr(a, f), getattr(b, f)
+            assert x.dtype == y.dtype and np.array_equal(x, y), f
+        assert np.array_equal(reqs[0].layout.slot_pos, reqs[1].layout.slot_pos)
+        assert np.array_equal(reqs[0].layout.append_ptr, reqs[1].layout.append_ptr)
+    assert rounds > 0
