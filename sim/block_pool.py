@@ -162,6 +162,16 @@ class KeyTable:
         return new
 
 
+@kernel("i8(i4[:], i8[:], i8)")
+def _shared_lead(ref_cnt, table, n):  # pragma: no cover (compiled)
+    """:meth:`BlockPool.shared_lead`'s count: leading entries of ``table[:n]`` whose
+    ``ref_cnt`` is above 1."""
+    for i in range(n):
+        if ref_cnt[table[i]] <= 1:
+            return i
+    return n
+
+
 @kernel("i8(i8, i8)")
 def _home(key, shift):  # pragma: no cover (compiled)
     """Home slot of ``key`` in a table of ``2 ** (64 - shift)`` slots (Fibonacci hashing: the
@@ -755,6 +765,13 @@ class BlockPool:
                 idx.count -= _pair_discard(idx.tab, idx.mask, idx.shift, h)
         self.block_hash[blocks] = NO_HASH  # (a dict index's entries are now stale)
         self.dup[blocks] = False
+
+    def shared_lead(self, table: np.ndarray, n: int) -> int:
+        """Leading blocks of the block table ``table[:n]`` held by more than one request
+        (reference count > 1: prefix hits), up to the first that is not."""
+        if n == 0 or self.ref_cnt[table[0]] <= 1:
+            return 0
+        return _shared_lead(self.ref_cnt, table, n)
 
     # ------------------------------------------------------------------ queue ops
     def blocks_needed_for_touch(self, blocks: np.ndarray) -> int:

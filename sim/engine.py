@@ -320,13 +320,8 @@ class Simulator:
         pool = self.pool
         comp = self.comp
         table = req.blocks[:req.n_blocks]
-        # leading blocks shared with other requests (prefix hits): none when the first is not
-        if not len(table) or pool.ref_cnt[table[0]] <= 1:
-            shared = 0
-        else:
-            sh = pool.ref_cnt[table] > 1
-            shared = int(np.argmin(sh)) if not sh.all() else len(sh)
-        res, dur, pinned = comp.run_round(req, shared)
+        # leading blocks shared with other requests (prefix hits)
+        res, dur, pinned = comp.run_round(req, pool.shared_lead(req.blocks, req.n_blocks))
         if not req.compressed:
             # blocks past the pinned prompt no longer hold the uncompressed text
             first = pinned // self.B
