@@ -455,3 +455,20 @@ def test_continues_needs_every_full_trace_block_of_the_prompt(ids, n_in, child_i
                      child_in) is want
     assert continues(np.array(ids, dtype=np.int64), n_in, 0, np.array(child_ids, dtype=np.int64),
                      child_in) is False
+
+
+@settings(max_examples=40, deadline=None)
+@given(refs=st.lists(st.integers(1, 3), min_size=0, max_size=12), n=st.integers(0, 12))
+def test_shared_lead_counts_the_leading_blocks_held_more_than_once(refs, n):
+    """``BlockPool.shared_lead(table, n)``: leading entries of ``table[:n]`` whose reference
+    count is above 1, up to the first that is not (blocks touched by 1-3 requests)."""
+    pool = BlockPool(16)
+    table = pool.allocate(len(refs))
+    for b, r in zip(table, refs):
+        for _ in range(r - 1):
+            pool.touch(np.array([b]))
+    n = min(n, len(refs))
+    want = 0
+    while want < n and refs[want] > 1:
+        want += 1
+    assert pool.shared_lead(table, n) == want
