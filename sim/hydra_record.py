@@ -8,7 +8,7 @@ cut ``config.yaml`` (in a folder of an earlier complete run: that run's record d
 ended the run, or the whole sweep, with Hydra's traceback. :func:`install` makes Hydra write
 each record file to ``<file>.tmp`` and rename it over the file when whole: a write that fails
 removes the temporary file and leaves the earlier file as it was, and the failure is kept for
-the job of that folder (:func:`take_failure`), whose job function (:func:`sim.cli.app`)
+the job of that folder (:func:`take_failure`), whose job function (:func:`sim.cli.job.app`)
 reports it as the job's one-line error (or skips the job when its folder already holds it
 complete and ``output.skip_completed`` is set) instead of simulating without a record.
 Record files of a folder whose record already failed are not written (the record stays the

@@ -162,7 +162,7 @@ def test_inert_overrides_get_a_note():
     """Options another kind of trace reads, tier options without a tier, a generated trace's
     path and cache options, and a calibration file under another cost model each get a note
     saying they change nothing."""
-    from sim.cli import inert_override_notes
+    from sim.cli.report import inert_override_notes
 
     notes = inert_override_notes(["trace.num_requests=10", "trace.max_sessions=3",
                                   "trace.max_requests=5", "tiers.write_policy=write_through",
@@ -199,7 +199,7 @@ def test_inert_policy_compaction_and_codec_options_get_a_note():
     """Policy and compaction options with policy=full, hole-filling options under another
     compaction, compaction.pin_prompt (the engine pins what the policy protects) and codec
     options with codec=identity each get a note saying they change nothing."""
-    from sim.cli import inert_override_notes
+    from sim.cli.report import inert_override_notes
 
     notes = inert_override_notes(["policy.budget=100", "compaction=forward_pack",
                                   "codec.keep_rope_hot=true", "policy=full"], "mooncake",
@@ -301,7 +301,7 @@ def test_summary_table_gives_each_latency_in_one_unit():
 
     from rich.console import Console
 
-    from sim.cli import format_summary
+    from sim.cli.report import format_summary
 
     s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
          "ttft_s": {"p50": 2.5, "p90": 9.0, "p99": 409.7949}, "tpot_s": {"p50": 0.0123,
@@ -340,7 +340,7 @@ def test_summary_table_small_rates_and_tensor_parallel_title():
 
     from rich.console import Console
 
-    from sim.cli import format_summary
+    from sim.cli.report import format_summary
 
     s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
          "ttft_s": {}, "tpot_s": {}, "e2e_s": {}, "peak_gpu_blocks_used": 1,
@@ -367,7 +367,7 @@ def test_summary_table_of_a_cluster_names_its_replicas_router_and_fullest_replic
 
     from rich.console import Console
 
-    from sim.cli import format_summary
+    from sim.cli.report import format_summary
 
     s = {"requests_finished": 3, "requests_rejected": 0, "requests_total": 3,
          "ttft_s": {}, "tpot_s": {}, "e2e_s": {}, "peak_gpu_blocks_used": 7,

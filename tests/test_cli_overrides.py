@@ -23,7 +23,7 @@ def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     every key of the composed config, with each policy's and the tiers' presets, passes."""
     from omegaconf import OmegaConf
 
-    from sim.cli import unknown_override_key
+    from sim.cli.overrides import unknown_override_key
 
     err = unknown_override_key(["trace.max_request=200"])
     assert "unknown config key 'trace.max_request'" in err and "did you mean trace.max_requests?" in err
@@ -57,7 +57,7 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     argument, with how to write it, exit 2, before any folder is made; a quoted path, sweeps,
     ranges, lists, interpolations and the options of --cfg, --info and shell completion still
     parse."""
-    from sim.cli import unknown_override_key, unparsable_override
+    from sim.cli.overrides import unknown_override_key, unparsable_override
 
     err = unparsable_override(["trace.path=~/x.jsonl"])
     assert err.startswith("trace.path=~/x.jsonl: not an override Hydra can parse (")
@@ -85,7 +85,7 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
         assert "0 workers" in unparsable_override([a], sweep=True), a
     assert unparsable_override(["hydra.launcher.n_jobs=0"], sweep=False) is None
     assert "with \\' for a quote" in unparsable_override(["trace.path=~/it's.jsonl"])
-    from sim.cli import command_line_overrides
+    from sim.cli.overrides import command_line_overrides
 
     assert command_line_overrides(["--config-dir", "/x/cfg=1", "--cfg", "job", "-m", "seed=1,2",
                                    "--info", "config"]) == ["seed=1,2"]
@@ -114,7 +114,7 @@ def test_mistyped_values_get_kvsim_errors(arg, err):
     """A value that cannot be the field's type is kvsim's error naming the override and what it
     expected (exit 2, checked before Hydra); sweeps, interpolations, null and OmegaConf's other
     bool spellings pass through."""
-    from sim.cli import unknown_override_key
+    from sim.cli.overrides import unknown_override_key
 
     assert unknown_override_key([arg]) == err
 
@@ -123,7 +123,7 @@ def test_override_key_given_twice_is_an_error(tmp_path):
     """A key given twice (``tiers=gpu_host tiers=gpu_only``; Hydra would keep the last), ``+``
     prefixes included, is exit 2 with a message naming both and the sweep spelling; distinct
     keys pass. Deleting a kvsim setting (``~seed``) is exit 2 with one line too."""
-    from sim.cli import duplicate_override_key
+    from sim.cli.overrides import duplicate_override_key
 
     err = duplicate_override_key(["trace.max_requests=5", "seed=1", "+seed=2"])
     assert err.startswith("override key 'seed' given twice (seed=1, +seed=2)") and "-m seed=1,2" in err
@@ -158,7 +158,7 @@ def test_unknown_group_option_is_one_line_with_a_hint():
     """An unknown config group option is one line (exit 2) with the closest option and the list,
     in a sweep's comma list too; options of other config folders and Hydra's own groups are
     left to Hydra."""
-    from sim.cli import unknown_group_option
+    from sim.cli.overrides import unknown_group_option
 
     assert unknown_group_option(["model=qwen3-8b"]) == (
         "model=qwen3-8b: no option 'qwen3-8b' in config group 'model'; did you mean "
@@ -178,7 +178,7 @@ def test_unknown_group_option_is_one_line_with_a_hint():
 
 def test_group_option_check_leaves_nested_option_paths_to_hydra():
     """An option path with a folder (group=sub/option) is Hydra's to resolve."""
-    from sim.cli import unknown_group_option
+    from sim.cli.overrides import unknown_group_option
 
     assert unknown_group_option(["trace=custom/mine"]) is None
 
@@ -188,7 +188,7 @@ def test_interpolation_sweep_dir_and_range_errors(tmp_path):
     that cannot be created and a wrong-type ``range(...)`` sweep are each one kvsim error line
     (exit 2), checked before Hydra makes a folder; in a sweep, a job whose swept value does not
     resolve is a failed job of the sweep."""
-    from sim.cli import unknown_override_key, unresolvable_interpolation
+    from sim.cli.overrides import unknown_override_key, unresolvable_interpolation
 
     assert unknown_override_key(["cache.block_size=range(1.5,3)"]) == \
         "cache.block_size=range(1.5,3): the sweep's value 1.5: expected an integer"
@@ -240,7 +240,7 @@ def test_folders_hydra_makes_and_sweep_forms(tmp_path):
     under a file are one line each (exit 2). ``range(1,3,0)``, ``range(1,3),5``, an empty
     range and a sweep value without ``-m`` are refused as well, and the duplicate-key message
     offers no invalid spelling."""
-    from sim.cli import duplicate_override_key, unparsable_override
+    from sim.cli.overrides import duplicate_override_key, unparsable_override
 
     assert "range() arg 3 must not be zero" in unparsable_override(["seed=range(1,3,0)"])
     for a in ("seed=range(5,1)", "seed=range(0,0)", "seed=range(1,2,-1)"):
@@ -293,7 +293,7 @@ def test_hydra_mode_keys_and_sweep_functions_run_or_fail_in_one_line(tmp_path):
     are one line each (exit 2); ``hydra.job.chdir=true`` jobs are counted as the sweep's; an
     ``output.dir`` leading back to itself through ``hydra:job.override_dirname`` is named with
     the key that leaves it out."""
-    from sim.cli import unparsable_override
+    from sim.cli.overrides import unparsable_override
 
     assert "interval() is sampled by a sampling sweeper" in unparsable_override(["seed=interval(1,2)"])
     assert unparsable_override(["seed=interval(1,2)", "hydra/sweeper=optuna"]) is None

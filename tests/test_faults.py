@@ -741,7 +741,7 @@ def test_a_slurm_sweep_without_slurm_is_one_line(monkeypatch):
     (the launcher ended with submitit's traceback)."""
     import shutil as sh
 
-    from sim.cli import missing_cluster
+    from sim.cli.overrides import missing_cluster
 
     monkeypatch.setattr(sh, "which", lambda name: None)
     assert missing_cluster(["hydra/launcher=slurm", "seed=1,2"]) == (

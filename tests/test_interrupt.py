@@ -164,7 +164,7 @@ def test_interrupt_message_says_what_the_folder_holds(tmp_path):
     """The closing line of a stopped run says which of four states the folder holds: nothing
     written, this run's INCOMPLETE marker, this run's complete results (stopped after writing
     them), or an earlier complete run (stopped before touching it)."""
-    from sim.cli import _interrupted_state, _summary_stamp
+    from sim.cli.job import _interrupted_state, _summary_stamp
     from sim.run import compose_config, run_simulation
 
     out = tmp_path / "run"

@@ -39,7 +39,7 @@ def test_cluster_launcher_without_its_plugin_names_the_install():
     (likewise ray_cluster), not Hydra's "Could not load"."""
     import importlib.util
 
-    from sim.cli import LAUNCHER_PLUGINS, missing_launcher_plugin
+    from sim.cli.overrides import LAUNCHER_PLUGINS, missing_launcher_plugin
 
     for name, (mod, extra) in LAUNCHER_PLUGINS.items():
         try:

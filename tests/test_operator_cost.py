@@ -167,7 +167,7 @@ def test_fp4_efficiency_falls_back_to_fp8_then_bf16():
 
 
 def test_cost_overrides_that_change_nothing_get_notes():
-    from sim.cli import inert_override_notes
+    from sim.cli.report import inert_override_notes
 
     notes = inert_override_notes(["cost.fp8_mfu=0.4", "cost.mbu=0.5"], "mooncake", "gpu_only",
                                  "analytic")

@@ -1,0 +1,17 @@
+"""The ``kvsim`` command (a Hydra app).
+
+``kvsim`` replays the bundled Mooncake slice for Qwen3-8B on H200s with vLLM defaults.
+Any part is changed with Hydra overrides, e.g.
+``kvsim trace=weka_agentic model=llama3_1_8b gpu=h100 cache.block_size=32``.
+``kvsim --help`` lists the config groups; ``kvsim --cfg job`` prints the resolved config;
+``kvsim -m ...`` runs a sweep.
+
+Modules, one job each: :mod:`~sim.cli.entry` (the console script: checks before Hydra, one
+line per error), :mod:`~sim.cli.overrides` (those checks), :mod:`~sim.cli.job` (Hydra's job
+function: one run into its results folder), :mod:`~sim.cli.report` (the summary table and the
+notes after a run), :mod:`~sim.cli.claims` (a sweep job's claim on its ``output.dir``).
+"""
+
+from .entry import main
+
+__all__ = ["main"]

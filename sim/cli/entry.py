@@ -1,0 +1,66 @@
+"""The ``kvsim`` console script (:func:`main`): the command line's checks before Hydra
+(:mod:`sim.cli.overrides`), then Hydra's app (:func:`sim.cli.job.app`); a sweep stopped by
+Ctrl-C or SIGTERM ends with one line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .job import app
+from .overrides import (command_line_overrides, duplicate_override_key, missing_cluster,
+                        missing_launcher_plugin, unknown_group_option, unknown_override_key,
+                        unparsable_override)
+
+
+def _on_sweep_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def main() -> None:
+    """Console-script entry point (config and trace errors exit with status 2, one clear line)."""
+    import signal
+
+    if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    argv = sys.argv[1:]
+    # a log file that cannot be written (a full disk) is not worth a traceback per line: the
+    # run's own error says what happened
+    logging.raiseExceptions = False
+    import re
+
+    dash_m = any(a in ("-m", "--multirun") for a in argv)
+    # a multirun: -m, or Hydra's other spelling, the override hydra.mode=MULTIRUN
+    sweep = dash_m or any(re.fullmatch(r"\+*hydra\.mode=['\"]?multirun['\"]?", a, re.IGNORECASE)
+                          for a in argv)
+    # options that print something instead of running (sweep values are Hydra's to report)
+    info = any(a in ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc",
+                     "--shell-completion") or a.startswith(("--cfg=", "--info="))
+               for a in argv)
+    if dash_m and any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv):  # (Hydra's traceback)
+        print("kvsim: error: -m runs a sweep and --cfg prints one run's config; expected one of "
+              "them (kvsim --cfg job KEY=VALUE ... prints a run's config)", file=sys.stderr)
+        sys.exit(2)
+    if sweep:
+        # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
+        # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
+        signal.signal(signal.SIGTERM, _on_sweep_sigterm)
+    args = command_line_overrides(argv)
+    # (unknown_group_option reads the options too: with another config folder it checks nothing)
+    err = unparsable_override(args, sweep, single=not sweep and not info) or \
+        duplicate_override_key(args) or \
+        (unknown_group_option(argv) if args else None) or unknown_override_key(args) or \
+        missing_launcher_plugin(args) or (missing_cluster(args) if sweep and not info else None)
+    if err is not None:
+        print(f"kvsim: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if not sweep:
+        app()
+        return
+    try:
+        app()
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
+        print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
+              f"same command with output.skip_completed=true runs only those", file=sys.stderr)
+        sys.exit(143 if how == "SIGTERM" else 130)
