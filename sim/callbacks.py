@@ -223,6 +223,7 @@ class FailedRunsExit(Callback):
     """``on_run_start`` / ``on_multirun_start``: check what Hydra resolves and makes before the
     job runs (an interpolation that does not resolve, a run or sweep folder that cannot be
     created: one kvsim error line, exit status 2, where Hydra ended with a traceback); for a
+    sweep, a job whose config Hydra cannot compose (:func:`sim.sweep.uncomposable_job`); for a
     single run into Hydra's own run folder (no ``output.dir``), the config's checks
     (:func:`config_problem`: one line, exit status 2, before the folder is made); and for
     a sweep a policy option one of its policies does not read
@@ -248,9 +249,9 @@ class FailedRunsExit(Callback):
             _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from .sweep import unread_policy_options
+        from .sweep import uncomposable_job, unread_policy_options
 
-        bad = unread_policy_options(config)
+        bad = uncomposable_job(config) or unread_policy_options(config)
         if bad is not None:  # (before anything is made or run: a job's own config is wrong)
             _exit_with(bad)
         bad = _hydra_problem(config, run=False)

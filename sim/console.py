@@ -1,6 +1,7 @@
 """What the ``kvsim`` command prints: whole lines on streams that parallel jobs share
-(:func:`write_line`) and the one-line error for a failure of the machine rather than of kvsim
-(:func:`resource_error`). Imports nothing of kvsim."""
+(:func:`write_line`), the one-line error for a failure of the machine rather than of kvsim
+(:func:`resource_error`) and for an override Hydra cannot compose (:func:`hydra_error`). Imports
+nothing of kvsim."""
 
 from __future__ import annotations
 
@@ -42,4 +43,52 @@ def resource_error(e: BaseException) -> str | None:
         return (f"{what}{where} ({errno.errorcode[e.errno]}: {e.strerror}); expected room "
                 f"for the results: free space (or pick another output.dir), then run the "
                 f"same command with output.skip_completed=true")
+    return None
+
+
+def hydra_error(e: BaseException) -> str | None:
+    """The one-line error for an exception Hydra raises composing a config from the command
+    line (its own message is several lines and exit status 1), naming the override and what was
+    expected; None for any other exception. Covered: an option a config group does not have
+    (``model=qwen3-8b``: the closest option and the list), a key the typed config does not have
+    (``trace.max_request=1``: the closest field; Hydra's hint to append it with ``+`` is not
+    what a typo wants), and a value that cannot be its field's type (``seed=abc``, ``seed=null``
+    for a field that takes no null)."""
+    import dataclasses
+    import difflib
+
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file \
+            and "/" in e.missing_cfg_file:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        options = sorted(e.options)
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return (f"{group}={option}: no option {option!r} in config group '{group}'; {hint}"
+                f"(options: {', '.join(options)})")
+    if not isinstance(e, ConfigCompositionException):
+        return None
+    cause = e.__cause__
+    text = str(e).strip()
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and \
+            text.startswith("Could not override '"):
+        key = text[len("Could not override '"):].split("'", 1)[0]
+        where, _, part = key.rpartition(".")
+        schema = cause.object_type if isinstance(cause.object_type, type) else None
+        fields = [f.name for f in dataclasses.fields(schema)] \
+            if schema is not None and dataclasses.is_dataclass(schema) else []
+        close = difflib.get_close_matches(part, fields, n=1)
+        hint = f"; did you mean {'.'.join([where, close[0]] if where else close)}?" if close else ""
+        return (f"unknown config key '{key}': {where or 'the config'} has no field '{part}'"
+                f"{hint} (kvsim --cfg job prints every key)")
+    if isinstance(cause, ValidationError) and text.startswith("Error merging override "):
+        given = text[len("Error merging override "):].splitlines()[0]
+        why = (cause.msg or str(cause)).strip().splitlines()[0]
+        want = ("an integer" if why.endswith("to Integer") else
+                "a number" if why.endswith("to Float") else
+                "true or false" if "is not a valid bool" in why else
+                "a value (this key takes no null)" if why.endswith("is not Optional") else None)
+        return f"{given}: expected {want}" if want else f"{given}: {why}"
     return None

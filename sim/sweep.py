@@ -364,3 +364,55 @@ def guard_joblib_launcher() -> None:
 
     guarded._kvsim_guard = True
     JoblibLauncher.launch = guarded
+
+
+def uncomposable_job(config) -> str | None:
+    """The one-line error (:func:`sim.console.hydra_error`) for a job of a sweep through
+    Hydra's basic sweeper (``config``: Hydra's whole config of the sweep) whose config Hydra
+    cannot compose (an option a config group lacks, a key the typed config lacks, a value that
+    is not its field's type), before the sweep folder is made or any job runs; None when each
+    composes, for another sweeper, or for a problem Hydra reports itself. Every value of every
+    swept key is composed once, not every combination: job ``i`` takes the ``i``-th value of
+    each swept key (from the first again past a key's last), ``max(values per key)`` configs
+    in all. That suffices because every group's node is typed by the root schema
+    (:class:`sim.config.KvsimConfig`) whatever option the group takes, so whether a key exists
+    and whether a value fits its type do not depend on the other keys' values."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .console import hydra_error
+
+    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
+    if sweeper != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    params = config.hydra.sweeper.get("params") or {}
+    given = [f"{k}={v}" for k, v in params.items()] + [
+        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    values: dict[str, list[str]] = {}  # (BasicSweeper.split_arguments' job overrides)
+    try:
+        for o in OverridesParser.create(config_loader=loader).parse_overrides(given):
+            key = o.get_key_element()
+            if not o.is_sweep_override():
+                values[key] = [f"{key}={o.get_value_element_as_str()}"]
+            elif o.is_discrete_sweep():
+                values[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            else:
+                return None
+    except (OmegaConfBaseException, HydraException):
+        return None
+    if not all(values.values()):  # (a key with no values: the sweep runs no job)
+        return None
+    try:
+        for i in range(max((len(v) for v in values.values()), default=1)):
+            try:
+                loader.load_sweep_config(config, [v[i % len(v)] for v in values.values()])
+            except Exception as e:  # noqa: BLE001 - (hydra_error names the ones it translates)
+                return hydra_error(e)
+    finally:
+        HydraConfig.instance().set_config(config)
+    return None

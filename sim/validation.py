@@ -349,15 +349,29 @@ def _check_known_keys(cfg) -> None:
     walk(cfg, KvsimConfig, "")
 
 
+def _check_no_missing(cfg) -> None:
+    """Every field has a value: OmegaConf lets a composed config keep a mandatory field unset
+    (``???``, a model card without ``num_layers``, ``model.num_layers=???``) and raises only
+    when it is read."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise ConfigError(f"{missing[0]}=???: the field has no value; expected a value "
+                              f"(kvsim --cfg job prints the config)")
+
+
 def validate_config(cfg) -> None:
     """Check a resolved kvsim config before anything runs; raise ConfigError naming the field.
 
-    Order: scheduler, model card, GPU card, cache, cost efficiencies, trace options, tiers,
+    Order: every field set (no ``???``), scheduler, model card, GPU card, cache, cost efficiencies, trace options, tiers,
     policy and compaction, sim/output; then the derived checks of the code that uses the values:
     the memory plan (weights fit, at least one KV block), the cost model (``cost.kind``,
     calibration file), the cold-page codec (NVFP4 needs head dims in multiples of 16) and the
     tier manager (capacities, links).
     """
+    _check_no_missing(cfg)
     _check_known_keys(cfg)
     _check_scheduler(cfg)
     _check_model(cfg)

@@ -1,8 +1,8 @@
-"""The ``kvsim`` command line's checks before Hydra composes the config: misspelt keys, values of
-the wrong type, keys given twice, unparsable overrides, unknown group options, unresolvable
-interpolations, sweep values and Hydra's own settings are each one ``kvsim: error:`` line (exit
-2) naming the argument and how to write it, with no folder made; what Hydra resolves itself is
-left to it."""
+"""The ``kvsim`` command line's errors: what Hydra rejects composing the config (misspelt keys,
+values of the wrong type, unknown group options, in a single run and in any job of a sweep) and
+kvsim's checks before Hydra (keys given twice, unparsable overrides, unresolvable
+interpolations, sweep forms Hydra would end with a traceback, Hydra's own settings) are each one
+``kvsim: error:`` line (exit 2) naming the argument and what was expected, with no folder made."""
 
 from __future__ import annotations
 
@@ -14,40 +14,34 @@ from pathlib import Path
 import pytest
 
 from conftest import KVSIM, REPO, quiet_config, run_kvsim
+from sim.console import hydra_error
 from sim.run import MARKER
+
+
+def composition_error(*overrides):
+    """:func:`sim.console.hydra_error` of the exception Hydra raises composing ``overrides``
+    (None when they compose)."""
+    try:
+        quiet_config(*overrides)
+    except Exception as e:  # noqa: BLE001 - (the types are Hydra's)
+        return hydra_error(e)
+    return None
 
 
 def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     """A misspelt key is kvsim's error (exit 2) naming the closest field, not Hydra's hint to
-    append it with '+'; a key the config does not have (a free-form "experiment") is refused;
-    every key of the composed config, with each policy's and the tiers' presets, passes."""
-    from omegaconf import OmegaConf
-
-    from sim.cli.overrides import unknown_override_key
-
-    err = unknown_override_key(["trace.max_request=200"])
-    assert "unknown config key 'trace.max_request'" in err and "did you mean trace.max_requests?" in err
-    assert "did you mean" not in unknown_override_key(["sim.zzz=1"])
-    # a free-form "experiment" key is not a config key
-    assert unknown_override_key(["experiment=hit_by_tier"]).startswith(
-        "unknown config key 'experiment': the config has no field 'experiment'")
-    assert unknown_override_key(["+trace.max_request=1", "hydra/launcher=joblib", "-m",
-                                 "trace=weka_agentic", "trace.max_requests=1,2"]) is None
-
-    def leaves(node, prefix=""):
-        for k, v in node.items():
-            if isinstance(v, dict):
-                yield from leaves(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}"
-
-    for extra in ([], ["policy=triattention", "tiers=gpu_host_disk", "codec=nvfp4"]):
-        cfg = OmegaConf.to_container(quiet_config(*extra), resolve=False)
-        keys = list(leaves(cfg))
-        assert len(keys) > 100
-        assert unknown_override_key([f"{k}=1" for k in keys]) is None
+    append it with '+'; a key the config does not have (a free-form "experiment") is refused."""
+    err = composition_error("trace.max_request=200")
+    assert err == ("unknown config key 'trace.max_request': trace has no field 'max_request'; "
+                   "did you mean trace.max_requests? (kvsim --cfg job prints every key)")
+    assert "did you mean" not in composition_error("sim.zzz=1")
+    assert composition_error("experiment=hit_by_tier") == (
+        "unknown config key 'experiment': the config has no field 'experiment' (kvsim --cfg job "
+        "prints every key)")
     r = run_kvsim(Path(tempfile.mkdtemp()) / "r", "trace.max_request=200")
-    assert r.returncode == 2 and "did you mean trace.max_requests?" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("kvsim: error: unknown config key "
+                                                     "'trace.max_request'"), r.stderr
+    assert len(r.stderr.splitlines()) == 1
 
 
 def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
@@ -57,7 +51,7 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     argument, with how to write it, exit 2, before any folder is made; a quoted path, sweeps,
     ranges, lists, interpolations and the options of --cfg, --info and shell completion still
     parse."""
-    from sim.cli.overrides import unknown_override_key, unparsable_override
+    from sim.cli.overrides import unparsable_override
 
     err = unparsable_override(["trace.path=~/x.jsonl"])
     assert err.startswith("trace.path=~/x.jsonl: not an override Hydra can parse (")
@@ -68,19 +62,8 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     assert unparsable_override(["-m", "trace.path='~/x b ü.jsonl'", "seed=range(1,3)", "a=[1,2]",
                                 "trace.path=${oc.env:HOME}/x", "--cfg", "job", "--info",
                                 "config", "hydra.launcher.n_jobs=2", "seed=1,2"]) is None
-    err = unknown_override_key(["trace.max_requests=10,abc"])
-    assert err == "trace.max_requests=10,abc: the sweep's value abc: expected an integer"
-    assert "expected a number" in unknown_override_key(["tiers.host_gib=1,x"])
-    assert unknown_override_key(["trace.max_requests=10,20", "tiers.host_gib=1,2.5",
-                                 "trace.max_requests=range(1,3)"]) is None
-    # every sweep spelling is checked (choice(), quoted values, booleans, ++); every spelling
-    # of 0 workers, and only in a sweep; options' values and shell completion's words are not
-    # overrides
-    for a, v in (("trace.max_requests=choice(abc)", "abc"), ("trace.max_requests='10','abc'", "abc"),
-                 ("trace.max_requests=10,true", "True"), ("++trace.max_requests=10,abc", "abc")):
-        assert f"the sweep's value {v}: expected an integer" in unknown_override_key([a]), a
-    assert unknown_override_key(["trace.max_requests='10','20'", "sim.fast_forward=true,false",
-                                 "trace.path='a','b'"]) is None
+    # every spelling of 0 workers, and only in a sweep; options' values and shell completion's
+    # words are not overrides
     for a in ("hydra.launcher.n_jobs=00", "hydra.launcher.n_jobs='0'", "hydra.launcher.n_jobs=-0"):
         assert "0 workers" in unparsable_override([a], sweep=True), a
     assert unparsable_override(["hydra.launcher.n_jobs=0"], sweep=False) is None
@@ -90,14 +73,24 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     assert command_line_overrides(["--config-dir", "/x/cfg=1", "--cfg", "job", "-m", "seed=1,2",
                                    "--info", "config"]) == ["seed=1,2"]
     assert command_line_overrides(["-sc", "install=bash"]) == []
-    for args in (["-m", "trace.max_requests=10,abc"], ["trace.path=~/x.jsonl"],
-                 ["-m", "hydra.launcher.n_jobs=0", "seed=1,2"]):
+    # a sweep value Hydra cannot compose (in any spelling: a comma list, choice(), range()) or
+    # an unknown option in a sweep's list: one line naming the job's override, no sweep folder
+    for args, err in (
+            (["-m", "trace.max_requests=10,abc"], "trace.max_requests=abc: expected an integer"),
+            (["-m", "seed=1,2", "trace.max_requests=choice(20,abc)"],
+             "trace.max_requests=abc: expected an integer"),
+            (["-m", "cache.block_size=range(1.5,3)"], "cache.block_size=1.5: expected an integer"),
+            (["-m", "trace=azure_conv,mooncake_conversaton"],
+             "trace=mooncake_conversaton: no option 'mooncake_conversaton' in config group "
+             "'trace'; did you mean trace=mooncake_conversation?"),
+            (["trace.path=~/x.jsonl"], "trace.path=~/x.jsonl: not an override Hydra can parse"),
+            (["-m", "hydra.launcher.n_jobs=0", "seed=1,2"], "hydra.launcher.n_jobs=0: joblib")):
         r = subprocess.run([*KVSIM, *args, f"hydra.sweep.dir={tmp_path / 'sw'}",
                             f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
                            cwd=tmp_path, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
         assert r.returncode == 2, (args, r.stderr[-1500:])
         (line,) = r.stderr.strip().splitlines()
-        assert line.startswith("kvsim: error: ") and "Traceback" not in r.stderr
+        assert line.startswith(f"kvsim: error: {err}"), (args, line)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -106,17 +99,16 @@ def test_unparsable_overrides_and_bad_sweep_values_get_kvsims_error(tmp_path):
     ("tiers.host_gib=lots", "tiers.host_gib=lots: expected a number"),
     ("sim.fast_forward=maybe", "sim.fast_forward=maybe: expected true or false"),
     ("trace.max_requests=1.5", "trace.max_requests=1.5: expected an integer"),
+    ("seed=null", "seed=null: expected a value (this key takes no null)"),
     ("trace.max_requests=1_000", None), ("trace.max_requests=null", None),
-    ("tiers.host_gib=1e2", None), ("sim.fast_forward=off", None), ("seed=1,2,3", None),
+    ("tiers.host_gib=1e2", None), ("sim.fast_forward=off", None),
     ("seed=${oc.env:X}", None), ("trace.name=abc", None),
 ])
 def test_mistyped_values_get_kvsim_errors(arg, err):
-    """A value that cannot be the field's type is kvsim's error naming the override and what it
-    expected (exit 2, checked before Hydra); sweeps, interpolations, null and OmegaConf's other
-    bool spellings pass through."""
-    from sim.cli.overrides import unknown_override_key
-
-    assert unknown_override_key([arg]) == err
+    """A value that cannot be the field's type is one line naming the override and what it
+    expected (Hydra's error, :func:`sim.console.hydra_error`); interpolations, null where the
+    field takes it and OmegaConf's other number and bool spellings compose."""
+    assert composition_error(arg) == err
 
 
 def test_override_key_given_twice_is_an_error(tmp_path):
@@ -155,48 +147,27 @@ def test_group_option_from_another_config_folder_is_left_to_hydra(tmp_path):
 
 
 def test_unknown_group_option_is_one_line_with_a_hint():
-    """An unknown config group option is one line (exit 2) with the closest option and the list,
-    in a sweep's comma list too; options of other config folders and Hydra's own groups are
-    left to Hydra."""
-    from sim.cli.overrides import unknown_group_option
-
-    assert unknown_group_option(["model=qwen3-8b"]) == (
+    """An unknown config group option is one line (exit 2) with the closest option and the
+    list."""
+    assert composition_error("model=qwen3-8b") == (
         "model=qwen3-8b: no option 'qwen3-8b' in config group 'model'; did you mean "
         "model=qwen3_8b? (options: codellama_34b, deepseek_r1, deepseek_v3, gpt_oss_120b, "
         "llama2_7b, llama3_1_70b, llama3_1_8b, llama3_3_70b, qwen3_235b_a22b, qwen3_32b, "
         "qwen3_8b)")
-    assert "no option 'mooncake_conversaton'" in unknown_group_option(
-        ["trace=azure_conv,mooncake_conversaton"])
-    assert unknown_group_option(["trace=azure_conv,weka_agentic", "+tiers=gpu_host", "seed=3",
-                                 "cache.block_size=32", "hydra/launcher=local"]) is None
-    assert unknown_group_option(["trace=mine", "hydra.searchpath=[file://my_conf]"]) is None
     r = subprocess.run([*KVSIM, "trace=mooncake_conversaton"], capture_output=True, text=True,
                        cwd=REPO, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("kvsim: error: trace=mooncake_conversaton: no "
                                                      "option"), r.stderr
 
 
-def test_group_option_check_leaves_nested_option_paths_to_hydra():
-    """An option path with a folder (group=sub/option) is Hydra's to resolve."""
-    from sim.cli.overrides import unknown_group_option
-
-    assert unknown_group_option(["trace=custom/mine"]) is None
-
-
 def test_interpolation_sweep_dir_and_range_errors(tmp_path):
-    """An unresolvable interpolation in an override (``cache.block_size=${nope}``), a sweep folder
-    that cannot be created and a wrong-type ``range(...)`` sweep are each one kvsim error line
-    (exit 2), checked before Hydra makes a folder; in a sweep, a job whose swept value does not
+    """An unresolvable interpolation in an override (``cache.block_size=${nope}``) and a sweep
+    folder that cannot be created are each one kvsim error line (exit 2), checked before Hydra
+    makes a folder; in a sweep, a job whose swept value does not
     resolve is a failed job of the sweep."""
-    from sim.cli.overrides import unknown_override_key, unresolvable_interpolation
-
-    assert unknown_override_key(["cache.block_size=range(1.5,3)"]) == \
-        "cache.block_size=range(1.5,3): the sweep's value 1.5: expected an integer"
-    assert "value 1.0: expected an integer" in unknown_override_key(["seed=range(1,9,0.5)"])
-    assert unknown_override_key(["cache.block_size=range(1,3)", "seed=range(4)",
-                                 "tiers.host_gib=range(0.5,2,0.5)",
-                                 "sim.fast_forward=range(0,2)"]) is None  # (values 0, 1)
     from omegaconf import OmegaConf
+
+    from sim.cli.overrides import unresolvable_interpolation
 
     cfg = OmegaConf.create({"a": {"b": "${nope}", "c": "${a.d}", "d": 3}})
     assert unresolvable_interpolation(cfg, ["++a.b=$\\{nope\\}"]).startswith(

@@ -102,6 +102,7 @@ CONFIG_CASES = [
     (["trace.time_scale=-1"], r"trace\.time_scale=-1\.0; expected > 0"),
     (["trace.on_error=ignore"], r"trace\.on_error='ignore'; expected one of \['fail', 'skip'\]"),
     (["trace.max_requests=0"], r"trace\.max_requests=0; expected >= 1 or null"),
+    (["model.num_layers=???"], r"model\.num_layers=\?\?\?: the field has no value; expected a value"),
 ]
 
 

@@ -9,12 +9,32 @@ import sys
 
 from .job import app
 from .overrides import (command_line_overrides, duplicate_override_key, missing_cluster,
-                        missing_launcher_plugin, unknown_group_option, unknown_override_key,
-                        unparsable_override)
+                        missing_launcher_plugin, unparsable_override)
 
 
 def _on_sweep_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
+
+
+def _app() -> None:
+    """Hydra's app, with Hydra's errors raised rather than printed (HYDRA_FULL_ERROR=1, which
+    Hydra reads when it catches one): an error composing the config (an unknown key or group
+    option, a value of the wrong type) becomes one ``kvsim: error:`` line naming the override
+    and what was expected (:func:`sim.console.hydra_error`), exit status 2; any other exception
+    goes on with its traceback (exit status 1)."""
+    import os
+
+    from ..console import hydra_error
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except Exception as e:  # noqa: BLE001 - (hydra_error names the ones it translates)
+        msg = hydra_error(e)
+        if msg is None:
+            raise
+        print(f"kvsim: error: {msg}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main() -> None:
@@ -46,20 +66,17 @@ def main() -> None:
         # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     args = command_line_overrides(argv)
-    # (unknown_group_option reads the options too: with another config folder it checks nothing)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
-        duplicate_override_key(args) or \
-        (unknown_group_option(argv) if args else None) or unknown_override_key(args) or \
-        missing_launcher_plugin(args) or (missing_cluster(args) if sweep and not info else None)
+        duplicate_override_key(args) or missing_launcher_plugin(args) or \
+        (missing_cluster(args) if sweep and not info else None)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)
         sys.exit(2)
-    if not sweep:
-        app()
-        return
     try:
-        app()
+        _app()
     except KeyboardInterrupt as e:
+        if not sweep:
+            raise
         how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
         print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
               f"same command with output.skip_completed=true runs only those", file=sys.stderr)

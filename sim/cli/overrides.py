@@ -7,63 +7,6 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ..config import CONF_DIR
-
-
-def unknown_override_key(args: list[str]) -> str | None:
-    """The error for the first command-line override ``a.b=value`` whose dotted key is not a
-    field of the typed config (:class:`sim.config.KvsimConfig`), with the closest field name
-    as a hint, or whose plain value cannot be that field's int, float or bool
-    (:func:`_scalar_error`); None when every override passes. Hydra's own forms
-    (``+``/``~``/``++`` prefixes, ``hydra.*``, options with ``-``) and free-form nodes are left
-    to Hydra. Hydra's message for
-    such a key suggests appending it with ``+``, which a typo does not want."""
-    import dataclasses
-    import difflib
-    import typing
-
-    from ..config import KvsimConfig
-
-    def node_type(t):
-        if typing.get_origin(t) is typing.Union:  # Optional[X]
-            t = next((a for a in typing.get_args(t) if a is not type(None)), t)
-        return t if dataclasses.is_dataclass(t) else None
-
-    for a in args:
-        if a.startswith("-") or "=" not in a:
-            continue
-        key = a.split("=", 1)[0]
-        if key.startswith("++"):  # (set, added if absent: an existing key is checked as one)
-            key, a = key[2:], a[2:]
-        if key.startswith(("+", "~", "hydra.", "hydra/")) or "@" in key or "/" in key:
-            continue
-        cls = KvsimConfig
-        parts = key.split(".")
-        for i, part in enumerate(parts):
-            hints = typing.get_type_hints(cls)
-            if part not in hints:
-                where = ".".join(parts[:i])
-                close = difflib.get_close_matches(part, list(hints), n=1)
-                hint = f"; did you mean {'.'.join(parts[:i] + close)}?" if close else ""
-                return (f"unknown config key '{key}': {where or 'the config'} has no field "
-                        f"'{part}'{hint} (kvsim --cfg job prints every key)")
-            cls = node_type(hints[part])
-            if cls is None:  # a leaf or a free-form node: Hydra checks the rest
-                if i == len(parts) - 1:
-                    value = a.split("=", 1)[1]
-                    err = _scalar_error(key, value, hints[part])
-                    if err:
-                        return err
-                    sweepish = "," in value or value.strip().startswith(("choice(", "range("))
-                    for v in (_sweep_values(a) or []) if sweepish else []:
-                        v = getattr(v, "text", v)  # (a quoted value: Hydra's QuotedString)
-                        if isinstance(v, (str, int, float)):
-                            err = _scalar_error(key, str(v), hints[part])
-                            if err:
-                                return (f"{key}={value}: the sweep's value {v}: expected "
-                                        f"{err.split(': expected ', 1)[1]}")
-                break
-    return None
 
 
 # kvsim's cluster launcher configs (experiments/conf/hydra/launcher/) -> (Hydra plugin module,
@@ -105,38 +48,6 @@ def missing_cluster(args: list[str]) -> str | None:
             return (f"{a}: this host has no SLURM (srun is not on the PATH); expected to run "
                     f"the sweep on a SLURM login node, or on this machine with "
                     f"hydra/launcher=local")
-    return None
-
-
-def unknown_group_option(args: list[str]) -> str | None:
-    """The error for the first ``group=option`` override (``trace=``, ``model=``, ...; a comma
-    sweep of plain names too) naming an option that ``experiments/conf/<group>/`` lacks, with
-    the closest option as a hint and the list (Hydra's own message is a page of its search path
-    and exit 1); None when every option exists. Hydra's sweep functions, interpolations,
-    ``hydra/...`` groups and runs given other config folders (``--config-dir``,
-    ``hydra.searchpath``) are left to Hydra."""
-    import difflib
-
-    if any(a.startswith(("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath",
-                         "+hydra.searchpath")) for a in args):
-        return None  # (options may come from the other config folders: Hydra decides)
-    for a in args:
-        if a.startswith(("-", "~")) or "=" not in a:
-            continue
-        key, value = a.split("=", 1)
-        group = key.lstrip("+")
-        if "." in group or "/" in group or "@" in group or not (CONF_DIR / group).is_dir():
-            continue
-        if any(c in value for c in "${}[]()'\" /") or value.startswith(("choice", "range", "glob")):
-            # (sweep functions, interpolations, quoting, nested option paths: Hydra's)
-            continue
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        for v in value.split(","):
-            if v and v not in options:
-                close = difflib.get_close_matches(v, options, n=1)
-                hint = f"did you mean {group}={close[0]}? " if close else ""
-                return (f"{a}: no option {v!r} in config group '{group}'; {hint}"
-                        f"(options: {', '.join(options)})")
     return None
 
 
@@ -276,58 +187,9 @@ def _sweep_problem(arg: str, o, single: bool, basic_sweeper: bool = True) -> str
     return None
 
 
-def _sweep_values(arg: str) -> list | None:
-    """The values of a comma-separated sweep override (``seed=1,2,3``) or of a ``range(...)``
-    sweep (its first 1,000), or None when ``arg`` is neither (a single value, ``glob(...)``, a
-    list, or not parsable)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
-
-    try:
-        o = OverridesParser.create().parse_override(arg)
-        v = o.value()
-    except Exception:  # noqa: BLE001 - (unparsable_override reports those)
-        return None
-    if isinstance(v, RangeSweep):  # (_sweep_problem reports step 0)
-        try:
-            return _range_values(o, 1000)
-        except ValueError:
-            return None
-    return list(v.list) if isinstance(v, ChoiceSweep) else None
-
-
 def _range_values(o, limit: int) -> list:
     """The first ``limit`` values of the parsed ``range(...)`` override ``o``, as Hydra's
     sweeper lists them (ValueError for step 0)."""
     import itertools
 
     return list(itertools.islice(o.sweep_iterator(), limit))
-
-
-def _scalar_error(key: str, value: str, t) -> str | None:
-    """The error for a plain value that cannot become the int / float / bool field ``key`` of
-    type ``t`` (Optional allowed), or None. Sweeps, interpolations, Hydra functions, lists and
-    ``null`` are left to Hydra."""
-    import re
-    import typing
-
-    if typing.get_origin(t) is typing.Union:
-        t = next((a for a in typing.get_args(t) if a is not type(None)), t)
-    v = value.strip()
-    if t not in (int, float, bool) or not v or v.lower() == "null" or \
-            any(c in v for c in ",${}[]()'\"") or v.startswith(("choice", "range", "interval")):
-        return None
-    if t is bool:
-        ok = v.lower() in ("true", "false", "yes", "no", "y", "n", "on", "off", "1", "0")
-        want = "true or false"  # (OmegaConf also takes yes/no, on/off, 1/0)
-    elif t is int:
-        ok = re.fullmatch(r"[+-]?[0-9][0-9_]*", v) is not None
-        want = "an integer"
-    else:
-        try:
-            float(v.replace("_", ""))
-            ok = True
-        except ValueError:
-            ok = False
-        want = "a number"
-    return None if ok else f"{key}={value}: expected {want}"
