@@ -235,9 +235,13 @@ class TierManager:
             blk = np.empty(len(q), dtype=np.int64)
             code = np.empty(len(q), dtype=np.int8)
             st = self.stores
-            m = locate_pages(idx.tab, idx.mask, idx.shift, tuple(s._tab for s in st),
-                             tuple(s._mask for s in st), tuple(s._shift for s in st), q, stop,
-                             blk, code)
+            h = st[0]
+            d2 = st[1] if len(st) > 1 else h  # (slots past the chain's levels: not read)
+            d3 = st[2] if len(st) > 2 else h
+            d4 = st[3] if len(st) > 3 else h
+            m = locate_pages(idx.tab, idx.mask, idx.shift, len(st), h._tab, h._mask, h._shift,
+                             d2._tab, d2._mask, d2._shift, d3._tab, d3._mask, d3._shift,
+                             d4._tab, d4._mask, d4._shift, q, stop, blk, code)
             return blk[:m], code[:m]
         blk = pool.cached_blocks(q)
         code = np.where(blk >= 0, GPU, -1).astype(np.int8)

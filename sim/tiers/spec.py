@@ -32,7 +32,7 @@ from .stores import make_store
 # chain's two levels); REMOTE: a cluster's shared store (sim.kv_store), below every level
 GPU, HOST, DISK = 0, 1, 2
 REMOTE = 127
-# the most levels a chain may have (the compiled hit walk's signatures, sim.tiers.stores)
+# the most levels a chain may have (the compiled hit walk's table slots, sim.tiers.stores)
 MAX_LEVELS = 4
 
 

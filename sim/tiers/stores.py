@@ -253,51 +253,44 @@ def _lru_order(ring, st, out):  # pragma: no cover (compiled)
             i += 1
 
 
-def _walk_signature(n: int):
-    """The signature of :func:`locate_pages` for a chain of ``n`` levels."""
-    from numba import types
-
-    tab = types.int64[:]
-    return types.int64(tab, types.int64, types.int64, types.UniTuple(tab, n),
-                       types.UniTuple(types.int64, n), types.UniTuple(types.int64, n), tab,
-                       types.boolean, tab, types.int8[:])
-
-
-@kernel([_walk_signature(n) for n in range(1, 5)])  # (1 .. spec.MAX_LEVELS levels)
-def locate_pages(gtab, gmask, gshift, tabs, masks, shifts, q, stop, blk,
+@kernel("i8(i8[:], i8, i8, i8, i8[:], i8, i8, i8[:], i8, i8, i8[:], i8, i8, i8[:], i8, i8, "
+        "i8[:], b1, i8[:], i1[:])")
+def locate_pages(gtab, gmask, gshift, levels, tab1, mask1, shift1, tab2, mask2, shift2, tab3,
+                 mask3, shift3, tab4, mask4, shift4, q, stop, blk,
                  code):  # pragma: no cover (compiled)
     """:meth:`TierManager.locate` on the arrays: for each key of ``q`` its GPU block (the
     prefix-index table ``gtab`` of a :class:`sim.block_pool.PrefixTable`, which holds live
-    entries only) or -1 into ``blk`` and the fastest level holding it into ``code``: 0 the GPU,
-    ``k`` the level whose table is ``tabs[k - 1]`` (with ``masks[k - 1]``, ``shifts[k - 1]``;
-    :class:`LRUStore` tables, level 1 first), -1 none. With ``stop`` it ends at the first key
-    held nowhere and returns its index, else it returns ``len(q)``."""
+    entries only) or -1 into ``blk`` and the fastest place holding it into ``code``: 0 the GPU,
+    ``k`` level ``k`` of the first ``levels`` (1 .. 4, :data:`sim.tiers.spec.MAX_LEVELS`), whose
+    :class:`LRUStore` table is ``tab<k>`` (with ``mask<k>``, ``shift<k>``; the slots past
+    ``levels`` are not read), -1 none. With ``stop`` it ends at the first key held nowhere and
+    returns its index, else it returns ``len(q)``. (Tables as separate arguments, not a tuple:
+    numba's dispatcher types arrays and integers without Python, tuples with it.)"""
     n = q.shape[0]
-    levels = len(tabs)
-    htab = tabs[0]
-    hshift = shifts[0]
     for i in range(n):
         if i + D < n:  # (the GPU and level-1 slots: most keys are looked up in both)
             prefetch(gtab, 2 * _home(q[i + D], gshift))
-            prefetch(htab, 2 * _home(q[i + D], hshift))
+            prefetch(tab1, 2 * _home(q[i + D], shift1))
         key = q[i]
         b = -1
         s = _pair_probe(gtab, gmask, gshift, key)
         if gtab[2 * s] == key:
             b = gtab[2 * s + 1]
         blk[i] = b
-        c = -1
         if b >= 0:
-            c = 0
+            code[i] = 0
+        elif tab1[2 * _pair_probe(tab1, mask1, shift1, key)] == key:
+            code[i] = 1
+        elif levels > 1 and tab2[2 * _pair_probe(tab2, mask2, shift2, key)] == key:
+            code[i] = 2
+        elif levels > 2 and tab3[2 * _pair_probe(tab3, mask3, shift3, key)] == key:
+            code[i] = 3
+        elif levels > 3 and tab4[2 * _pair_probe(tab4, mask4, shift4, key)] == key:
+            code[i] = 4
         else:
-            for j in range(levels):
-                t = tabs[j]
-                if t[2 * _pair_probe(t, masks[j], shifts[j], key)] == key:
-                    c = j + 1
-                    break
-        code[i] = c
-        if c < 0 and stop:
-            return i
+            code[i] = -1
+            if stop:
+                return i
     return q.shape[0]
 
 
