@@ -387,16 +387,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     models = None
     if args.model:
-        from . import operators as O
+        from . import model_cards as MC
+        from . import operator_plan as OP
 
         try:
-            over = dict(O.parse_moe_override(x) for x in args.moe)
-            models = [O.model_shapes(c, over) for c in args.model]
-        except O.CardError as e:
+            over = dict(MC.parse_moe_override(x) for x in args.moe)
+            models = [MC.model_shapes(c, over) for c in args.model]
+        except MC.CardError as e:
             sys.exit(f"calibrate: {e}")
         if args.plan_only:
-            pl = O.plan_operators(models, args.tp)
-            est = O.estimate_seconds(pl, args.quick)
+            pl = OP.plan_operators(models, args.tp)
+            est = OP.estimate_seconds(pl, args.quick)
             for (n, k), uses in sorted(pl.gemm.items(), key=lambda x: (x[0][1], x[0][0])):
                 log(f"gemm n={n:6d} k={k:6d}  {'; '.join(uses)}")
             for key, uses in sorted(pl.grouped.items()):

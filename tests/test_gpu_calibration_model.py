@@ -252,10 +252,11 @@ def _card(tmp_path, name, **kw):
 
 
 def test_operator_plan_shapes_of_a_shipped_card():
-    from gpu_validation import operators as O
+    from gpu_validation import model_cards as MC
+    from gpu_validation import operator_plan as OP
 
-    m = O.model_shapes(CARDS / "llama3_1_70b.yaml")
-    pl = O.plan_operators([m], [1, 8])
+    m = MC.model_shapes(CARDS / "llama3_1_70b.yaml")
+    pl = OP.plan_operators([m], [1, 8])
     tp1, tp8 = pl.by_model["Llama-3.1-70B"]["tp1"], pl.by_model["Llama-3.1-70B"]["tp8"]
     assert tp1["qkv"] == {"n": (64 + 16) * 128, "k": 8192} and tp1["o"] == {"n": 8192, "k": 8192}
     assert tp1["gate_up"] == {"n": 2 * 28672, "k": 8192} and tp1["down"] == {"n": 8192, "k": 28672}
@@ -267,64 +268,65 @@ def test_operator_plan_shapes_of_a_shipped_card():
 
 
 def test_operator_plan_dedups_and_handles_moe(tmp_path):
-    from gpu_validation import operators as O
+    from gpu_validation import model_cards as MC
+    from gpu_validation import operator_plan as OP
 
-    a = O.model_shapes(_card(tmp_path, "A"))
-    b = O.model_shapes(_card(tmp_path, "B", vocab_size=2000))  # same projections, other lm_head
-    moe = O.model_shapes(_card(tmp_path, "M", num_kv_heads=4, num_experts=8, num_experts_per_tok=2,
-                               moe_intermediate_size=256))
-    pl = O.plan_operators([a, b, moe], [1, 8])
+    a = MC.model_shapes(_card(tmp_path, "A"))
+    b = MC.model_shapes(_card(tmp_path, "B", vocab_size=2000))  # same projections, other lm_head
+    moe = MC.model_shapes(_card(tmp_path, "M", num_kv_heads=4, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=256))
+    pl = OP.plan_operators([a, b, moe], [1, 8])
     assert pl.gemm[(2 * 1024, 512)] == ["A tp1 gate_up", "B tp1 gate_up"]  # timed once
     assert "gate_up" not in pl.by_model["M"]["tp1"]  # MoE, num_dense_layers 0: no dense MLP
     assert pl.by_model["M"]["tp8"]["qkv"] == {"n": (1 + 2 * 1) * 64, "k": 512}  # kv heads replicated
     assert pl.grouped[(8, 2, 2 * 256, 512)] == ["M tp1 experts_gate_up"]
     assert (8, 2, 512, 32) in pl.grouped  # down at tp8: k = 256 / 8
     assert (1, 1, 64) in pl.attention  # 8 q / 2 kv heads at tp8: one KV head per GPU
-    est = O.estimate_seconds(pl)
+    est = OP.estimate_seconds(pl)
     assert est["points"] > 0 and est["total"] > 0
     # a MoE card with dense layers and shared experts keeps both
-    ds = O.model_shapes(_card(tmp_path, "D", num_experts=8, num_experts_per_tok=2,
-                              moe_intermediate_size=256, num_shared_experts=1, num_dense_layers=1))
-    t1 = O.plan_operators([ds], [1]).by_model["D"]["tp1"]
+    ds = MC.model_shapes(_card(tmp_path, "D", num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=256, num_shared_experts=1, num_dense_layers=1))
+    t1 = OP.plan_operators([ds], [1]).by_model["D"]["tp1"]
     assert t1["gate_up"]["n"] == 2048 and t1["shared_gate_up"] == {"n": 512, "k": 512}
 
 
 def test_operator_cards_errors_and_overrides(tmp_path):
-    from gpu_validation import operators as O
+    from gpu_validation import model_cards as MC
 
     p = _card(tmp_path, "X")
     p.write_text(p.read_text().replace("head_dim: 64\n", ""))
-    with pytest.raises(O.CardError, match=r"X\.yaml: missing key 'head_dim'"):
-        O.model_shapes(p)
+    with pytest.raises(MC.CardError, match=r"X\.yaml: missing key 'head_dim'"):
+        MC.model_shapes(p)
     p = _card(tmp_path, "Y", num_q_heads="eight")
-    with pytest.raises(O.CardError, match=r"Y\.yaml: key 'num_q_heads' = 'eight'"):
-        O.model_shapes(p)
+    with pytest.raises(MC.CardError, match=r"Y\.yaml: key 'num_q_heads' = 'eight'"):
+        MC.model_shapes(p)
     p = _card(tmp_path, "Z", num_experts=8)
-    with pytest.raises(O.CardError, match=r"Z\.yaml: num_experts = 8 but 'num_experts_per_tok'"):
-        O.model_shapes(p)
-    name, over = O.parse_moe_override("Z:experts=8,top_k=2,width=128,gated=0")
-    m = O.model_shapes(p, {name: over})
+    with pytest.raises(MC.CardError, match=r"Z\.yaml: num_experts = 8 but 'num_experts_per_tok'"):
+        MC.model_shapes(p)
+    name, over = MC.parse_moe_override("Z:experts=8,top_k=2,width=128,gated=0")
+    m = MC.model_shapes(p, {name: over})
     assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.mlp_gated) == (8, 2, 128, False)
     assert "command line" in m.sources["moe"]
-    with pytest.raises(O.CardError, match="unknown key 'colour'"):
-        O.parse_moe_override("Z:colour=3")
+    with pytest.raises(MC.CardError, match="unknown key 'colour'"):
+        MC.parse_moe_override("Z:colour=3")
     # a card of a known MoE model without the fields: the published config.json values
     q = _card(tmp_path, "Qwen3-235B-A22B", num_q_heads=64, num_kv_heads=4)
-    m = O.model_shapes(q)
+    m = MC.model_shapes(q)
     assert (m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (128, 8, 1536)
     assert "huggingface.co/Qwen" in m.sources["moe"]
 
 
 def test_flat_yaml_parser_reads_the_shipped_cards_as_yaml_does():
     yaml = pytest.importorskip("yaml")
-    from gpu_validation import operators as O
+    from gpu_validation import model_cards as MC
 
     cards = sorted(CARDS.glob("*.yaml"))
     assert cards
     for c in cards:
-        assert O.parse_flat_yaml(c.read_text(), str(c)) == yaml.safe_load(c.read_text()), c.name
-    with pytest.raises(O.CardError, match=r"card\.yaml:2: nested"):
-        O.parse_flat_yaml("a: 1\n  b: 2\n", "card.yaml")
+        assert MC.parse_flat_yaml(c.read_text(), str(c)) == yaml.safe_load(c.read_text()), c.name
+    with pytest.raises(MC.CardError, match=r"card\.yaml:2: nested"):
+        MC.parse_flat_yaml("a: 1\n  b: 2\n", "card.yaml")
 
 
 def test_operators_module_imports_no_torch():

@@ -240,6 +240,7 @@ def test_operator_bench_runs_and_its_section_loads(tmp_path):
     import json
 
     from gpu_validation import operators as O
+    from gpu_validation.model_cards import model_shapes
     from gpu_validation.calibration_model import load_calibration
 
     cards = []
@@ -249,7 +250,7 @@ def test_operator_bench_runs_and_its_section_loads(tmp_path):
         body = dict(name=name, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64, hidden_size=256,
                     intermediate_size=512, vocab_size=1024, **extra)
         p.write_text("\n".join(f"{k}: {v}" for k, v in body.items()) + "\n")
-        cards.append(O.model_shapes(p))
+        cards.append(model_shapes(p))
     ops = O.bench_operators(torch, cards, [1, 2], device=DEV, quick=True, budget_s=120, log=lambda *a: None)
     for table in ("gemm", "grouped_gemm", "attention_decode", "attention_prefill"):
         assert ops[table], table
