@@ -1,4 +1,5 @@
-"""Engine behaviour pinned by issue 2 (prefix hits, block usage, idle pool, preemption)."""
+"""The engine (sim.engine): prefix hits, block usage, an idle pool, preemption, and fast-forward
+stretches giving the per-step loop's tables."""
 
 import numpy as np
 import pandas as pd
@@ -93,11 +94,12 @@ def test_preemption_by_recompute_and_rejection():
 
 @pytest.mark.parametrize("fast_forward", [True, False])
 def test_computed_prompt_tokens_count_what_was_prefilled_through_preemptions(fast_forward):
-    """Break-it pass: a request preempted in the middle of its chunked prefill kept the whole
-    prompt counted as computed, and counted it again at its re-admission (one request reported
-    3,060 computed prompt tokens of a 1,500-token prompt). Preemption takes back the part its
-    prefill had not reached, so the requests' counts add up to the steps' prefill tokens and
-    none exceeds prompt + output (a recompute prefills the tokens generated so far too)."""
+    """A request preempted in the middle of its chunked prefill counts as computed only the
+    prompt tokens its prefill reached: preemption takes back the rest, and the re-admission
+    counts what it prefills again. So the requests' computed prompt tokens add up to the steps'
+    prefill tokens, a request never preempted counts its prompt once, and none exceeds
+    (prompt + output) x (1 + preemptions) (a recompute prefills the tokens generated so far
+    too); per-step loop and fast-forward alike."""
     wl = make_workload([dict(arrival_s=0.0, input_tokens=1500, output_tokens=200)] * 6)
     req, steps, rec, sim = simulate(wl, "scheduler.max_num_batched_tokens=512",
                                     "cache.enable_prefix_caching=false", num_blocks=200,
@@ -227,8 +229,7 @@ def test_decode_stretch_ends_before_it_takes_the_waiting_heads_hit(seed, n, num_
     decode stretch whose new blocks take one of the head's prefix-hit blocks off the free queue
     ends before that step (sim.stretches.common.head_hit_step): the head's hit is cut there while hit
     blocks after it are still free, so the head may fit where it did not. Requests and steps
-    equal the per-step loop's; the first case (found by a differential search) admitted the
-    head one step later in the stretch than in the per-step loop before the fix."""
+    equal the per-step loop's, exactly."""
     wl = chunk_workload(seed, n=n)
     o = [f"scheduler.max_num_batched_tokens={budget}",
          f"scheduler.long_prefill_token_threshold={thr}"]
@@ -285,9 +286,8 @@ def test_arrival_created_inside_a_step_at_its_exact_end_waits_for_the_scheduling
     """An arrival inside a decode step whose next arrival lands exactly at that step's end:
     SimPy runs the step's end first (its timeout was created earlier), so the scheduling there
     does not see the second arrival. Fast-forward stretches (dense, and compression ones that
-    pass arrivals behind a blocked head) give the same tables as the per-step loop. Found by a
-    break-it pass; the waiting counts differed before the fix (49 of 57 steps tried with
-    compression, 4 dense)."""
+    pass arrivals behind a blocked head) give the same tables as the per-step loop, exactly,
+    for ten such steps of a run, dense and with compression."""
     from sim.run import run_simulation
 
     def run(rows, ff, d):
