@@ -46,7 +46,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .block_pool import _home
+from .hash_tables import _home
 from .jit import kernel
 
 MAX_BLOCKS_PER_REQUEST = 1 << 24

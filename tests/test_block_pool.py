@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from sim.block_pool import NO_HASH, BlockPool, KeyTable
+from sim.block_pool import BlockPool
+from sim.hash_tables import NO_HASH, KeyTable
 from sim.keys import block_keys
 
 
@@ -208,7 +209,7 @@ def test_index_rebuild_keeps_live_entries_only():
 def test_put_absent_keeps_live_entries_and_replaces_stale(backend):
     """put_absent sets only keys not held live; a stale entry (its block now holds another
     hash) is replaced; a live one keeps its first block."""
-    from sim.block_pool import DictIndex
+    from sim.hash_tables import DictIndex
     t = {"dict": DictIndex, "table": KeyTable}[backend](1024)
     live = np.full(10, NO_HASH, dtype=np.int64)
     q = np.array([5, 7 << 40, 9], dtype=np.int64)
@@ -247,7 +248,7 @@ def test_lookup_prefix_first_block_evicted_or_stale(backend):
 def test_put_absent_batch_paths_agree_with_a_reference(backend, n):
     """Scalar (few keys) and batch paths of put_absent: absent keys are set, live entries kept,
     stale entries replaced, including a stale entry that already points at the new block."""
-    from sim.block_pool import DictIndex
+    from sim.hash_tables import DictIndex
     rng = np.random.default_rng(n)
     t = {"dict": DictIndex, "table": KeyTable}[backend](4096)
     live = np.full(200, NO_HASH, dtype=np.int64)
