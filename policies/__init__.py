@@ -17,14 +17,18 @@ _HOMES = {
     "compaction": ("COMPACTOR_CLASSES", "Compactor", "ForwardPack", "HoleFill", "NoCompaction",
                    "RoundResult", "make_compactor"),
     "config": ("MODES", "CompactionConfig", "ImportanceParams", "PolicyConfig", "PolicyOptions", "ScoredConfig",
-               "StreamingLLMConfig", "H2OConfig", "TOVAConfig", "SnapKVConfig", "PyramidKVConfig", "AdaKVConfig",
                "POLICY_CONFIGS", "policy_config", "register_options", "register_policy", "unread_options"),
-    "eviction": ("EvictionPolicy", "ModelShape", "RequestState", "topk_mask"),
+    "eviction": ("EvictionPolicy", "ModelShape", "RequestState"),
+    "h2o": ("H2OConfig",),
     "importance": ("ImportanceModel", "RecordedImportance", "make_importance", "score_slots"),
     "layout": ("PagedLayout",),
     "quest": ("QuestConfig",),
     "r_kv": ("RKVConfig",),
     "registry": ("POLICIES", "make_policy", "validate_policy_config"),
+    "selection": ("topk_mask",),
+    "snapkv": ("SnapKVConfig", "PyramidKVConfig", "AdaKVConfig"),
+    "streaming_llm": ("StreamingLLMConfig",),
+    "tova": ("TOVAConfig",),
     "triattention": ("TriAttentionConfig",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
@@ -40,6 +44,8 @@ def _home(module: str):
         from . import config as m
     elif module == "eviction":
         from . import eviction as m
+    elif module == "h2o":
+        from . import h2o as m
     elif module == "importance":
         from . import importance as m
     elif module == "layout":
@@ -48,6 +54,14 @@ def _home(module: str):
         from . import quest as m
     elif module == "r_kv":
         from . import r_kv as m
+    elif module == "selection":
+        from . import selection as m
+    elif module == "snapkv":
+        from . import snapkv as m
+    elif module == "streaming_llm":
+        from . import streaming_llm as m
+    elif module == "tova":
+        from . import tova as m
     elif module == "triattention":
         from . import triattention as m
     else:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import PolicyOptions, register_options, register_policy
-from .eviction import EvictionPolicy, _Periodic, topk_mask
+from .eviction import EvictionPolicy, _Periodic
+from .selection import topk_mask
 
 
 @register_options

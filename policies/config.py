@@ -133,6 +133,11 @@ class PolicyOptions:
             raise ValueError(f"policy {self.name}: seed must be an integer in [0, 2**32) (the "
                              f"random policy's and the importance model's seed), got {self.seed}")
 
+    def _one_of(self, f: str, valid) -> None:
+        v = getattr(self, f)
+        if v not in valid:
+            raise ValueError(f"policy {self.name}: unknown {f} {v!r}; valid: {', '.join(valid)}")
+
     def _window_within_budget(self) -> None:
         if self.observation_window > self.budget:
             raise ValueError(f"policy {self.name}: observation_window {self.observation_window} "
@@ -250,147 +255,11 @@ class ScoredConfig(PolicyOptions):
     def check(self) -> None:
         super().check()
         self._seed_in_range()
-        _check_choice_of(self, "importance_source", IMPORTANCE_SOURCES)
+        self._one_of("importance_source", IMPORTANCE_SOURCES)
         if self.importance_source == "recorded" and not self.importance_file:
             raise ValueError(f"policy {self.name}: importance_source=recorded needs "
                              f"importance_file")
         validate_importance_params(self.importance)
-
-
-@register_options
-@dataclass
-class StreamingLLMConfig(PolicyOptions):
-    """``streaming_llm``: attention sinks + recent window.
-
-    Fields: sink_tokens, recent_window (tokens kept at the start and at the end), beta (round
-    period, tokens), mode.
-    """
-
-    name: str = "streaming_llm"
-    sink_tokens: int = 4
-    recent_window: int = 0
-    beta: int = 128
-    mode: str = ""
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._nonneg("sink_tokens", "recent_window")
-        if self.sink_tokens + self.recent_window < 1:
-            raise ValueError("policy streaming_llm: sink_tokens + recent_window must be >= 1")
-
-
-@register_options
-@dataclass
-class H2OConfig(ScoredConfig):
-    """``h2o``: heavy hitters + recent window in a total budget.
-
-    Fields: budget (total tokens), beta (round period, tokens), recent_window (0 = budget x
-    (1 - heavy_ratio)), heavy_ratio (share of budget for heavy hitters), protect_prompt.
-    """
-
-    name: str = "h2o"
-    budget: int = 2048
-    beta: int = 128
-    recent_window: int = 0
-    heavy_ratio: float = 0.5
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-        self._nonneg("recent_window")
-        if self.recent_window > self.budget:
-            raise ValueError(f"policy h2o: recent_window {self.recent_window} exceeds budget "
-                             f"{self.budget}")
-        self._fraction("heavy_ratio")
-
-
-@register_options
-@dataclass
-class TOVAConfig(ScoredConfig):
-    """``tova``: drop the lowest current score in a total budget.
-
-    Fields: budget (total tokens), beta (round period, tokens), protect_prompt.
-    """
-
-    name: str = "tova"
-    budget: int = 2048
-    beta: int = 128
-    protect_prompt: bool = True
-
-    def check(self) -> None:
-        super().check()
-        self._beta_positive()
-        self._budget_at_least_one()
-
-
-@register_options
-@dataclass
-class SnapKVConfig(ScoredConfig):
-    """``snapkv``: compress the prompt once after prefill from an observation window.
-
-    Fields: budget (prompt tokens kept per group), observation_window (last prompt tokens,
-    always kept), pooling_kernel (odd, tokens), pooling (``max`` or ``avg``).
-    """
-
-    name: str = "snapkv"
-    budget: int = 2048
-    observation_window: int = 32
-    pooling_kernel: int = 7
-    pooling: str = "max"
-
-    def check(self) -> None:
-        super().check()
-        self._budget_at_least_one()
-        self._nonneg("observation_window")
-        self._window_within_budget()
-        _check_choice_of(self, "pooling", ("max", "avg"))
-        if self.pooling_kernel < 1 or self.pooling_kernel % 2 == 0:
-            raise ValueError(f"policy {self.name}: pooling_kernel must be an odd number >= 1 (a "
-                             f"window centred on each token), got {self.pooling_kernel}")
-
-
-@register_options
-@dataclass
-class PyramidKVConfig(SnapKVConfig):
-    """``pyramidkv``: SnapKV with layer budgets decreasing with depth.
-
-    Fields: SnapKV's, and layer_budget_ratio (the top layer keeps budget / layer_budget_ratio,
-    >= 1); budget is the per-layer average.
-    """
-
-    name: str = "pyramidkv"
-    layer_budget_ratio: float = 20.0
-
-    def check(self) -> None:
-        super().check()
-        if self.layer_budget_ratio < 1.0:
-            raise ValueError(f"policy pyramidkv: layer_budget_ratio must be >= 1, got "
-                             f"{self.layer_budget_ratio}")
-
-
-@register_options
-@dataclass
-class AdaKVConfig(SnapKVConfig):
-    """``ada_kv``: SnapKV with per-head budgets within each layer.
-
-    Fields: SnapKV's, and ada_floor (each head keeps at least ada_floor x its uniform share).
-    """
-
-    name: str = "ada_kv"
-    ada_floor: float = 0.2
-
-    def check(self) -> None:
-        super().check()
-        self._fraction("ada_floor")
-
-
-def _check_choice_of(cfg, what: str, valid) -> None:
-    v = getattr(cfg, what)
-    if v not in valid:
-        raise ValueError(f"policy {cfg.name}: unknown {what} {v!r}; valid: {', '.join(valid)}")
 
 
 @dataclass

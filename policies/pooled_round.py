@@ -8,9 +8,9 @@ group, with the group's scores, pooled scores and ranking in arrays of one promp
 (they stay in the CPU's caches), and compute what the groups share (the shared stream and the
 recency term of each position) once.
 
-Every value is the arithmetic of :mod:`policies.importance`'s helpers (:func:`lattice_stream_at`,
+Every value is the arithmetic of :mod:`policies.score_terms`' helpers (:func:`lattice_stream_at`,
 :func:`log_score_from_streams`, :func:`recency_at`) in the same order, so the keep masks are
-those of :meth:`policies.eviction.SnapKVPolicy.select` on :func:`policies.importance.score_slots`'
+those of :meth:`policies.snapkv.SnapKVPolicy.select` on :func:`policies.importance.score_slots`'
 float32 scores (``tests/test_policies.py`` checks it on random layouts and models).
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 
 from sim.jit import inline, kernel
 
-from . import importance
-from .importance import lattice_stream_at, log_score_from_streams, recency_at
+from . import score_terms
+from .score_terms import lattice_stream_at, log_score_from_streams, recency_at
 
 
 @inline
@@ -177,7 +177,7 @@ def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, 
 
 
 @kernel("i8(i4[:, :], i8, i8, i8, i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], "
-        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:])", depends=(importance,))
+        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:])", depends=(score_terms,))
 def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
               eps, keep, pend, pend_v):  # pragma: no cover (compiled)
     """SnapKV's keep mask in one pass per group, from the terms of ``log_score_terms(...,
@@ -189,11 +189,11 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
     (``k``: the pooling kernel, odd, at most ``2 S - 1``). Live slots holding a position
     ``>= cut`` (the observation window and decode tokens) are kept; of those below it (the
     candidates), the top ``kg_all[g]`` by pooled log-score are kept, as
-    :func:`policies.eviction.topk_mask` ranks their float32 scores ``f32(exp(.))``: where more
+    :func:`policies.selection.topk_mask` ranks their float32 scores ``f32(exp(.))``: where more
     candidates lie within ``2 eps`` (``eps``: the bound on the log-domain error,
-    :data:`policies.eviction.KEY_EPS`) of the ``kg``-th largest than places are left, they go
+    :data:`policies.selection.KEY_EPS`) of the ``kg``-th largest than places are left, they go
     to ``pend`` (group, slot, places left, 1) and ``pend_v`` (pooled log-score) in slot order,
-    for :func:`policies.eviction._rank_band`. ``keep`` (``bool[H, S]``, False on entry) gets
+    for :func:`policies.selection._rank_band`. ``keep`` (``bool[H, S]``, False on entry) gets
     the rest.
 
     Returns the band rows written, or -1 (``keep`` partly written) when a group's prompt
@@ -250,7 +250,7 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
 
 
 @kernel("i8(i4[:, :], i8, i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], "
-        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:])", depends=(importance,))
+        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:])", depends=(score_terms,))
 def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len, keep,
                cv, cj, off):  # pragma: no cover (compiled)
     """Ada-KV's pooled log-scores (:func:`snap_keep`'s pooling) of every candidate, group by
@@ -298,7 +298,7 @@ def scatter_rows(e, cj, off, out):  # pragma: no cover (compiled)
 @inline
 def _top_by_value(x, idx, base, n, kk, buf, out_keep):  # pragma: no cover (compiled)
     """The ``kk`` entries of ``x[:n]`` with the largest values, ties to the lower entry (as
-    :func:`policies.eviction.topk_mask` ranks a row): ``out_keep[j] = True`` for each, ``j =
+    :func:`policies.selection.topk_mask` ranks a row): ``out_keep[j] = True`` for each, ``j =
     idx[i]``, or ``base + i`` when ``idx`` is empty. ``buf``: ``n`` entries of scratch."""
     if kk <= 0 or n == 0:
         return
@@ -323,7 +323,7 @@ def _top_by_value(x, idx, base, n, kk, buf, out_keep):  # pragma: no cover (comp
 
 @kernel("void(f4[:], i8[:], i8[:], f8[:], i8[:], i8, i8, b1[:, :])")
 def ada_keep(e, cj, off, den, layer_start, per_head, floor, keep):  # pragma: no cover (compiled)
-    """Ada-KV's keep (:meth:`policies.eviction.AdaKVPolicy._keep_pooled`) from the candidates'
+    """Ada-KV's keep (:meth:`policies.snapkv.AdaKVPolicy._keep_pooled`) from the candidates'
     float32 pooled scores ``e`` (:func:`ada_pooled`'s order) and each group's normaliser
     ``den`` (``max(sum of its scores, 1e-300)``, as numpy sums the row): per group the top
     ``floor`` by normalised score ``e / den``, then per layer (groups ``layer_start[l] ..

@@ -8,7 +8,8 @@ from typing import ClassVar
 import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import _Periodic, recent_mask, topk_mask
+from .eviction import _Periodic
+from .selection import recent_mask, topk_mask
 
 
 @register_options

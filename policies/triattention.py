@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import RULE_RECENT, _Periodic, recent_mask, topk_mask
+from .eviction import _Periodic
+from .selection import RULE_RECENT, recent_mask, topk_mask
 
 
 @register_options

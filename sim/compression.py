@@ -32,7 +32,8 @@ import numpy as np
 from policies import (CompactionConfig, ImportanceModel, ModelShape, PagedLayout, RoundResult,
                       make_compactor, make_importance, make_policy, policy_config, score_slots)
 from policies.compaction import _forward_pack
-from policies.eviction import RULE_H2O, RULE_TOP, GuardedRanking
+from policies.guarded import GuardedRanking
+from policies.selection import RULE_H2O, RULE_TOP
 
 from .errors import ConfigError
 from .hardware import kv_bytes_per_token
@@ -314,7 +315,7 @@ class Compression:
 
     def _guarded_round(self, req, shared_blocks: int):
         """:meth:`run_round`'s selection and ``none`` compaction from the request's
-        :class:`policies.eviction.GuardedRanking` (built here when missing) and
+        :class:`policies.guarded.GuardedRanking` (built here when missing) and
         :class:`_UnmovedLayout`: ``(RoundResult, pinned)``, the same as the full round's; None
         (the state dropped) where they do not apply: the full round runs."""
         lay = req.layout

@@ -480,7 +480,7 @@ def test_policy_config_by_name_mapping_schema_and_node_gives_the_same_options():
     """policy_config builds the chosen policy's options class from a name and fields, a mapping,
     a PolicyConfig or Hydra's node (None there: not set, the class default applies)."""
     from policies import policy_config
-    from policies.config import H2OConfig
+    from policies.h2o import H2OConfig
     from sim.run import compose_config
 
     by_name = policy_config("h2o", budget=100, heavy_ratio=0.25)
@@ -836,11 +836,11 @@ def test_recorded_importance_repeated_key_null_and_float32_overflow_are_named(tm
 @given(st.integers(1, 4), st.integers(0, 12), st.integers(0, 2**32 - 1),
        st.sampled_from([3, 7, 23, 25, 101, 1_000_001]), st.sampled_from(["max", "avg"]))
 def test_snapkv_pooling_equals_the_windows_definition_for_any_kernel(H, S, seed, kernel, kind):
-    """SnapKV's pooling (policies.eviction._pool_along_positions) against its definition: each
+    """SnapKV's pooling (policies.snapkv._pool_along_positions) against its definition: each
     region token's value is the max (or the sum / kernel, zero padded) of the region's tokens
     within kernel // 2 ranks of it in position order. Break-it: a huge kernel (1,000,001) made
     the pooling take minutes; a window past 2S - 1 now costs what that one does."""
-    from policies.eviction import _pool_along_positions
+    from policies.snapkv import _pool_along_positions
     rng = np.random.default_rng(seed)
     score = rng.random((H, S)).astype(np.float32)
     pos = np.stack([rng.permutation(S) for _ in range(H)]) if S else np.zeros((H, 0), np.int64)
@@ -864,7 +864,7 @@ def test_topk_mask_equals_the_stable_descending_sort(H, S, seed, coarse, with_in
     keeps exactly the candidates a stable descending sort ranks below k: ties go to the lower
     slot, and infinite candidate scores tie with non-candidates as in the sort (float32,
     float64 and integer scores; up to 40 rows, as a per-layer policy's groups)."""
-    from policies.eviction import _rank_desc, topk_mask
+    from policies.selection import _rank_desc, topk_mask
     rng = np.random.default_rng(seed)
     sc = (rng.integers(0, 4, size=(H, S)) if coarse else rng.random((H, S)) * 100).astype(dtype)
     if with_inf and dtype != "int64":
@@ -881,7 +881,7 @@ def test_topk_mask_equals_the_stable_descending_sort(H, S, seed, coarse, with_in
 def test_topk_mask_takes_read_only_views_and_integer_masks():
     """The compiled per-row path copies what it cannot take as is (broadcast, read-only score
     and candidate views; a candidate mask of integers) and keeps what the stable sort keeps."""
-    from policies.eviction import _rank_desc, topk_mask
+    from policies.selection import _rank_desc, topk_mask
     rng = np.random.default_rng(0)
     sc = np.broadcast_to(rng.random((1, 40)).astype(np.float32), (3, 40))
     cand = np.broadcast_to(rng.random(40) < 0.6, (3, 40))
@@ -943,7 +943,7 @@ def test_log_score_at_gives_the_models_float32_scores():
     the model's float32 score of position p for group g, over random fused parameters,
     steps, sequence lengths and groups, sink positions included; a model off the fused path
     has no terms."""
-    from policies.importance import log_score_at
+    from policies.score_terms import log_score_at
     rng = np.random.default_rng(7)
     for _ in range(25):
         params = ImportanceParams(
@@ -1074,7 +1074,7 @@ def test_guarded_ranking_rounds_drop_what_select_drops(name, mode, budget, promp
     ``select`` drops on the model's scores, for H2O and TOVA in every mode, protected prompts,
     near-ties, drift epochs every 37 steps and shared leading blocks that stay; the layout
     evolves as the none compactor leaves it."""
-    from policies.eviction import GuardedRanking
+    from policies.guarded import GuardedRanking
     rng = np.random.default_rng(seed)
     budget += prompt if protect else 0
     pol = make_policy(PolicyConfig(name=name, budget=budget, beta=1, mode=mode,
