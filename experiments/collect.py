@@ -84,6 +84,9 @@ name is an error listing the tables there are).
 Runs that failed are listed on stderr with a warning line (how many, and the path of
 ``failed_runs.csv``) and on stdout's summary; the exit status stays 0 unless ``--strict``, or
 unless no run completed (exit status 1: there is nothing to analyse).
+
+This module runs the collection and the command; the run folders are read by
+:mod:`experiments.run_folders`, the tables built by :mod:`experiments.collect_tables`.
 """
 
 
