@@ -11,7 +11,7 @@ recency term of each position) once.
 Every value is the arithmetic of :mod:`policies.score_terms`' helpers (:func:`lattice_stream_at`,
 :func:`log_score_from_streams`, :func:`recency_at`) in the same order, so the keep masks are
 those of :meth:`policies.snapkv.SnapKVPolicy.select` on :func:`policies.importance.score_slots`'
-float32 scores (``tests/test_policies.py`` checks it on random layouts and models).
+float32 scores (``tests/test_compiled_rounds.py`` checks it on random layouts and models).
 """
 
 from __future__ import annotations
