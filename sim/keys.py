@@ -46,6 +46,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import hash_tables
 from .hash_tables import _home
 from .jit import kernel
 
@@ -152,7 +153,7 @@ def first_repeated_id(offsets: np.ndarray, values: np.ndarray) -> tuple[int, int
     return int(row), int(x)
 
 
-@kernel(numba.types.UniTuple(numba.types.int64, 2)(_RO_I8, _RO_I8, numba.types.int64))
+@kernel(numba.types.UniTuple(numba.types.int64, 2)(_RO_I8, _RO_I8, numba.types.int64), depends=(hash_tables,))
 def _first_repeat(off, val, bits):  # pragma: no cover (compiled)
     size = 1 << bits
     mask = size - 1

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .block_pool import NO_HASH, PrefixTable, _pair_discard, _pair_probe, _prefix_walk
+from . import hash_tables
+from .hash_tables import NO_HASH, PrefixTable, _pair_discard, _pair_probe, _prefix_walk
 from .errors import ConfigError
 from .jit import kernel
 
@@ -67,7 +68,7 @@ class KVView:
         return np.sort(k[k != NO_HASH])
 
 
-@kernel("i8(i8[:], i8, i8, i8[:])")
+@kernel("i8(i8[:], i8, i8, i8[:])", depends=(hash_tables,))
 def _view_add(tab, mask, shift, keys):  # pragma: no cover (compiled)
     """Enter each of ``keys`` absent from the pair table ``tab`` (value 0); returns how many
     were entered."""

@@ -141,3 +141,74 @@ def test_a_kernel_refuses_arguments_no_signature_takes():
         with pytest.raises(TypeError, match="No matching definition"):
             f(np.ones(2))
     assert _lazy_plus_one.signatures == _eager_plus_one.signatures
+
+
+def _compiled_defs(tree):
+    """Names of the module's functions decorated with ``kernel(...)`` or ``inline``, each with
+    its decorator's ``depends`` module names (a set) and the names its body calls."""
+    import ast
+    out = {}
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for dec in node.decorator_list:
+            call = dec if isinstance(dec, ast.Call) else None
+            name = (call.func if call else dec)
+            name = getattr(name, "id", getattr(name, "attr", None))
+            if name not in ("kernel", "inline"):
+                continue
+            deps = set()
+            for kw in (call.keywords if call else ()):
+                if kw.arg == "depends" and isinstance(kw.value, (ast.Tuple, ast.List)):
+                    deps = {getattr(e, "id", getattr(e, "attr", None)) for e in kw.value.elts}
+            calls = {n.func.id for n in ast.walk(node)
+                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            out[node.name] = (name, deps, calls)
+    return out
+
+
+def test_every_kernel_names_the_modules_of_the_compiled_helpers_it_calls():
+    """numba's cache stamps a kernel with its own file only: a kernel that calls a ``kernel`` or
+    ``inline`` function defined in another module of sim/ or policies/ lists that module in
+    ``kernel(..., depends=...)``, so a change there compiles the caller again (sim.jit.kernel)."""
+    import ast
+    import importlib
+
+    files = sorted(p for d in ("sim", "policies") for p in (REPO / d).rglob("*.py"))
+    trees = {p: ast.parse(p.read_text()) for p in files}
+    compiled = {}  # (module, name) -> kind
+    for p, tree in trees.items():
+        mod = ".".join(p.relative_to(REPO).with_suffix("").parts)
+        for fn, (kind, _, _) in _compiled_defs(tree).items():
+            compiled[(mod, fn)] = kind
+    origins = {}
+    for p, tree in trees.items():
+        mod = ".".join(p.relative_to(REPO).with_suffix("").parts)
+        pkg = mod.rsplit(".", 1)[0] if p.name != "__init__.py" else mod
+        origin = {}  # local name -> (module it comes from, its name there)
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""),
+                                                   pkg) if node.level else node.module
+                for a in node.names:
+                    origin[a.asname or a.name] = (base, a.name)
+        origins[p] = (mod, origin)
+    reexports = {(mod, local): src for mod, origin in origins.values() for local, src in origin.items()}
+    missing = []
+    checked = 0
+    for p, tree in trees.items():
+        mod, origin = origins[p]
+        for fn, (kind, deps, calls) in _compiled_defs(tree).items():
+            if kind != "kernel":
+                continue
+            for c in calls:
+                src = origin.get(c)
+                while src is not None and src not in compiled and src in reexports:
+                    src = reexports[src]  # (a name imported through a module that imports it)
+                if src is None or src not in compiled:
+                    continue
+                checked += 1
+                if src[0].rsplit(".", 1)[-1] not in deps:
+                    missing.append(f"{mod}.{fn} calls {src[0]}.{src[1]} without depends")
+    assert checked > 10
+    assert not missing, "\n".join(missing)

@@ -16,7 +16,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..block_pool import NO_HASH, _home, _pair_delete, _pair_discard, _pair_probe
+from .. import hash_tables
+from ..hash_tables import NO_HASH, _home, _pair_delete, _pair_discard, _pair_probe
 from ..errors import ConfigError
 from ..jit import PREFETCH_AHEAD, kernel, prefetch
 
@@ -171,7 +172,7 @@ def _lru_use(tab, ring, st, s, key):  # pragma: no cover (compiled)
     st[1] = t + 1
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8, i8[:], i8[:])")
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8, i8[:], i8[:])", depends=(hash_tables,))
 def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no cover
     """:meth:`LRUStore.insert_many` on the arrays: the evicted pages into ``out``; returns how
     many, or -1 (nothing changed) when the table or the ring lacks room for every key
@@ -204,7 +205,7 @@ def _lru_insert_many(tab, mask, shift, ring, st, cap, keys, out):  # pragma: no 
     return m
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:])")
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:], i8[:])", depends=(hash_tables,))
 def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (compiled)
     """Move each held key to the most recent end, in order; the index of the first key not
     held (the touching stops there), or -1. The ring has room for every key."""
@@ -219,7 +220,7 @@ def _lru_touch_many(tab, mask, shift, ring, st, keys):  # pragma: no cover (comp
     return -1
 
 
-@kernel("void(i8[:], i8, i8, i8[:], b1[:])")
+@kernel("void(i8[:], i8, i8, i8[:], b1[:])", depends=(hash_tables,))
 def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
     n = keys.shape[0]
     for i in range(n):
@@ -228,7 +229,7 @@ def _lru_contains(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
         out[i] = tab[2 * _pair_probe(tab, mask, shift, keys[i])] == keys[i]
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], i8[:])")
+@kernel("i8(i8[:], i8, i8, i8[:], i8[:])", depends=(hash_tables,))
 def _lru_absent(tab, mask, shift, keys, out):  # pragma: no cover (compiled)
     """The keys absent from the table, in order, into ``out``; returns how many."""
     n = keys.shape[0]
@@ -254,7 +255,7 @@ def _lru_order(ring, st, out):  # pragma: no cover (compiled)
 
 
 @kernel("i8(i8[:], i8, i8, i8, i8[:], i8, i8, i8[:], i8, i8, i8[:], i8, i8, i8[:], i8, i8, "
-        "i8[:], b1, i8[:], i1[:])")
+        "i8[:], b1, i8[:], i1[:])", depends=(hash_tables,))
 def locate_pages(gtab, gmask, gshift, levels, tab1, mask1, shift1, tab2, mask2, shift2, tab3,
                  mask3, shift3, tab4, mask4, shift4, q, stop, blk,
                  code):  # pragma: no cover (compiled)
@@ -341,7 +342,7 @@ class KeySet:
         self.count -= _pair_discard(self._tab, self._mask, self._shift, keys)
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], b1[:])")
+@kernel("i8(i8[:], i8, i8, i8[:], b1[:])", depends=(hash_tables,))
 def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
     n = 0
     nk = keys.shape[0]
@@ -356,7 +357,7 @@ def _set_add(tab, mask, shift, keys, new):  # pragma: no cover (compiled)
     return n
 
 
-@kernel("i8(i8[:], i8, i8, i8[:], i8, i8, i8[:], i8[:])")
+@kernel("i8(i8[:], i8, i8, i8[:], i8, i8, i8[:], i8[:])", depends=(hash_tables,))
 def queue_absent(htab, hmask, hshift, stab, smask, sshift, keys, out):  # pragma: no cover
     """The keys neither in the LRU table ``htab`` nor in the set table ``stab``, each added to
     the set, in order, into ``out`` (each once); returns how many (the set has room)."""
