@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .plots import PlotError, _new_fig, _set_data, _title, save
+from .plot_common import PlotError, _new_fig, _set_data, _title, save
 
 KINDS = {"chain_start": "chain starts", "after_idle": "after > 5 min idle",
          "continuing": "continuing calls"}

@@ -146,6 +146,9 @@ class ImportanceModel:
     Args:
       params: :class:`policies.config.ImportanceParams` (validated; ValueError names a bad field).
       seed: integer seed.
+      compiled: True: the compiled pass (:func:`_fused_logs`) computes the log-scores where it
+        applies (interpolated, drifting, partly shared fields: the defaults); False: the numpy
+        expressions always (the reference the compiled pass equals bit for bit; slower).
 
     ``scores(request_key, positions, num_groups, step, seq_len=None)`` ->
     ``float32[num_groups, len(positions)]``, > 0, deterministic in (seed, request_key, positions,
@@ -158,10 +161,12 @@ class ImportanceModel:
     #: entries of the per-group sigma memo
     MEMO_ENTRIES = 4096
 
-    def __init__(self, params: Optional[ImportanceParams] = None, seed: int = 0):
+    def __init__(self, params: Optional[ImportanceParams] = None, seed: int = 0,
+                 compiled: bool = True):
         self.params = params if params is not None else ImportanceParams()
         validate_importance_params(self.params)
         self.seed = int(seed)
+        self.compiled = bool(compiled)
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._memo_values = 0
         self._by_key: dict[int, set] = {}  # request key -> its memo keys (see forget)
@@ -464,10 +469,10 @@ class ImportanceModel:
 
     @property
     def _fused(self) -> bool:
-        """Whether :meth:`_logs_fused` applies: interpolated fields (L > 1), drift in (0, 1]
-        with a period, head correlation in (0, 1)."""
+        """Whether :meth:`_logs_fused` applies: :attr:`compiled`, interpolated fields (L > 1),
+        drift in (0, 1] with a period, head correlation in (0, 1)."""
         p = self.params
-        return (float(p.correlation_length) > 1.0 and 0.0 < p.drift <= 1.0 and p.drift_period > 0
+        return (self.compiled and float(p.correlation_length) > 1.0 and 0.0 < p.drift <= 1.0 and p.drift_period > 0
                 and 0.0 < p.head_correlation < 1.0)
 
     def _lm_table(self, top: int) -> np.ndarray:

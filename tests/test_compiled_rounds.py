@@ -30,8 +30,8 @@ def filled(n, groups=1, prompt=0, block=B, **kw):
 def test_snapkv_pooling_equals_the_windows_definition_for_any_kernel(H, S, seed, kernel, kind):
     """SnapKV's pooling (policies.snapkv._pool_along_positions) against its definition: each
     region token's value is the max (or the sum / kernel, zero padded) of the region's tokens
-    within kernel // 2 ranks of it in position order. Break-it: a huge kernel (1,000,001) made
-    the pooling take minutes; a window past 2S - 1 now costs what that one does."""
+    within kernel // 2 ranks of it in position order; a kernel past 2S - 1 (1,000,001) costs
+    what a window of 2S - 1 does."""
     from policies.snapkv import _pool_along_positions
     rng = np.random.default_rng(seed)
     score = rng.random((H, S)).astype(np.float32)
@@ -153,15 +153,11 @@ def test_select_from_terms_equals_select_on_the_models_scores(name, H, prompt, n
         assert got is not None
 
 
-def test_select_from_terms_ranks_near_ties_by_the_exact_scores(monkeypatch):
+def test_select_from_terms_ranks_near_ties_by_the_exact_scores():
     """Candidates whose keys lie within the bound of the threshold are ranked by the model's
-    exact keys (``_rank_band``), and the masks equal ``select``'s: TOVA and TriAttention with
-    sigma 1e-9 (every score within 1e-9 of another), H2O where the age weights of old tokens
-    are 1 / 600,000 apart in the log (sigma 0: the key is the age weight)."""
-    import policies.eviction as ev
-    banded = []
-    real = ev._rank_band
-    monkeypatch.setattr(ev, "_rank_band", lambda *a: banded.append(len(a[1])) or real(*a))
+    exact keys, and the masks equal ``select``'s: TOVA and TriAttention with sigma 1e-9 (every
+    score within 1e-9 of another, so the bound alone cannot decide), H2O where the age weights
+    of old tokens are 1 / 600,000 apart in the log (sigma 0: the key is the age weight)."""
     rng = np.random.default_rng(3)
     for name, sigma, n, holes in (("tova", 1e-9, 400, 0.1), ("triattention", 1e-9, 400, 0.1),
                                   ("h2o", 0.0, 600_000, 0.0)):
@@ -172,9 +168,7 @@ def test_select_from_terms_ranks_near_ties_by_the_exact_scores(monkeypatch):
         lay = _scored_layout(rng, 1, 0, n, holes)
         want = pol.select(lay, score_slots(imp, lay, step=5, from_pos=pol.scores_from(lay)), n, 5)
         got = pol.select_from_terms(lay, imp.log_score_terms(lay.request_key, 1, 5, n, n), n)
-        assert np.array_equal(got, want), name
-        assert len(banded) and banded[-1] > 1, name
-        banded.clear()
+        assert got is not None and np.array_equal(got, want), name
 
 
 @settings(max_examples=120, deadline=None)

@@ -164,9 +164,8 @@ def test_quest_frees_nothing_reads_fraction():
 
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_quest_pages_are_the_pools_blocks(tmp_path, monkeypatch, block_size):
-    """Break-it pass: the simulator asked Quest for its read fraction in pages of 16 tokens
-    whatever cache.block_size was, so with 32-token blocks top_k = ceil(budget / 16) pages read
-    twice the budget. Every call now passes the pool's block size."""
+    """Quest's pages are the pool's blocks: every call the simulator makes for its read
+    fraction passes cache.block_size (16 and 32 tokens)."""
     from policies.quest import QuestPolicy
     from sim.run import compose_config, run_simulation
 

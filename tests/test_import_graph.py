@@ -1,4 +1,5 @@
-"""The import graph of kvsim's library packages (``sim``, ``policies``, ``traces``) has no cycle.
+"""The import graph of kvsim's library packages (``sim``, ``policies``, ``traces``) has no cycle,
+and every name imported from a module of the repository exists there.
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import`` counts,
 at module level or inside a function (a lazy import is still a dependency), except under ``if
@@ -157,3 +158,64 @@ def test_cycles_lists_each_elementary_cycle_once_from_its_smallest_node():
     graph = {"a": ["b"], "b": ["a", "c"], "c": ["a"], "d": ["a"]}
     assert sorted(cycles(graph)) == [("a", "b"), ("a", "b", "c")]
     assert cycles({"x": ["y"], "y": []}) == []
+
+
+def _defined_names(tree: ast.Module) -> set[str] | None:
+    """Names a module binds at its top level (definitions, assignments, imports, and names bound
+    under top-level ``if``/``try``), or None when it defines a module ``__getattr__`` (any
+    name may resolve)."""
+    names: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            names.add(n.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    names.add(a.asname or a.name.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
+                for part in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, part, []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+
+    visit(tree.body)
+    return None if "__getattr__" in names else names
+
+
+def test_every_name_imported_from_a_repo_module_exists_there():
+    """``from M import a`` anywhere in the repository's packages (a module level or a function's
+    import) names something module ``M`` binds at its top level, or a submodule of package
+    ``M``: a moved or renamed helper breaks at this test, not in the first run that reaches a
+    lazy import."""
+    import importlib.util
+
+    mods = module_files(REPO, PACKAGES + ("experiments", "gpu_validation", "tests"))
+    trees = {m: ast.parse(f.read_text()) for m, f in mods.items()}
+    defined = {m: _defined_names(t) for m, t in trees.items()}
+    missing, checked = [], 0
+    for m, tree in trees.items():
+        is_pkg = mods[m].name == "__init__.py"
+        pkg = m if is_pkg else m.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            src = (importlib.util.resolve_name("." * node.level + (node.module or ""), pkg)
+                   if node.level else node.module)
+            if src not in mods or defined[src] is None:
+                continue
+            for a in node.names:
+                if a.name == "*":
+                    continue
+                checked += 1
+                if a.name not in defined[src] and f"{src}.{a.name}" not in mods:
+                    missing.append(f"{mods[m].relative_to(REPO)}:{node.lineno}: "
+                                   f"from {src} import {a.name}")
+    assert checked > 500
+    assert not missing, "names not found:\n" + "\n".join(missing)

@@ -23,8 +23,7 @@ def test_config_validation_messages():
         make_compactor(CompactionConfig(name="squash"))
     with pytest.raises(ValueError, match="head_correlation"):
         ImportanceModel(ImportanceParams(head_correlation=1.5))
-    # (break-it pass) a negative seed crashed the random policy mid-run; r_kv ignored a
-    # recent_window its docstring said it kept
+    # the random policy's seed is an integer in [0, 2**32); r_kv does not read recent_window
     for bad in (-1, 2 ** 32, 1.5):
         with pytest.raises(ValueError, match=r"policy random: seed must be an integer in \[0, 2\*\*32\)"):
             make_policy(PolicyConfig(name="random", seed=bad))

@@ -65,8 +65,8 @@ def test_independent_heads_free_nothing():
     assert res.blocks_freed == 0 and lay.n_blocks == 1000
 
 def test_seed_blocks_freed_refuses_an_unwritable_output_before_computing(tmp_path, capsys):
-    """Break-it pass: ``--csv`` in a missing folder, or ``--parquet`` naming a folder, ended with
-    a traceback after the table was computed; each is a usage error (exit 2) naming the path."""
+    """``--csv`` in a missing folder, or ``--parquet`` naming a folder, is a usage error (exit 2)
+    naming the path, raised before the table is computed."""
     from experiments.seed_blocks_freed import main
 
     for args, part in ((["--csv", str(tmp_path / "no" / "x.csv")], "does not exist"),
