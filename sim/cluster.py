@@ -74,6 +74,7 @@ from simpy.core import NORMAL
 
 from .engine import MAX_CLOCK_S, Simulator
 from .errors import ConfigError
+from .hardware import check_pool_host_memory
 from .keys import block_keys
 from .kv_store import StoreLink, validate_store
 from .metrics import Recorder, _Growable
@@ -306,6 +307,9 @@ class Cluster:
         self.cfg = cfg
         self.wl = workload
         self.num_replicas = n = int(cfg.replicas)
+        if n > 1:
+            check_pool_host_memory(int(num_gpu_blocks), f"cluster.replicas={n} x "
+                                   f"{int(num_gpu_blocks):,} KV blocks", copies=n)
         self.B = int(block_size)
         self.staleness = float(cfg.event_staleness_s)
         self.rec = recorder

@@ -480,7 +480,7 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
         n = int(cache.num_gpu_blocks)
         if n <= 0:
             raise ConfigError(f"cache.num_gpu_blocks={n}; expected a positive number of blocks")
-        _check_pool_host_memory(n, f"cache.num_gpu_blocks={n}")
+        check_pool_host_memory(n, f"cache.num_gpu_blocks={n}")
         return MemoryPlan(gpu_bytes, budget, w, act, win, float(n) * block_bytes * rep,
                           block_bytes, n, rep)
     pool = budget - w - act - win
@@ -508,7 +508,7 @@ def plan_memory(model, gpu, cache, scheduler, tensor_parallel_size: int = 1) -> 
             + f" = {pool / GIB:.2f} GiB of {block_bytes * rep:,} B blocks); vLLM refuses to "
             f"start. Lower model.max_model_len, raise cache.gpu_memory_utilization, use a larger "
             f"GPU or cost.tensor_parallel_size, or set cache.num_gpu_blocks")
-    _check_pool_host_memory(n, f"the {n} KV blocks of gpu.memory_gib={gpu.memory_gib}")
+    check_pool_host_memory(n, f"the {n} KV blocks of gpu.memory_gib={gpu.memory_gib}")
     return MemoryPlan(gpu_bytes, budget, w, act, win, pool, block_bytes, n, rep)
 
 
@@ -548,19 +548,23 @@ def available_host_memory() -> int | None:
     return have
 
 
-def _check_pool_host_memory(n: int, what: str) -> None:
-    """ConfigError when the simulator's bookkeeping for ``n`` GPU blocks
-    (:func:`sim.block_pool.pool_host_bytes`) exceeds the memory this machine has available
-    now (:func:`available_host_memory`): the run would die in an allocation (or swap) instead
-    of simulating."""
+def check_pool_host_memory(n: int, what: str, copies: int = 1) -> None:
+    """ConfigError when the simulator's bookkeeping for ``copies`` block pools of ``n`` GPU
+    blocks each (:func:`sim.block_pool.pool_host_bytes`; ``copies``: a cluster's replicas)
+    exceeds the memory this machine has available now (:func:`available_host_memory`): the run
+    would die in an allocation (or swap, or the kernel's out-of-memory killer) instead of
+    simulating. ``what`` names the setting in the message."""
     from .block_pool import pool_host_bytes
 
-    need = pool_host_bytes(n)
+    need = int(copies) * pool_host_bytes(n)
     have = available_host_memory()
     if have is None:  # (not known here: no check)
         return
     if need > have:
-        raise ConfigError(f"{what}: the block pool's bookkeeping alone needs {need / GIB:,.1f} GiB "
-                          f"of host memory ({need // n} B a block) and this machine has "
-                          f"{have / GIB:,.1f} GiB available; expected fewer blocks (a larger "
-                          f"block_size, or a smaller pool)")
+        pools = "the block pool's" if copies == 1 else f"the {copies:,} block pools'"
+        fewer = ("fewer blocks (a larger block_size, or a smaller pool)" if copies == 1 else
+                 "fewer replicas or blocks (cluster.replicas, a larger block_size, or a smaller "
+                 "pool)")
+        raise ConfigError(f"{what}: {pools} bookkeeping alone needs {need / GIB:,.1f} GiB "
+                          f"of host memory ({need // (n * copies)} B a block) and this machine "
+                          f"has {have / GIB:,.1f} GiB available; expected {fewer}")

@@ -285,3 +285,13 @@ def test_bad_cluster_config_is_one_line_naming_the_field(override, field, tmp_pa
     with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("'", "'?")):
         run_simulation(_cfg("trace.max_requests=5", override), tmp_path / "o", progress_bar=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_cluster_whose_pools_outgrow_the_host_memory_is_a_config_error(tmp_path):
+    """The replicas' block pools together are checked against the host memory available before
+    any is built (sim.hardware.check_pool_host_memory with the replica count): 100,000 replicas
+    of the default pool need some 440 GiB of bookkeeping, an error naming cluster.replicas."""
+    with pytest.raises(ConfigError, match=r"cluster\.replicas=100000 x [\d,]+ KV blocks: the "
+                                          r"100,000 block pools' bookkeeping alone needs"):
+        run_simulation(_cfg("trace.max_requests=5", "cluster.replicas=100000"), tmp_path / "o",
+                       progress_bar=False)

@@ -20,10 +20,10 @@ def _app() -> None:
     """Hydra's app, with Hydra's errors raised rather than printed (HYDRA_FULL_ERROR=1, which
     Hydra reads when it catches one): an error composing the config (an unknown key or group
     option, a value of the wrong type) becomes one ``kvsim: error:`` line naming the override
-    and what was expected (:func:`sim.console.hydra_error`), exit status 2; a compact Hydra
-    error (``hydra.errors.CompactHydraException``, e.g. :class:`sim.sweep.UnrecordedJobFailure`)
-    is its message alone, as Hydra prints one, exit status 1; any other exception goes on with
-    its traceback (exit status 1)."""
+    and what was expected (:func:`sim.console.hydra_error`), exit status 2; another compact
+    Hydra error (``hydra.errors.CompactHydraException``, e.g.
+    :class:`sim.sweep.UnrecordedJobFailure`) is its message alone, as Hydra prints one, exit
+    status 1; any other exception goes on with its traceback (exit status 1)."""
     import os
 
     from hydra.errors import CompactHydraException
@@ -33,12 +33,12 @@ def _app() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         app()
-    except CompactHydraException as e:
-        print(str(e), file=sys.stderr)
-        sys.exit(1)
     except Exception as e:  # noqa: BLE001 - (hydra_error names the ones it translates)
         msg = hydra_error(e)
         if msg is None:
+            if isinstance(e, CompactHydraException):
+                print(str(e), file=sys.stderr)
+                sys.exit(1)
             raise
         print(f"kvsim: error: {msg}", file=sys.stderr)
         sys.exit(2)
