@@ -79,6 +79,13 @@ def hydra_error(e: BaseException) -> str | None:
         schema = cause.object_type if isinstance(cause.object_type, type) else None
         fields = [f.name for f in dataclasses.fields(schema)] \
             if schema is not None and dataclasses.is_dataclass(schema) else []
+        inner = str(getattr(cause, "key", "") or "")
+        if inner and inner != part and schema is not None:
+            # a field inside the override's list or dict value (tiers.levels=[{...}])
+            close = difflib.get_close_matches(inner, fields, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            return (f"{key}: unknown key '{inner}' in its value: {schema.__name__} has no field "
+                    f"'{inner}'{hint} (fields: {', '.join(fields)})")
         close = difflib.get_close_matches(part, fields, n=1)
         hint = f"; did you mean {'.'.join([where, close[0]] if where else close)}?" if close else ""
         return (f"unknown config key '{key}': {where or 'the config'} has no field '{part}'"

@@ -28,6 +28,19 @@ def composition_error(*overrides):
     return None
 
 
+def test_a_misspelt_field_inside_a_list_or_dict_value_is_named():
+    """An override whose value is a list of records or a record (``tiers.levels=[{...}]``,
+    ``cluster.store={...}``) with a key its schema does not have names that key, its record
+    type's fields and the closest one, not the override's own key as unknown."""
+    err = composition_error("tiers=gpu_host_cxl_disk", "tiers.levels=[{name:host,gib:64,latency:1}]")
+    assert err == ("tiers.levels: unknown key 'latency' in its value: LevelConfig has no field "
+                   "'latency'; did you mean latency_s? (fields: name, gib, read_gbps, write_gbps, "
+                   "latency_s, replacement)")
+    err = composition_error("cluster.store={enabled:true,colour:red}")
+    assert err.startswith("cluster.store: unknown key 'colour' in its value: StoreConfig has no "
+                          "field 'colour' (fields: enabled, "), err
+
+
 def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     """A misspelt key is kvsim's error (exit 2) naming the closest field, not Hydra's hint to
     append it with '+'; a key the config does not have (a free-form "experiment") is refused."""
