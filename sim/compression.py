@@ -366,8 +366,15 @@ class Compression:
         evicted slots: ``cnt`` (``int64[3, H]``: live slots before, kept, 1 + last kept slot
         per group), ``freed`` the blocks left empty (ascending block-table indices), dropped
         from the layout here."""
+        return self._round_result(lay, cnt, freed, cnt[2].copy(), _NO_MOVES)
+
+    def _round_result(self, lay: PagedLayout, cnt: np.ndarray, freed: np.ndarray,
+                      lengths: np.ndarray, moves: np.ndarray) -> RoundResult:
+        """The :class:`policies.RoundResult` of a round: ``cnt`` as :meth:`_unmoved_result`
+        takes it, ``freed`` the empty blocks (dropped from the layout here), ``lengths``
+        (``int64[H]``) each group's slots after the round, ``moves`` (``int64[m, 3]``) the
+        slot moves, each of one group's token (``kv_tok / H`` bytes)."""
         H = lay.num_groups
-        lengths = cnt[2].copy()
         before, kept = cnt[0].copy(), cnt[1].copy()
         blocks_before = lay.n_blocks
         if len(freed):
@@ -383,7 +390,7 @@ class Compression:
         return RoundResult(
             tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
             blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
-            bytes_moved=0 * per_group_bytes, moves=_NO_MOVES, kept_per_group=kept,
+            bytes_moved=moves.shape[0] * per_group_bytes, moves=moves, kept_per_group=kept,
             group_lengths=lengths, ragged_waste_slots=waste,
             ragged_waste_bytes=waste * per_group_bytes, metadata_bytes=0.0)
 
@@ -407,25 +414,7 @@ class Compression:
                  else np.zeros(0, dtype=np.int64))
         if not pack:
             return self._unmoved_result(lay, cnt, freed)
-        lengths = lay.append_ptr.astype(np.int64).copy()
-        before, kept = cnt[0].copy(), cnt[1].copy()
-        blocks_before = lay.n_blocks
-        if len(freed):
-            lay._drop_blocks(freed)
-        per_group_bytes = self.kv_tok / H
-        waste = int((lengths.max() - lengths).sum()) if H > 1 else 0
-        if H == 1:
-            b0, k0 = int(before[0]), int(kept[0])
-            t_before, t_kept, t_evicted = float(b0), float(k0), float(b0 - k0)
-        else:  # (the groups' means: integer sums, exact in float64, over H)
-            t_before, t_kept = int(before.sum()) / H, int(kept.sum()) / H
-            t_evicted = int((before - kept).sum()) / H
-        return RoundResult(
-            tokens_before=t_before, tokens_kept=t_kept, tokens_evicted=t_evicted,
-            blocks_before=blocks_before, blocks_after=lay.n_blocks, freed_block_indices=freed,
-            bytes_moved=moves.shape[0] * per_group_bytes, moves=moves, kept_per_group=kept,
-            group_lengths=lengths, ragged_waste_slots=waste,
-            ragged_waste_bytes=waste * per_group_bytes, metadata_bytes=0.0)
+        return self._round_result(lay, cnt, freed, lay.append_ptr.astype(np.int64).copy(), moves)
 
     def round_time(self, bytes_moved: float) -> float:
         """Mover time for ``bytes_moved`` payload bytes (read once and written once)."""

@@ -163,12 +163,7 @@ class TierStretch(Stretch):
                 used = pool.num_used
                 cached_free = pool.num_cached_free
                 if done:
-                    self.commit_counts(reqs, nc0, s)
-                    for req in reqs:
-                        if req.n_generated >= req.output:
-                            req.status = FINISHED
-                            req.finish = t
-                    sim.retire_finished()
+                    self._end_batch(sim, reqs, nc0, s, t)
                 sim.tier_step_end()
                 rec.record(1, start, step_dur, running, len(sim.waiting), 0, b, used,
                            cached_free, live)
@@ -248,12 +243,7 @@ class TierStretch(Stretch):
             used = pool.num_used
             cached_free = pool.num_cached_free
             if done:
-                self.commit_counts(reqs, nc0, s)
-                for req in reqs:
-                    if req.n_generated >= req.output:
-                        req.status = FINISHED
-                        req.finish = t
-                sim.retire_finished()
+                self._end_batch(sim, reqs, nc0, s, t)
             sim.tier_step_end()
             rec.record_step(start, step_dur, running, len(sim.waiting), 0, b, used,
                             cached_free, live)
@@ -281,6 +271,16 @@ class TierStretch(Stretch):
         if sim.check:
             sim.check_invariants()
         return s
+
+    def _end_batch(self, sim, reqs, nc0, steps: int, t: float) -> None:
+        """The stretch's last step (``steps`` of them) at time ``t`` (s): the batch's counters
+        committed, the requests whose output is complete finished, and retired."""
+        self.commit_counts(reqs, nc0, steps)
+        for req in reqs:
+            if req.n_generated >= req.output:
+                req.status = FINISHED
+                req.finish = t
+        sim.retire_finished()
 
     def commit_counts(self, reqs, nc0, steps: int) -> None:
         """Commit ``steps`` decode steps to the counters of ``reqs`` (``nc0``: computed tokens
