@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import PolicyOptions, register_options, register_policy
-from .eviction import EvictionPolicy, _Periodic
+from .eviction import EvictionPolicy, PeriodicEviction
 from .selection import topk_mask
 
 
@@ -54,7 +54,7 @@ class RandomConfig(PolicyOptions):
 
 
 @register_policy(RandomConfig)
-class RandomPolicy(_Periodic):
+class RandomPolicy(PeriodicEviction):
     """``random``: seeded uniform-random survivors (control for score-based methods).
 
     Rule: same cadence as TriAttention (rounds every ``beta`` tokens once over ``budget``); keeps

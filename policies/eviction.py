@@ -1,4 +1,4 @@
-"""The eviction policies' base (:class:`EvictionPolicy`, :class:`_Periodic`) and the values
+"""The eviction policies' base (:class:`EvictionPolicy`, :class:`PeriodicEviction`) and the values
 they share (:class:`ModelShape`, :class:`RequestState`): when a round fires, and which slots
 each group keeps. Each policy family is a module of its own (CONTRIBUTING.md, "Adding a
 policy"); the selection helpers are in :mod:`policies.selection`.
@@ -296,7 +296,7 @@ class EvictionPolicy:
                 "budget_scope": self.budget_scope, "protects_prompt": self.protects_prompt}
 
 
-class _Periodic(EvictionPolicy):
+class PeriodicEviction(EvictionPolicy):
     """Cadence shared by budget-triggered policies: a round fires at counter values ``c`` with
     ``c % beta == 0`` and ``c > threshold``; ``c`` = generated tokens (budget_scope ``decode``) or
     sequence length (``total``). With ``total`` scope a prompt longer than the threshold also

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import _Periodic
+from .eviction import PeriodicEviction
 from .selection import RULE_H2O, recent_mask, topk_mask
 
 
@@ -40,7 +40,7 @@ class H2OConfig(ScoredConfig):
 
 
 @register_policy(H2OConfig)
-class H2OPolicy(_Periodic):
+class H2OPolicy(PeriodicEviction):
     """``h2o``: Heavy-Hitter Oracle: accumulated-attention heavy hitters + recent window.
 
     Rule: cache of ``budget`` tokens (total, prompt included unless ``protect_prompt``); when over

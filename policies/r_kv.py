@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import _Periodic
+from .eviction import PeriodicEviction
 from .selection import recent_mask, topk_mask
 
 
@@ -45,7 +45,7 @@ class RKVConfig(ScoredConfig):
 
 
 @register_policy(RKVConfig)
-class RKVPolicy(_Periodic):
+class RKVPolicy(PeriodicEviction):
     """``r_kv``: Redundancy-aware KV compression for reasoning models (decode time).
 
     Rule: decode-time; the prompt is kept; once generated tokens exceed ``budget``, every ``beta``

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import PolicyOptions, register_options, register_policy
-from .eviction import _Periodic
+from .eviction import PeriodicEviction
 
 
 @register_options
@@ -33,7 +33,7 @@ class StreamingLLMConfig(PolicyOptions):
 
 
 @register_policy(StreamingLLMConfig)
-class StreamingLLMPolicy(_Periodic):
+class StreamingLLMPolicy(PeriodicEviction):
     """``streaming_llm``: attention sinks + sliding recent window.
 
     Rule: keep the first ``sink_tokens`` positions and the last ``recent_window`` positions; evict

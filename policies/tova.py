@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import _Periodic
+from .eviction import PeriodicEviction
 from .selection import RULE_TOP, topk_mask
 
 
@@ -30,7 +30,7 @@ class TOVAConfig(ScoredConfig):
 
 
 @register_policy(TOVAConfig)
-class TOVAPolicy(_Periodic):
+class TOVAPolicy(PeriodicEviction):
     """``tova``: Token Omission Via Attention.
 
     Rule: fixed cache of ``budget`` tokens (total); once over it, at every step drop the tokens with

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import _Periodic
+from .eviction import PeriodicEviction
 from .selection import RULE_RECENT, recent_mask, topk_mask
 
 
@@ -37,7 +37,7 @@ class TriAttentionConfig(ScoredConfig):
 
 
 @register_policy(TriAttentionConfig)
-class TriAttentionPolicy(_Periodic):
+class TriAttentionPolicy(PeriodicEviction):
     """``triattention``: TriAttention as integrated in TensorRT-LLM's KV compression framework.
 
     Rule: the prompt is protected (never evicted, never moved); ``budget`` decode tokens are kept

@@ -235,7 +235,7 @@ def run_notes(summary: dict, cfg, overrides: list[str]) -> list[str]:
                 f"compresses a prompt once, at prefill end, when the prompt is longer than "
                 f"{what}, and no prompt of this trace was (long outputs do not start it; use "
                 f"longer prompts or a lower policy.budget)")
-        elif hasattr(pol, "_threshold"):  # (the periodic policies: policies.eviction._Periodic)
+        elif hasattr(pol, "_threshold"):  # (the periodic policies: policies.eviction.PeriodicEviction)
             thr, beta = pol._threshold(), pol._period()
             first = -(-(thr + 1) // beta) * beta
             what = ("policy.sink_tokens + policy.recent_window" if summary["policy"] ==
