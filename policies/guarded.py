@@ -22,21 +22,34 @@ from .selection import KEY_EPS, RULE_H2O
 # bound computed once. A round evaluates only the candidates whose bound lies below a guard level
 # (the "danger" ones, kept first in the arrays) and is exact when the d-th smallest key among
 # them lies below the guard: every other candidate stays above it all window long.
+#
+# Candidates below ``pin`` (a request's shared leading blocks) stay whatever their rank, but they
+# still take part in the ranking, so they count among the d smallest every round. Those whose
+# upper bound over the window lies below the lower bound of every other candidate are "parked"
+# at the window's start: kept aside, not evaluated, counted as evicted-and-kept. A round with L
+# parked candidates in a group finds the (d - L)-th smallest key t among the rest; when t lies
+# above every parked bound (the window's largest, ``_F_L + H + g`` in ``fv``), the parked ones
+# are among the d smallest (each below t, with the margin the keys' error needs), the d-th
+# smallest over all candidates is t, and the round's evictions are the ones the rest give.
+# Otherwise the group's parked candidates rejoin the rest and the round runs on all of them.
 
 #: ``GuardedRanking.fv`` (float64): the window (first and last step, sequence length and
 #: n_tokens at its start, cos and sin of theta at its first and last step, (theta span)^2 / 8),
-#: cos and sin of the round's theta, log(sink_boost); the groups' guard levels follow
+#: cos and sin of the round's theta, log(sink_boost); the groups' guard levels follow, then
+#: each group's largest upper bound of its parked candidates (-inf when none)
 (_WIN_STEP0, _WIN_STEP1, _WIN_SEQ0, _WIN_N0, _WIN_C0, _WIN_S0, _WIN_C1, _WIN_S1, _WIN_H2,
  _F_C, _F_S, _F_LOGSB, _F_L) = range(13)
 #: ``_guard_round``'s ``prm`` (int64): H2O's age weight on, the round's step, sequence length
 #: and n_tokens, sink tokens, positions below this stay (shared blocks), danger candidates kept
 #: at least, new candidates' positions (from, to), constants of a new epoch to compute, drift
-#: period, window length (steps)
+#: period, window length (steps), the ``pin`` the parked candidates were parked under
 (_P_AGED, _P_STEP, _P_SEQ, _P_NTOK, _P_NSINK, _P_PIN, _P_MIN_DANGER, _P_FROM, _P_TO,
- _P_NEW_EPOCH, _P_PERIOD, _P_WINDOW) = range(12)
-#: ``GuardedRanking.fa`` rows (float64[4, H, cap]) and ``ia`` rows (int64[3, H])
+ _P_NEW_EPOCH, _P_PERIOD, _P_WINDOW, _P_PARK_PIN) = range(13)
+#: ``GuardedRanking.fa`` rows (float64[4, H, cap]; ``pfa``: A, B, C and the upper bound) and
+#: ``ia`` rows (int64[4, H]: candidates, danger candidates, candidates kept, parked ones)
 _A, _B, _C, _LO = range(4)
-_N, _ND, _K = range(3)
+_UB = 3
+_N, _ND, _K, _NP = range(4)
 
 
 @inline
@@ -78,6 +91,21 @@ def _key_lower_bound(A, Bc, Cs, p, c0, s0, c1, s1, h2, age_end, n0, lm, n_sink, 
     rec = (lm_end if age < lm.shape[0] else 0.0) + (log_sb if p < n_sink else 0.0)
     lg = _table_at(logm, n0 - p)
     return _clip_log(A + fmin + rec) + (lg if aged else 0.0) - 2.0 * KEY_EPS
+
+
+@inline
+def _key_upper_bound(A, Bc, Cs, p, c0, s0, c1, s1, h2, age_start, n_end, lm, n_sink, log_sb,
+                     logm, aged):  # pragma: no cover (compiled)
+    """An upper bound of :func:`_approx_log_key` over a window of steps, plus ``2 KEY_EPS``
+    (the mirror of :func:`_key_lower_bound`: ``B cos th + C sin th`` at most its larger end
+    value plus ``R h^2 / 8``; the recency term at its largest, at the window's start,
+    ``age_start`` the age of position 0 then; log m at its largest, at the window's last
+    n_tokens ``n_end``; the recency table falls with age as ``recency_boost >= 0`` makes it,
+    and log m grows with m)."""
+    fmax = max(Bc * c0 + Cs * s0, Bc * c1 + Cs * s1) + math.sqrt(Bc * Bc + Cs * Cs) * h2
+    rec = _table_at(lm, age_start - p) + (log_sb if p < n_sink else 0.0)
+    lg = _table_at(logm, n_end - p)
+    return _clip_log(A + fmax + rec) + (lg if aged else 0.0) + 2.0 * KEY_EPS
 
 
 @inline
@@ -140,10 +168,134 @@ def _guard_remove(g, i, cpos, fa, ia):  # pragma: no cover (compiled)
     return p
 
 
+@inline
+def _join_danger(g, first, cpos, fa, ia, fv):  # pragma: no cover (compiled)
+    """Group ``g``'s candidates ``first..`` (their bounds computed) with a bound at most its
+    guard level join the danger ones (moved to the front)."""
+    for i in range(first, ia[_N, g]):
+        if fa[_LO, g, i] <= fv[_F_L + g]:
+            j = ia[_ND, g]
+            if i != j:
+                cpos[g, i], cpos[g, j] = cpos[g, j], cpos[g, i]
+                for r in range(4):
+                    fa[r, g, i], fa[r, g, j] = fa[r, g, j], fa[r, g, i]
+            ia[_ND, g] = j + 1
+
+
+@inline
+def _unpark(g, cpos, fa, ia, ppos, pfa):  # pragma: no cover (compiled)
+    """Group ``g``'s parked candidates rejoin its candidates (after them, with their
+    constants; their bounds are to be computed). Returns the index of the first."""
+    first = ia[_N, g]
+    m = first
+    for j in range(ia[_NP, g]):
+        cpos[g, m] = ppos[g, j]
+        for r in range(3):
+            fa[r, g, m] = pfa[r, g, j]
+        m += 1
+    ia[_N, g] = m
+    ia[_NP, g] = 0
+    return first
+
+
+@inline
+def _park(g, pin, cpos, fa, ia, fv, ppos, pfa, lm, n_sink, logm, aged):  # pragma: no cover
+    """Parks group ``g``'s candidates below ``pin`` whose upper bound over the window in
+    ``fv`` lies below the lower bound of every candidate from ``pin`` on (bounds computed,
+    none parked); the group's largest parked bound into ``fv``. Returns how many."""
+    H = cpos.shape[0]
+    ng = ia[_N, g]
+    fv[_F_L + H + g] = -np.inf
+    q = np.inf
+    below = 0
+    for i in range(ng):
+        if cpos[g, i] >= pin:
+            q = min(q, fa[_LO, g, i])
+        else:
+            below += 1
+    if below == 0 or q == np.inf:
+        return 0
+    c0 = fv[_WIN_C0]
+    s0 = fv[_WIN_S0]
+    c1 = fv[_WIN_C1]
+    s1 = fv[_WIN_S1]
+    h2 = fv[_WIN_H2]
+    span = np.int64(fv[_WIN_STEP1] - fv[_WIN_STEP0])
+    age_start = np.int64(fv[_WIN_SEQ0]) - 1
+    n_end = np.int64(fv[_WIN_N0]) + span
+    log_sb = fv[_F_LOGSB]
+    top = -np.inf
+    npk = 0
+    j = 0
+    for i in range(ng):
+        p = cpos[g, i]
+        if p < pin:
+            ub = _key_upper_bound(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], p, c0, s0, c1, s1,
+                                  h2, age_start, n_end, lm, n_sink, log_sb, logm, aged)
+            if ub < q:
+                ppos[g, npk] = p
+                for r in range(3):
+                    pfa[r, g, npk] = fa[r, g, i]
+                pfa[_UB, g, npk] = ub
+                top = max(top, ub)
+                npk += 1
+                continue
+        if i != j:
+            cpos[g, j] = p
+            for r in range(4):
+                fa[r, g, j] = fa[r, g, i]
+        j += 1
+    ia[_N, g] = j
+    ia[_ND, g] = min(ia[_ND, g], j)
+    ia[_NP, g] = npk
+    fv[_F_L + H + g] = top
+    return npk
+
+
+@inline
+def _rejoin(g, cpos, fa, ia, fv, ppos, pfa, lm, n_sink, logm, aged):  # pragma: no cover
+    """Group ``g``'s parked candidates rejoin the rest within the window (bounds computed,
+    danger ones joined). Returns how many."""
+    n = ia[_NP, g]
+    i0 = _unpark(g, cpos, fa, ia, ppos, pfa)
+    _bounds(g, i0, cpos, fa, ia, fv, lm, n_sink, logm, aged)
+    _join_danger(g, i0, cpos, fa, ia, fv)
+    return n
+
+
+@inline
+def _threshold(g, d, fresh, key, cpos, fa, ia, fv, prm, c, s, lm, seq_len, n_sink, log_sb, logm,
+               n_tokens, aged, cnt):  # pragma: no cover (compiled)
+    """Group ``g``'s d-th smallest key among its danger candidates (their keys into ``key``),
+    the danger set grown from the bounds until that key lies below the guard level: ``(the
+    key, danger candidates, fresh)``; ``fresh``: the guard level was set this round."""
+    thr = 0.0
+    while True:
+        ndg = ia[_ND, g]
+        if ndg >= d:
+            for i in range(ndg):
+                key[i] = _approx_log_key(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i],
+                                         c, s, lm, seq_len, n_sink, log_sb, logm, n_tokens, aged)
+            cnt[3] += ndg
+            if d == 1:
+                thr = key[0]
+                for i in range(1, ndg):
+                    thr = min(thr, key[i])
+            else:
+                thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
+            if thr + 2.0 * KEY_EPS < fv[_F_L + g]:
+                return thr, ndg, fresh
+        # the bounds hold all window long: a larger danger set from them
+        m = max(prm[_P_MIN_DANGER], 2 * d, 2 * ndg) if not fresh else max(4 * ndg, 2 * d)
+        _guard_level(g, m, cpos, fa, ia, fv)
+        cnt[2] += 1
+        fresh = True
+
+
 @kernel("i8(i8[:, :], f8[:, :, :], i8[:, :], f8[:], i8[:], f8[:], f8[:], i8[:, :], f8[:, :], "
-        "f8[:, :], f8[:, :], f8[:], f8[:], i8[:, :], i8[:, :], i8[:])")
+        "f8[:, :], f8[:, :], f8[:], f8[:], i8[:, :], i8[:, :], i8[:], i8[:, :], f8[:, :, :])")
 def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, consts, sig, ev,
-                 pend, cnt):  # pragma: no cover (compiled)
+                 pend, cnt, ppos, pfa):  # pragma: no cover (compiled)
     """One round of a :class:`GuardedRanking` (see the section's comment): the new
     candidates (positions ``prm[_P_FROM]..prm[_P_TO]-1``) join every group with their epoch
     constants (every candidate's when ``prm[_P_NEW_EPOCH]``: ``A = sig_g (a static_0 + b
@@ -153,11 +305,15 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
     candidates get bounds and join the danger ones when below the guard; then per group the
     ``d = n - k`` candidates with the smallest keys are evicted, as ``topk_mask`` keeps the
     other ``k`` (ties kept at the lower position). Evicted candidates below ``prm[_P_PIN]``
-    (shared blocks) stay candidates and are not reported. Writes the evicted (group,
+    (shared blocks) stay candidates and are not reported; at a new window those certain to
+    stay among the evicted all window are parked (``ppos``, ``pfa``; the section's comment),
+    and all parked ones rejoin at the next window, a new epoch, another ``pin``, or a round
+    whose ranking does not leave them below its threshold. Writes the evicted (group,
     position) pairs into ``ev`` (``cnt[0]``) and, for groups whose near-ties the keys leave
     open, rows (group, index, position, places left in the band, or -1 for a certain
     eviction) into ``pend`` (``cnt[1]``), those groups untouched; ``cnt[2]`` and ``cnt[3]``
-    count group refreshes and keys computed. Returns 0, or -1 when ``ev`` or ``pend`` is too
+    count group refreshes and keys computed, ``cnt[4]`` and ``cnt[5]`` candidates parked and
+    candidates that rejoined within a window. Returns 0, or -1 when ``ev`` or ``pend`` is too
     small (the state is then to be rebuilt)."""
     H = cpos.shape[0]
     lo_p = prm[_P_FROM]
@@ -171,6 +327,16 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
     c = fv[_F_C]
     s = fv[_F_S]
     log_sb = fv[_F_LOGSB]
+    # the window of bounds (the parked candidates rejoin at a new one, or under another pin)
+    new_window = prm[_P_NEW_EPOCH] != 0 or not (
+        fv[_WIN_STEP0] <= step <= fv[_WIN_STEP1]
+        and fv[_WIN_SEQ0] <= seq_len <= fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])
+        and fv[_WIN_N0] <= n_tokens <= fv[_WIN_N0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0]))
+    if new_window or pin != prm[_P_PARK_PIN]:
+        for g in range(H):
+            if ia[_NP, g]:
+                _unpark(g, cpos, fa, ia, ppos, pfa)
+                new_window = True
     # new candidates and epoch constants
     S = static.shape[0]
     sd = consts[2]
@@ -199,11 +365,6 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
             fa[_A, g, i] = sg * (a * static[0, p] + b * static[r, p])
             fa[_B, g, i] = sg * sd * (a * fe0 + b * feg)
             fa[_C, g, i] = sg * sd * (a * fe10 + b * fe1g)
-    # the window of bounds
-    new_window = prm[_P_NEW_EPOCH] != 0 or not (
-        fv[_WIN_STEP0] <= step <= fv[_WIN_STEP1]
-        and fv[_WIN_SEQ0] <= seq_len <= fv[_WIN_SEQ0] + (fv[_WIN_STEP1] - fv[_WIN_STEP0])
-        and n_tokens >= fv[_WIN_N0])
     if new_window:
         period = prm[_P_PERIOD]
         step1 = min(step + prm[_P_WINDOW], (step // period + 1) * period - 1)
@@ -218,53 +379,42 @@ def _guard_round(cpos, fa, ia, fv, prm, lm, logm, ip_i, ip_f, static, drift, con
         fv[_WIN_C1] = math.cos(th1)
         fv[_WIN_S1] = math.sin(th1)
         fv[_WIN_H2] = (th1 - th0) ** 2 / 8.0
+        prm[_P_PARK_PIN] = pin
     key = np.empty(cpos.shape[1], dtype=np.float64)
     idx = np.empty(cpos.shape[1], dtype=np.int64)
     n_ev = 0
     n_pend = 0
     for g in range(H):
-        d = ia[_N, g] - ia[_K, g]
         if new_window:  # (a danger set as large as the last one needed)
             _bounds(g, 0, cpos, fa, ia, fv, lm, n_sink, logm, aged)
+            if pin > 0:
+                cnt[4] += _park(g, pin, cpos, fa, ia, fv, ppos, pfa, lm, n_sink, logm, aged)
+            d = ia[_N, g] - ia[_K, g]
             _guard_level(g, max(prm[_P_MIN_DANGER], 2 * d, ia[_ND, g]), cpos, fa, ia, fv)
             cnt[2] += 1
             fresh = True
         else:
             _bounds(g, first[g], cpos, fa, ia, fv, lm, n_sink, logm, aged)
-            for i in range(first[g], ia[_N, g]):
-                if fa[_LO, g, i] <= fv[_F_L + g]:
-                    j = ia[_ND, g]
-                    if i != j:
-                        cpos[g, i], cpos[g, j] = cpos[g, j], cpos[g, i]
-                        for r in range(4):
-                            fa[r, g, i], fa[r, g, j] = fa[r, g, j], fa[r, g, i]
-                    ia[_ND, g] = j + 1
+            _join_danger(g, first[g], cpos, fa, ia, fv)
             fresh = False
-        if d <= 0:
-            continue
         thr = 0.0
         ndg = 0
         while True:
-            ndg = ia[_ND, g]
-            if ndg >= d:
-                for i in range(ndg):
-                    key[i] = _approx_log_key(fa[_A, g, i], fa[_B, g, i], fa[_C, g, i], cpos[g, i],
-                                             c, s, lm, seq_len, n_sink, log_sb, logm, n_tokens,
-                                             aged)
-                cnt[3] += ndg
-                if d == 1:
-                    thr = key[0]
-                    for i in range(1, ndg):
-                        thr = min(thr, key[i])
-                else:
-                    thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
-                if thr + 2.0 * KEY_EPS < fv[_F_L + g]:
+            # (the parked candidates count among the d smallest: d less them here)
+            d = ia[_N, g] - ia[_K, g]
+            if d <= 0:
+                if not ia[_NP, g]:
                     break
-            # the bounds hold all window long: a larger danger set from them
-            m = max(prm[_P_MIN_DANGER], 2 * d, 2 * ndg) if not fresh else max(4 * ndg, 2 * d)
-            _guard_level(g, m, cpos, fa, ia, fv)
-            cnt[2] += 1
-            fresh = True
+                cnt[5] += _rejoin(g, cpos, fa, ia, fv, ppos, pfa, lm, n_sink, logm, aged)
+                continue
+            thr, ndg, fresh = _threshold(g, d, fresh, key, cpos, fa, ia, fv, prm, c, s, lm,
+                                         seq_len, n_sink, log_sb, logm, n_tokens, aged, cnt)
+            if not ia[_NP, g] or thr - KEY_EPS > fv[_F_L + H + g]:
+                break
+            # a parked candidate may rank above the threshold: all rejoin, the group again
+            cnt[5] += _rejoin(g, cpos, fa, ia, fv, ppos, pfa, lm, n_sink, logm, aged)
+        if d <= 0:
+            continue
         above = thr + 2.0 * KEY_EPS
         below = thr - 2.0 * KEY_EPS
         certain = 0
@@ -317,8 +467,10 @@ class GuardedRanking:
     nothing else may change the layout in between.
 
     Attributes: ``cpos`` (``int64[H, cap]``: candidate positions), ``fa`` (``float64[4, H,
-    cap]``: their constants A, B, C and bounds), ``ia`` (``int64[3, H]``: candidates, danger
-    candidates, candidates kept), ``fv`` (window and guard levels), ``start`` (lowest candidate
+    cap]``: their constants A, B, C and bounds), ``ppos`` and ``pfa`` (the same for the parked
+    candidates: shared positions certain to stay among the evicted over the window; A, B, C
+    and upper bounds), ``ia`` (``int64[4, H]``: candidates, danger candidates, candidates
+    kept, parked candidates), ``fv`` (window, guard levels and parked bounds), ``start`` (lowest candidate
     position: the prompt's end when protected), ``floor`` (positions from it on are not
     candidates yet: H2O's recent window, or not placed), ``recent`` (H2O's window, 0 for
     TOVA), ``epoch`` of the constants."""
@@ -344,12 +496,14 @@ class GuardedRanking:
         for g, c in enumerate(cand):
             self.cpos[g, :len(c)] = c
         self.fa = np.zeros((4, H, cap))
-        self.ia = np.zeros((3, H), dtype=np.int64)
+        self.ppos = np.zeros((H, cap), dtype=np.int64)
+        self.pfa = np.zeros((4, H, cap))
+        self.ia = np.zeros((4, H), dtype=np.int64)
         self.ia[_N] = [len(c) for c in cand]
         self.ia[_K] = k
-        self.fv = np.zeros(_F_L + H)
+        self.fv = np.zeros(_F_L + 2 * H)
         self.fv[_F_LOGSB] = math.log(float(imp.params.sink_boost))
-        self.prm = np.zeros(12, dtype=np.int64)
+        self.prm = np.zeros(13, dtype=np.int64)
         self.prm[_P_AGED] = policy.score_rule == RULE_H2O
         self.prm[_P_NSINK] = int(imp.params.sink_tokens)
         self.prm[_P_MIN_DANGER] = self.MIN_DANGER
@@ -360,7 +514,8 @@ class GuardedRanking:
         self.streams = None  # (ip_i, ip_f, static, drift, consts, sig) of self.epoch
         self.ev = np.empty((H * self.MAX_EVICT, 2), dtype=np.int64)
         self.pend = np.empty((H * self.MAX_EVICT + 1024, 4), dtype=np.int64)
-        self.cnt = np.zeros(4, dtype=np.int64)  # evicted, band rows; refreshes, keys computed
+        # evicted, band rows; refreshes, keys computed, candidates parked, rejoined (totals)
+        self.cnt = np.zeros(6, dtype=np.int64)
         self.room = cap - int(self.ia[_N].max())  # candidates a group may still add, at least
         self.tables = (imp._lm_table(1), policy._log_ages(1))  # (recency, log m: grown as needed)
 
@@ -413,8 +568,12 @@ class GuardedRanking:
             cpos[:, :cap] = self.cpos
             fa = np.zeros((4, self.cpos.shape[0], new))
             fa[:, :, :cap] = self.fa
-            self.cpos, self.fa = cpos, fa
-        self.room = self.cpos.shape[1] - int(self.ia[_N].max())
+            ppos = np.zeros_like(cpos)
+            ppos[:, :cap] = self.ppos
+            pfa = np.zeros_like(fa)
+            pfa[:, :, :cap] = self.pfa
+            self.cpos, self.fa, self.ppos, self.pfa = cpos, fa, ppos, pfa
+        self.room = self.cpos.shape[1] - int((self.ia[_N] + self.ia[_NP]).max())
 
     def round(self, request_key: int, step: int, seq: int, n_tokens: int,
               pin_below: int) -> Optional[tuple]:
@@ -442,7 +601,7 @@ class GuardedRanking:
             sa = self.streams = (tab[0], tab[1], static, drift, consts,
                                  imp._sigma(request_key, H))
         if floor - self.floor > self.room:
-            self._grow(int(self.ia[_N].max()) + floor - self.floor)
+            self._grow(int((self.ia[_N] + self.ia[_NP]).max()) + floor - self.floor)
         th = 0.5 * math.pi * (step % self.period) / self.period
         fv = self.fv
         fv[_F_C] = math.cos(th)
@@ -460,7 +619,7 @@ class GuardedRanking:
                                       self.policy._log_ages(max(n_tokens, 1) + 2 * self.WINDOW))
         cnt = self.cnt
         rc = _guard_round(self.cpos, self.fa, self.ia, fv, prm, lm, logm, *sa, self.ev,
-                          self.pend, cnt)
+                          self.pend, cnt, self.ppos, self.pfa)
         if rc < 0:
             return None
         self.room -= floor - self.floor

@@ -213,6 +213,15 @@ def test_guarded_ranking_rounds_drop_what_select_drops(name, mode, budget, promp
     ``select`` drops on the model's scores, for H2O and TOVA in every mode, protected prompts,
     near-ties, drift epochs every 37 steps and shared leading blocks that stay; the layout
     evolves as the none compactor leaves it."""
+    _guarded_rounds_against_select(name, mode, budget, prompt, protect, sigma, period,
+                                   pin_blocks, seed, 90)
+
+
+def _guarded_rounds_against_select(name, mode, budget, prompt, protect, sigma, period,
+                                   pin_blocks, seed, steps):
+    """Runs ``steps`` per-step rounds of a ``GuardedRanking`` beside ``select`` (a prompt of
+    ``prompt`` tokens, ``pin_blocks`` leading blocks shared), asserting at each round that it
+    drops what ``select`` drops; returns the last state."""
     from policies.guarded import GuardedRanking
     rng = np.random.default_rng(seed)
     budget += prompt if protect else 0
@@ -224,7 +233,7 @@ def test_guarded_ranking_rounds_drop_what_select_drops(name, mode, budget, promp
     lay = _scored_layout(rng, H, prompt, n, 0.0)
     none = make_compactor("none")
     state = None
-    for step in range(1, 90):
+    for step in range(1, steps):
         if step > 1:
             lay.fill(1)
             n += 1
@@ -246,6 +255,23 @@ def test_guarded_ranking_rounds_drop_what_select_drops(name, mode, budget, promp
         keep[:, :pin] |= lay.slot_pos[:, :pin] >= 0
         none.apply(lay, keep)
     assert state is not None
+    return state
+
+
+@pytest.mark.parametrize("name,mode,seed,rejoins", [
+    ("tova", "per_layer", 2, True), ("tova", "union", 0, True), ("h2o", "union", 0, False),
+    ("h2o", "per_head", 2, False)])
+def test_guarded_ranking_parks_shared_positions_and_drops_what_select_drops(name, mode, seed,
+                                                                            rejoins):
+    """With many shared leading positions among the candidates (20 blocks, budget 120), the
+    guarded ranking parks shared positions certain to rank among the evicted over a window
+    (``cnt[4]`` counts them; ``cnt[5]`` those that rejoined the ranking within a window, when
+    a round's threshold did not leave them below it) and still drops, round after round,
+    exactly what ``select`` drops."""
+    state = _guarded_rounds_against_select(name, mode, 120, 0, False, 1.5, 512, 20, seed, 160)
+    assert state.cnt[4] > 0
+    if rejoins:
+        assert state.cnt[5] > 0
 
 
 @pytest.mark.parametrize("overrides,shared", [
