@@ -21,7 +21,7 @@ import numpy as np
 from sim.jit import inline, kernel
 
 from . import score_terms
-from .score_terms import lattice_stream_at, log_score_from_streams, recency_at
+from .score_terms import _clip80, lattice_stream_at, log_score_from_streams, recency_at
 
 
 @inline
@@ -176,10 +176,226 @@ def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, 
     _window_max(v, m, nc, half, k, pooled, tmp)
 
 
+#: segments of a group's candidates (region entries) that one upper bound covers
+SEG = 16
+#: the widest pooling kernel the bounded ranking takes (a window reaches one segment either
+#: side; a wider one scores every candidate)
+BOUND_KERNEL = 2 * SEG + 1
+
+
+@inline
+def _cell_tables(top, ip_i, slat, drift, consts, rec, z0l, z0r, recmax):  # pragma: no cover (compiled)
+    """What every group's cell bounds share: the shared stream's combined lattice values at
+    the left (``z0l[q]``) and right (``z0r[q]``) point of each lattice cell ``q`` (the
+    positions ``p`` with ``ip_i[0, p] == q``), and the largest recency term ``recmax[q]`` of
+    the cell's positions below ``top`` (``-inf`` for a cell without one). Returns the cells."""
+    ncell = ip_i[0, top - 1] + 1 if top > 0 else 0
+    S = slat.shape[0]
+    c = consts[0]
+    s = consts[1]
+    sd = consts[2]
+    sc = consts[5]
+    for q in range(ncell):
+        z0l[q] = sc * slat[0, q] + sd * (c * drift[0, q] + s * drift[S, q])
+        z0r[q] = sc * slat[0, q + 1] + sd * (c * drift[2 * S, q] + s * drift[3 * S, q])
+        recmax[q] = -np.inf
+    for p in range(top):
+        q = ip_i[0, p]
+        if rec[p] > recmax[q]:
+            recmax[q] = rec[p]
+    return ncell
+
+
+@inline
+def _cell_bounds(g, ncell, slat, drift, consts, sig, z0l, z0r, recmax, yl, yr,
+                 ub):  # pragma: no cover (compiled)
+    """Group ``g``'s latent at the lattice points of each cell ``q``: ``yl[q]`` (left),
+    ``yr[q]`` (right), and ``ub[q]``, an upper bound on its log-score (before the clip) at
+    every position of the cell. Within a cell every term is the interpolation ``((1 - t) y_l
+    + t y_r) / sqrt((1 - t)^2 + t^2)`` of its lattice values with the same ``t``, so the
+    group's latent is that of the combined values; over ``t`` in [0, 1] its largest value is
+    ``sqrt(y_l^2 + y_r^2)`` when both are positive (Cauchy-Schwarz: the weights are a unit
+    vector of the quadrant), else ``max(y_l, y_r)``. Times ``sig[g] >= 0``, plus the cell's
+    largest recency term, plus a margin (:func:`_bound_of`)."""
+    S = slat.shape[0]
+    c = consts[0]
+    s = consts[1]
+    sd = consts[2]
+    a = consts[3]
+    b = consts[4]
+    sc = consts[5]
+    r = g + 1
+    sg = sig[g]
+    for q in range(ncell):
+        u = a * z0l[q] + b * (sc * slat[r, q] + sd * (c * drift[r, q] + s * drift[r + S, q]))
+        w = a * z0r[q] + b * (sc * slat[r, q + 1] + sd * (c * drift[r + 2 * S, q]
+                                                         + s * drift[r + 3 * S, q]))
+        yl[q] = u
+        yr[q] = w
+        if u > 0.0 and w > 0.0:
+            m = np.sqrt(u * u + w * w)
+        else:
+            m = u if u > w else w
+        ub[q] = _bound_of(sg * m, recmax[q])
+
+
+@inline
+def _bound_of(x, rm):  # pragma: no cover (compiled)
+    """``x + rm`` plus a margin of ``1e-9 (1 + |x| + |rm|)``: the rounding of the score's own
+    arithmetic is ~1e-15 of those magnitudes."""
+    return x + rm + 1e-9 * (1.0 + abs(x) + abs(rm))
+
+
+@inline
+def _raw_scores(g, lo, hi, rp, z0, rec, ip_i, ip_f, slat, drift, consts, sig,
+                v):  # pragma: no cover (compiled)
+    """``v[i]``: group ``g``'s clipped log-score of region entry ``i`` (position ``rp[i]``), for
+    ``lo <= i < hi``, as :func:`_pool_group` computes it."""
+    # (one loop per stream helper: a branch around the helpers' array reads inside the loop
+    # keeps numba's reference counting in it)
+    if consts[1] == 0.0:
+        for i in range(lo, hi):
+            p = rp[i]
+            v[i] = log_score_from_streams(
+                g, z0[p], _still_stream(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
+                consts, sig)
+    else:
+        for i in range(lo, hi):
+            p = rp[i]
+            v[i] = log_score_from_streams(
+                g, z0[p], lattice_stream_at(g + 1, p, ip_i, ip_f, slat, drift, consts), rec[p],
+                consts, sig)
+
+
+@inline
+def _score_marked(g, rp, nc, m, half, mark, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v,
+                  pooled, cv, nsc):  # pragma: no cover (compiled)
+    """The pooled log-scores (``pooled[i]``, and appended to ``cv`` from ``nsc`` on) of the
+    candidates of each segment ``s`` with ``mark[s] == 1``, in slot order: the largest of the
+    raw scores (``v``) of region entries ``i - half .. i + half`` within ``0..m-1``, as
+    :func:`_pool_group` pools them. Returns the new end of ``cv``."""
+    nseg = (nc + SEG - 1) // SEG
+    done = 0  # raw scores v[lo..done - 1] of this pass are computed
+    for si in range(nseg):
+        if mark[si] != 1:
+            continue
+        a = si * SEG
+        e = min(a + SEG, nc)
+        lo = max(a - half, done)
+        hi = min(e + half, m)
+        _raw_scores(g, lo, hi, rp, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v)
+        done = hi
+        for i in range(a, e):
+            w0 = max(i - half, 0)
+            w1 = min(i + half, m - 1)
+            x = v[w0]
+            for j in range(w0 + 1, w1 + 1):
+                y = v[j]
+                x = y if y > x else x
+            pooled[i] = x
+            cv[nsc] = x
+            nsc += 1
+    return nsc
+
+
+@inline
+def _bounded_threshold(g, rp, nc, m, k, kg, eps, z0, rec, ip_i, ip_f, slat, drift, consts, sig,
+                       yl, yr, recmax, ub, sb, sbc, sel, v, pooled, cv, tmp):  # pragma: no cover
+    """The ``kg``-th largest pooled log-score of group ``g``'s ``nc`` candidates (``kg <
+    nc``; pooling kernel ``k <= 2 SEG + 1`` over region entries ``0..m-1``), scoring only the
+    segments of :data:`SEG` candidates whose bound can reach it. ``sb[s]`` bounds every
+    pooled score of segment ``s``: the largest bound over the positions of its own
+    candidates and over those of the ``k // 2`` region entries either side its windows reach,
+    clipped as the score is. A range of positions spanning several lattice cells takes their
+    bounds (:func:`_cell_bounds`); within one cell ``q`` the bound is the largest
+    interpolated latent over ``t`` in ``[t(pa), t(pb)]``: ``sqrt(y_l^2 + y_r^2)`` where its
+    peak ``t* = y_r / (y_l + y_r)`` (both positive) lies in the range, else the larger end
+    (the latent is ``|y| cos`` of the angle between the weights' unit vector and ``y``: one
+    peak over the quadrant), times ``sig[g]``, plus the cell's largest recency term and
+    :func:`_bound_of`'s margin. The segments are scored in rounds, each taking the segments
+    not yet scored whose bounds are the largest, about ``max(2 kg, scored)`` candidates of
+    them, after which ``t``, the ``kg``-th largest pooled score scored so far, is at most the
+    threshold ``thr``; a segment whose bound is below ``t - 2 eps`` holds no candidate the
+    ranking keeps or leaves in its band (they are at least ``thr - 2 eps``), and the rounds
+    end when none is left above it. ``sel[s]`` is then 1 for the segments scored
+    (``pooled`` holds their candidates' pooled scores), 0 for the others. Returns ``thr``:
+    the value :func:`kth_largest` gives over every candidate's pooled score."""
+    half = k // 2
+    sg = sig[g]
+    nseg = (nc + SEG - 1) // SEG
+    for si in range(nseg):
+        a = si * SEG
+        e = min(a + SEG, nc)
+        # three position ranges: the segment's own candidates, then the entries its windows
+        # reach on the left and on the right (empty ranges: pa > pb)
+        x = -np.inf
+        for part in range(3):
+            if part == 0:
+                ia = a
+                ib = e - 1
+            elif part == 1:
+                ia = max(a - half, 0)
+                ib = a - 1
+            else:
+                ia = e
+                ib = min(e - 1 + half, m - 1)
+            if ia > ib:
+                continue
+            pa = rp[ia]
+            pb = rp[ib]
+            q0 = ip_i[0, pa]
+            q1 = ip_i[0, pb]
+            u = yl[q0]
+            w = yr[q0]
+            ta = ip_f[0, pa]
+            tb = ip_f[0, pb]
+            fa = (ip_f[1, pa] * u + ta * w) / ip_f[2, pa]
+            fb = (ip_f[1, pb] * u + tb * w) / ip_f[2, pb]
+            rm = recmax[q0]
+            y = ub[q0]
+            for q in range(q0 + 1, q1 + 1):
+                z = ub[q]
+                y = z if z > y else y
+            # within one cell: the interpolated latent's largest value over [t(pa), t(pb)]
+            f = fa if fa > fb else fb
+            ts = w / (u + w) if u > 0.0 and w > 0.0 else -1.0
+            if ts >= ta - 1e-9 and ts <= tb + 1e-9:
+                f = np.sqrt(u * u + w * w)
+            one = _bound_of(sg * f, rm)
+            y = one if q0 == q1 else y
+            x = y if y > x else x
+        sb[si] = _clip80(x)
+        sel[si] = 0
+    nsc = 0
+    t = -np.inf
+    while True:
+        # the segments not scored whose bound reaches t - 2 eps: score those with the largest
+        # bounds, about max(2 kg, nsc) candidates of them (all when fewer), then raise t
+        floor = t - 2.0 * eps
+        nC = 0
+        for si in range(nseg):
+            if sel[si] == 0 and sb[si] >= floor:
+                sbc[nC] = sb[si]
+                nC += 1
+        if nC == 0:
+            break
+        jj = max(2 * kg, nsc) // SEG + 1
+        tb = floor if jj >= nC else kth_largest(sbc, nC, jj, tmp)
+        for si in range(nseg):
+            x = sel[si]
+            sel[si] = 2 if x == 1 else (1 if x == 0 and sb[si] >= tb else 0)
+        nsc = _score_marked(g, rp, nc, m, half, sel, z0, rec, ip_i, ip_f, slat, drift, consts,
+                            sig, v, pooled, cv, nsc)
+        for si in range(nseg):
+            sel[si] = 1 if sel[si] != 0 else 0
+        t = kth_largest(cv, nsc, kg, tmp)
+    return kth_largest(cv, nsc, kg, tmp)
+
+
 @kernel("i8(i4[:, :], i8, i8, i8, i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], "
-        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:])", depends=(score_terms,))
+        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:], b1)", depends=(score_terms,))
 def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
-              eps, keep, pend, pend_v):  # pragma: no cover (compiled)
+              eps, keep, pend, pend_v, bound):  # pragma: no cover (compiled)
     """SnapKV's keep mask in one pass per group, from the terms of ``log_score_terms(...,
     static_lattice=True)``.
 
@@ -194,7 +410,10 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
     :data:`policies.selection.KEY_EPS`) of the ``kg``-th largest than places are left, they go
     to ``pend`` (group, slot, places left, 1) and ``pend_v`` (pooled log-score) in slot order,
     for :func:`policies.selection._rank_band`. ``keep`` (``bool[H, S]``, False on entry) gets
-    the rest.
+    the rest. ``bound``: with a kernel of at most :data:`BOUND_KERNEL` (and ``sig[g] >= 0``)
+    a group scores only the segments of candidates whose upper bound can reach its threshold
+    (:func:`_bounded_threshold`); the others can be neither kept nor in the band, so the
+    mask and the band are those scoring every candidate gives (``bound`` False).
 
     Returns the band rows written, or -1 (``keep`` partly written) when a group's prompt
     positions do not increase along its slots, a prompt position lies beyond the terms'
@@ -209,6 +428,21 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
     z0 = np.empty(top, dtype=np.float64)
     rec = np.empty(top, dtype=np.float64)
     _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0, rec)
+    bounded = bound and k <= BOUND_KERNEL and slat.shape[1] > 0
+    ncell = 0
+    nseg_max = (S + SEG - 1) // SEG + 1
+    ub = np.empty(ip_i[0, top - 1] + 1 if top > 0 else 0, dtype=np.float64)
+    z0l = np.empty(ub.shape[0], dtype=np.float64)
+    z0r = np.empty(ub.shape[0], dtype=np.float64)
+    recmax = np.empty(ub.shape[0], dtype=np.float64)
+    yl = np.empty(ub.shape[0], dtype=np.float64)
+    yr = np.empty(ub.shape[0], dtype=np.float64)
+    sb = np.empty(nseg_max, dtype=np.float64)
+    sbc = np.empty(nseg_max, dtype=np.float64)
+    sel = np.empty(nseg_max, dtype=np.int8)
+    cv = np.empty(S, dtype=np.float64)
+    if bounded:
+        ncell = _cell_tables(top, ip_i, slat, drift, consts, rec, z0l, z0r, recmax)
     n_pend = 0
     for g in range(H):
         n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
@@ -221,31 +455,49 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
             for i in range(nc):
                 keep[g, rj[i]] = True
             continue
-        _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled, tmp)
-        thr = kth_largest(pooled, nc, kg, tmp)
+        half = k // 2
+        m = min(n, nc + half)
+        if bounded and sig[g] >= 0.0:
+            _cell_bounds(g, ncell, slat, drift, consts, sig, z0l, z0r, recmax, yl, yr, ub)
+            thr = _bounded_threshold(g, rp, nc, m, k, kg, eps, z0, rec, ip_i, ip_f, slat, drift,
+                                     consts, sig, yl, yr, recmax, ub, sb, sbc, sel, v, pooled,
+                                     cv, tmp)
+            nseg = (nc + SEG - 1) // SEG
+        else:
+            _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled,
+                        tmp)
+            thr = kth_largest(pooled, nc, kg, tmp)
+            nseg = (nc + SEG - 1) // SEG
+            for si in range(nseg):
+                sel[si] = 1
         above = thr + 2.0 * eps
         below = thr - 2.0 * eps
         certain = 0
         band = 0
-        for i in range(nc):
-            if pooled[i] > above:
-                certain += 1
-            elif pooled[i] >= below:
-                band += 1
+        for si in range(nseg):
+            if sel[si]:
+                for i in range(si * SEG, min(si * SEG + SEG, nc)):
+                    if pooled[i] > above:
+                        certain += 1
+                    elif pooled[i] >= below:
+                        band += 1
         need = kg - certain
         if need != band and n_pend + band > pend.shape[0]:
             return -1
-        for i in range(nc):
-            x = pooled[i]
-            if x > above or (need == band and x >= below):
-                keep[g, rj[i]] = True
-            elif x >= below:
-                pend[n_pend, 0] = g
-                pend[n_pend, 1] = rj[i]
-                pend[n_pend, 2] = need
-                pend[n_pend, 3] = 1
-                pend_v[n_pend] = x
-                n_pend += 1
+        for si in range(nseg):
+            if sel[si] == 0:
+                continue
+            for i in range(si * SEG, min(si * SEG + SEG, nc)):
+                x = pooled[i]
+                if x > above or (need == band and x >= below):
+                    keep[g, rj[i]] = True
+                elif x >= below:
+                    pend[n_pend, 0] = g
+                    pend[n_pend, 1] = rj[i]
+                    pend[n_pend, 2] = need
+                    pend[n_pend, 3] = 1
+                    pend_v[n_pend] = x
+                    n_pend += 1
     return n_pend
 
 

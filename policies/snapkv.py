@@ -207,7 +207,7 @@ class SnapKVPolicy(EvictionPolicy):
         pend_v = np.empty(self.PEND_CAP, dtype=np.float64)
         kg = np.ascontiguousarray(self.group_budgets(H) - w, dtype=np.int64)
         n = snap_keep(pos, P, k, P - w, kg, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig,
-                      t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend, pend_v)
+                      t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend, pend_v, True)
         if n < 0:
             return None
         if n:

@@ -481,3 +481,44 @@ def test_snapkv_select_from_terms_equals_select(name, layered, prompt, decode, b
     assert got is None or np.array_equal(got, want)
     if sigma == 1.5:
         assert got is not None
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from([1, 3, 8]), st.integers(1, 2500), st.integers(0, 40), st.floats(0.0, 0.5),
+       st.sampled_from([1, 3, 7, 9, 33, 35]), st.sampled_from([1.5, 4.0, 1e-9, 0.0]),
+       st.sampled_from([0, 0, 300, 777]), st.sampled_from([16.0, 5.5, 40.0]),
+       st.integers(0, 2**32 - 1))
+def test_snap_keep_bounded_scoring_keeps_what_scoring_every_candidate_keeps(
+        H, prompt, decode, holes, kernel, sigma, step, corr, seed):
+    """``snap_keep`` with ``bound`` (a group scores only the segments whose upper bound on the
+    pooled log-score reaches its threshold) gives the keep mask, the band rows and their
+    scores that scoring every candidate gives: holes in the groups' slots, per-group budgets
+    from 1 to every candidate, kernels up to the widest the bound takes and past it, sinks,
+    rounds at step 0 and mid-drift, lattice spacings that do not divide the segments,
+    near-ties and ties (sigma 1e-9, 0)."""
+    from policies.pooled_round import snap_keep
+    from policies.selection import KEY_EPS
+    rng = np.random.default_rng(seed)
+    lay = PagedLayout(B, H, prompt, request_key=int(rng.integers(0, 1000)))
+    lay.fill(prompt + decode)
+    for g in range(H):
+        lay.slot_pos[g, rng.random(lay.allocated_slots) < holes] = -1
+    imp = ImportanceModel(ImportanceParams(sigma=sigma, sink_tokens=int(rng.integers(0, 40)),
+                                           correlation_length=corr),
+                          seed=int(rng.integers(0, 5)))
+    seq = lay.next_position
+    t = imp.log_score_terms(lay.request_key, H, step, seq, seq, static_lattice=True)
+    w = int(rng.integers(0, 40))
+    kg = rng.integers(1, prompt + 2, H).astype(np.int64)
+    out = []
+    for bound in (True, False):
+        keep = np.zeros(lay.slot_pos.shape, dtype=bool)
+        pend = np.zeros((1 << 14, 4), dtype=np.int64)
+        pend_v = np.zeros(1 << 14)
+        n = snap_keep(lay.slot_pos, prompt, kernel, max(prompt - w, 0), kg, t.ip_i, t.ip_f,
+                      t.static, t.drift, t.consts, t.sig, t.lm, t.sink, t.seq_len, KEY_EPS, keep,
+                      pend, pend_v, bound)
+        out.append((n, keep, pend[:max(n, 0)], pend_v[:max(n, 0)]))
+    (n1, k1, p1, v1), (n0, k0, p0, v0) = out
+    assert n1 == n0
+    assert np.array_equal(k1, k0) and np.array_equal(p1, p0) and np.array_equal(v1, v0)
