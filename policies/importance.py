@@ -350,6 +350,25 @@ class ImportanceModel:
             self._memo.move_to_end(mk)
         return arr
 
+    def _still_drift_arr(self, key: int, streams: tuple, epoch: int, need: int) -> np.ndarray:
+        """:meth:`_drift_arr`'s layout at a step where the drift's second epoch has weight
+        ``sin th = 0``: the rows of ``epoch`` as there, the rows of ``epoch + 1`` zeros (a
+        still round reads only the first epoch's field; the second's lattice is not drawn).
+        Memoised apart from :meth:`_drift_arr`'s."""
+        mk = (key, streams, "still drift", epoch)
+        arr = self._memo.get(mk)
+        if arr is None or arr.shape[1] < need - 1:
+            a = self._lattice_arr(key, streams, epoch, need)
+            S = len(streams)
+            w = a.shape[1] - 1
+            arr = np.zeros((4 * S, w), dtype=np.float64)
+            arr[:S] = a[:, :w]
+            arr[2 * S:3 * S] = a[:, 1:w + 1]
+            arr = self._remember(mk, arr)
+        else:
+            self._memo.move_to_end(mk)
+        return arr
+
     def _stream(self, key: int, streams: tuple, pos: np.ndarray, step: int, ip,
                 hi: Optional[int] = None) -> np.ndarray:
         """``Z_s(p, step)`` of each stream in ``streams`` (module docstring): one row each. The
@@ -517,7 +536,9 @@ class ImportanceModel:
         are asked with it): the same memos and, for sink positions, the same numpy
         expression of their recency terms. ``static_lattice``: ``static`` holds the static
         fields' lattice values instead of the dense memo, and ``consts`` a sixth entry, the
-        memo's scale sqrt(1 - drift) (for :func:`log_score_lattice_at`)."""
+        memo's scale sqrt(1 - drift) (for :func:`log_score_lattice_at`); at a step where the
+        drift's second epoch has weight ``sin th = 0`` its rows in ``drift`` are zeros
+        (:meth:`_still_drift_arr`: the compiled rounds read the first epoch only there)."""
         if not self._fused:
             return None
         p = self.params
@@ -545,7 +566,8 @@ class ImportanceModel:
         streams = (_SHARED,) + tuple(range(num_groups))
         e, r = divmod(int(step), int(p.drift_period))
         th = 0.5 * math.pi * r / p.drift_period
-        dr = self._drift_arr(request_key, streams, e, need)
+        dr = (self._still_drift_arr(request_key, streams, e, need) if static_lattice and r == 0
+              else self._drift_arr(request_key, streams, e, need))
         scale = math.sqrt(1.0 - p.drift)
         st = (self._lattice_arr(request_key, streams, _STATIC, need) if static_lattice
               else self._static_arr(request_key, streams, scale, hi))

@@ -457,13 +457,16 @@ def test_kth_largest_is_numpys_partition_value(n, seed, kind):
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(["snapkv", "pyramidkv", "ada_kv"]), st.booleans(), st.integers(1, 1500),
        st.integers(0, 2), st.integers(33, 600), st.sampled_from([7, 1, 3, 9]),
-       st.sampled_from([32, 8]), st.sampled_from([1.5, 1e-9, 0.0]), st.integers(0, 2**32 - 1))
+       st.sampled_from([32, 8]), st.sampled_from([1.5, 1e-9, 0.0]), st.sampled_from([0, 1024, 700]),
+       st.integers(0, 2**32 - 1))
 def test_snapkv_select_from_terms_equals_select(name, layered, prompt, decode, budget, kernel,
-                                                window, sigma, seed):
+                                                window, sigma, step, seed):
     """SnapKV, PyramidKV and Ada-KV rounds from log-scores pooled in the log domain
     (``select_from_terms`` with the static fields' lattice) keep what ``select`` keeps on
     ``score_slots``' float32 scores: max pooling of any odd kernel, observation windows, decode
-    tokens, per-head and per-layer groups, near-ties and ties (sigma 1e-9, 0)."""
+    tokens, per-head and per-layer groups, near-ties and ties (sigma 1e-9, 0), at steps where
+    the drift's second epoch has no weight (0 and 1024: its lattice is not drawn) and mid-drift
+    (700)."""
     rng = np.random.default_rng(seed)
     modes = {"snapkv": ("per_head", "union"), "pyramidkv": ("per_layer", "per_layer_per_head"),
              "ada_kv": ("per_head", "per_layer_per_head")}[name]
@@ -474,8 +477,8 @@ def test_snapkv_select_from_terms_equals_select(name, layered, prompt, decode, b
     lay.fill(prompt + decode)
     imp = ImportanceModel(ImportanceParams(sigma=sigma, sink_tokens=int(rng.integers(0, 6))),
                           seed=int(rng.integers(0, 5)))
-    want = pol.select(lay, score_slots(imp, lay, step=0), prompt + decode, 0)
-    terms = imp.log_score_terms(lay.request_key, H, 0, lay.next_position, lay.next_position,
+    want = pol.select(lay, score_slots(imp, lay, step=step), prompt + decode, step)
+    terms = imp.log_score_terms(lay.request_key, H, step, lay.next_position, lay.next_position,
                                 static_lattice=True)
     got = pol.select_from_terms(lay, terms, prompt + decode)
     assert got is None or np.array_equal(got, want)
