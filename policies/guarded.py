@@ -126,6 +126,35 @@ def _bounds(g, first, cpos, fa, ia, fv, lm, n_sink, logm, aged):  # pragma: no c
                                          aged)
 
 
+@inline
+def _kth_smallest(a, n, k):  # pragma: no cover (compiled)
+    """The ``k``-th smallest (from 0) of ``a[:n]`` (finite floats): ``np.partition(a[:n],
+    k)[k]``'s value, by quickselect on a copy (Hoare's partition, middle pivot)."""
+    b = a[:n].copy()
+    lo = 0
+    hi = n - 1
+    while lo < hi:
+        x = b[(lo + hi) // 2]
+        i = lo
+        j = hi
+        while i <= j:
+            while b[i] < x:
+                i += 1
+            while b[j] > x:
+                j -= 1
+            if i <= j:
+                b[i], b[j] = b[j], b[i]
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j
+        elif k >= i:
+            lo = i
+        else:
+            break
+    return b[k]
+
+
 @kernel("void(i8, i8, i8[:, :], f8[:, :, :], i8[:, :], f8[:])")
 def _guard_level(g, m, cpos, fa, ia, fv):  # pragma: no cover (compiled)
     """Group ``g``'s guard level from its bounds: the m-th smallest (+inf when ``m`` reaches
@@ -137,7 +166,7 @@ def _guard_level(g, m, cpos, fa, ia, fv):  # pragma: no cover (compiled)
         fv[_F_L + g] = np.inf
         ia[_ND, g] = ng
         return
-    thr = np.partition(lo[:ng].copy(), m - 1)[m - 1]
+    thr = _kth_smallest(lo, ng, m - 1)
     fv[_F_L + g] = thr
     j = 0
     for i in range(ng):
@@ -282,7 +311,7 @@ def _threshold(g, d, fresh, key, cpos, fa, ia, fv, prm, c, s, lm, seq_len, n_sin
                 for i in range(1, ndg):
                     thr = min(thr, key[i])
             else:
-                thr = np.partition(key[:ndg].copy(), d - 1)[d - 1]
+                thr = _kth_smallest(key, ndg, d - 1)
             if thr + 2.0 * KEY_EPS < fv[_F_L + g]:
                 return thr, ndg, fresh
         # the bounds hold all window long: a larger danger set from them
@@ -481,6 +510,9 @@ class GuardedRanking:
     MIN_DANGER = 32
     #: evictions a group may take in one round on this path (more: the caller's full round)
     MAX_EVICT = 64
+    #: positions past the sequence a newly fetched static field covers (new candidates join
+    #: one a step: the field is fetched again every AHEAD steps at most)
+    AHEAD = 512
 
     def __init__(self, policy, imp, k: np.ndarray, start: int, floor: int, recent: int,
                  cand: list):
@@ -596,8 +628,13 @@ class GuardedRanking:
         sa = self.streams
         if new_epoch or (floor > self.floor and (floor > sa[2].shape[1] or floor > sa[0].shape[1]
                                                  or sa[0][0, floor - 1] >= sa[3].shape[1])):
-            # (the epoch's memos, fetched again when new candidates pass their ends)
-            tab, static, drift, consts = imp.stream_terms(request_key, H, step, max(seq, 1))
+            # (the epoch's memos, fetched again when new candidates pass their ends; the
+            # static field held is kept while it covers them, and a new one reaches AHEAD
+            # positions further)
+            held = sa[2] if sa is not None and sa[2].shape[1] >= max(seq, 1) else None
+            tab, static, drift, consts = imp.stream_terms(
+                request_key, H, step, max(seq, 1) + (0 if held is not None else self.AHEAD),
+                static=held)
             sa = self.streams = (tab[0], tab[1], static, drift, consts,
                                  imp._sigma(request_key, H))
         if floor - self.floor > self.room:
@@ -637,7 +674,8 @@ class GuardedRanking:
         certain ones, and of the band, the ``places left`` smallest by the exact key (the
         model's float32 score, times m in float64 for H2O; ties evict the higher position,
         as ``topk_mask`` keeps the lower slot). Removed from the state as the kernel does."""
-        t = self.imp.log_score_terms(request_key, self.cpos.shape[0], step, seq, seq)
+        t = self.imp.log_score_terms(request_key, self.cpos.shape[0], step, seq, seq,
+                                     static=self.streams[2])
         out = []
         for g in np.unique(pend[:, 0]):
             rows = pend[pend[:, 0] == g]

@@ -312,8 +312,12 @@ class ImportanceModel:
         of each stream at every position ``0..>= hi-1`` (``float64[len(streams), >= hi]``)."""
         def field(have: int, n: int) -> np.ndarray:
             new = np.arange(have, n, dtype=np.int64)
-            ext = self._field(key, streams, _STATIC, new, self._interp(new))
-            return ext if scale == 1.0 else scale * ext
+            i0, i1, t, omt, den, need = self._interp(new)
+            # (_field's arithmetic, then the scale, in one compiled pass)
+            ext = np.empty((len(streams), n - have), dtype=np.float64)
+            _interp_rows(self._lattice_arr(key, streams, _STATIC, need), i0, i1, t, omt, den,
+                         scale, ext)
+            return ext
 
         return self._prefix((key, streams, "static", scale), hi, 0, 1024, field)
 
@@ -528,7 +532,8 @@ class ImportanceModel:
         return out
 
     def log_score_terms(self, request_key: int, num_groups: int, step: int, seq_len: int,
-                        hi: int, static_lattice: bool = False) -> Optional["LogScoreTerms"]:
+                        hi: int, static_lattice: bool = False,
+                        static: Optional[np.ndarray] = None) -> Optional["LogScoreTerms"]:
         """The :class:`LogScoreTerms` of ``request_key``'s scores at ``step`` with recency
         anchor ``seq_len``, for positions ``0..hi-1`` (``hi >= 1``), or None when
         :attr:`_fused` does not hold. ``f32(exp(log_score_at(g, p, *terms)))`` is the very
@@ -538,11 +543,13 @@ class ImportanceModel:
         fields' lattice values instead of the dense memo, and ``consts`` a sixth entry, the
         memo's scale sqrt(1 - drift) (for :func:`log_score_lattice_at`); at a step where the
         drift's second epoch has weight ``sin th = 0`` its rows in ``drift`` are zeros
-        (:meth:`_still_drift_arr`: the compiled rounds read the first epoch only there)."""
+        (:meth:`_still_drift_arr`: the compiled rounds read the first epoch only there).
+        ``static``: as :meth:`stream_terms` takes it."""
         if not self._fused:
             return None
         p = self.params
-        tab, st, dr, consts = self.stream_terms(request_key, num_groups, step, hi, static_lattice)
+        tab, st, dr, consts = self.stream_terms(request_key, num_groups, step, hi, static_lattice,
+                                                static)
         ns = min(int(p.sink_tokens), hi)
         sink = _NO_SINK
         if ns > 0:
@@ -556,9 +563,13 @@ class ImportanceModel:
                              self._lm_table(int(seq_len)), sink, int(seq_len))
 
     def stream_terms(self, request_key: int, num_groups: int, step: int, hi: int,
-                     static_lattice: bool = False) -> tuple:
+                     static_lattice: bool = False, static: Optional[np.ndarray] = None) -> tuple:
         """The stream part of :meth:`log_score_terms` (:attr:`_fused` must hold): ``((ip_i,
-        ip_f), static, drift, consts)``, without the recency terms."""
+        ip_f), static, drift, consts)``, without the recency terms. ``static``: the ``static``
+        an earlier call for this request and ``num_groups`` returned (without
+        ``static_lattice``), returned again when it covers ``hi`` positions (each value is a
+        pure function of its position), so a request whose memo entry the LRU dropped in
+        between does not compute it again."""
         p = self.params
         rho = float(p.head_correlation)
         tab = self._ip_table(hi)
@@ -569,8 +580,12 @@ class ImportanceModel:
         dr = (self._still_drift_arr(request_key, streams, e, need) if static_lattice and r == 0
               else self._drift_arr(request_key, streams, e, need))
         scale = math.sqrt(1.0 - p.drift)
-        st = (self._lattice_arr(request_key, streams, _STATIC, need) if static_lattice
-              else self._static_arr(request_key, streams, scale, hi))
+        if static_lattice:
+            st = self._lattice_arr(request_key, streams, _STATIC, need)
+        elif static is not None and static.shape[1] >= hi:
+            st = static
+        else:
+            st = self._static_arr(request_key, streams, scale, hi)
         consts = np.array([math.cos(th), math.sin(th), math.sqrt(p.drift), math.sqrt(rho),
                            math.sqrt(1.0 - rho)] + ([scale] if static_lattice else []))
         return tab, st, dr, consts
@@ -637,6 +652,18 @@ def score_slots(source, layout, step: int = 0, seq_len: Optional[int] = None,
     sc = source.scores(layout.request_key, pos_all, H, step=step, seq_len=max(seq, int(pos_all[-1]) + 1))
     _scatter_groups(slot_pos, lo, rank, np.ascontiguousarray(sc, dtype=np.float32), out)
     return out
+
+
+@kernel("void(f8[:, :], i8[:], i8[:], f8[:], f8[:], f8[:], f8, f8[:, :])")
+def _interp_rows(lat, i0, i1, t, omt, den, scale, out):  # pragma: no cover (compiled)
+    """``out[s, j] = scale x ((omt[j] lat[s, i0[j]] + t[j] lat[s, i1[j]]) / den[j])`` (the
+    scale left out when 1.0): :meth:`ImportanceModel._field`'s interpolation of lattice
+    ``lat`` at positions with interpolation terms ``i0, i1, t, omt, den``, and the static
+    memo's scale, element by element in numpy's order."""
+    for r in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            v = (omt[j] * lat[r, i0[j]] + t[j] * lat[r, i1[j]]) / den[j]
+            out[r, j] = v if scale == 1.0 else scale * v
 
 
 @kernel("i8(i4[:, :], i8, i8[:], i8[:])")
