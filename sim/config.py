@@ -21,7 +21,7 @@ from omegaconf import MISSING, OmegaConf
 from policies import POLICY_CONFIGS, CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
-from .folders import blocking_file, foreign_folder, uncreatable_folder
+from .folders import RUN_LOCK, blocking_file, foreign_folder, uncreatable_folder
 
 
 @dataclass
@@ -362,15 +362,18 @@ def _run_dir(output_dir, default: str) -> str:
     created or written (:func:`sim.folders.uncreatable_folder`) gives a folder under the
     system's temporary directory instead, so Hydra can create its run directory (and log file)
     without writing into or beside it; the job then reports the bad ``output.dir`` itself (one
-    clear line, exit 2)."""
+    clear line, exit 2). So does a folder another kvsim process holds (its lock,
+    :func:`sim.run.hold_output_dir`): the refused run writes nothing there, not even its log."""
     if output_dir is None or str(output_dir) == "":
         return default
     import os
     import tempfile
 
+    from .locks import held_by_another
+
     p = Path(str(output_dir))
     if blocking_file(p) is not None or foreign_folder(p) is not None \
-            or uncreatable_folder(p) is not None:
+            or held_by_another(p / RUN_LOCK) or uncreatable_folder(p) is not None:
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
 

@@ -111,6 +111,8 @@ def blocked_folder(path: Path) -> Optional[str]:
     return "exists and is not a folder" if f == path else f"{f} is a file, not a folder"
 
 
+# In a results folder while a run writes there: "<host> <pid>" (sim.locks, sim.run.hold_output_dir)
+RUN_LOCK = ".kvsim_running"
 SWEEP_ID = ".kvsim_sweep_id"
 # In a multirun job's Hydra folder when ``output.dir`` put its results elsewhere: that folder's
 # absolute path (kvsim-collect follows it, so collecting the sweep folder finds every job).
@@ -159,25 +161,52 @@ def config_fingerprint(config) -> str:
     return xxhash.xxh3_128_hexdigest(json.dumps(c, sort_keys=True, default=repr).encode())
 
 
-def output_files_problem(run_dir, summary: dict, sizes: bool = True) -> str | None:
+def file_digest(path) -> str:
+    """xxh3-128 (hex) of the bytes of the file ``path`` (read in 1 MiB chunks); OSError when
+    it cannot be read. A run records it for each file it wrote (summary.json
+    ``output_files``)."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def output_files_problem(run_dir, summary: dict, sizes: bool = True,
+                         contents: bool = False) -> str | None:
     """What is wrong with the files a run's ``summary.json`` (``summary``, a dict) lists in
-    ``output_files`` (``[[file name, bytes], ...]``, written by :func:`sim.run.run_simulation`;
-    absent in summaries of kvsim before b5d3cad, which pass): a malformed list, a file gone,
-    or, with ``sizes``, one of another size than written. None when all are as written.
-    ``output.skip_completed`` (:func:`sim.run.is_complete`) reruns such a run; ``kvsim-collect``
-    lists it as failed (without ``sizes``: it reads the tables themselves)."""
+    ``output_files`` (``[[file name, bytes, xxh3-128 hex of the content], ...]``, written by
+    :func:`sim.run.run_simulation`; entries of two, without the digest, in summaries of kvsim
+    before the digest was recorded; no list at all before b5d3cad, which passes): a malformed
+    list, a file gone, with ``sizes`` one of another size than written, with ``contents`` one
+    whose bytes differ from those written (:func:`file_digest`; a same-size corruption or
+    edit). None when all are as written. ``output.skip_completed`` (:func:`sim.run.is_complete`)
+    reruns such a run; ``kvsim-collect`` lists it as failed (without ``sizes``: it reads the
+    tables themselves)."""
     files = summary.get("output_files")
     if files is not None and not isinstance(files, list):
-        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes]"
+        return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes, digest]"
     for f in files or []:
-        if not (isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
-                and isinstance(f[1], int) and not isinstance(f[1], bool)):
-            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes]"
+        if not (isinstance(f, list) and len(f) in (2, 3) and isinstance(f[0], str)
+                and isinstance(f[1], int) and not isinstance(f[1], bool)
+                and (len(f) == 2 or isinstance(f[2], str))):
+            return f"summary.json's output_files entry {str(f)[:40]!r} is not [file name, bytes, digest]"
         p = Path(run_dir) / f[0]
         if not p.is_file():
             return f"{f[0]} is missing (the run wrote it, {f[1]:,} bytes)"
         if sizes and p.stat().st_size != f[1]:
             return f"{f[0]} is {p.stat().st_size:,} bytes, the run wrote {f[1]:,}"
+        if contents and len(f) == 3:
+            try:
+                same = file_digest(p) == f[2]
+            except OSError as e:
+                return f"{f[0]} cannot be read ({type(e).__name__}: {e.strerror or e})"
+            if not same:
+                return (f"{f[0]}'s content differs from what the run wrote (its xxh3-128 digest "
+                        f"is not the one summary.json records: the file was altered or "
+                        f"corrupted since)")
     return None
 
 

@@ -118,6 +118,18 @@ def hold(path: Path) -> Held:
     raise Busy(path, "processes that keep taking and letting go of it")
 
 
+def held_by_another(path: Path) -> bool:
+    """Whether a process other than this one holds the lock file ``path`` now (:func:`is_held`,
+    its text naming another host or process id than this process's)."""
+    if not is_held(path):
+        return False
+    try:
+        words = Path(path).read_text(errors="replace").split()
+    except OSError:
+        return True
+    return words != [socket.gethostname(), str(os.getpid())]
+
+
 def is_held(path: Path) -> bool:
     """Whether some process holds the lock file ``path`` now (False when there is no such
     file). The probe takes a shared ``flock`` for an instant: it never blocks and leaves the

@@ -31,12 +31,11 @@ from .config import CONF_DIR
 from .cost_models import build_cost_model
 from .engine import Simulator
 from .errors import Busy, ConfigError, OutputDirBusy
-from .folders import blocked_folder, output_files_problem
+from .folders import RUN_LOCK, blocked_folder, file_digest, output_files_problem
 from .hardware import kv_bytes_per_block, kv_bytes_per_token, plan_memory
 from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
 MARKER = "INCOMPLETE"
-RUN_LOCK = ".kvsim_running"  # in a results folder while a run writes there: "<host> <pid>"
 
 
 def hold_output_dir(out: Path, name: str | None = None):
@@ -146,10 +145,28 @@ def input_files(cfg) -> dict:
     return out
 
 
+def altered_results(out_dir) -> str | None:
+    """Why the run in ``out_dir``, whose summary.json says it completed (no INCOMPLETE
+    marker), no longer holds the results it wrote: a file its ``output_files`` lists gone,
+    of another size or with other content (:func:`sim.folders.output_files_problem`). None
+    when they are as written, or when the folder holds no completed run."""
+    p = Path(out_dir)
+    if (p / MARKER).exists():
+        return None
+    try:
+        s = json.loads((p / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(s, dict) or s.get("complete") is not True:
+        return None
+    return output_files_problem(p, s, contents=True)
+
+
 def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
                 inputs=_ANY, fingerprint=_ANY) -> bool:
     """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
-    every file its ``output_files`` lists still there with the size written) and, when
+    every file its ``output_files`` lists still there with the size and content written,
+    :func:`sim.folders.output_files_problem`) and, when
     ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
     sweep directory with a changed grid is rerun, not skipped), and when ``trace_input`` is given
     (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
@@ -169,7 +186,7 @@ def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
         return False
     if overrides is not None and list(s.get("overrides") or []) != list(overrides):
         return False
-    if output_files_problem(p, s) is not None:
+    if output_files_problem(p, s, contents=True) is not None:
         return False
     if inputs is not _ANY and s.get("input_files", {}) != inputs:
         return False
@@ -556,9 +573,10 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         # the config record's fingerprint: kvsim-collect and output.skip_completed check that
         # the record beside this summary is this run's
         summary["config_fingerprint"] = record_fingerprint or config_fingerprint(cfg)
-        # the files this run wrote, with their sizes: output.skip_completed reruns a run whose
-        # tables were deleted or truncated since (is_complete)
-        summary["output_files"] = [[f, (out / f).stat().st_size] for f in sorted(written)]
+        # the files this run wrote, with their sizes and content digests: output.skip_completed
+        # reruns a run whose tables were deleted, truncated or altered since (is_complete)
+        summary["output_files"] = [[f, (out / f).stat().st_size, file_digest(out / f)]
+                                   for f in sorted(written)]
         summary["wall"]["wall_s"] = time.perf_counter() - wall0
         summary["wall"]["peak_rss_mb"] = _peak()
         _write_json(summary, out / "summary.json")

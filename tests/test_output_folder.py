@@ -206,7 +206,8 @@ def test_cli_log_is_the_record_of_the_run_beside_it(tmp_path):
 
 def test_a_folder_another_live_run_holds_is_refused_untouched(tmp_path):
     """A run holds its folder (the lock of sim.run.RUN_LOCK) while it writes there; a second
-    run into it is refused without touching it (exit 2), naming the holder."""
+    run into it is refused without touching it (exit 2), naming the holder: it writes nothing
+    there, not even a line of its log (its one error line goes to stderr)."""
     import socket
 
     from sim.locks import hold
@@ -216,15 +217,16 @@ def test_a_folder_another_live_run_holds_is_refused_untouched(tmp_path):
     out.mkdir()
     (out / "summary.json").write_text("{}")  # (stands for the running run's results)
     held = hold(out / RUN_LOCK)  # (this process stands for the running run)
+    (out / "cli.log").write_text("the running run's log\n")
     r = run_kvsim(out, "trace.max_requests=5", "output.print_summary=false")
     names = sorted(p.name for p in out.iterdir())
     held.release()
     assert r.returncode == 2, r.stderr[-1500:]
     assert (f"kvsim: error: output.dir={out}: another kvsim run (process {os.getpid()} on "
             f"{socket.gethostname()}) is writing its results there") in r.stderr
-    # (Hydra's log of the refused run is appended to the folder's cli.log, nothing else)
     assert names == sorted([RUN_LOCK, "cli.log", "summary.json"])
     assert (out / "summary.json").read_text() == "{}"
+    assert (out / "cli.log").read_text() == "the running run's log\n"
 
 
 def test_a_killed_runs_lock_is_taken_over_and_released(tmp_path):

@@ -113,9 +113,11 @@ def test_chdir_relative_calibration_results_line_and_wide_title(tmp_path):
 
 def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     """``output.skip_completed=true`` checks the tables as well as summary.json: summary.json
-    lists the files the run wrote with their sizes (``output_files``); a run missing one, or
-    with one of another size, is rerun; an untouched one is still skipped; a hand-edited
-    summary.json is not a complete run."""
+    lists the files the run wrote with their sizes and content digests (``output_files``); a
+    run missing one, or with one of another size or another content of the same size, is rerun
+    (the altered one with a note naming the file); an untouched one is still skipped; a
+    hand-edited summary.json is not a complete run."""
+    from sim.folders import file_digest
     from sim.run import is_complete
 
     out = tmp_path / "run"
@@ -123,9 +125,10 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
             *QUIET, "output.skip_completed=true"]
     _kvsim(*args)
     s = json.loads((out / "summary.json").read_text())
-    names = [f for f, _ in s["output_files"]]
+    names = [f[0] for f in s["output_files"]]
     assert {"requests.parquet", "steps.parquet", "transfers.parquet", "rounds.parquet"} <= set(names)
-    assert all((out / f).stat().st_size == n for f, n in s["output_files"])
+    assert all((out / f).stat().st_size == n for f, n, _ in s["output_files"])
+    assert all(file_digest(out / f) == h for f, _, h in s["output_files"])
     assert is_complete(out)
     mt = (out / "summary.json").stat().st_mtime_ns
     _kvsim(*args)  # untouched: skipped
@@ -133,6 +136,17 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     (out / "steps.parquet").unlink()
     assert not is_complete(out)
     _kvsim(*args)  # a table deleted: rerun, the table is back
+    assert (out / "steps.parquet").is_file() and is_complete(out)
+    with open(out / "steps.parquet", "r+b") as f:  # a byte altered, the size kept
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert not is_complete(out)
+    r = _kvsim(*args)  # rerun, with a note saying why
+    assert (f"kvsim: note: output.skip_completed: {out} is run again: steps.parquet's content "
+            f"differs from what the run wrote") in " ".join(r.stderr.split()), r.stderr
+    pd.read_parquet(out / "steps.parquet")
     assert (out / "steps.parquet").is_file() and is_complete(out)
     with open(out / "requests.parquet", "r+b") as f:  # truncated
         f.truncate(100)
@@ -143,7 +157,7 @@ def test_skip_completed_reruns_a_run_whose_tables_were_lost(tmp_path):
     # a hand-edited summary.json is not a complete run
     good = (out / "summary.json").read_text()
     for bad in (5, True, "abc", {"a": 1}, [{"a": 1}], [["steps.parquet", "x"]], [[1, 2]],
-                [["steps.parquet", True]], [["steps.parquet"]]):
+                [["steps.parquet", True]], [["steps.parquet"]], [["steps.parquet", 5, 7]]):
         (out / "summary.json").write_text(json.dumps({**json.loads(good), "output_files": bad}))
         assert not is_complete(out), bad
     for bad in ([], "x", 3):

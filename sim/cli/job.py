@@ -26,16 +26,19 @@ from .report import format_summary, run_notes
 log = logging.getLogger("kvsim")
 
 
-def _run_record() -> logging.Logger:
+def _run_record(away_from: Path | None = None) -> logging.Logger:
     """A logger that writes only to the job's log files (Hydra's ``cli.log`` in the run
-    folder), not to the console: the run's record, beside what ``kvsim`` prints."""
+    folder), not to the console: the run's record, beside what ``kvsim`` prints. With
+    ``away_from`` (a folder this run must not write: another run holds it), the log files in
+    that folder are left out."""
     rec = logging.getLogger("kvsim.record")
     rec.propagate = False
     rec.setLevel(logging.INFO)
     for h in list(rec.handlers):
         rec.removeHandler(h)
     for h in logging.getLogger().handlers:
-        if isinstance(h, logging.FileHandler):
+        if isinstance(h, logging.FileHandler) and not (
+                away_from is not None and _same_folder(Path(h.baseFilename).parent, away_from)):
             rec.addHandler(h)
     return rec
 
@@ -188,7 +191,7 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
     from ..callbacks import input_files_or_unknown, trace_input
     from ..folders import config_fingerprint, run_overrides
     from ..errors import OutputDirBusy
-    from ..run import hold_output_dir, is_complete, run_simulation
+    from ..run import altered_results, hold_output_dir, is_complete, run_simulation
 
     from omegaconf import OmegaConf
 
@@ -240,8 +243,16 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
             OmegaConf.update(cfg.policy, key, None)
 
     def complete_already() -> bool:
-        return bool(cfg.output.skip_completed) and is_complete(
-            out_dir, overrides, trace_input(cfg.trace), input_files_or_unknown(cfg), run_fp)
+        if not cfg.output.skip_completed:
+            return False
+        if is_complete(out_dir, overrides, trace_input(cfg.trace), input_files_or_unknown(cfg),
+                       run_fp):
+            return True
+        why = altered_results(out_dir)
+        if why is not None:
+            write_line(sys.stderr, f"kvsim: note: output.skip_completed: {out_dir} is run "
+                                   f"again: {why}")
+        return False
 
     def skipped() -> None:
         log.info("skipping %s: already complete", os.path.abspath(out_dir))
@@ -294,11 +305,13 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
 
     def refuse(msg: str, status: int = 2) -> str:
         """Report this job's failure before it wrote anything into ``out_dir`` (another
-        process's folder): on stderr, in the job's log and, in a sweep, in the job's own
-        folder when that is not ``out_dir``; a single run exits."""
+        process's folder): on stderr, in the job's log when that is not in ``out_dir`` and, in
+        a sweep, in the job's own folder when that is not ``out_dir``; a single run exits
+        (removing Hydra's temporary run folder, :func:`sim.config._run_dir`)."""
         print(f"kvsim: error: {msg}", file=sys.stderr)
-        _run_record().info("kvsim: error: %s", msg)  # (the job's cli.log)
+        _run_record(away_from=out_dir).info("kvsim: error: %s", msg)  # (the job's cli.log)
         if not multirun:
+            _drop_rejected_run_dir(hc)
             sys.exit(status)
         if not _same_folder(job_dir, out_dir):  # (the sweep's failure report lists it)
             try:
