@@ -173,8 +173,10 @@ def _note_first_compile(disp) -> None:
         return
     if not os.path.exists(index):
         _checked[0] = True
-        print("kvsim: compiling the simulator's kernels (the first run of an install takes "
-              "~10-20 s more; numba caches them for the next runs)", file=sys.stderr, flush=True)
+        # (one write, newline included: a sweep's parallel jobs' lines never join)
+        sys.stderr.write("kvsim: compiling the simulator's kernels (the first run of an install "
+                         "takes ~10-20 s more; numba caches them for the next runs)\n")
+        sys.stderr.flush()
 
 
 class _LazyKernel(CPUDispatcher):

@@ -7,7 +7,8 @@
   :func:`sweep_root`, :func:`stale_job`);
 * what identifies a run (:func:`run_overrides`, :func:`config_fingerprint`), the files its
   summary lists (:func:`output_files_problem`) and the INCOMPLETE marker of a failed run
-  (:func:`failure_marker`).
+  (:func:`failure_marker`); whether a folder holds a complete run (:func:`is_complete`,
+  :func:`altered_results`).
 
 Used by the Hydra config (:func:`sim.config._run_dir`), :mod:`sim.run`, the CLI, the Hydra
 callbacks (:mod:`sim.callbacks`) and ``kvsim-collect``; imports nothing of kvsim.
@@ -15,6 +16,7 @@ callbacks (:mod:`sim.callbacks`) and ``kvsim-collect``; imports nothing of kvsim
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -208,6 +210,60 @@ def output_files_problem(run_dir, summary: dict, sizes: bool = True,
                         f"is not the one summary.json records: the file was altered or "
                         f"corrupted since)")
     return None
+
+
+MARKER = "INCOMPLETE"  # in a results folder while its run is in progress, or failed
+_ANY = object()
+
+
+def altered_results(out_dir) -> str | None:
+    """Why the run in ``out_dir``, whose summary.json says it completed (no INCOMPLETE
+    marker), no longer holds the results it wrote: a file its ``output_files`` lists gone,
+    of another size or with other content (:func:`output_files_problem`). None
+    when they are as written, or when the folder holds no completed run."""
+    p = Path(out_dir)
+    if (p / MARKER).exists():
+        return None
+    try:
+        s = json.loads((p / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(s, dict) or s.get("complete") is not True:
+        return None
+    return output_files_problem(p, s, contents=True)
+
+
+def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
+                inputs=_ANY, fingerprint=_ANY) -> bool:
+    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
+    every file its ``output_files`` lists still there with the size and content written,
+    :func:`output_files_problem`) and, when
+    ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
+    sweep directory with a changed grid is rerun, not skipped), and when ``trace_input`` is given
+    (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
+    exactly that content (an edited or replaced trace file is rerun), and when ``inputs`` is
+    given (:func:`input_files`' dict), with a calibration and importance file of exactly that
+    content (a re-calibrated GPU is rerun), and when ``fingerprint`` is given
+    (:func:`sim.folders.config_fingerprint` of the config about to run), from that very
+    config (a summary of an older kvsim, which records none, passes)."""
+    p = Path(out_dir)
+    if (p / MARKER).exists() or not (p / "summary.json").exists():
+        return False
+    try:
+        s = json.loads((p / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(s, dict) or s.get("complete") is not True:
+        return False
+    if overrides is not None and list(s.get("overrides") or []) != list(overrides):
+        return False
+    if output_files_problem(p, s, contents=True) is not None:
+        return False
+    if inputs is not _ANY and s.get("input_files", {}) != inputs:
+        return False
+    if fingerprint is not _ANY and s.get("config_fingerprint", fingerprint) != fingerprint:
+        return False
+    return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
 
 def failure_marker(msg: str, overrides: list[str]) -> str:

@@ -31,11 +31,11 @@ from .config import CONF_DIR
 from .cost_models import build_cost_model
 from .engine import Simulator
 from .errors import Busy, ConfigError, OutputDirBusy
-from .folders import RUN_LOCK, blocked_folder, file_digest, output_files_problem
+from .folders import (MARKER, RUN_LOCK, altered_results, blocked_folder, file_digest,  # noqa: F401
+                      is_complete)
 from .hardware import kv_bytes_per_block, kv_bytes_per_token, plan_memory
 from .metrics import TRANSFER_COLUMNS, Recorder, summarize
 
-MARKER = "INCOMPLETE"
 
 
 def hold_output_dir(out: Path, name: str | None = None):
@@ -118,7 +118,6 @@ def _clean_nan(x):
     return x
 
 
-_ANY = object()
 
 
 def input_files(cfg) -> dict:
@@ -143,56 +142,6 @@ def input_files(cfg) -> dict:
         p = Path(str(cfg.policy.importance_file))
         out["policy.importance_file"] = file_fingerprint(p) if p.is_file() else None
     return out
-
-
-def altered_results(out_dir) -> str | None:
-    """Why the run in ``out_dir``, whose summary.json says it completed (no INCOMPLETE
-    marker), no longer holds the results it wrote: a file its ``output_files`` lists gone,
-    of another size or with other content (:func:`sim.folders.output_files_problem`). None
-    when they are as written, or when the folder holds no completed run."""
-    p = Path(out_dir)
-    if (p / MARKER).exists():
-        return None
-    try:
-        s = json.loads((p / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(s, dict) or s.get("complete") is not True:
-        return None
-    return output_files_problem(p, s, contents=True)
-
-
-def is_complete(out_dir, overrides: list[str] | None = None, trace_input=_ANY,
-                inputs=_ANY, fingerprint=_ANY) -> bool:
-    """True if ``out_dir`` holds a finished run (summary.json with complete=true, no marker, and
-    every file its ``output_files`` lists still there with the size and content written,
-    :func:`sim.folders.output_files_problem`) and, when
-    ``overrides`` is given, that run was made with exactly these Hydra overrides (so a reused
-    sweep directory with a changed grid is rerun, not skipped), and when ``trace_input`` is given
-    (:func:`traces.input_fingerprint`'s list, or None for a generated trace), from a trace with
-    exactly that content (an edited or replaced trace file is rerun), and when ``inputs`` is
-    given (:func:`input_files`' dict), with a calibration and importance file of exactly that
-    content (a re-calibrated GPU is rerun), and when ``fingerprint`` is given
-    (:func:`sim.folders.config_fingerprint` of the config about to run), from that very
-    config (a summary of an older kvsim, which records none, passes)."""
-    p = Path(out_dir)
-    if (p / MARKER).exists() or not (p / "summary.json").exists():
-        return False
-    try:
-        s = json.loads((p / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(s, dict) or s.get("complete") is not True:
-        return False
-    if overrides is not None and list(s.get("overrides") or []) != list(overrides):
-        return False
-    if output_files_problem(p, s, contents=True) is not None:
-        return False
-    if inputs is not _ANY and s.get("input_files", {}) != inputs:
-        return False
-    if fingerprint is not _ANY and s.get("config_fingerprint", fingerprint) != fingerprint:
-        return False
-    return trace_input is _ANY or s.get("trace_input", _ANY) == trace_input
 
 
 def transfers_frame(tm) -> pd.DataFrame:

@@ -87,6 +87,70 @@ def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
     assert not (out / ".kvsim_running").exists()  # (the run's lock is let go)
 
 
+@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_leaves_no_folder_that_looks_complete(tmp_path, delay):
+    """Ctrl-C at any moment of a single run (while its modules are imported, while Hydra
+    composes the config and makes the run folder, or while it simulates) ends with one
+    ``kvsim: interrupted; ...`` line and exit status 130, no traceback, and leaves no results
+    folder, an empty one, or one marked INCOMPLETE: none that looks complete or unmarked."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*KVSIM, f"output.dir={out}", *LONG], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=120)[1].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode == -signal.SIGINT:  # (before Python's own handler was installed)
+        assert err == "" and not out.exists()
+        return
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Fatal Python error" not in err, err[-2000:]
+    assert err.splitlines()[-1].startswith("kvsim: interrupted; "), err[-2000:]
+    # (no folder, the empty folder the check of output.dir made, or the run's marked folder)
+    assert not out.exists() or not any(out.iterdir()) or (out / MARKER).exists(), \
+        sorted(p.name for p in out.iterdir())
+    assert not is_complete(out)
+
+
+_STOP_AT_RESULTS_LINE = """
+import sys
+
+class Stdout:
+    def __init__(self, f):
+        self.f = f
+    def write(self, t):
+        if t.startswith("results: "):
+            raise KeyboardInterrupt
+        return self.f.write(t)
+    def __getattr__(self, n):
+        return getattr(self.f, n)
+
+sys.stdout = Stdout(sys.stdout)
+from sim.cli import main
+main()
+"""
+
+
+def test_ctrl_c_after_the_results_are_written_leaves_a_complete_run_and_exit_0(tmp_path):
+    """A run whose results and summary are written is complete: Ctrl-C after that (here while
+    its ``results:`` line is printed) says so in one line and exits 0, the folder complete."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-c", _STOP_AT_RESULTS_LINE, f"output.dir={out}",
+                        "trace.max_requests=5", "sim.progress=false",
+                        "output.print_summary=false"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1] == (f"kvsim: interrupted; the run had completed: its results "
+                                         f"in {out} are complete"), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert is_complete(out)
+
+
 def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
     """SIGTERM to ``kvsim -m`` stops the sweep as Ctrl-C does: one line, exit 143, every process
     of the group gone (no orphaned joblib worker writing into job folders that a resumed sweep

@@ -12,6 +12,19 @@ function: one run into its results folder), :mod:`~sim.cli.report` (the summary 
 notes after a run), :mod:`~sim.cli.claims` (a sweep job's claim on its ``output.dir``).
 """
 
-from .entry import main
+import sys
+
+
+def main() -> None:
+    """The ``kvsim`` console script (:func:`sim.cli.entry.main`). Ctrl-C while its modules are
+    still being imported (the first second or so) ends with one line and exit status 130:
+    nothing has been written yet."""
+    try:
+        from .entry import main as run
+    except KeyboardInterrupt:
+        print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
+        sys.exit(130)
+    run()
+
 
 __all__ = ["main"]

@@ -1,5 +1,5 @@
 """``python -m sim.cli``: the ``kvsim`` command."""
 
-from .entry import main
+from . import main
 
 main()

@@ -45,7 +45,16 @@ def _app() -> None:
 
 
 def main() -> None:
-    """Console-script entry point (config and trace errors exit with status 2, one clear line)."""
+    """Console-script entry point (config and trace errors exit with status 2, one clear line;
+    Ctrl-C before the command reaches Hydra: one line, exit status 130)."""
+    try:
+        _main()
+    except KeyboardInterrupt:  # (before Hydra: nothing written yet)
+        print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main() -> None:
     import signal
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
@@ -83,7 +92,11 @@ def main() -> None:
         _app()
     except KeyboardInterrupt as e:
         if not sweep:
-            raise
+            from .job import interrupted_outside_run
+
+            state, status = interrupted_outside_run(args)
+            print(f"\nkvsim: interrupted; {state}", file=sys.stderr)
+            sys.exit(status)
         how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
         print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
               f"same command with output.skip_completed=true runs only those", file=sys.stderr)

@@ -116,6 +116,54 @@ def _drop_earlier_logs(sizes: dict) -> None:
             f.truncate()
 
 
+# the results folder of this process's single run once its results are complete (written, or
+# skipped as complete): a Ctrl-C after that leaves a complete run (interrupted_outside_run)
+completed_run: Path | None = None
+
+
+def interrupted_outside_run(overrides: list[str]) -> tuple[str, int]:
+    """What a single run stopped by Ctrl-C outside the simulation itself (while Hydra composes
+    the config and makes the run folder, before the run took its folder, or while the summary
+    is printed) leaves, and the exit status: ``("the run had completed: ...", 0)`` once its
+    results are complete (:data:`completed_run`: a run whose results and summary are written
+    is complete); otherwise status 130 and nothing written, an earlier complete run kept, or
+    the run folder Hydra made (the folder of its log file, ``cli.log``) marked INCOMPLETE with
+    the run's ``overrides`` (the command line's): it would otherwise be a run folder without
+    results or marker. Hydra's temporary folder of a rejected ``output.dir`` is removed."""
+    import shutil
+
+    from ..folders import MARKER, RUN_LOCK, failure_marker, is_complete, run_overrides
+    from ..locks import held_by_another
+
+    if completed_run is not None:
+        return f"the run had completed: its results in {completed_run} are complete", 0
+    logs = [Path(h.baseFilename).parent for h in logging.getLogger().handlers
+            if isinstance(h, logging.FileHandler)]
+    if not logs:  # (Hydra had not opened the run's log, in the folder it makes first)
+        return "nothing was run or written", 130
+    out = logs[0]
+    if out.name.startswith(REJECTED_RUN_PREFIX):
+        logging.shutdown()
+        shutil.rmtree(out, ignore_errors=True)
+        return "nothing was run or written", 130
+    if not out.is_dir() or held_by_another(out / RUN_LOCK):
+        return f"nothing was written to {out}", 130
+    if is_complete(out):
+        return f"nothing was written; {out} keeps an earlier complete run", 130
+    if not (out / MARKER).exists():
+        try:
+            (out / MARKER).write_text(failure_marker(
+                "interrupted (Ctrl-C) before the run started", run_overrides(overrides)))
+        except OSError:
+            return f"{out} holds no results (it could not be marked INCOMPLETE)", 130
+    return f"{out} is marked INCOMPLETE (no summary.json)", 130
+
+
+def _completed(out_dir: Path) -> None:
+    global completed_run
+    completed_run = out_dir
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM during a single run (``kill``, a scheduler's time limit): handled as Ctrl-C is,
     with its own message and exit status 143."""
@@ -255,6 +303,8 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
         return False
 
     def skipped() -> None:
+        if not multirun:
+            _completed(out_dir)
         log.info("skipping %s: already complete", os.path.abspath(out_dir))
         write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")  # (the earlier run's)
 
@@ -394,6 +444,8 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
                                      config_choices=choices, record_fingerprint=record_fp,
                                      progress_bar=sys.stderr.isatty() if cfg.sim.progress is None
                                      else bool(cfg.sim.progress), hold=False)
+            if not multirun:
+                _completed(out_dir)
             _drop_earlier_logs(log_starts)
         except (ConfigError, TraceError) as e:
             say(f"kvsim: error: {e}")
@@ -407,12 +459,20 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
             if multirun:
                 return str(e)  # the other jobs of the sweep go on; kvsim-collect lists this one
             sys.exit(2)
-        except Terminated:
-            say(f"kvsim: stopped by SIGTERM; {_interrupted_state(out_dir, before)}")
-            sys.exit(143)
-        except KeyboardInterrupt:
-            say(f"\nkvsim: interrupted; {_interrupted_state(out_dir, before)}")
-            sys.exit(130)
+        except KeyboardInterrupt as e:  # (Ctrl-C, or SIGTERM: Terminated)
+            how = "kvsim: stopped by SIGTERM" if isinstance(e, Terminated) else \
+                "\nkvsim: interrupted"
+            if is_complete(out_dir) and _summary_stamp(out_dir) != before:
+                # (its results and summary were written: the run is complete)
+                say(f"{how} after the run completed; its results in {out_dir} are complete")
+                write_line(sys.stdout, f"results: {os.path.abspath(out_dir)}")
+                sys.exit(0)
+            if out_dir.is_dir() and not is_complete(out_dir) and not (out_dir / "INCOMPLETE").exists():
+                # (stopped before the simulation marked its folder: its log is there)
+                _try_mark_failed(out_dir, f"{how.strip()[7:]} before the simulation started",
+                                 overrides)
+            say(f"{how}; {_interrupted_state(out_dir, before)}")
+            sys.exit(143 if isinstance(e, Terminated) else 130)
         except Exception as e:
             import traceback
 
@@ -508,7 +568,7 @@ def _interrupted_state(out_dir: Path, before) -> str:
     SIGTERM), for its closing line: this run's complete results (stopped after writing them),
     an earlier complete run (stopped before touching it; ``before``: the summary's
     :func:`_summary_stamp` when the run started), this run's INCOMPLETE marker, or nothing."""
-    from ..run import MARKER, is_complete
+    from ..folders import MARKER, is_complete
 
     if is_complete(out_dir):
         if _summary_stamp(out_dir) != before:
@@ -525,7 +585,7 @@ def mark_failed(out_dir: Path, msg: str, overrides: list[str]) -> bool:
     kvsim-collect lists. False, writing nothing, where ``out_dir`` or a folder above it is a
     file."""
     from ..folders import failure_marker
-    from ..run import MARKER
+    from ..folders import MARKER
 
     if blocking_file(out_dir) is not None:
         return False
