@@ -93,9 +93,65 @@ def hydra_error(e: BaseException) -> str | None:
     if isinstance(cause, ValidationError) and text.startswith("Error merging override "):
         given = text[len("Error merging override "):].splitlines()[0]
         why = (cause.msg or str(cause)).strip().splitlines()[0]
-        want = ("an integer" if why.endswith("to Integer") else
-                "a number" if why.endswith("to Float") else
-                "true or false" if "is not a valid bool" in why else
-                "a value (this key takes no null)" if why.endswith("is not Optional") else None)
+        entry = _list_entry_error(given, cause)
+        full = str(getattr(cause, "full_key", "") or "")
+        if entry is not None:
+            given, why = entry
+        elif "[" in full and given.startswith(full.split("[", 1)[0] + "="):
+            given = full  # (an entry of the list that is not a record: tiers.levels=[5])
+        want = _wanted(why)
         return f"{given}: expected {want}" if want else f"{given}: {why}"
+    return None
+
+
+def _wanted(why: str) -> str | None:
+    """What OmegaConf's validation message ``why`` says was expected, in a few words; None
+    when it is not one of those."""
+    import re
+
+    m = re.search(r"is not a subclass of (\w+)", why)
+    return ("an integer" if why.endswith("to Integer") else
+            "a number" if why.endswith("to Float") else
+            "true or false" if "is not a valid bool" in why or why.endswith("to Boolean") else
+            "a string" if why.startswith("Cannot convert") and "to string" in why else
+            "a list" if "is not a ListConfig, list or tuple" in why else
+            f"a {m.group(1)} record ({{field: value, ...}})" if m else
+            "a value (this key takes no null)" if why.endswith("is not Optional") else None)
+
+
+def _list_entry_error(given: str, cause) -> tuple[str, str] | None:
+    """For the override ``given`` (``key=[{...}, ...]``) that OmegaConf rejected with
+    ``cause`` (a ValidationError of a field of one of the list's records, which names the
+    field but not the entry), the entry and field it names, ``key[i].field=value``, and the
+    field's own message (found by merging each entry alone into its record type); None when
+    ``given`` is not such an override."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = getattr(cause, "object_type", None)
+    field = str(getattr(cause, "key", "") or "")
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)) or not field:
+        return None
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        o = OverridesParser.create().parse_override(given)
+        entries = o.value()
+    except Exception:  # noqa: BLE001 - (Hydra's grammar errors have several types)
+        return None
+    if not isinstance(entries, list):
+        return None
+    key = o.key_or_group
+    for i, item in enumerate(entries):
+        if not isinstance(item, dict):
+            continue
+        try:
+            OmegaConf.merge(OmegaConf.structured(schema), item)
+        except OmegaConfBaseException as e:
+            name = str(getattr(e, "key", "") or field)
+            value = item.get(name, "?")
+            return (f"{key}[{i}].{name}={value}",
+                    (getattr(e, "msg", None) or str(e)).strip().splitlines()[0])
     return None

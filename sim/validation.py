@@ -242,8 +242,13 @@ def _check_tiers(cfg) -> None:
     _need("tiers", t, "disk_write_gbps", _pos, "> 0")
     _need("tiers", t, "disk_latency_s", _nonneg, ">= 0 s")
     levels = list(t.levels or ())
+    from .tiers.spec import LEVEL_NAME_RULE, level_name_problem
+
     for i, lv in enumerate(levels):
         sec = f"tiers.levels[{i}]"
+        why = level_name_problem(lv.name, [str(x.name) for x in levels[:i]])
+        if why is not None:
+            raise ConfigError(f"{sec}.name={lv.name!r}: {why}; expected {LEVEL_NAME_RULE}")
         _need(sec, lv, "gib", _nonneg, "a finite capacity >= 0 GiB")
         for f in ("read_gbps", "write_gbps"):
             if getattr(lv, f) is not None or i > 0:

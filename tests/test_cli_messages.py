@@ -224,6 +224,25 @@ def test_inert_policy_compaction_and_codec_options_get_a_note():
                                 "analytic", "h2o", "hole_fill", "identity") == []
 
 
+def test_inert_cluster_store_and_pd_options_get_a_note():
+    """A shared KV store's options without the store (cluster.store.enabled=false) and the P/D
+    options without prefill/decode disaggregation (cluster.pd.prefill_replicas=0) each get a
+    note naming the option and saying it changes nothing; with the feature on, none."""
+    from sim.cli.report import inert_override_notes
+
+    given = ["cluster.store.capacity_gib=64", "cluster.store.enabled=false",
+             "cluster.pd.net_gbps=10", "cluster.pd.decode_router=least_loaded",
+             "cluster.pd.prefill_replicas=0", "cluster.replicas=4"]
+    assert inert_override_notes(given, "mooncake", "gpu_only") == [
+        "cluster.store.capacity_gib is read by the KV store the replicas share; this run has "
+        "none (cluster.store.enabled=false): it changes nothing",
+        "cluster.pd.net_gbps is read with prefill/decode disaggregation; this run has none "
+        "(cluster.pd.prefill_replicas=0): it changes nothing",
+        "cluster.pd.decode_router is read with prefill/decode disaggregation; this run has none "
+        "(cluster.pd.prefill_replicas=0): it changes nothing"]
+    assert inert_override_notes(given, "mooncake", "gpu_only", store=True, pd=True) == []
+
+
 def test_cli_notes_kv_capacity_rejections_under_a_compression_policy(tmp_path):
     """The arrival check counts each whole uncompressed sequence against the pool, also under a
     compression policy; the CLI says so when requests are rejected as kv_capacity."""

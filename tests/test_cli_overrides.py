@@ -41,6 +41,48 @@ def test_a_misspelt_field_inside_a_list_or_dict_value_is_named():
                           "field 'colour' (fields: enabled, "), err
 
 
+def test_a_bad_value_inside_a_list_of_records_names_its_entry_and_field():
+    """A value of the wrong type inside an override's list of records (``tiers.levels=[{...},
+    {...}]``) names the entry and field, ``tiers.levels[i].FIELD=value``, and what was
+    expected; an entry that is not a record and a value that is not a list say so."""
+    err = composition_error("tiers.levels=[{name:host,gib:1},{name:cxl,gib:1,read_gbps:x}]")
+    assert err == "tiers.levels[1].read_gbps=x: expected a number"
+    assert composition_error("tiers.levels=[{name:host,gib:abc}]") == \
+        "tiers.levels[0].gib=abc: expected a number"
+    assert composition_error("tiers.levels=[{name:host,gib:true}]") == \
+        "tiers.levels[0].gib=True: expected a number"
+    assert composition_error("tiers.levels=[{name:[a],gib:1}]") == \
+        "tiers.levels[0].name=['a']: expected a string"
+    assert composition_error("tiers.levels=[{name:host,gib:1},5]") == \
+        "tiers.levels[1]: expected a LevelConfig record ({field: value, ...})"
+    assert composition_error("tiers.levels=x") == "tiers.levels=x: expected a list"
+
+
+def test_a_true_false_option_takes_only_true_or_false(tmp_path):
+    """A boolean option given another value (an integer, yes/no, null where the field takes
+    none; any value of a sweep) is refused before Hydra runs, naming the field and saying
+    true or false is expected (OmegaConf would run 5 as true); exit 2, one line, no folder."""
+    from sim.cli.overrides import non_boolean_override
+
+    assert non_boolean_override(["sim.progress=5"]) == \
+        "sim.progress=5: sim.progress is a true/false option; expected true, false or null"
+    assert non_boolean_override(["seed=3", "output.write_steps=2"]) == \
+        "output.write_steps=2: output.write_steps is a true/false option; expected true or false"
+    assert non_boolean_override(["cluster.store.enabled=yes"]).startswith(
+        "cluster.store.enabled=yes: cluster.store.enabled is a true/false option")
+    assert non_boolean_override(["output.write_steps=null"]).startswith("output.write_steps=null:")
+    assert non_boolean_override(["output.write_steps=true,3"]).startswith("output.write_steps=3:")
+    assert non_boolean_override(["+compaction.pin_prompt=1"]).startswith("compaction.pin_prompt=1:")
+    for ok in ("sim.progress=null", "sim.progress=True", "output.write_steps=false",
+               "output.write_steps=true,false", "cluster.store.capacity_gib=5", "seed=1"):
+        assert non_boolean_override([ok]) is None, ok
+    r = run_kvsim(tmp_path / "r", "output.write_steps=2")
+    assert r.returncode == 2 and r.stderr == (
+        "kvsim: error: output.write_steps=2: output.write_steps is a true/false option; expected "
+        "true or false\n"), r.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     """A misspelt key is kvsim's error (exit 2) naming the closest field, not Hydra's hint to
     append it with '+'; a key the config does not have (a free-form "experiment") is refused."""

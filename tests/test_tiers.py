@@ -626,6 +626,48 @@ def test_tier_specs_read_a_chain_of_levels_from_tiers_levels():
             tier_specs(c.tiers, 1 << 20, c.gpu)
 
 
+@pytest.mark.parametrize("name, why", [
+    ("''", "empty"), ("' '", "blank"), ("'a b'", "not of that form"), ("Host", "not of that form"),
+    ("a_b", "not of that form"), ("5", "not of that form"), ("abcdefghijklmnopq", "not of that form"),
+    ("gpu", "a name kvsim reserves"), ("GPU", "a name kvsim reserves"),
+    ("remote", "a name kvsim reserves"), ("total", "a name kvsim reserves"),
+    ("host", r"another level's name \(tiers\.levels\[0\]\)")])
+def test_a_level_name_out_of_the_rule_is_refused_naming_its_field(name, why):
+    """A ``tiers.levels`` name names the level's columns and links, so it is a lowercase letter
+    then lowercase letters and digits (at most 16), not reserved ('gpu', 'remote', 'total', in
+    any case) and not another level's: anything else is a ConfigError naming
+    ``tiers.levels[i].name``, why, and what is allowed, from validate_config and tier_specs."""
+    from sim.tiers import tier_specs
+    from sim.validation import validate_config
+
+    c = compose_config([*SINGLE_ENGINE, *THREE_LEVELS, f"tiers.levels.1.name={name}"])
+    for check in (validate_config, lambda c: tier_specs(c.tiers, 1 << 20, c.gpu)):
+        with pytest.raises(ConfigError, match=rf"^tiers\.levels\[1\]\.name='.*': {why}; expected a "
+                                              rf"name of its own: a lowercase letter"):
+            check(c)
+
+
+def test_zero_capacity_levels_get_a_note_saying_what_happens():
+    """A level of 0 GiB above a level with capacity keeps no page but stages those passing
+    through; one with no capacity below it is off; all at 0 GiB keep nothing below the GPU."""
+    from sim.cli.report import zero_level_notes
+    from sim.config import LevelConfig
+
+    def chain(*gib):
+        return [LevelConfig(name=n, gib=g) for n, g in zip(("host", "cxl", "disk"), gib)]
+
+    assert zero_level_notes(chain(64, 256, 1024)) == []
+    assert zero_level_notes(chain(64, 0, 1024)) == [
+        "tiers.levels[1] (cxl) has 0 GiB: it keeps no page, but the pages moving between the "
+        "levels above and below it pass through it (their copies timed on its links)"]
+    assert zero_level_notes(chain(64, 256, 0)) == [
+        "tiers.levels[2] (disk) has 0 GiB and no level below it has capacity: it is off, no page "
+        "is copied to it"]
+    assert zero_level_notes(chain(0, 0, 0)) == [
+        "every level of tiers.levels has 0 GiB: no page is kept below the GPU (the run is "
+        "gpu_only)"]
+
+
 def test_three_level_chain_demotes_and_onboards_through_every_level_with_exact_bytes_and_times():
     """A chain host (2 pages) -> cxl (2 pages) -> disk (8 pages): six pages offloaded one at a
     time land in the host; its evictions are demoted to cxl, whose evictions are demoted to

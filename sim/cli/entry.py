@@ -9,7 +9,7 @@ import sys
 
 from .job import app
 from .overrides import (command_line_overrides, duplicate_override_key, missing_cluster,
-                        missing_launcher_plugin, unparsable_override)
+                        missing_launcher_plugin, non_boolean_override, unparsable_override)
 
 
 def _on_sweep_sigterm(signum, frame):
@@ -83,7 +83,8 @@ def _main() -> None:
         signal.signal(signal.SIGTERM, _on_sweep_sigterm)
     args = command_line_overrides(argv)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
-        duplicate_override_key(args) or missing_launcher_plugin(args) or \
+        duplicate_override_key(args) or non_boolean_override(args) or \
+        missing_launcher_plugin(args) or \
         (missing_cluster(args) if sweep and not info else None)
     if err is not None:
         print(f"kvsim: error: {err}", file=sys.stderr)

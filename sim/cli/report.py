@@ -120,13 +120,16 @@ OPERATOR_ONLY_COST = ("fp8_mfu", "fp4_mfu", "expert_mfu", "attention_mbu", "seq_
 
 def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                          cost_kind: str = "analytic", policy: str = "full",
-                         compaction: str = "none", codec: str = "identity") -> list[str]:
+                         compaction: str = "none", codec: str = "identity",
+                         store: bool = False, pd: bool = False) -> list[str]:
     """Notes for command-line overrides that change nothing in this run: a trace option of
     another kind of trace (``trace_format``: the run's ``trace.format``; ``trace.path`` of a
     synthetic one, which is generated), a tier option with no host or disk tier (``tiers``: the
     summary's ``tiers``, e.g. ``gpu_only``), ``cost.file`` without ``cost.kind=calibrated``, a
     policy option or a compaction with ``policy=full`` (no round ever runs), a compaction
-    option with ``compaction=none``, and a codec option with ``codec=identity``."""
+    option with ``compaction=none``, a codec option with ``codec=identity``, a shared KV
+    store's option without the store (``store``: ``cluster.store.enabled``) and a P/D option
+    without prefill/decode disaggregation (``pd``: ``cluster.pd.prefill_replicas`` > 0)."""
     from traces.registry import all_formats, readers_of
 
     notes = []
@@ -167,9 +170,42 @@ def inert_override_notes(overrides: list[str], trace_format: str, tiers: str,
                          f"compaction is {compaction}: it changes nothing" if readers else
                          f"{key} is not read in a simulation (the engine pins the slots the "
                          f"policy protects, policy.protect_prompt): it changes nothing")
+        elif key.startswith("cluster.store.") and key != "cluster.store.enabled" and not store:
+            notes.append(f"{key} is read by the KV store the replicas share; this run has none "
+                         f"(cluster.store.enabled=false): it changes nothing")
+        elif key.startswith("cluster.pd.") and key != "cluster.pd.prefill_replicas" and not pd:
+            notes.append(f"{key} is read with prefill/decode disaggregation; this run has none "
+                         f"(cluster.pd.prefill_replicas=0): it changes nothing")
         elif group == "codec" and field and field != "name" and codec == "identity":
             notes.append(f"{key} is read by the fp8 and nvfp4 codecs; this run's codec is "
                          f"identity (pages copied as they are): it changes nothing")
+    return notes
+
+
+def zero_level_notes(levels) -> list[str]:
+    """Notes for the ``tiers.levels`` entries of 0 GiB (``levels``: the config's list, level 1
+    first): a level above one with capacity holds no page but still stages those passing
+    through it (demoted down, read back up: their copies timed on its links); a level with no
+    capacity below it is off, with the levels under it; every level of 0 GiB keeps nothing
+    below the GPU (:class:`sim.tiers.TierManager`)."""
+    gib = [float(lv.gib) for lv in levels]
+    if not gib or all(g > 0 for g in gib):
+        return []
+    if not any(g > 0 for g in gib):
+        return [f"every level of tiers.levels has 0 GiB: no page is kept below the GPU (the run "
+                f"is gpu_only)"]
+    last = max(i for i, g in enumerate(gib) if g > 0)
+    notes = []
+    for i, lv in enumerate(levels):
+        if gib[i] > 0:
+            continue
+        if i < last:
+            notes.append(f"tiers.levels[{i}] ({lv.name}) has 0 GiB: it keeps no page, but the "
+                         f"pages moving between the levels above and below it pass through it "
+                         f"(their copies timed on its links)")
+        else:
+            notes.append(f"tiers.levels[{i}] ({lv.name}) has 0 GiB and no level below it has "
+                         f"capacity: it is off, no page is copied to it")
     return notes
 
 
@@ -210,9 +246,14 @@ def run_notes(summary: dict, cfg, overrides: list[str]) -> list[str]:
                 f"beyond the {room:,} blocks ({max(left, 0.0):,.1f} GiB) that "
                 f"{summary.get('gpu')} has room for after weights and reserves (a what-if pool, "
                 f"as vLLM's num_gpu_blocks_override; summary.json memory_gib)")
+    levels = list(cfg.tiers.levels or ())
     if summary.get("tiers_preset") not in (None, summary.get("tiers")):
-        out.append(f"kvsim: note: tiers={summary['tiers_preset']} with tiers.host_gib={cfg.tiers.host_gib}"
-            f" and tiers.disk_gib={cfg.tiers.disk_gib} runs as {summary['tiers']}")
+        sizes = (f"tiers.levels {', '.join(f'{lv.name} {float(lv.gib):g} GiB' for lv in levels)}"
+                 if levels else f"tiers.host_gib={cfg.tiers.host_gib} and tiers.disk_gib="
+                                f"{cfg.tiers.disk_gib}")
+        out.append(f"kvsim: note: tiers={summary['tiers_preset']} with {sizes} runs as "
+                   f"{summary['tiers']}")
+    out.extend(f"kvsim: note: {n}" for n in zero_level_notes(levels))
     if summary.get("tiers") == "gpu_disk":
         out.append("kvsim: note: with no host tier, offloaded pages are staged through host memory on "
             "their way to disk (bytes_offloaded.host counts those GPU-to-host copies) and disk "
@@ -283,7 +324,9 @@ def run_notes(summary: dict, cfg, overrides: list[str]) -> list[str]:
     for n in inert_override_notes(overrides, str(cfg.trace.format), summary.get("tiers", "gpu_only"),
                                   str(cfg.cost.kind), str(summary.get("policy", "full")),
                                   str(summary.get("compaction", "none")),
-                                  str(summary.get("codec", "identity"))):
+                                  str(summary.get("codec", "identity")),
+                                  store=bool(cfg.cluster.store.enabled),
+                                  pd=int(cfg.cluster.pd.prefill_replicas) > 0):
         out.append(f"kvsim: note: {n}")
     if summary["requests_finished"] == 0:
         out.append(f"kvsim: warning: no request finished: all {summary['requests_rejected']:,} were "

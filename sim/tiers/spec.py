@@ -83,6 +83,33 @@ def tier_capacity_pages(gib: float, page_bytes: int, field: str) -> int:
     return int(nbytes // page_bytes)
 
 
+# the names a level may not take: the GPU's and the cluster store's (hit_tokens_gpu,
+# hit_tokens_remote) and the summary's hit_ratio.total
+RESERVED_LEVEL_NAMES = ("gpu", "remote", "total")
+LEVEL_NAME_RULE = (f"a name of its own: a lowercase letter, then lowercase letters and digits, "
+                   f"at most 16 characters (it names columns: hit_tokens_<name>, "
+                   f"onboard_<name>_s, links <above>_to_<name>), not "
+                   f"{', '.join(map(repr, RESERVED_LEVEL_NAMES))} or another level's")
+
+
+def level_name_problem(name, taken) -> str | None:
+    """What is wrong with ``name`` as the name of a ``tiers.levels`` entry, whose levels above
+    it are named ``taken``: not a string, not of :data:`LEVEL_NAME_RULE`'s form (empty,
+    whitespace, upper case, an underscore, which would make the link names ambiguous), a
+    reserved name (:data:`RESERVED_LEVEL_NAMES`) or one taken; None when it is fine."""
+    import re
+
+    if not isinstance(name, str):
+        return f"a {type(name).__name__}, not a string"
+    if name.lower() in RESERVED_LEVEL_NAMES:
+        return "a name kvsim reserves"
+    if name in taken:
+        return f"another level's name (tiers.levels[{list(taken).index(name)}])"
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,15}", name):
+        return "empty" if not name else "blank" if not name.strip() else "not of that form"
+    return None
+
+
 def _level_link(level, field: str, value, default) -> float:
     """``value`` (or ``default`` where null) as a float, for the ``tiers.levels`` entry
     ``level``; ConfigError naming ``tiers.levels[i].field`` for a missing figure."""
@@ -108,7 +135,7 @@ def tier_specs(tiers, page_bytes: int, gpu) -> tuple[TierSpec, ...]:
     the PCIe figure above, ``replacement`` null is ``tiers.replacement``.
 
     Raises ConfigError for a capacity out of range (:func:`tier_capacity_pages`), a level name
-    that is empty, repeated, ``gpu`` or ``remote``, ``tiers.levels`` beside a nonzero
+    out of :data:`LEVEL_NAME_RULE` (:func:`level_name_problem`), ``tiers.levels`` beside a nonzero
     ``host_gib`` / ``disk_gib``, more than :data:`MAX_LEVELS` levels, or a missing figure."""
     pcie = float(tiers.pcie_gbps if tiers.pcie_gbps is not None else gpu.pcie_bandwidth_gbps) * 1e9
     pcie_o = float(tiers.pcie_overhead_s if tiers.pcie_overhead_s is not None else gpu.pcie_overhead_s)
@@ -132,10 +159,10 @@ def tier_specs(tiers, page_bytes: int, gpu) -> tuple[TierSpec, ...]:
     out = []
     for i, lv in enumerate(levels):
         f = f"tiers.levels[{i}]"
-        name = str(lv.name)
-        if not name or name in ("gpu", "remote") or name in (s.name for s in out):
-            raise ConfigError(f"{f}.name={name!r}; expected a name of its own (not empty, "
-                              f"'gpu', 'remote' or another level's)")
+        name = lv.name
+        why = level_name_problem(name, [sp.name for sp in out])
+        if why is not None:
+            raise ConfigError(f"{f}.name={name!r}: {why}; expected {LEVEL_NAME_RULE}")
         pages = tier_capacity_pages(lv.gib, page_bytes, f"{f}.gib")
         first = i == 0
         wbw = _level_link(lv, f"{f}.write_gbps", lv.write_gbps, pcie / 1e9 if first else None)
