@@ -2,7 +2,8 @@
 
 ``kvsim-collect SWEEP_DIR [--out DIR]`` (or ``python -m experiments.collect ...``) walks a sweep
 directory written by ``kvsim -m ...`` (Hydra's ``multirun/<date>/<time>``, one sub-directory per
-run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``):
+run) and writes into ``DIR`` (default ``SWEEP_DIR/collected``; ``kvsim-collect RUN_DIR``
+collects one run's folder as a one-run sweep into ``RUN_DIR-collected`` beside it):
 
 * ``runs.parquet``: one row per completed run. Columns:
 
@@ -108,7 +109,8 @@ import pyarrow.parquet as pq
 from experiments.collect_tables import (UnreadableTable, check_table_files, flatten, override_key, override_keys,
                                         override_values, run_row, table_from_rows, write_failed,
                                         write_table_dataset)
-from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir, find_run_dirs, one_line,
+from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir, default_out_dir,
+                                     find_run_dirs, one_line,
                                      read_run, results_dir)
 from sim.folders import RESULTS_POINTER, stale_job
 
@@ -124,7 +126,9 @@ class CollectResult:
 
 
 def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: bool = False) -> CollectResult:
-    """Collect ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/collected``); see the module doc.
+    """Collect ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/collected``; for one run's
+    folder, collected as a one-run sweep, ``RUN_DIR-collected`` beside it:
+    :func:`experiments.run_folders.default_out_dir`); see the module doc.
 
     ``tables``: per-run table names to collect (default: every ``*.parquet`` the runs wrote); a
     name no run wrote raises CollectError listing the names there are (nothing is written).
@@ -141,7 +145,7 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     killed one are removed.
     """
     sweep = Path(sweep_dir)
-    out = Path(out_dir) if out_dir is not None else sweep / "collected"
+    out = Path(out_dir) if out_dir is not None else default_out_dir(sweep)
     if sweep.is_dir():  # (a missing sweep dir is find_run_dirs' error)
         check_out_dir(sweep, out)
     run_dirs = find_run_dirs(sweep, exclude=out)
@@ -360,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="kvsim-collect",
         description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "
                     "tables (requests/, steps/, ...) and failed_runs.csv.")
-    ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00-000000) or one run dir")
+    ap.add_argument("sweep_dir", help="sweep directory (e.g. multirun/2026-01-01/12-00-00-000000), "
+                                      "or one run's folder, collected as a one-run sweep")
     ap.add_argument("--out", default=None,
-                    help="output directory (default SWEEP_DIR/collected): a new or empty directory, "
-                         "or an earlier kvsim-collect output, which is replaced")
+                    help="output directory (default SWEEP_DIR/collected; for one run's folder "
+                         "RUN_DIR-collected beside it, never inside the run's folder): a new or "
+                         "empty directory, or an earlier kvsim-collect output, which is replaced")
     ap.add_argument("--tables", default=None,
                     help="comma-separated per-run tables to collect, each one some run wrote "
                          "(default: all, e.g. requests,steps)")

@@ -61,6 +61,17 @@ def _is_run_dir(p: Path) -> bool:
             or (p / MARKER).exists() or (p / RESULTS_POINTER).is_file())
 
 
+def default_out_dir(sweep_dir) -> Path:
+    """Where ``kvsim-collect SWEEP_DIR`` writes without ``--out``: ``SWEEP_DIR/collected`` for
+    a sweep folder; for one run's folder (``kvsim-collect RUN_DIR``, collected as a one-run
+    sweep) ``RUN_DIR-collected`` beside it, since a run's folder holds that run's files only
+    (a later run into it replaces them)."""
+    p = Path(sweep_dir)
+    if p.is_dir() and _is_run_dir(p):
+        return p.parent / f"{p.name}-collected"
+    return p / "collected"
+
+
 def results_dir(run_dir: Path) -> tuple[Path, str | None]:
     """Where the results of the run in ``run_dir`` are: ``(folder, problem)``. A multirun job
     whose ``output.dir`` put them elsewhere leaves a pointer to that folder in its Hydra
@@ -85,7 +96,8 @@ def check_out_dir(sweep_dir, out_dir) -> None:
     """Raise CollectError (one line naming ``out_dir``) unless ``out_dir`` may receive a
     collection of ``sweep_dir``: a directory that does not exist yet, an empty one, or an
     earlier collection (:func:`is_collection`), which is replaced. Refused: the sweep directory
-    itself, a directory containing it, one inside it (except the default ``SWEEP_DIR/collected``),
+    itself, a directory containing it, one inside it (except the default ``SWEEP_DIR/collected``
+    of a sweep folder; nothing inside one run's folder),
     a run directory, an existing file, and a non-empty directory that is not a collection.
     Nothing is written or deleted here."""
     given = Path(out_dir)
@@ -110,6 +122,10 @@ def check_out_dir(sweep_dir, out_dir) -> None:
         raise CollectError(f"{what}: is a kvsim run directory (it holds summary.json, "
                            f".hydra/overrides.yaml or an {MARKER} marker); collecting into it "
                            f"would delete the run; choose another directory")
+    if o.is_relative_to(sw) and _is_run_dir(sw):
+        raise CollectError(f"{what}: is inside the run folder {sweep_dir}, which holds that "
+                           f"run's files only; choose a directory outside it (default: "
+                           f"{default_out_dir(sweep_dir)})")
     if o.is_relative_to(sw) and o != sw / "collected":
         raise CollectError(f"{what}: is inside the sweep directory {sweep_dir} (only the default "
                            f"{Path(sweep_dir) / 'collected'} may be); choose a directory outside "

@@ -347,20 +347,30 @@ def test_relative_paths_with_hydra_job_chdir(tmp_path):
     assert s["requests_total"] == 40 and s["trace_source"] == str(tmp_path / "m.jsonl")
 
 
-def test_a_run_folder_collected_on_its_own_takes_a_new_run(tmp_path):
-    """``kvsim-collect RUN_DIR`` writes its default ``RUN_DIR/collected``, and a later run into
-    RUN_DIR is allowed (the collection is a kvsim file there); a folder named so that is not a
-    collection is still refused."""
+def test_a_run_folder_collected_on_its_own_is_collected_beside_it(tmp_path):
+    """``kvsim-collect RUN_DIR`` collects the run as a one-run sweep into ``RUN_DIR-collected``
+    beside it, never inside the run's folder (``--out RUN_DIR/collected`` is refused naming the
+    default), so the folder stays the run's and a later run into it is allowed; a folder in
+    it that is not a run's file is still refused."""
     out = tmp_path / "run"
     args = ["trace.max_requests=20", f"output.dir={out}", f"hydra.run.dir={tmp_path / 'h'}", *QUIET]
     _kvsim(*args)
     r = subprocess.run([sys.executable, "-m", "experiments.collect", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert (out / "collected" / "manifest.json").is_file()
+    assert f"collected 1 complete run(s) of 1 into {tmp_path / 'run-collected'}" in r.stdout
+    assert (tmp_path / "run-collected" / "manifest.json").is_file()
+    assert not (out / "collected").exists()
+    r = subprocess.run([sys.executable, "-m", "experiments.collect", str(out), "--out",
+                        str(out / "collected")], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and r.stderr == (
+        f"kvsim-collect: error: output directory {out / 'collected'} (--out): is inside the run "
+        f"folder {out}, which holds that run's files only; choose a directory outside it "
+        f"(default: {tmp_path / 'run-collected'})\n"), r.stderr
+    assert not (out / "collected").exists()
     _kvsim(*args, "seed=1")  # accepted: replaces the run's results
     assert json.loads((out / "summary.json").read_text())["seed"] == 1
-    shutil.rmtree(out / "collected")
     (out / "collected").mkdir()
     (out / "collected" / "notes.txt").write_text("mine")
     r = _kvsim(*args, check=False)
