@@ -61,6 +61,7 @@ from .cost import AnalyticCostModel
 from .errors import ConfigError
 from .hardware import (WEIGHT_QUANT_BYTES, dtype_bytes, full_attention_layers, kv_bytes_per_token,
                        kv_replication, linear_param_counts, window_kv_bytes_per_token)
+from .jit import kernel
 
 #: GPUs an NVLink domain of the shipped cards' HGX boards holds (H100/H200/B200/B300 HGX: 8)
 GPUS_PER_NODE = 8
@@ -199,6 +200,7 @@ class OperatorCostModel(AnalyticCostModel):
             self.prefill_flops_per_pair = 4.0 * model.num_q_heads * model.head_dim
         self._decode_consts = None
         self._fixed_times = np.empty(0)
+        self._scalar_ok = None  # (see _scalar_terms)
 
     # ----------------------------------------------------------------- terms
     @staticmethod
@@ -310,11 +312,67 @@ class OperatorCostModel(AnalyticCostModel):
         d, p = self._attention_parts(new_tokens, context_tokens)
         return d + p
 
+    def _scalar_terms(self) -> bool:
+        """Whether :meth:`step_time` may take its scalar path (:meth:`_step_time_sums`): this
+        class's own terms (a subclass may replace any), no sliding-window layers, no routed
+        experts and one GPU (no collectives)."""
+        f = self._scalar_ok
+        if f is None:
+            cls = type(self)
+            f = self._scalar_ok = (
+                all(getattr(cls, m) is getattr(OperatorCostModel, m)
+                    for m in ("step_time", "gemm_time", "comm_time", "host_time", "linear_time",
+                              "_attention_parts", "_roofline"))
+                and not self.win_layers and not self._expert[0] and self.tp <= 1)
+        return f
+
+    def _step_time_sums(self, b: int, sums: tuple, samples: int) -> float:
+        """:meth:`step_time` of a step with a prefill chunk from :func:`_step_sums`'s integer
+        sums (``b`` scheduled requests), for a model :meth:`_scalar_terms` admits: the same
+        float64 operations in the same order as the array formulas, on Python floats (every
+        summed term is an integer below 2**53, so each sum has the same bits in any order)."""
+        dec_pairs, pre_pairs, pre_kv, n_sum, n_max, n_dec = sums
+        host = self.overhead + self.seq_overhead * float(b) + (
+            self.prefill_overhead if n_max > 1 else 0.0)
+        # gemm_time: the groups' rooflines, then the lm_head's (np.maximum of two finite floats)
+        tok = float(n_sum)
+        g = 0.0
+        bytes_s = self._bytes_s
+        for params, bpp, fs in self._groups:
+            if params:
+                x, y = 2.0 * tok * params / fs, params * bpp / bytes_s
+                g = g + (x if x >= y else y)
+        params, bpp, fs = self._lm_head
+        s = float(samples)
+        x, y = 2.0 * s * params / fs, params * bpp / bytes_s
+        g = g + ((x if x >= y else y) if s > 0 else 0.0)
+        lin = (g + 0.0 * tok) + self.layer_overhead  # (comm_time of one GPU: 0 x tokens)
+        t_dec = 0.0
+        if n_dec:
+            pairs = float(dec_pairs)
+            a = pairs * self.attn_flops_per_pair * self.full_layers / (self.peak_flops * self.attn_eff)
+            m = pairs * self.kv_tok / (self.hbm_bw * self.mbu_attn)
+            t_dec = a if a >= m else m
+        t_pre = 0.0
+        if n_dec < b:
+            flops = float(pre_pairs) * self.prefill_flops_per_pair * self.full_layers
+            bytes_ = float(pre_kv) * self.kv_tok
+            t_pre = max(flops / (self.peak_flops * self.attn_eff), bytes_ / (self.hbm_bw * self.mbu))
+        return host + lin + t_dec + t_pre
+
     def step_time(self, new_tokens: np.ndarray, context_tokens: np.ndarray, samples: int) -> float:
         """Duration of one engine step (s); ``new_tokens``, ``context_tokens``: int arrays of
         one length (tokens per scheduled request); ``samples``: requests that sample a token.
-        A decode-only step equals the compiled decode loop's time bit for bit."""
+        A decode-only step equals the compiled decode loop's time bit for bit; a step with a
+        prefill chunk, with this class's terms (:meth:`_scalar_terms`) and int64 arrays whose
+        sums stay below 2**52, takes :meth:`_step_time_sums` (the same bits as the array
+        formulas below)."""
         b = len(new_tokens)
+        if b and self._scalar_terms() and new_tokens.dtype == np.int64 \
+                and context_tokens.dtype == np.int64:
+            sums = _step_sums(new_tokens, context_tokens)
+            if sums[4] > 1 and sums[6]:
+                return self._step_time_sums(b, sums[:6], samples)
         if b and not self.win_layers and int(new_tokens.max()) == 1 and samples == b:
             args = self._dense_decode_args(context_tokens)
             out = np.empty(1, dtype=np.float64)
@@ -325,6 +383,38 @@ class OperatorCostModel(AnalyticCostModel):
         prefill = bool(b) and int(new_tokens.max()) > 1
         d, p = self._attention_parts(new_tokens, context_tokens)
         return float(self.host_time(b, prefill)) + self.linear_time(t, samples) + d + p
+
+    def _chunk_times(self, new_tokens: np.ndarray, ctx0: np.ndarray, samples: int,
+                     k: int, start: float, first: float, stop: float) -> tuple[list, list]:
+        """:meth:`sim.cost.AnalyticCostModel._chunk_times`; with the scalar terms
+        (:meth:`_scalar_terms`), int64 arrays and a prefill chunk, each later step's time is
+        :meth:`_step_time_sums` of integer sums moved by the batch's growth (decode pairs by
+        the decode chunks, prefill pairs by ``sum n_i^2``, prefill KV tokens by ``sum n_i``
+        over the prefill chunks), checked exact at the last step's contexts: the bits
+        :meth:`step_time` gives for each step's arrays."""
+        b = len(new_tokens)
+        if (k >= 2 and start + first < stop and b and self._scalar_terms()
+                and new_tokens.dtype == np.int64 and ctx0.dtype == np.int64):
+            last = _step_sums(new_tokens, ctx0 + (k - 1) * new_tokens)
+            if last[6] and last[4] > 1:
+                dec_pairs, pre_pairs, pre_kv, ns, nmax, ndec = _step_sums(new_tokens, ctx0)[:6]
+                pre = new_tokens[new_tokens > 1]
+                d_pairs = int(np.dot(pre, pre))
+                d_kv = int(pre.sum())
+                t = start + first
+                durs = [first]
+                ends = [t]
+                step = self._step_time_sums
+                while len(ends) < k and t < stop:
+                    dec_pairs += ndec
+                    pre_pairs += d_pairs
+                    pre_kv += d_kv
+                    d = step(b, (dec_pairs, pre_pairs, pre_kv, ns, nmax, ndec), samples)
+                    t = t + d
+                    durs.append(d)
+                    ends.append(t)
+                return durs, ends
+        return super()._chunk_times(new_tokens, ctx0, samples, k, start, first, stop)
 
     def _decode_times(self, ctx0: np.ndarray, k: int, first: int = 0, shift: int = 0) -> np.ndarray:
         """``k`` pure-decode steps (see :meth:`sim.cost.AnalyticCostModel._decode_times`)
@@ -418,3 +508,42 @@ class OperatorCostModel(AnalyticCostModel):
                 "tensor_parallel_size": self.tp, "collective_link": self.link_name if self.tp > 1 else None,
                 "expert_parallel": self.expert_parallel,
                 "moe": ({"num_experts": self.E, "top_k": self.k} if self.E else None)}
+
+
+@kernel("UniTuple(i8, 7)(i8[:], i8[:])")
+def _step_sums(n, c):  # pragma: no cover (compiled)
+    """One step's integer sums for :meth:`OperatorCostModel._step_time_sums` (``n``: new tokens,
+    ``c``: cached tokens before them, per scheduled request): ``(decode query-key pairs sum
+    (c_i + 1) over n_i = 1, prefill pairs sum n_i c_i + n_i (n_i + 1) / 2 over n_i > 1, prefill
+    KV tokens sum c_i + n_i over n_i > 1, sum n_i, max n_i, decode chunks, exact)``; ``exact``
+    is 0 where a count is below 1 (``n``) or 0 (``c``) or reaches 2**26 (a product of two
+    could pass 2**52) or a sum reaches 2**52: the array formulas' float64 products and sums
+    could round there, so the caller takes them."""
+    dec_pairs = 0
+    pre_pairs = 0
+    pre_kv = 0
+    ns = 0
+    nmax = 0
+    ndec = 0
+    ok = 1
+    lim = 1 << 52
+    one = 1 << 26
+    for i in range(n.shape[0]):
+        ni = n[i]
+        ci = c[i]
+        if ni < 1 or ci < 0 or ni >= one or ci >= one:
+            ok = 0
+            break
+        if ni == 1:
+            dec_pairs += ci + 1
+            ndec += 1
+        else:
+            pre_pairs += ni * ci + ni * (ni + 1) // 2
+            pre_kv += ci + ni
+        ns += ni
+        if ni > nmax:
+            nmax = ni
+        if dec_pairs >= lim or pre_pairs >= lim or pre_kv >= lim or ns >= lim:
+            ok = 0
+            break
+    return dec_pairs, pre_pairs, pre_kv, ns, nmax, ndec, ok

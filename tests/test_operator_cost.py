@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import SINGLE_ENGINE
 from sim.cost import StretchShape
@@ -106,6 +107,73 @@ def test_step_time_equals_decode_stretches_bit_for_bit():
     assert list(durs) == per
     d2, ends = m.stretch_times(StretchShape(ctx0, 40), 1.0, math.inf)
     assert list(d2) == per
+
+
+# dense single-GPU models (the scalar path of step_time) and models that keep the array
+# formulas (tensor parallel, routed experts); composed once
+_STEP_MODELS = {}
+
+
+def _step_model(name):
+    if name not in _STEP_MODELS:
+        o = {"qwen3_8b": (), "llama3_1_70b_fp8": ("model=llama3_1_70b", "gpu=h100",
+                                                  "model.weight_quant=fp8",
+                                                  "cost.prefill_overhead_s=0.002",
+                                                  "cost.seq_overhead_s=2e-5"),
+             "llama3_1_70b_tp4": ("model=llama3_1_70b", "cost.tensor_parallel_size=4"),
+             "qwen3_235b": ("model=qwen3_235b_a22b", "cost.tensor_parallel_size=8")}[name]
+        _STEP_MODELS[name] = model_of(cfg(*o))
+    return _STEP_MODELS[name]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["qwen3_8b", "llama3_1_70b_fp8", "llama3_1_70b_tp4", "qwen3_235b"]),
+       chunks=st.lists(st.tuples(st.one_of(st.just(1), st.integers(1, 70_000)),
+                                 st.integers(0, 300_000)), min_size=1, max_size=40),
+       extra=st.integers(0, 3))
+def test_step_time_int64_equals_array_formulas_bit_for_bit(name, chunks, extra):
+    # int64 arrays may take the compiled integer sums; int32 arrays always take the float64
+    # array formulas: the same bits, decode-only, prefill-only and mixed steps alike
+    m = _step_model(name)
+    new = np.array([n for n, _ in chunks], dtype=np.int64)
+    ctx = np.array([c for _, c in chunks], dtype=np.int64)
+    samples = max(0, int(np.count_nonzero(new == 1)) - extra)
+    t64 = m.step_time(new, ctx, samples)
+    t32 = m.step_time(new.astype(np.int32), ctx.astype(np.int32), samples)
+    assert t64 == t32 and type(t64) is float
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["qwen3_8b", "llama3_1_70b_fp8", "llama3_1_70b_tp4"]),
+       decodes=st.lists(st.integers(0, 200_000), max_size=30),
+       chunk=st.integers(2, 8192), cached=st.integers(0, 100_000), k=st.integers(2, 60))
+def test_chunked_stretch_times_equal_step_time_bit_for_bit(name, decodes, chunk, cached, k):
+    # a chunked prefill beside decodes: the stretch's durations are step_time's of each step's
+    # arrays (int32: the array formulas), ends summed left to right
+    m = _step_model(name)
+    new = np.array([1] * len(decodes) + [chunk], dtype=np.int64)
+    ctx0 = np.array([*decodes, cached], dtype=np.int64)
+    first = m.step_time(new, ctx0, len(decodes))
+    durs, ends = m.stretch_times(StretchShape(ctx0, k, new_tokens=new, samples=len(decodes),
+                                              first_s=first), 10.0)
+    per = [m.step_time(new.astype(np.int32), (ctx0 + s * new).astype(np.int32), len(decodes))
+           for s in range(k)]
+    assert list(durs) == per
+    t = 10.0
+    for i, d in enumerate(per):
+        t = t + d
+        assert ends[i] == t
+
+
+def test_step_time_past_exact_sums_takes_the_array_formulas():
+    # chunks whose query-key pairs pass 2**53, where float64 products and sums round: int64
+    # arrays get the array formulas' bits (uint64 arrays always take those formulas)
+    m = _step_model("qwen3_8b")
+    new = np.array([4097, 1, 3], dtype=np.int64)
+    ctx = np.array([(1 << 42) + 1, (1 << 26) + 3, 5], dtype=np.int64)
+    t = m.step_time(new, ctx, 1)
+    assert t == m.step_time(new.astype(np.uint64), ctx.astype(np.uint64), 1)
+    assert t > m.step_time(new, np.array([0, 0, 0], dtype=np.int64), 1)
 
 
 def test_sliding_window_model_decode_times_match_step_time():
