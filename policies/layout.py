@@ -302,9 +302,9 @@ def _copy_blocks_but(slot_pos, idx, B, out):  # pragma: no cover (compiled)
         b0 = 0
         for i in range(idx.shape[0] + 1):
             b1 = idx[i] if i < idx.shape[0] else S // B
-            for s in range(b0 * B, b1 * B):
-                out[g, d] = slot_pos[g, s]
-                d += 1
+            n = (b1 - b0) * B  # (a run of kept blocks: one slice copy)
+            out[g, d:d + n] = slot_pos[g, b0 * B:b1 * B]
+            d += n
             b0 = b1 + 1
 
 

@@ -435,6 +435,25 @@ def test_commit_next_writes_what_commit_append_writes(H, steps, n, block):
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 40), st.sampled_from([4, 16]), st.integers(0, 2**32 - 1))
+def test_remove_blocks_keeps_the_other_blocks_slots_in_order(H, nb, block, seed):
+    """``PagedLayout.remove_blocks`` (the compiled copy of the kept blocks' runs, or the
+    trailing blocks cut) leaves every group's slots of the other blocks, in order: none,
+    some, runs, the trailing ones and every block removed."""
+    rng = np.random.default_rng(seed)
+    lay = filled(nb * block, groups=H, block=block)
+    drop = np.flatnonzero(rng.random(nb) < rng.choice([0.0, 0.3, 0.8, 1.0]))
+    if rng.random() < 0.3:
+        drop = np.arange(nb - int(rng.integers(0, nb + 1)), nb)
+    view = lay.slot_pos.reshape(H, nb, block)
+    view[:, drop, :] = -1
+    want = view[:, np.setdiff1d(np.arange(nb), drop), :].reshape(H, -1).copy()
+    lay.remove_blocks(drop)
+    assert np.array_equal(lay.slot_pos, want)
+    assert lay.n_blocks == nb - drop.size
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 7000), st.integers(0, 2**32 - 1), st.sampled_from(["normal", "ties", "sorted", "runs"]))
 def test_kth_largest_is_numpys_partition_value(n, seed, kind):
     """``policies.pooled_round.kth_largest(x, n, kg, buf)`` is the value ``np.partition(x[:n],
