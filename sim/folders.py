@@ -87,8 +87,10 @@ def uncreatable_folder(path: Path) -> Optional[str]:
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        try:
+            os.close(fd)
+        finally:  # (also when Ctrl-C comes in between: no probe file is left behind)
+            os.unlink(probe)
     except OSError as e:
         return f"{type(e).__name__}: {e.strerror or e}"
     return None

@@ -70,6 +70,47 @@ def release_sweep_dir() -> None:
         _held.pop().release()
 
 
+def held_sweep_dir() -> Path | None:
+    """The sweep folder whose lock this process holds (:func:`hold_sweep_dir`), or None."""
+    return _held[-1].path.parent if _held else None
+
+
+def mark_stopped_jobs(sweep: Path) -> list[str]:
+    """Mark ``INCOMPLETE`` every job folder directly under ``sweep`` that a stopped sweep
+    (Ctrl-C, SIGTERM) left without a marker or a complete run: one whose worker was stopped
+    after Hydra made it (its ``cli.log`` or ``.hydra/``) but before the simulation marked it.
+    The marker holds the job's overrides (``.hydra/overrides.yaml``, when readable) for
+    ``kvsim-collect``'s failure list. A job whose results went to its ``output.dir`` (its
+    pointer, :data:`sim.folders.RESULTS_POINTER`) is left to that folder's own marker.
+    Returns the names of the folders marked."""
+    from .folders import MARKER, RESULTS_POINTER, failure_marker, is_complete, run_overrides
+
+    marked = []
+    try:
+        children = sorted(Path(sweep).iterdir())
+    except OSError:
+        return marked
+    for d in children:
+        if not d.is_dir() or not ((d / "cli.log").exists() or (d / ".hydra").is_dir()):
+            continue
+        if (d / MARKER).exists() or (d / RESULTS_POINTER).exists() or is_complete(d):
+            continue
+        try:
+            import yaml
+
+            task = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
+        except (OSError, ValueError, ImportError):
+            task = []
+        try:
+            (d / MARKER).write_text(failure_marker(
+                "the sweep was stopped before this job's simulation started",
+                run_overrides([str(t) for t in task] if isinstance(task, list) else [])))
+        except OSError:
+            continue
+        marked.append(d.name)
+    return marked
+
+
 def sweep_running(sweep: Path) -> bool:
     """Whether a sweep process holds the folder ``sweep`` now."""
     return is_held(Path(sweep) / SWEEP_LOCK)

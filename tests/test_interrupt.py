@@ -113,7 +113,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_leaves_no_folder_that_looks_comple
     assert err.splitlines()[-1].startswith("kvsim: interrupted; "), err[-2000:]
     # (no folder, the empty folder the check of output.dir made, or the run's marked folder)
     assert not out.exists() or not any(out.iterdir()) or (out / MARKER).exists(), \
-        sorted(p.name for p in out.iterdir())
+        (sorted(p.name for p in out.iterdir()), err[-2000:])
     assert not is_complete(out)
 
 

@@ -452,3 +452,35 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     assert res.runs["cache.block_size"].tolist() == [16]
     (f,) = res.failed
     assert f.run_id == "1" and "now holds another run" in f.failure
+
+
+def test_a_stopped_sweeps_unmarked_job_folders_are_marked_incomplete(tmp_path):
+    """A sweep stopped by Ctrl-C or SIGTERM marks INCOMPLETE, with the job's overrides, each
+    job folder its worker left without a marker (Hydra had made it, the simulation had not
+    started); a job already marked, a complete one, one whose results went to its output.dir
+    and a folder that is no job's are left as they are."""
+    import json
+
+    from sim.folders import FAILED_PREFIX, OVERRIDES_PREFIX, RESULTS_POINTER
+    from sim.run import compose_config, run_simulation
+    from sim.sweep import mark_stopped_jobs
+
+    sweep = tmp_path / "sw"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- cache.block_size=16\n- output.dir=x\n")
+    (sweep / "0" / "cli.log").write_text("")
+    (sweep / "1").mkdir()
+    (sweep / "1" / "cli.log").write_text("")
+    (sweep / "1" / "INCOMPLETE").write_text("this run has not completed\n")
+    run_simulation(compose_config(["sim.progress=false", "trace.max_requests=5"]), sweep / "2")
+    (sweep / "3").mkdir()
+    (sweep / "3" / "cli.log").write_text("")
+    (sweep / "3" / RESULTS_POINTER).write_text("/elsewhere\n")
+    (sweep / "notes").mkdir()
+    assert mark_stopped_jobs(sweep) == ["0"]
+    first, second = (sweep / "0" / "INCOMPLETE").read_text().splitlines()
+    assert first.startswith(FAILED_PREFIX) and "stopped before" in first
+    assert json.loads(second[len(OVERRIDES_PREFIX):]) == ["cache.block_size=16"]
+    assert (sweep / "1" / "INCOMPLETE").read_text() == "this run has not completed\n"
+    assert not (sweep / "2" / "INCOMPLETE").exists()
+    assert not (sweep / "3" / "INCOMPLETE").exists() and not (sweep / "notes" / "INCOMPLETE").exists()

@@ -99,6 +99,12 @@ def _main() -> None:
             print(f"\nkvsim: interrupted; {state}", file=sys.stderr)
             sys.exit(status)
         how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
+        from .. import sweep as S
+
+        where = S.held_sweep_dir()
+        if where is not None:  # (jobs stopped before their simulation marked their folders)
+            S.mark_stopped_jobs(where)
+            S.release_sweep_dir()
         print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
               f"same command with output.skip_completed=true runs only those", file=sys.stderr)
         sys.exit(143 if how == "SIGTERM" else 130)
