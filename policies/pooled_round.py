@@ -6,7 +6,10 @@ al., 2024). With PyramidKV's and Ada-KV's ``per_layer_per_head`` groups (a 36-la
 8 KV heads: 288 groups) that is millions of scores a round, so the kernels here work group by
 group, with the group's scores, pooled scores and ranking in arrays of one prompt's length
 (they stay in the CPU's caches), and compute what the groups share (the shared stream and the
-recency term of each position) once.
+recency term of each position) once. SnapKV and PyramidKV rank without scoring every
+position: a group's scores are bounded per lattice cell from the cell's two lattice values
+(:func:`_cell_bounds`), and only the segments of candidates whose bound reaches the group's
+threshold are scored (:func:`_bounded_threshold`); Ada-KV's normaliser needs every score.
 
 Every value is the arithmetic of :mod:`policies.score_terms`' helpers (:func:`lattice_stream_at`,
 :func:`log_score_from_streams`, :func:`recency_at`) in the same order, so the keep masks are
