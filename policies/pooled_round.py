@@ -391,7 +391,8 @@ def _bounded_threshold(g, rp, nc, m, k, kg, eps, z0, rec, ip_i, ip_f, slat, drif
                             sig, v, pooled, cv, nsc)
         for si in range(nseg):
             sel[si] = 1 if sel[si] != 0 else 0
-        t = kth_largest(cv, nsc, kg, tmp)
+        if nsc >= kg:  # (fewer: a short last segment among them; t stays -inf, all go on)
+            t = kth_largest(cv, nsc, kg, tmp)
     return kth_largest(cv, nsc, kg, tmp)
 
 
