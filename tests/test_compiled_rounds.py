@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import SINGLE_ENGINE
@@ -510,6 +510,8 @@ def test_snapkv_select_from_terms_equals_select(name, layered, prompt, decode, b
        st.sampled_from([1, 3, 7, 9, 33, 35]), st.sampled_from([1.5, 4.0, 1e-9, 0.0]),
        st.sampled_from([0, 0, 300, 777]), st.sampled_from([16.0, 5.5, 40.0]),
        st.integers(0, 2**32 - 1))
+@example(H=8, prompt=38, decode=27, holes=0.0, kernel=33, sigma=4.0, step=0, corr=5.5,
+         seed=14783875)  # (budgets of 2-4: a round of segments may hold fewer than kg)
 def test_snap_keep_bounded_scoring_keeps_what_scoring_every_candidate_keeps(
         H, prompt, decode, holes, kernel, sigma, step, corr, seed):
     """``snap_keep`` with ``bound`` (a group scores only the segments whose upper bound on the
