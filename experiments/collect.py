@@ -32,7 +32,8 @@ collects one run's folder as a one-run sweep into ``RUN_DIR-collected`` beside i
   true, a file its ``summary.json`` lists in ``output_files`` deleted since the run) or whose
   per-run table cannot be read (a truncated or corrupt ``requests.parquet``, ...;
   only the tables being collected are read), with the reason (for a table: the file and the
-  Parquet error). These runs are in no other output; the other runs are collected. Both files are
+  Parquet error), and every job the sweep was to run that left no folder (the sweep stopped
+  before it started: :func:`experiments.run_folders.jobs_not_run`), with its overrides. These runs are in no other output; the other runs are collected. Both files are
   always written (empty when every run completed).
 
 * ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
@@ -110,8 +111,7 @@ from experiments.collect_tables import (UnreadableTable, check_table_files, flat
                                         override_values, run_row, table_from_rows, write_failed,
                                         write_table_dataset)
 from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir, default_out_dir,
-                                     find_run_dirs, one_line,
-                                     read_run, results_dir)
+                                     find_run_dirs, jobs_not_run, one_line, read_run, results_dir)
 from sim.folders import RESULTS_POINTER, stale_job
 
 @dataclass
@@ -155,11 +155,13 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     # job directories an earlier, larger sweep left in a sweep directory run again
     stale = [d for d in run_dirs if d != sweep and stale_job(d)]
     run_dirs = [d for d in run_dirs if d not in stale]
-    if not run_dirs:
+    runs = [read_run(d, sweep, i) for i, d in enumerate(run_dirs)]
+    # jobs the sweep was to run that left no folder (it stopped before they started)
+    runs += jobs_not_run(sweep, runs) if sweep not in run_dirs else []
+    if not runs:
         raise CollectError(
             f"{sweep}: no kvsim run directories found (expected sub-directories with "
             f".hydra/overrides.yaml, summary.json or an {MARKER} marker, as `kvsim -m` writes)")
-    runs = [read_run(d, sweep, i) for i, d in enumerate(run_dirs)]
     runs.sort(key=lambda r: (r.job if r.job is not None else 1 << 62, r.run_id))
     jobs = [r.job for r in runs]
     if len(set(jobs)) != len(jobs):  # e.g. nested sweeps: number runs by sorted position

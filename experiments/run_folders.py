@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from sim.folders import (FAILED_PREFIX, JOB_CLAIM, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID, is_collection,
-                         output_files_problem)
+from sim.folders import (FAILED_PREFIX, JOB_CLAIM, LEDGER, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
+                         is_collection, output_files_problem, read_plan)
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 
@@ -345,6 +345,46 @@ def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Flattening and typing
+
+
+def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
+    """The jobs the latest sweep into ``sweep_dir`` was to run (the plan in its job ledger,
+    :func:`sim.folders.read_plan`) that left no run folder among ``runs`` (the runs read from
+    it, by job number and sweep id): a sweep stopped (Ctrl-C, a killed process, a node lost)
+    before they started, or a job killed before it made its folder. Each is a failed RunInfo
+    naming the job, its overrides and why (the ledger's entry when the job started, else that
+    it never started), its ``run_dir`` the folder Hydra's default ``hydra.sweep.subdir`` gives
+    it (``SWEEP_DIR/<job number>``) or the one its ledger entry names. Empty without a plan
+    (another sweeper, a single run's folder) or when the plan is another sweep's than the
+    folder's sweep id."""
+    plan = read_plan(sweep_dir)
+    try:
+        sid = (sweep_dir / SWEEP_ID).read_text().strip()
+    except OSError:
+        return []
+    if plan is None or plan[0] != sid:
+        return []
+    present = {r.job for r in runs if r.job is not None and (r.sweep_id or "") == sid}
+    missing = []
+    for num, overrides in enumerate(plan[1]):
+        if num in present:
+            continue
+        try:
+            entry = json.loads((sweep_dir / LEDGER / str(num)).read_text())
+        except (OSError, ValueError):
+            entry = None
+        entry = entry if isinstance(entry, dict) else None
+        if entry is None:
+            why = "never ran: the sweep stopped before this job started"
+        elif entry.get("state") == "complete":
+            why = "its results folder is gone (the job completed, its folder was removed since)"
+        else:
+            why = (entry.get("why") or "its process ended before the job made its folder "
+                   "(killed?)")
+        name = str(entry.get("name") or num) if entry else str(num)
+        missing.append(RunInfo(run_dir=sweep_dir / name, run_id=name, job=num,
+                               overrides=list(overrides), failure=why, sweep_id=sid))
+    return missing
 
 
 def one_line(e: BaseException) -> str:

@@ -266,7 +266,8 @@ class FailedRunsExit(Callback):
                 sys.exit(0)
             _exit_with(bad)
         from .errors import SweepBusy
-        from .sweep import clear_ledger, guard_joblib_launcher, hold_sweep_dir, release_sweep_dir
+        from .sweep import (basic_sweep_jobs, clear_ledger, guard_joblib_launcher, hold_sweep_dir,
+                            release_sweep_dir, write_plan)
 
         sweep = Path(str(config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
@@ -282,10 +283,14 @@ class FailedRunsExit(Callback):
 
         try:
             clear_ledger(sweep)
-            write_whole(sweep / SWEEP_ID, f"{time.time_ns()}-{os.getpid()}\n")
+            sweep_id = f"{time.time_ns()}-{os.getpid()}"
+            write_whole(sweep / SWEEP_ID, f"{sweep_id}\n")
             # (Hydra's sweeper writes the same bytes there next, truncating the file first: a
             # disk with no room for them stops the sweep here with one line, not a traceback)
             write_whole(sweep / "multirun.yaml", OmegaConf.to_yaml(config))
+            jobs = basic_sweep_jobs(config)  # (the jobs to run: one that never starts is known)
+            if jobs is not None:
+                write_plan(sweep, sweep_id, jobs)
         except OSError as e:
             release_sweep_dir()
             _exit_with(_write_error(e, sweep), 1)

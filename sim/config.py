@@ -21,7 +21,7 @@ from omegaconf import MISSING, OmegaConf
 from policies import POLICY_CONFIGS, CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
-from .folders import RUN_LOCK, blocking_file, foreign_folder, uncreatable_folder
+from .folders import RUN_LOCK, SWEEP_ID, blocking_file, foreign_folder, uncreatable_folder
 
 
 @dataclass
@@ -363,7 +363,9 @@ def _run_dir(output_dir, default: str) -> str:
     system's temporary directory instead, so Hydra can create its run directory (and log file)
     without writing into or beside it; the job then reports the bad ``output.dir`` itself (one
     clear line, exit 2). So does a folder another kvsim process holds (its lock,
-    :func:`sim.run.hold_output_dir`): the refused run writes nothing there, not even its log."""
+    :func:`sim.run.hold_output_dir`) and a sweep job's results folder (the sweep's id,
+    :data:`sim.folders.SWEEP_ID`; this resolver names a single run's folder only): the refused
+    run writes nothing there, not even its log."""
     if output_dir is None or str(output_dir) == "":
         return default
     import os
@@ -373,7 +375,8 @@ def _run_dir(output_dir, default: str) -> str:
 
     p = Path(str(output_dir))
     if blocking_file(p) is not None or foreign_folder(p) is not None \
-            or held_by_another(p / RUN_LOCK) or uncreatable_folder(p) is not None:
+            or held_by_another(p / RUN_LOCK) or uncreatable_folder(p) is not None \
+            or (p / SWEEP_ID).is_file():
         return str(Path(tempfile.gettempdir()) / f"{REJECTED_RUN_PREFIX}{os.getpid()}")
     return str(output_dir)
 

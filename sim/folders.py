@@ -4,7 +4,7 @@
   :func:`blocking_file`, :func:`blocked_folder`; a ``kvsim-collect`` output,
   :func:`is_collection`);
 * the marks a sweep leaves (:data:`SWEEP_ID`, :data:`RESULTS_POINTER`, :data:`JOB_CLAIM`,
-  :func:`sweep_root`, :func:`stale_job`);
+  :func:`sweep_root`, :func:`stale_job`) and the jobs it was to run (:func:`read_plan`);
 * what identifies a run (:func:`run_overrides`, :func:`config_fingerprint`), the files its
   summary lists (:func:`output_files_problem`) and the INCOMPLETE marker of a failed run
   (:func:`failure_marker`); whether a folder holds a complete run (:func:`is_complete`,
@@ -118,6 +118,8 @@ def blocked_folder(path: Path) -> Optional[str]:
 # In a results folder while a run writes there: "<host> <pid>" (sim.locks, sim.run.hold_output_dir)
 RUN_LOCK = ".kvsim_running"
 SWEEP_ID = ".kvsim_sweep_id"
+LEDGER = ".kvsim_jobs"  # (a sweep's job ledger: sim.sweep)
+PLAN = "plan.json"  # (in the ledger: the jobs the sweep was to run, written at its start)
 # In a multirun job's Hydra folder when ``output.dir`` put its results elsewhere: that folder's
 # absolute path (kvsim-collect follows it, so collecting the sweep folder finds every job).
 RESULTS_POINTER = ".kvsim_results"
@@ -294,3 +296,18 @@ def stale_job(job_dir: Path) -> bool:
     if root is None or not mine.is_file():
         return False
     return mine.read_text().strip() != (root / SWEEP_ID).read_text().strip()
+
+
+def read_plan(sweep: Path) -> tuple[str, list[list[str]]] | None:
+    """The plan :func:`sim.sweep.write_plan` left in the ledger of ``sweep``: (sweep id, each job's
+    overrides in job-number order), or None when there is none (another sweeper, a sweep of a
+    kvsim that wrote none) or it cannot be read."""
+    try:
+        e = json.loads((Path(sweep) / LEDGER / PLAN).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(e, dict) and isinstance(e.get("sweep_id"), str)
+            and isinstance(e.get("jobs"), list)
+            and all(isinstance(j, list) and all(isinstance(o, str) for o in j) for j in e["jobs"])):
+        return None
+    return e["sweep_id"], e["jobs"]

@@ -35,10 +35,10 @@ from pathlib import Path
 from hydra.errors import CompactHydraException
 
 from .errors import Busy, SweepBusy
+from .folders import LEDGER, PLAN
 from .locks import Held, hold, is_held
 
 SWEEP_LOCK = ".kvsim_sweep_lock"
-LEDGER = ".kvsim_jobs"
 RESUME_HINT = "the same command with output.skip_completed=true runs only the jobs left"
 
 _held: list[Held] = []  # (the sweep lock of this process, held until the sweep ends)
@@ -152,6 +152,42 @@ def record_job(sweep: Path, job: int, state: str, why: str | None = None,
     return True
 
 
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def basic_sweep_jobs(config) -> list[list[str]] | None:
+    """The jobs of a sweep through Hydra's basic sweeper (``config``: Hydra's whole config of
+    the sweep), in job-number order: each job's overrides, as the sweeper expands the swept
+    keys (``hydra.sweeper.params`` and the command line's overrides; Hydra's
+    ``BasicSweeper.split_arguments``). None for another sweeper. Raises Hydra's or OmegaConf's
+    error for an override it cannot parse."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    params = config.hydra.sweeper.get("params") or {}
+    given = [f"{k}={v}" for k, v in params.items()] + [
+        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def write_plan(sweep: Path, sweep_id: str, jobs: list[list[str]]) -> None:
+    """Record in the ledger of ``sweep`` the jobs the sweep ``sweep_id`` is to run (``jobs``:
+    each job's overrides, in job-number order), so that a job that never started (the sweep
+    stopped or was killed first) is still known to :func:`read_plan`. Raises OSError when the
+    file cannot be written (the caller holds the sweep lock; written whole, then renamed)."""
+    d = Path(sweep) / LEDGER
+    d.mkdir(exist_ok=True)
+    tmp = d / f".{PLAN}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"sweep_id": sweep_id, "jobs": jobs}) + "\n")
+    os.replace(tmp, d / PLAN)
+
+
 class UnrecordedJobFailure(CompactHydraException):
     """A sweep job (folder ``name``) failed (``why``) and the job ledger of ``sweep`` could
     not record it (a full disk). Raised by the job function: the job's launcher hands it to
@@ -215,10 +251,8 @@ def _complete_jobs(config) -> list[Path] | None:
     """:func:`complete_sweep`'s check (which sets Hydra's config back after it)."""
     import copy
 
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict, read_write
 
     from traces import TraceError, input_fingerprint
@@ -226,16 +260,10 @@ def _complete_jobs(config) -> list[Path] | None:
     from .folders import config_fingerprint, run_overrides
     from .run import input_files, is_complete
 
-    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
-    if not config.output.skip_completed or sweeper != (
-            "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"):
+    jobs = basic_sweep_jobs(config) if config.output.skip_completed else None
+    if jobs is None:
         return None
     loader = GlobalHydra.instance().config_loader()
-    params = config.hydra.sweeper.get("params") or {}
-    given = [f"{k}={v}" for k, v in params.items()] + [
-        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
-    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     folders = []
     for num, job in enumerate(jobs):
         job_cfg = loader.load_sweep_config(config, list(job))
@@ -270,23 +298,17 @@ def unread_policy_options(config) -> str | None:
     notes each); an option that no policy of the sweep reads is an error too. None when every
     option is read, or for another sweeper; a job whose config does not compose is left to
     Hydra's own check, a policy name unknown to its job's validation."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from policies.config import readers_of, unread_options
 
-    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
-    if sweeper != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     loader = GlobalHydra.instance().config_loader()
-    params = config.hydra.sweeper.get("params") or {}
-    given = [f"{k}={v}" for k, v in params.items()] + [
-        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
     groups = {str(g) for g in config.hydra.runtime.choices if not str(g).startswith("hydra")}
 
     def shapes_policy(o: str) -> bool:
@@ -294,8 +316,7 @@ def unread_policy_options(config) -> str | None:
         return key == "policy" or key.startswith(("policy.", "policy/")) or key in groups
 
     try:
-        parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
-        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        jobs = basic_sweep_jobs(config) or []
         seen: dict[tuple, tuple[str, list]] = {}
         for job in jobs:
             shape = tuple(o for o in job if shapes_policy(o))
@@ -427,8 +448,7 @@ def uncomposable_job(config) -> str | None:
 
     from .console import hydra_error
 
-    sweeper = OmegaConf.select(config, "hydra.sweeper._target_")
-    if sweeper != "hydra._internal.core_plugins.basic_sweeper.BasicSweeper":
+    if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     loader = GlobalHydra.instance().config_loader()
     params = config.hydra.sweeper.get("params") or {}

@@ -283,3 +283,58 @@ def test_out_that_cannot_be_created_names_it_not_the_temporary(base_sweep, tmp_p
     msg = str(ei.value)
     assert msg.startswith(f"{out}: cannot create the output directory (in {out.parent}: ")
     assert ".tmp-" not in msg
+
+
+# --- jobs a sweep never ran ------------------------------------------------------------------------
+
+
+def test_sweep_plan_lists_each_jobs_overrides(base_sweep):
+    """The sweep records the jobs it is to run (sim.sweep.write_plan) under its own id, each
+    job's overrides as Hydra gives them to that job."""
+    from sim.folders import read_plan
+
+    sid, jobs = read_plan(base_sweep)
+    assert sid == (base_sweep / ".kvsim_sweep_id").read_text().strip()
+    import yaml
+    assert jobs == [yaml.safe_load((base_sweep / str(i) / ".hydra" / "overrides.yaml").read_text())
+                    for i in range(2)]
+
+
+def test_job_that_never_ran_is_a_failed_run(sweep, tmp_path):
+    """A job of the sweep's plan that left no folder (the sweep stopped before it started) is
+    listed as failed with its overrides; --strict exits non-zero; the other job is collected."""
+    shutil.rmtree(sweep / "1")
+    (sweep / ".kvsim_jobs" / "1").unlink()
+    out = tmp_path / "c"
+    r = _collect_cli(sweep, "--out", out, "--strict")
+    assert r.returncode != 0, r.stdout + r.stderr
+    failed = pd.read_csv(out / "failed_runs.csv")
+    assert failed["job"].tolist() == [1]
+    assert failed["reason"].iloc[0].startswith("never ran: the sweep stopped before this job")
+    assert "seed=1" in failed["overrides"].iloc[0].split()
+    assert pd.read_parquet(out / "runs.parquet")["job"].tolist() == [0]
+    assert json.loads((out / "manifest.json").read_text())["runs_total"] == 2
+
+
+def test_job_killed_before_its_folder_names_the_ledger(sweep, tmp_path):
+    """A job the ledger shows started but that left no folder is failed with the ledger's
+    reason (its process ended)."""
+    shutil.rmtree(sweep / "1")
+    entry = json.loads((sweep / ".kvsim_jobs" / "1").read_text())
+    entry.update(state="running", why=None)
+    (sweep / ".kvsim_jobs" / "1").write_text(json.dumps(entry))
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert [(r.job, r.failure) for r in res.failed] == [
+        (1, "its process ended before the job made its folder (killed?)")]
+
+
+def test_plan_of_another_sweep_is_not_read(sweep, tmp_path):
+    """A plan whose sweep id is not the folder's (an older kvsim's folder, a copied ledger) adds
+    no failed run."""
+    plan = sweep / ".kvsim_jobs" / "plan.json"
+    p = json.loads(plan.read_text())
+    p["jobs"].append(["seed=7"])
+    p["sweep_id"] = "1-1"
+    plan.write_text(json.dumps(p))
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert res.failed == [] and len(res.runs) == 2

@@ -375,3 +375,23 @@ def test_a_run_folder_collected_on_its_own_is_collected_beside_it(tmp_path):
     (out / "collected" / "notes.txt").write_text("mine")
     r = _kvsim(*args, check=False)
     assert r.returncode == 2 and "not a kvsim run's (collected)" in r.stderr
+
+
+def test_a_sweep_jobs_results_folder_is_refused_to_a_single_run(tmp_path):
+    """A single run whose output.dir is a sweep job's results folder (it holds the sweep's id)
+    is refused with one line naming the job and the sweep, exit 2, leaving the folder's files
+    as they were: it would replace the job's results and kvsim-collect would take them for the
+    job's."""
+    sw = tmp_path / "sw"
+    job = sw / "3"
+    job.mkdir(parents=True)
+    (sw / ".kvsim_sweep_id").write_text("17-42\n")
+    (job / ".kvsim_sweep_id").write_text("17-42\n")
+    (job / "summary.json").write_text('{"complete": true}\n')
+    before = {p.name: p.read_bytes() for p in job.iterdir()}
+    r = run_kvsim(job, "trace.max_requests=5")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvsim: error: output.dir="), r.stderr
+    assert f"job 3 of the sweep in {sw}" in lines[0], lines[0]
+    assert {p.name: p.read_bytes() for p in job.iterdir()} == before

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..folders import JOB_CLAIM
+from ..folders import JOB_CLAIM, SWEEP_ID, sweep_root
 
 
 def read_claim(out_dir: Path) -> tuple[str, str, Path | None] | None:
@@ -39,6 +39,24 @@ def running_sweep_claim(out_dir: Path, sweep_dir: Path | None = None) -> str | N
             pass
     return f"job {held[1]} of the sweep running into {held[2]}" if sweep_running(held[2]) \
         else None
+
+
+def sweep_results_claim(out_dir: Path) -> str | None:
+    """When ``out_dir`` holds the results of a sweep's job (the sweep id a job writes into its
+    results folder, :data:`sim.folders.SWEEP_ID`), whether or not that sweep still runs:
+    ``"job N of the sweep in DIR"`` (N from the job's claim when ``output.dir`` put it there,
+    else the folder's name; DIR the nearest folder above holding the sweep's id, or "a sweep"
+    when none does); else None. A single run into such a folder would replace that job's
+    results and ``kvsim-collect`` would take them for the job's."""
+    try:
+        if not (out_dir / SWEEP_ID).is_file():
+            return None
+    except OSError:
+        return None
+    held = read_claim(out_dir)
+    job = held[1] if held is not None else out_dir.name
+    root = held[2] if held is not None and held[2] is not None else sweep_root(out_dir)
+    return f"job {job} of the sweep in {root}" if root is not None else f"job {job} of a sweep"
 
 
 def claim_output_dir(out_dir: Path, sweep_id: str, job: int,

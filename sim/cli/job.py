@@ -19,7 +19,7 @@ from .. import hydra_record
 from ..config import REJECTED_RUN_PREFIX, register_configs
 from ..console import resource_error, write_line
 from ..folders import JOB_CLAIM, blocking_file
-from .claims import claim_output_dir, read_claim, running_sweep_claim
+from .claims import claim_output_dir, read_claim, running_sweep_claim, sweep_results_claim
 from .overrides import unresolvable_interpolation
 from .report import format_summary, run_notes
 
@@ -371,6 +371,13 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
                 pass  # (the sweep's job ledger still has it)
         return msg
 
+    if not multirun:  # (before its lock: the refused run writes nothing into the job's folder)
+        other = sweep_results_claim(out_dir)
+        if other is not None:
+            refuse(f"output.dir={out_dir} holds the results of {other}; a single run would "
+                   f"replace them and kvsim-collect would take its results for that job's; "
+                   f"expected a folder of no sweep (pick another output.dir; a sweep run "
+                   f"again with output.skip_completed=true reruns only its missing jobs)")
     try:  # the results folder is this run's until it ends: no other run writes it meanwhile
         # (a file in its way: run_simulation's error names it)
         lock = hold_output_dir(out_dir, None if cfg.output.dir else f"the run folder {out_dir}") \
