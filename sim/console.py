@@ -46,6 +46,18 @@ def resource_error(e: BaseException) -> str | None:
     return None
 
 
+
+def _plain_scalar(value: str) -> bool:
+    """Whether an override's ``value`` is one Hydra reads as a number, a boolean or null."""
+    v = value.strip()
+    if v.lower() in ("true", "false", "null", ""):
+        return True
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
 def hydra_error(e: BaseException) -> str | None:
     """The one-line error for an exception Hydra raises composing a config from the command
     line (its own message is several lines and exit status 1), naming the override and what was
@@ -53,13 +65,33 @@ def hydra_error(e: BaseException) -> str | None:
     (``model=qwen3-8b``: the closest option and the list), a key the typed config does not have
     (``trace.max_request=1``: the closest field; Hydra's hint to append it with ``+`` is not
     what a typo wants), and a value that cannot be its field's type (``seed=abc``, ``seed=null``
-    for a field that takes no null)."""
+    for a field that takes no null), an argument that is no ``KEY=VALUE`` override
+    (``trace.max_requests 200``) and a config group given a number, a boolean or null
+    (``policy=5``: the arguments of ``sys.argv`` that set a group so are named)."""
     import dataclasses
     import difflib
 
-    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+    if isinstance(e, OverrideParseException):
+        text = str(e)
+        why = "it has no '='" if "missing EQUAL" in text else "Hydra's parser: " + next(
+            (ln.strip() for ln in text.splitlines()[1:] if ln.strip().strip("^")
+             and not ln.startswith("See ")), text.splitlines()[0].strip())
+        return (f"{e.override}: not an override Hydra can parse ({why}); expected KEY=VALUE, "
+                f"e.g. trace.max_requests=200")
+    if isinstance(e, ValueError) and str(e).startswith("Config group override must be a string"):
+        got = {"int": "a number", "float": "a number", "bool": "true/false",
+               "NoneType": "null"}.get(str(e).rsplit(" ", 1)[-1], "that value")
+        import sys
+
+        given = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")
+                 and "." not in a.split("=", 1)[0]
+                 and any(_plain_scalar(v) for v in a.split("=", 1)[1].split(","))]
+        where = ", ".join(given) if given else "a config group's override"
+        return (f"{where}: a config group takes an option's name, not {got}; expected "
+                f"GROUP=OPTION, e.g. policy=snapkv (`kvsim --help` lists each group's options)")
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file \
             and "/" in e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")

@@ -367,3 +367,23 @@ def test_sweep_checks_make_no_folders_and_count_jobs_elsewhere(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "kvsim: sweep done into" in r.stderr and "ran no job" not in r.stderr
     assert all((out / j / "summary.json").exists() for j in ("0", "1"))
+
+
+def test_arguments_hydra_cannot_read_as_overrides_are_one_line(tmp_path):
+    """An argument without '=' (``trace.max_requests 200``) and a config group given a number,
+    a boolean or null (also as a sweep's value) are one kvsim error line naming the argument
+    and what was expected, exit 2, before any folder is made."""
+    for args, err in (
+            (["trace.max_requests", "200"], "trace.max_requests: not an override Hydra can parse "
+                                            "(it has no '='); expected KEY=VALUE"),
+            (["policy=5"], "policy=5: a config group takes an option's name, not a number"),
+            (["model=null"], "model=null: a config group takes an option's name, not null"),
+            (["gpu=true"], "gpu=true: a config group takes an option's name, not true/false"),
+            (["-m", "policy=full,5"], "policy=full,5: a config group takes an option's name")):
+        r = subprocess.run([*KVSIM, *args, f"hydra.sweep.dir={tmp_path / 'sw'}",
+                            f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert r.returncode == 2, (args, r.stderr[-1500:])
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"kvsim: error: {err}"), (args, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
