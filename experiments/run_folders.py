@@ -20,6 +20,7 @@ from sim.folders import (FAILED_PREFIX, JOB_CLAIM, LEDGER, OVERRIDES_PREFIX, RES
                          is_collection, output_files_problem, read_plan)
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
+RUN_LOG = "cli.log"  # the log file Hydra opens in a run's folder (job logging, job name "cli")
 
 # Names of the per-run tables that are not collected into datasets (none today; kept explicit).
 SKIP_TABLES: frozenset[str] = frozenset()
@@ -56,9 +57,19 @@ class RunInfo:
 # Discovery and reading
 
 
+def _only_log(p: Path) -> bool:
+    """``p`` holds the run log kvsim's Hydra app writes first (``cli.log``) and no folder but
+    hidden ones: a run stopped (SIGKILL) after Hydra made its folder, before it marked it."""
+    try:
+        return (p / RUN_LOG).is_file() and not any(
+            c.is_dir() and not c.name.startswith(".") for c in p.iterdir())
+    except OSError:
+        return False
+
+
 def _is_run_dir(p: Path) -> bool:
     return ((p / ".hydra" / "overrides.yaml").is_file() or (p / "summary.json").is_file()
-            or (p / MARKER).exists() or (p / RESULTS_POINTER).is_file())
+            or (p / MARKER).exists() or (p / RESULTS_POINTER).is_file() or _only_log(p))
 
 
 def default_out_dir(sweep_dir) -> Path:
@@ -142,8 +153,9 @@ def check_out_dir(sweep_dir, out_dir) -> None:
 
 def find_run_dirs(sweep_dir, exclude: Path | None = None) -> list[Path]:
     """Run directories under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``,
-    ``summary.json``, an ``INCOMPLETE`` marker, or the pointer a multirun job leaves when its
-    ``output.dir`` is elsewhere: :func:`results_dir`); not descending into a run directory.
+    ``summary.json``, an ``INCOMPLETE`` marker, the pointer a multirun job leaves when its
+    ``output.dir`` is elsewhere (:func:`results_dir`), or only the run's log ``cli.log``, a run
+    killed before it marked its folder: a failed run); not descending into a run directory.
 
     ``sweep_dir`` may itself be one run directory (``kvsim`` without ``-m``): it is then the only
     run. Hidden directories (``.submitit``, ``.hydra``) and ``exclude`` are skipped.
@@ -256,6 +268,9 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
             info.failure = f"INCOMPLETE marker: {' '.join(lines)}"
         else:
             info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
+    elif not summary_path.is_file() and _only_log(run_dir):
+        info.failure = (f"no summary.json and no {MARKER} marker, only the run's log {RUN_LOG} "
+                        f"(the run was killed before it marked its folder)")
     elif not summary_path.is_file():
         info.failure = "no summary.json"
     else:

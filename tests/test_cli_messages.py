@@ -64,6 +64,17 @@ def test_help_names_the_run_folders_and_the_companion_commands():
         assert text in r.stdout, text
 
 
+def test_version_names_kvsim_and_hydra():
+    """``kvsim --version`` prints kvsim's version (package metadata) and Hydra's on one line."""
+    from importlib.metadata import version
+
+    import hydra
+
+    r = subprocess.run([*KVSIM, "--version"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == f"kvsim {version('kvsim')} (Hydra {hydra.__version__})\n"
+
+
 def test_sim_time_limit_stops_at_the_same_step_with_fast_forward(tmp_path):
     """The limit error names the clock at the first step that passed it, the same with the decode
     fast-forward as without it (a stretch ends at that step)."""

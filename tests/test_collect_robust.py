@@ -338,3 +338,17 @@ def test_plan_of_another_sweep_is_not_read(sweep, tmp_path):
     plan.write_text(json.dumps(p))
     res = C.collect(sweep, tmp_path / "c", quiet=True)
     assert res.failed == [] and len(res.runs) == 2
+
+
+def test_folder_holding_only_the_run_log_is_a_failed_run(sweep, tmp_path):
+    """A folder holding only a run's log ``cli.log`` (a run killed after Hydra made its folder,
+    before it marked it) is a run, listed as failed, never skipped; ``--strict`` exits non-zero."""
+    (sweep / "killed").mkdir()
+    (sweep / "killed" / "cli.log").write_text("[kvsim] kvsim (defaults) -> killed\n")
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert [(r.run_dir.name, r.failure) for r in res.failed] == [
+        ("killed", "no summary.json and no INCOMPLETE marker, only the run's log cli.log (the "
+                   "run was killed before it marked its folder)")]
+    assert len(res.runs) == 2  # (the sweep's two complete jobs)
+    r = _collect_cli(sweep, "--out", tmp_path / "d", "--strict")
+    assert r.returncode != 0, r.stdout + r.stderr

@@ -87,30 +87,38 @@ def test_signal_mid_simulation_leaves_incomplete_dir(tmp_path, sig):
     assert not (out / ".kvsim_running").exists()  # (the run's lock is let go)
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5, 3.0])
-def test_ctrl_c_at_any_moment_is_one_line_and_leaves_no_folder_that_looks_complete(tmp_path, delay):
-    """Ctrl-C at any moment of a single run (while its modules are imported, while Hydra
-    composes the config and makes the run folder, or while it simulates) ends with one
-    ``kvsim: interrupted; ...`` line and exit status 130, no traceback, and leaves no results
-    folder, an empty one, or one marked INCOMPLETE: none that looks complete or unmarked."""
+@pytest.mark.parametrize("sig,delay", [(signal.SIGINT, 0.3), (signal.SIGINT, 0.8),
+                                       (signal.SIGINT, 1.5), (signal.SIGINT, 3.0),
+                                       (signal.SIGTERM, 0.8), (signal.SIGTERM, 1.5)],
+                         ids=["SIGINT-0.3", "SIGINT-0.8", "SIGINT-1.5", "SIGINT-3.0",
+                              "SIGTERM-0.8", "SIGTERM-1.5"])
+def test_signal_at_any_moment_is_one_line_and_leaves_no_folder_that_looks_complete(tmp_path,
+                                                                                    sig, delay):
+    """Ctrl-C (SIGTERM) at any moment of a single run (while its modules are imported, while
+    Hydra composes the config and makes the run folder, or while it simulates) ends with one
+    ``kvsim: interrupted; ...`` (``kvsim: stopped by SIGTERM; ...``) line and exit status 130
+    (143), no traceback, and leaves no results folder, an empty one, or one marked INCOMPLETE:
+    none that looks complete or unmarked (a folder holding only Hydra's ``cli.log``)."""
     out = tmp_path / "run"
     proc = subprocess.Popen([*KVSIM, f"output.dir={out}", *LONG], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=_default_sigint)
     try:
         time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         err = proc.communicate(timeout=120)[1].decode()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    if proc.returncode == -signal.SIGINT:  # (before Python's own handler was installed)
+    if proc.returncode == -sig:  # (before Python's own handler was installed)
         assert err == "" and not out.exists()
         return
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err[-2000:]
     assert "Traceback" not in err and "Fatal Python error" not in err, err[-2000:]
-    assert err.splitlines()[-1].startswith("kvsim: interrupted; "), err[-2000:]
+    assert err.splitlines()[-1].startswith(
+        "kvsim: interrupted; " if sig == signal.SIGINT else "kvsim: stopped by SIGTERM; "), \
+        err[-2000:]
     # (no folder, the empty folder the check of output.dir made, or the run's marked folder)
     assert not out.exists() or not any(out.iterdir()) or (out / MARKER).exists(), \
         (sorted(p.name for p in out.iterdir()), err[-2000:])

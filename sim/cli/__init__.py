@@ -15,13 +15,24 @@ notes after a run), :mod:`~sim.cli.claims` (a sweep job's claim on its ``output.
 import sys
 
 
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main() -> None:
-    """The ``kvsim`` console script (:func:`sim.cli.entry.main`). Ctrl-C while its modules are
-    still being imported (the first second or so) ends with one line and exit status 130:
-    nothing has been written yet."""
+    """The ``kvsim`` console script (:func:`sim.cli.entry.main`). Ctrl-C or SIGTERM while its
+    modules are still being imported (the first second or so) ends with one line and exit
+    status 130 (Ctrl-C) or 143 (SIGTERM): nothing has been written yet. SIGTERM raises
+    ``KeyboardInterrupt("SIGTERM")`` from here on (:mod:`sim.cli.entry` says which stopped it)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from .entry import main as run
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if str(e) == "SIGTERM":
+            print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
+            sys.exit(143)
         print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
         sys.exit(130)
     run()

@@ -12,7 +12,7 @@ from .overrides import (command_line_overrides, duplicate_override_key, missing_
                         missing_launcher_plugin, non_boolean_override, unparsable_override)
 
 
-def _on_sweep_sigterm(signum, frame):
+def _on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
@@ -44,12 +44,29 @@ def _app() -> None:
         sys.exit(2)
 
 
+def version_line() -> str:
+    """``kvsim --version``'s line: kvsim's version (its installed package's metadata) and the
+    Hydra it runs on, e.g. ``kvsim 0.1.0 (Hydra 1.3.8)``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import hydra
+
+    try:
+        own = version("kvsim")
+    except PackageNotFoundError:  # (the source tree on PYTHONPATH, not installed)
+        own = "(not installed)"
+    return f"kvsim {own} (Hydra {hydra.__version__})"
+
+
 def main() -> None:
     """Console-script entry point (config and trace errors exit with status 2, one clear line;
-    Ctrl-C before the command reaches Hydra: one line, exit status 130)."""
+    Ctrl-C or SIGTERM before the command reaches Hydra: one line, exit status 130 or 143)."""
     try:
         _main()
-    except KeyboardInterrupt:  # (before Hydra: nothing written yet)
+    except KeyboardInterrupt as e:  # (before Hydra: nothing written yet)
+        if str(e) == "SIGTERM":
+            print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
+            sys.exit(143)
         print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
         sys.exit(130)
 
@@ -60,6 +77,9 @@ def _main() -> None:
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     argv = sys.argv[1:]
+    if "--version" in argv:  # (Hydra's own option prints only Hydra's version)
+        print(version_line())
+        return
     # a log file that cannot be written (a full disk) is not worth a traceback per line: the
     # run's own error says what happened
     logging.raiseExceptions = False
@@ -77,10 +97,11 @@ def _main() -> None:
         print("kvsim: error: -m runs a sweep and --cfg prints one run's config; expected one of "
               "them (kvsim --cfg job KEY=VALUE ... prints a run's config)", file=sys.stderr)
         sys.exit(2)
-    if sweep:
-        # a sweep stopped by SIGTERM stops as on Ctrl-C: the launcher ends its workers (they
-        # were left running, orphaned, finishing jobs into folders a resumed sweep reruns)
-        signal.signal(signal.SIGTERM, _on_sweep_sigterm)
+    # SIGTERM stops as Ctrl-C does, with its own line and exit status 143: a single run's
+    # folder is marked INCOMPLETE (interrupted_outside_run; sim.cli.job while it simulates); a
+    # sweep's launcher ends its workers (they were left running, orphaned, finishing jobs into
+    # folders a resumed sweep reruns)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     args = command_line_overrides(argv)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
         duplicate_override_key(args) or non_boolean_override(args) or \
@@ -92,13 +113,14 @@ def _main() -> None:
     try:
         _app()
     except KeyboardInterrupt as e:
+        how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
         if not sweep:
             from .job import interrupted_outside_run
 
-            state, status = interrupted_outside_run(args)
-            print(f"\nkvsim: interrupted; {state}", file=sys.stderr)
+            state, status = interrupted_outside_run(args, how)
+            print("kvsim: stopped by SIGTERM; " if how == "SIGTERM" else "\nkvsim: interrupted; ",
+                  state, sep="", file=sys.stderr)
             sys.exit(status)
-        how = "SIGTERM" if str(e) == "SIGTERM" else "Ctrl-C"
         from .. import sweep as S
 
         where = S.held_sweep_dir()

@@ -121,42 +121,45 @@ def _drop_earlier_logs(sizes: dict) -> None:
 completed_run: Path | None = None
 
 
-def interrupted_outside_run(overrides: list[str]) -> tuple[str, int]:
-    """What a single run stopped by Ctrl-C outside the simulation itself (while Hydra composes
-    the config and makes the run folder, before the run took its folder, or while the summary
-    is printed) leaves, and the exit status: ``("the run had completed: ...", 0)`` once its
+def interrupted_outside_run(overrides: list[str], how: str = "Ctrl-C") -> tuple[str, int]:
+    """What a single run stopped by Ctrl-C or SIGTERM (``how``) outside the simulation itself
+    (while Hydra composes the config and makes the run folder, before the run took its folder,
+    or while the summary is printed) leaves, and the exit status: ``("the run had completed: ...", 0)`` once its
     results are complete (:data:`completed_run`: a run whose results and summary are written
     is complete); otherwise status 130 and nothing written, an earlier complete run kept, or
     the run folder Hydra made (the folder of its log file, ``cli.log``) marked INCOMPLETE with
     the run's ``overrides`` (the command line's): it would otherwise be a run folder without
-    results or marker. Hydra's temporary folder of a rejected ``output.dir`` is removed."""
+    results or marker. Hydra's temporary folder of a rejected ``output.dir`` is removed. The
+    status of a run stopped before it completed is 130 for Ctrl-C, 143 for SIGTERM."""
     import shutil
 
     from ..folders import MARKER, RUN_LOCK, failure_marker, is_complete, run_overrides
     from ..locks import held_by_another
 
+    stopped = 143 if how == "SIGTERM" else 130
     if completed_run is not None:
         return f"the run had completed: its results in {completed_run} are complete", 0
     logs = [Path(h.baseFilename).parent for h in logging.getLogger().handlers
             if isinstance(h, logging.FileHandler)]
     if not logs:  # (Hydra had not opened the run's log, in the folder it makes first)
-        return "nothing was run or written", 130
+        return "nothing was run or written", stopped
     out = logs[0]
     if out.name.startswith(REJECTED_RUN_PREFIX):
         logging.shutdown()
         shutil.rmtree(out, ignore_errors=True)
-        return "nothing was run or written", 130
+        return "nothing was run or written", stopped
     if not out.is_dir() or held_by_another(out / RUN_LOCK):
-        return f"nothing was written to {out}", 130
+        return f"nothing was written to {out}", stopped
     if is_complete(out):
-        return f"nothing was written; {out} keeps an earlier complete run", 130
+        return f"nothing was written; {out} keeps an earlier complete run", stopped
     if not (out / MARKER).exists():
         try:
             (out / MARKER).write_text(failure_marker(
-                "interrupted (Ctrl-C) before the run started", run_overrides(overrides)))
+                "interrupted (Ctrl-C) before the run started" if how == "Ctrl-C"
+                else "stopped by SIGTERM before the run started", run_overrides(overrides)))
         except OSError:
-            return f"{out} holds no results (it could not be marked INCOMPLETE)", 130
-    return f"{out} is marked INCOMPLETE (no summary.json)", 130
+            return f"{out} holds no results (it could not be marked INCOMPLETE)", stopped
+    return f"{out} is marked INCOMPLETE (no summary.json)", stopped
 
 
 def _completed(out_dir: Path) -> None:
@@ -170,7 +173,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    raise Terminated()
+    raise Terminated("SIGTERM")
 
 
 @hydra.main(version_base="1.3", config_path="../../experiments/conf", config_name="config")
