@@ -261,6 +261,11 @@ def _leftovers(out: Path) -> list[Path]:
         return []
 
 
+# the output folders this process's collections have written (renamed into place): an
+# interrupt after that leaves the new collection, whole
+_replaced: list[Path] = []
+
+
 def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
                   keys: list[str], groups: set, sweep: Path,
                   stale: list[Path]) -> tuple[pa.Table, dict]:
@@ -316,10 +321,17 @@ def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:  # (Ctrl-C, SIGTERM between the renames: the earlier one back)
+                if not out.exists():
+                    os.replace(old, out)
+                raise
+            _replaced.append(out)
             shutil.rmtree(old)
         else:
             os.replace(tmp, out)
+            _replaced.append(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -355,13 +367,45 @@ def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = Tr
     return collect(sweep, out_dir)
 
 
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-collect`` console entry point. Exit status: 0 collected (incomplete runs and runs
     with an unreadable table are listed with a warning on stderr, not fatal), 1 when no run
     completed, or with ``--strict`` when some run failed (the collection is still written, its
     failed runs listed), 2 bad sweep directory (message names
     the path), an ``--out`` that :func:`check_out_dir` refuses, an unknown ``--tables`` name, or a
-    column whose types differ between runs (message names the table, column, types and runs)."""
+    column whose types differ between runs (message names the table, column, types and runs);
+    130 (Ctrl-C) or 143 (SIGTERM) with one line: the output directory is as it was, or holds
+    the new collection whole when it was written first (a collection replaces it whole or not
+    at all: :func:`collect`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:
+        ap = argparse.ArgumentParser(add_help=False)
+        ap.add_argument("sweep_dir", nargs="?")
+        ap.add_argument("--out", default=None)
+        known = ap.parse_known_args(argv)[0]
+        out = known.out if known.out is not None else (
+            default_out_dir(known.sweep_dir) if known.sweep_dir else "the output directory")
+        how = ("kvsim-collect: stopped by SIGTERM" if str(e) == "SIGTERM" else
+               "\nkvsim-collect: interrupted")
+        if _replaced:
+            print(f"{how} after the collection was written; {_replaced[-1]} holds it whole",
+                  file=sys.stderr)
+        else:
+            print(f"{how}; {out} was left as it was", file=sys.stderr)
+        return 143 if str(e) == "SIGTERM" else 130
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(
         prog="kvsim-collect",
         description="Collect a kvsim sweep (kvsim -m ...) into runs.parquet, partitioned per-run "

@@ -226,3 +226,44 @@ def test_a_results_folder_mixing_sweeps_is_warned_and_listed(tmp_path, capsys):
     assert "sweeps" not in capsys.readouterr().err
     assert json.loads((out / "manifest.json").read_text())["sweeps"] == {"": ["one"],
                                                                           "S1": ["a0", "a1"]}
+
+
+_STOP_AFTER = """
+import os, signal, sys
+from experiments.collect import main
+
+sig = getattr(signal, sys.argv[1])
+signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), sig))
+signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("sig,delay", [("SIGINT", 0.001), ("SIGINT", 0.05), ("SIGINT", 0.2),
+                                       ("SIGTERM", 0.001), ("SIGTERM", 0.05)])
+def test_ctrl_c_or_sigterm_is_one_line_and_leaves_the_earlier_collection_whole(sweep, tmp_path,
+                                                                                sig, delay):
+    """Ctrl-C (SIGTERM) at any moment of a collection ends with one ``kvsim-collect:
+    interrupted; OUT was left as it was`` (``stopped by SIGTERM``) line, exit 130 (143), no
+    traceback, and ``OUT`` holds the earlier collection byte for byte; or the line says the new
+    collection was written and ``OUT`` holds it whole; a collection that finished first exits
+    0 with the new one whole."""
+    out = tmp_path / "c"
+    assert C.main([str(sweep), "--out", str(out)]) == 0
+    before = _tree(out)
+    r = subprocess.run([sys.executable, "-c", _STOP_AFTER, sig, str(delay), str(sweep), "--out",
+                        str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    if r.returncode == 0:  # (it finished before the signal)
+        assert json.loads((out / "manifest.json").read_text())["runs_complete"] == 2
+        return
+    assert r.returncode == (130 if sig == "SIGINT" else 143), r.stderr[-2000:]
+    how = "interrupted" if sig == "SIGINT" else "stopped by SIGTERM"
+    lines = r.stderr.strip().splitlines()
+    if lines == [f"kvsim-collect: {how} after the collection was written; {out} holds it whole"]:
+        assert json.loads((out / "manifest.json").read_text())["runs_complete"] == 2
+        return
+    assert lines == [f"kvsim-collect: {how}; {out} was left as it was"], r.stderr[-2000:]
+    assert _tree(out) == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".c.")
+                and not p.name.endswith(".lock")]
