@@ -458,6 +458,34 @@ def test_blank_and_extra_rows_are_not_dropped_silently(tmp_path):
             load_workload(TraceConfig(name="x", format="azure", path=str(az)), 0)
 
 
+def test_binary_file_is_named_as_not_a_text_file(tmp_path):
+    """A binary file given as a text trace (a Parquet table, gzip-compressed binary data) is
+    one error naming the file, the first byte no text file holds and the format's kind of file,
+    in every text format; a text file in another encoding still loads up to its line's UTF-8
+    error."""
+    import gzip
+
+    import pandas as pd
+
+    pq_file = tmp_path / "t.parquet"
+    pd.DataFrame({"timestamp": [0, 1], "input_length": [10, 20]}).to_parquet(pq_file)
+    for fmt, kind in (("mooncake", "JSONL"), ("weka", "JSONL"), ("azure", "CSV")):
+        with pytest.raises(TraceError, match=re.escape(
+                f"t.parquet: not a {kind} text file, found binary content at byte 4 (byte 0x") +
+                r"[0-9a-f]{2}, after 'PAR1': a Parquet file\)"):
+            load_workload(TraceConfig(name="x", format=fmt, path=str(pq_file)), 0)
+    gz = tmp_path / "b.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"timestamp": 0\x00}\n'))
+    with pytest.raises(TraceError, match=re.escape(
+            "b.jsonl.gz: not a JSONL text file, found binary content at byte 15 (byte 0x00)")):
+        _load(path=str(gz))
+    latin = tmp_path / "l.jsonl"
+    latin.write_bytes(b'{"timestamp": 0, "input_length": 10, "output_length": 4, '
+                      b'"hash_ids": [0], "note": "caf\xe9"}\n')
+    with pytest.raises(TraceError, match=r"l\.jsonl line 1.*UTF-8"):
+        _load(path=str(latin))
+
+
 def test_line_endings(tmp_path):
     """CRLF rows load as LF rows; a file with CR-only line endings (one long line) is an error
     naming the line and the CR byte, in every format, instead of a bare JSON or field-count

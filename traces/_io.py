@@ -15,16 +15,33 @@ _XZ_MAGIC = b"\xfd7zXZ\x00"
 _GZ_MAGIC = b"\x1f\x8b"
 
 
-def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+# bytes no text file holds: NUL and the C0 controls other than tab, LF, VT, FF, CR and ESC
+_BINARY = bytes(b for b in range(32) if b not in b"\t\n\x0b\x0c\r\x1b")
+_HEAD = 4096  # bytes of (decompressed) content looked at for binary data
+
+
+def _binary_at(head: bytes) -> int | None:
+    """Offset of the first byte in ``head`` that no text file holds (:data:`_BINARY`), or
+    None (the heuristic of file(1) and git: text files hold no NUL or C0 control bytes)."""
+    hits = [i for i in (head.find(bytes([b])) for b in _BINARY) if i >= 0]
+    return min(hits) if hits else None
+
+
+def iter_lines(path: Path, what: str = "a text file") -> Iterator[tuple[int, bytes]]:
     """Yield ``(line_number, raw_line_bytes)`` (1-based, newline stripped) from a plain, .xz or
     .gz file, reading one line at a time. Blank lines at the end of the file are dropped; a
     blank line before a row (leading or between rows) is yielded as ``b""``, so the loader
     reports it (or counts it as skipped with ``on_error=skip``) like any other malformed row:
     it is not a record.
 
+    ``what``: the kind of file the format reads (``"a JSONL text file"``), for the error on
+    binary content.
+
     Raises:
-        TraceError: empty file; a name ending .xz or .gz on other content; corrupt or truncated
-            compressed stream (names the last good line);
+        TraceError: empty file; a name ending .xz or .gz on other content; binary content (a
+            NUL or other control byte in its first 4 KiB, decompressed: a Parquet or other
+            binary file; names the byte's offset); corrupt or truncated compressed stream
+            (names the last good line);
             a CR byte inside a line (a file with CR-only line endings reads as one line).
     """
     path = Path(path)
@@ -50,6 +67,18 @@ def iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                                + (f" ({an[kind]} stream)" if kind else " (uncompressed data?)"),
                          expected=f"{named}-compressed data, as the name's {path.suffix} says "
                                   f"(or a name without {path.suffix} for a plain file)")
+    try:
+        with opener(path, "rb") as fh:
+            head = fh.read(_HEAD)
+    except (lzma.LZMAError, EOFError, OSError, zlib.error):
+        head = b""  # (the stream's error is named with its line below)
+    at = _binary_at(head)
+    if at is not None:
+        raise TraceError(f"not {what}", path=str(path),
+                         found=f"binary content at byte {at} (byte 0x{head[at]:02x}"
+                               + (", after 'PAR1': a Parquet file" if head.startswith(b"PAR1")
+                                  else "") + ")",
+                         expected=f"{what} (set trace.format to the file's format)")
     lineno = 0
     nonblank = 0
     blank: list[int] = []  # blank lines since the last row (yielded if a row follows)

@@ -93,7 +93,7 @@ def load_azure(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Pa
     """
     import numpy as np
     p = str(path)
-    lines = iter_lines(path)
+    lines = iter_lines(path, "a CSV text file")
     hline, header_raw = next(lines)
     if not header_raw.strip():
         raise TraceError("blank line", path=p, where=f"line {hline}", found="a blank line",

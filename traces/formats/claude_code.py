@@ -277,7 +277,7 @@ def load_claude_code(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink)
         p = str(f)
         shown = f.relative_to(root).as_posix()
         where_of = (lambda n, s=shown: f"{s} line {n}")
-        for lineno, raw in iter_lines(f):
+        for lineno, raw in iter_lines(f, "a JSONL text file"):
             lines += 1
             try:
                 try:

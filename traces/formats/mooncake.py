@@ -91,7 +91,7 @@ def load_mooncake(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) ->
     last_ts = -math.inf
     rows = 0
     lines: list[int] = []  # file line of each row kept
-    for lineno, raw in iter_lines(path):
+    for lineno, raw in iter_lines(path, "a JSONL text file"):
         rows += 1
         where = f"line {lineno}"
         try:

@@ -174,7 +174,7 @@ def load_openai_log(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink):
     for f in files:
         p = str(f)
         shown = f.relative_to(root).as_posix()
-        for lineno, raw in iter_lines(f):
+        for lineno, raw in iter_lines(f, "a JSONL text file"):
             lines += 1
             try:
                 try:

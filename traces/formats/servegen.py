@@ -261,7 +261,7 @@ def _read_windows(path: Path,
     # (read as the other formats' line files are: a leading BOM is not data, blank lines at the
     # end are dropped, a blank line before a row is a row of 0 fields)
     try:
-        lines = list(iter_lines(path))  # (about 144 short rows a file)
+        lines = list(iter_lines(path, "a CSV text file"))  # (about 144 short rows a file)
     except OSError as e:
         raise TraceError("unreadable file", path=p, found=f"{type(e).__name__}: {e.strerror}",
                          expected="a readable chunk-N-trace.csv file") from None

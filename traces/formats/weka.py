@@ -433,7 +433,7 @@ def _check_clock(arrival: np.ndarray, parent: np.ndarray, session: np.ndarray,
     k = int(session[row])
     first = int(np.searchsorted(session, k))  # rows are session-major
     where = f"line {sess_line[k]}"
-    for lineno, raw in iter_lines(path):
+    for lineno, raw in iter_lines(path, "a JSONL text file"):
         if lineno == sess_line[k]:
             counters = {"zero": [0], "neg_think": [0], "neg_sub_think": [0], "subagents": 0,
                         "other_types": {}}
@@ -503,7 +503,7 @@ def load_weka(path: Path, cfg, rng: np.random.Generator, sink: ErrorSink) -> Par
     gc_was = gc.isenabled()
     gc.disable()  # the parsed sessions hold no cycles; GC passes only cost time here
     try:
-        for lineno, raw in iter_lines(path):
+        for lineno, raw in iter_lines(path, "a JSONL text file"):
             if cfg.max_sessions is not None and sessions >= cfg.max_sessions:
                 break
             k = lines_read
