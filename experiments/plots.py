@@ -253,6 +253,15 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _cli_words(msg: str, figure: str) -> str:
+    """``msg`` (a PlotError's or PlotWarning's, which starts with the drawing function's name:
+    ``plot_ttft_vs: ...``) in ``kvsim-plot``'s words: the figure's subcommand
+    (``ttft-vs: ...``) instead of the Python function."""
+    import re
+
+    return re.sub(r"^plot_[a-z_]+: ", f"{figure}: ", msg)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``kvsim-plot FIGURE COLLECTED_DIR --out FILE.png [options]``; exit 2 on bad input with one
     line naming the file or column (an ``--out`` without a supported image extension, or an
@@ -332,11 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             err = None
     for w in caught:  # PlotWarnings as one line each; anything else as Python shows it
         if issubclass(w.category, PlotWarning):
-            print(f"kvsim-plot: warning: {w.message}", file=sys.stderr)
+            print(f"kvsim-plot: warning: {_cli_words(str(w.message), args.figure)}",
+                  file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if err is not None:
-        print(f"kvsim-plot: error: {err.cli or err}", file=sys.stderr)
+        print(f"kvsim-plot: error: {_cli_words(err.cli or str(err), args.figure)}",
+              file=sys.stderr)
         return 2
     print(f"wrote {out}" + (f" (its data: {', '.join(str(t) for t in tables)})" if tables else ""))
     return 0

@@ -228,14 +228,19 @@ def test_ttft_decomposition_on_the_simulators_own_requests_table(tmp_path, onboa
 
 
 def test_cli_errors_name_the_cli_options(seeds, tmp_path, capsys):
-    """kvsim-plot's errors name its options (--where, --agg) where the library's name its
-    arguments (a DataFrame filter, agg='mean'); a collection with no compression round is one
+    """kvsim-plot's errors name its subcommand and options (ttft-vs, --where, --agg) where the
+    library's name its function and arguments (plot_ttft_vs, a DataFrame filter, agg='mean');
+    its warnings name the subcommand too; a collection with no compression round is one
     line saying there is nothing to draw and why."""
     assert P.main(["ttft-vs", str(seeds), "--x", "cache.block_size", "--hue", "trace",
                    "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("kvsim-plot: error: plot_ttft_vs: several runs share the same")
+    assert err.startswith("kvsim-plot: error: ttft-vs: several runs share the same")
     assert "--where COL=VALUE" in err and "--agg mean" in err and "runs[" not in err
+    assert P.main(["ttft-vs", str(seeds), "--x", "cache.block_size", "--hue", "trace",
+                   "--agg", "max", "--out", str(tmp_path / "w.png")]) == 0
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert warned and all(ln.startswith("kvsim-plot: warning: ttft-vs: ") for ln in warned), warned
     runs = pd.read_parquet(seeds / "runs.parquet")
     with pytest.raises(P.PlotError, match=r"runs\[runs\['trace'\] == \.\.\.\]\) or pass agg='mean'"):
         P.plot_ttft_vs(runs, x="cache.block_size", hue="trace")
