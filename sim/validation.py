@@ -423,6 +423,10 @@ def validate_workload(cfg, workload) -> None:
 
     from .keys import first_repeated_id
 
+    # the file the user gave (trace.path), else the trace preset read
+    path = cfg.trace.get("path") if hasattr(cfg.trace, "get") else getattr(cfg.trace, "path", None)
+    trace = f"the trace file {path}" if path else f"trace {workload.name!r}"
+
     for col, lo in (("input_tokens", 1), ("output_tokens", 1)):
         a = np.asarray(getattr(workload, col))
         if len(a) and int(a.min()) < lo:  # (every loader checks its rows; this is the contract)
@@ -483,7 +487,7 @@ def validate_workload(cfg, workload) -> None:
         if len(miss):
             raise ConfigError(
                 f"policy.importance_file={pc.importance_file}: no scores recorded for "
-                f"{len(miss)} of the {len(need)} requests of trace {workload.name!r} longer than "
+                f"{len(miss)} of the {len(need)} requests of {trace} longer than "
                 f"policy.budget={pc.budget} tokens (first: request {int(miss[0])}); expected a "
                 f"file covering them (or a trace sliced to those it covers, e.g. "
                 f"trace.max_requests)")
@@ -494,5 +498,5 @@ def validate_workload(cfg, workload) -> None:
     except ValueError as e:
         raise ConfigError(
             f"policy.budget={pc.budget} cannot serve request {int(workload.request_id[i])} of "
-            f"trace {workload.name!r} ({int(inp[i])} prompt tokens, the longest admitted): {e}; "
+            f"{trace} ({int(inp[i])} prompt tokens, the longest admitted): {e}; "
             f"raise policy.budget or set policy.protect_prompt=false") from None

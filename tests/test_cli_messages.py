@@ -140,6 +140,22 @@ def test_cli_prints_and_records_trace_loader_warnings(tmp_path):
     assert any("ended early at max_context_tokens=1000" in w for w in s["trace_warnings"])
 
 
+def test_trace_warnings_of_the_users_file_name_that_file(tmp_path):
+    """With trace.path (the user's own file) a loader warning names that file, not the trace
+    preset whose name the run keeps (the bundled trace was not read)."""
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(json.dumps({"timestamp": i * 1000, "input_length": 100,
+                                       "output_length": 0 if i == 1 else 4, "hash_ids": [i]}) + "\n"
+                           for i in range(3)))
+    r = run_kvsim(tmp_path / "r", f"trace.path={own}", "output.print_summary=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    warned = [ln for ln in r.stderr.splitlines() if ln.startswith("kvsim: warning: ")]
+    assert warned and all(ln.startswith(f"kvsim: warning: trace file {own}: ") for ln in warned), \
+        warned
+    assert "output_length 0" in warned[0]
+    assert "mooncake_conversation_10min" not in r.stderr
+
+
 def test_a_policy_option_the_policy_does_not_read_is_an_error(tmp_path):
     """A policy option the run's policy does not read (policy.budget under full, which keeps
     every token; policy.protect_prompt under streaming_llm and the snapkv family, which never

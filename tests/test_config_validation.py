@@ -150,6 +150,13 @@ def test_policy_budget_below_protected_prompt():
     validate_workload(quiet_config("policy=h2o", "policy.protect_prompt=false", "policy.budget=100"), wl)
     ok = make_workload([dict(arrival_s=0.0, input_tokens=90, output_tokens=4)])
     validate_workload(c, ok)
+    # with trace.path (the user's own file) the message names that file, not the trace preset
+    own = quiet_config("policy=h2o", "policy.protect_prompt=true", "policy.budget=100",
+                       "model.max_model_len=2000", "trace.path=/data/own.jsonl")
+    with pytest.raises(ConfigError, match=r"cannot serve request 1 of the trace file "
+                                          r"/data/own\.jsonl \(300 prompt tokens") as e:
+        validate_workload(own, wl)
+    assert own.trace.name not in str(e.value)
 
 
 def test_budget_below_prompt_run_is_not_complete(tmp_path):

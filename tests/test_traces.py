@@ -169,6 +169,18 @@ def test_empty_file_and_missing_path_and_unknown():
         load_workload(cfg(time_scale=0), 0)
 
 
+def test_missing_trace_path_names_the_users_file_not_the_preset():
+    """A trace.path that does not exist is named as the user's file (field trace.path), never
+    as the trace preset's (whose file was not looked for)."""
+    with pytest.raises(TraceError) as e:
+        load_workload(cfg(name="mooncake_conversation_10min", format="mooncake",
+                          path="/nonexistent/own.jsonl"), 0)
+    msg = str(e.value)
+    assert msg.startswith("/nonexistent/own.jsonl, field 'trace.path': trace file not found, "
+                          "expected an existing mooncake trace file"), msg
+    assert "mooncake_conversation_10min" not in msg
+
+
 def test_missing_default_names_env(monkeypatch, tmp_path):
     monkeypatch.setenv("KVSIM_TRACES_DIR", str(tmp_path))
     with pytest.raises(TraceError) as e:

@@ -253,8 +253,14 @@ def resolve_path(c: TraceConfig) -> Optional[Path]:
             expected=f"a preset in {[*BUNDLED_FILES, *PRESET_PATHS]} or a format name",
             hint=hint)
     if not p.exists():
+        if c.path is not None:  # (the user's file: the preset's file was not looked for)
+            raise TraceError(f"{fmt.input} not found", path=str(p), field="trace.path",
+                             expected=f"an existing {c.format} {fmt.input} (trace.path is taken "
+                                      f"from the working folder, a relative one then from "
+                                      f"{traces_dir()})")
         raise TraceError(f"{fmt.input} not found", path=str(p),
-                         expected=f"the {c.format} trace for '{c.name}'", hint=hint)
+                         expected=f"the {c.format} trace for the trace preset '{c.name}'",
+                         hint=hint)
     return p.absolute()  # (a relative trace.path is recorded where it pointed: provenance)
 
 

@@ -331,9 +331,12 @@ def run_notes(summary: dict, cfg, overrides: list[str]) -> list[str]:
     if summary["requests_finished"] == 0:
         out.append(f"kvsim: warning: no request finished: all {summary['requests_rejected']:,} were "
             f"rejected ({', '.join(f'{k}: {v:,}' for k, v in summary['rejected_by_reason'].items())})")
+    # the file the user gave (trace.path), else the trace preset read
+    read = (f"trace file {summary.get('trace_source') or cfg.trace.path}" if cfg.trace.path
+            else f"trace {summary['trace']}")
     for w in summary.get("trace_warnings") or []:
         if not w.endswith("(on_error=skip)"):  # the skipped rows get their own line below
-            out.append(f"kvsim: warning: trace {summary['trace']}: {w}")
+            out.append(f"kvsim: warning: {read}: {w}")
     skipped = (summary.get("trace_skipped_rows") or {}).get("count", 0)
     if skipped:
         ex = (summary["trace_skipped_rows"].get("examples") or [""])[0]
