@@ -371,6 +371,14 @@ def test_summary_table_gives_each_latency_in_one_unit():
     title = buf.getvalue().splitlines()[0].strip()
     assert title == ("kvsim: weka_agentic_slice (weka_agentic_trace_0002.jsonl.xz) | Qwen3-8B on "
                      "H200 | triattention + forward_pack"), buf.getvalue()
+    # trace.path (the user's own file): the file first, the preset only as the trace preset
+    own = dict(s, trace="mooncake_conversation_10min", trace_source="/data/own.jsonl",
+               overrides=["trace.path=/data/own.jsonl"], model="Qwen3-8B", gpu="H200")
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(format_summary(own))
+    assert buf.getvalue().splitlines()[0].strip().startswith(
+        "kvsim: own.jsonl (trace preset mooncake_conversation_10min) | Qwen3-8B on H200"), \
+        buf.getvalue()
     assert "compression rounds" not in text  # no policy: no row
     s.update(policy="triattention", rounds=53564, tokens_evicted_total=6856192,
              blocks_freed_total=428512)

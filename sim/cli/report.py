@@ -27,7 +27,9 @@ def format_summary(s: dict) -> "rich.table.Table":  # noqa: F821
 
     src = s.get("trace_source") or ""
     trace = s.get("trace")
-    if src and not src.endswith(("mooncake_conversation_10min.jsonl",)) and trace and trace not in src:
+    if src and any(str(o).lstrip("+").startswith("trace.path=") for o in s.get("overrides") or []):
+        trace = f"{Path(src).name}" + (f" (trace preset {trace})" if trace else "")  # (the user's)
+    elif src and not src.endswith(("mooncake_conversation_10min.jsonl",)) and trace and trace not in src:
         trace = f"{trace} ({Path(src).name})"
     tp = s.get("tensor_parallel_size") or 1
     title = f"kvsim: {trace} | {s.get('model')} on {f'{tp} x ' if tp > 1 else ''}{s.get('gpu')}"
