@@ -365,7 +365,7 @@ def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
 def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
     """The jobs the latest sweep into ``sweep_dir`` was to run (the plan in its job ledger,
     :func:`sim.folders.read_plan`) that left no run folder among ``runs`` (the runs read from
-    it, by job number and sweep id): a sweep stopped (Ctrl-C, a killed process, a node lost)
+    it, by job number, with this sweep's id or none): a sweep stopped (Ctrl-C, a killed process, a node lost)
     before they started, or a job killed before it made its folder. Each is a failed RunInfo
     naming the job, its overrides and why (the ledger's entry when the job started, else that
     it never started), its ``run_dir`` the folder Hydra's default ``hydra.sweep.subdir`` gives
@@ -379,7 +379,9 @@ def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
         return []
     if plan is None or plan[0] != sid:
         return []
-    present = {r.job for r in runs if r.job is not None and (r.sweep_id or "") == sid}
+    # (a job folder without an id: a job refused before it wrote one; other ids are stale jobs,
+    # already left out by the caller)
+    present = {r.job for r in runs if r.job is not None and r.sweep_id in (None, sid)}
     missing = []
     for num, overrides in enumerate(plan[1]):
         if num in present:

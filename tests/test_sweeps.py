@@ -106,11 +106,15 @@ def test_killed_sweep_resumes_only_missing_runs(tmp_path):
         # between writing its summary and removing the marker)
         assert (sweep / d / "INCOMPLETE").exists() or not (sweep / d / "summary.json").exists()
 
-    # the collection of the interrupted sweep lists the unfinished runs and keeps them out
+    # the collection of the interrupted sweep lists the unfinished runs and the jobs that never
+    # started (the sweep's plan) and keeps them out
     res = C.collect(sweep, tmp_path / "col1", quiet=True)
     assert sorted(res.runs["run_id"]) == sorted(before)
-    assert sorted(r.run_id for r in res.failed) == interrupted
-    assert set(pd.read_csv(tmp_path / "col1" / "failed_runs.csv")["run_id"].astype(str)) == set(interrupted)
+    never = [str(i) for i in range(6) if str(i) not in started]
+    assert sorted(r.run_id for r in res.failed) == sorted(interrupted + never)
+    assert all(r.failure.startswith("never ran") for r in res.failed if r.run_id in never)
+    assert set(pd.read_csv(tmp_path / "col1" / "failed_runs.csv")["run_id"].astype(str)) == \
+        set(interrupted + never)
 
     t_resume = time.time_ns()
     _kvsim(*args, "output.skip_completed=true")
@@ -415,7 +419,8 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     """``kvsim -m ... output.dir=X``: the first job to start holds X; another job of the same sweep
     fails with one line naming the job that holds it, and the sweep exits 2. Collecting the
     sweep folder counts both jobs; a sweep ends with a line saying how to collect it; a
-    per-job folder (${hydra:job.num}) works, also when the sweep is run again."""
+    per-job folder (${hydra:job.num}) works, also when the sweep is run again; a single run
+    into a job's folder is refused; a job folder another sweep took since is a failed job."""
     shared = tmp_path / "od"
     r = _kvsim("-m", "hydra.launcher.n_jobs=1", f"hydra.sweep.dir={tmp_path / 'sw'}",
                "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={shared}", *QUIET,
@@ -446,8 +451,13 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
            "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)
     res = C.collect(tmp_path / "sw2", tmp_path / "c2", quiet=True)
     assert res.runs["cache.block_size"].tolist() == [16, 32] and not res.failed
-    # a later single run into job 1's folder replaced its results: the pointer no longer leads
-    _kvsim(f"output.dir={tmp_path / 'pj_1'}", "trace.max_requests=10", *QUIET)
+    # a later single run into job 1's folder is refused, the folder left as it was
+    before = (tmp_path / "pj_1" / "summary.json").read_bytes()
+    r = _kvsim(f"output.dir={tmp_path / 'pj_1'}", "trace.max_requests=10", *QUIET, check=False)
+    assert r.returncode == 2 and "holds the results of job 1 of the sweep in" in r.stderr, r.stderr
+    assert (tmp_path / "pj_1" / "summary.json").read_bytes() == before
+    # another sweep's job that took job 1's folder since: the pointer no longer leads
+    (tmp_path / "pj_1" / ".kvsim_sweep_id").write_text("1-1\n")
     res = C.collect(tmp_path / "sw2", tmp_path / "c3", quiet=True)
     assert res.runs["cache.block_size"].tolist() == [16]
     (f,) = res.failed
