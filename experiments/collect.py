@@ -103,16 +103,38 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from experiments.collect_tables import (UnreadableTable, check_table_files, flatten, override_key, override_keys,
-                                        override_values, run_row, table_from_rows, write_failed,
-                                        write_table_dataset)
-from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir, default_out_dir,
-                                     find_run_dirs, jobs_not_run, one_line, read_run, results_dir)
-from sim.folders import RESULTS_POINTER, stale_job
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+# the kvsim-collect command (its console script, python -m experiments.collect): Ctrl-C or
+# SIGTERM while the modules below load (a second or so) is one line, nothing written yet
+_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "kvsim-collect"
+if _COMMAND:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+try:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from experiments.collect_tables import (UnreadableTable, check_table_files, flatten, override_key,
+                                            override_keys, override_values, run_row, table_from_rows,
+                                            write_failed, write_table_dataset)
+    from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir,
+                                         default_out_dir, find_run_dirs, jobs_not_run, one_line,
+                                         read_run, results_dir)
+    from sim.folders import RESULTS_POINTER, stale_job
+except KeyboardInterrupt as _e:
+    if not _COMMAND:
+        raise
+    print("kvsim-collect: stopped by SIGTERM; nothing was written" if str(_e) == "SIGTERM" else
+          "\nkvsim-collect: interrupted; nothing was written", file=sys.stderr)
+    raise SystemExit(143 if str(_e) == "SIGTERM" else 130) from None
 
 @dataclass
 class CollectResult:
@@ -365,10 +387,6 @@ def run_sweep(overrides: list[str], sweep_dir, n_jobs: int = 2, fresh: bool = Tr
         tail = "\n".join((r.stderr or r.stdout).splitlines()[-25:])
         raise RuntimeError(f"sweep into {sweep} failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
     return collect(sweep, out_dir)
-
-
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
 
 
 def main(argv: list[str] | None = None) -> int:

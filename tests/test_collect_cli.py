@@ -235,7 +235,9 @@ from experiments.collect import main
 sig = getattr(signal, sys.argv[1])
 signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), sig))
 signal.setitimer(signal.ITIMER_REAL, float(sys.argv[2]))
-sys.exit(main(sys.argv[3:]))
+rc = main(sys.argv[3:])
+signal.setitimer(signal.ITIMER_REAL, 0)  # (finished first: no alarm while Python exits)
+sys.exit(rc)
 """
 
 
@@ -267,3 +269,27 @@ def test_ctrl_c_or_sigterm_is_one_line_and_leaves_the_earlier_collection_whole(s
     assert _tree(out) == before
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".c.")
                 and not p.name.endswith(".lock")]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_while_kvsim_collect_starts_is_one_line(sweep, tmp_path, sig):
+    """Ctrl-C (SIGTERM) while the command's modules load is one line, exit 130 (143), and
+    nothing is written."""
+    import signal
+    import time
+
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.collect", str(sweep), "--out",
+                             str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.25)
+    proc.send_signal(getattr(signal, sig))
+    err = proc.communicate(timeout=120)[1].decode()
+    if proc.returncode in (0, -getattr(signal, sig)):  # (finished first; before Python's handler)
+        return
+    assert "Traceback" not in err, err[-2000:]
+    how = "interrupted" if sig == "SIGINT" else "stopped by SIGTERM"
+    assert proc.returncode == (130 if sig == "SIGINT" else 143), err[-2000:]
+    assert err.strip().splitlines() in ([f"kvsim-collect: {how}; nothing was written"],
+                                        [f"kvsim-collect: {how}; {out} was left as it was"]), err
+    assert not out.exists()
