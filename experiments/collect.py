@@ -402,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    # (the caller's SIGTERM handler is put back on return: main is also called in-process)
+    before = signal.signal(signal.SIGTERM, _on_sigterm) \
+        if threading.current_thread() is threading.main_thread() else None
     try:
         return _main(argv)
     except KeyboardInterrupt as e:
@@ -421,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{how}; {out} was left as it was", file=sys.stderr)
         return 143 if str(e) == "SIGTERM" else 130
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _main(argv: list[str] | None) -> int:
