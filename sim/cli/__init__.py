@@ -20,22 +20,24 @@ def _on_sigterm(signum, frame):
 
 
 def main() -> None:
-    """The ``kvsim`` console script (:func:`sim.cli.entry.main`). Ctrl-C or SIGTERM while its
-    modules are still being imported (the first second or so) ends with one line and exit
-    status 130 (Ctrl-C) or 143 (SIGTERM): nothing has been written yet. SIGTERM raises
-    ``KeyboardInterrupt("SIGTERM")`` from here on (:mod:`sim.cli.entry` says which stopped it)."""
+    """The ``kvsim`` console script (:func:`sim.cli.entry.main`). SIGTERM raises
+    ``KeyboardInterrupt("SIGTERM")`` from the start, so it stops the command as Ctrl-C does,
+    with its own line and exit status: while the modules are imported and the command line is
+    checked (before Hydra: nothing has been written yet) one line and exit status 130 (Ctrl-C)
+    or 143 (SIGTERM); later, :mod:`sim.cli.entry` and :mod:`sim.cli.job` say what was left."""
     import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from .entry import main as run
+
+        run()
     except KeyboardInterrupt as e:
         if str(e) == "SIGTERM":
             print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
             sys.exit(143)
         print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
         sys.exit(130)
-    run()
 
 
 __all__ = ["main"]

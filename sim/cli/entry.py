@@ -12,10 +12,6 @@ from .overrides import (command_line_overrides, duplicate_override_key, missing_
                         missing_launcher_plugin, non_boolean_override, unparsable_override)
 
 
-def _on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
 def _app() -> None:
     """Hydra's app, with Hydra's errors raised rather than printed (HYDRA_FULL_ERROR=1, which
     Hydra reads when it catches one): an error composing the config (an unknown key or group
@@ -59,19 +55,9 @@ def version_line() -> str:
 
 
 def main() -> None:
-    """Console-script entry point (config and trace errors exit with status 2, one clear line;
-    Ctrl-C or SIGTERM before the command reaches Hydra: one line, exit status 130 or 143)."""
-    try:
-        _main()
-    except KeyboardInterrupt as e:  # (before Hydra: nothing written yet)
-        if str(e) == "SIGTERM":
-            print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
-            sys.exit(143)
-        print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
-        sys.exit(130)
-
-
-def _main() -> None:
+    """The command after :func:`sim.cli.main` set SIGTERM to raise ``KeyboardInterrupt("SIGTERM")``
+    (config and trace errors exit with status 2, one clear line; Ctrl-C or SIGTERM before the
+    command reaches Hydra propagates to :func:`sim.cli.main`, which says so in one line)."""
     import signal
 
     if hasattr(signal, "SIGPIPE"):  # `kvsim --help | head` ends quietly, as Unix tools do
@@ -97,11 +83,10 @@ def _main() -> None:
         print("kvsim: error: -m runs a sweep and --cfg prints one run's config; expected one of "
               "them (kvsim --cfg job KEY=VALUE ... prints a run's config)", file=sys.stderr)
         sys.exit(2)
-    # SIGTERM stops as Ctrl-C does, with its own line and exit status 143: a single run's
-    # folder is marked INCOMPLETE (interrupted_outside_run; sim.cli.job while it simulates); a
-    # sweep's launcher ends its workers (they were left running, orphaned, finishing jobs into
-    # folders a resumed sweep reruns)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    # (SIGTERM stops as Ctrl-C does, with its own line and exit status 143, sim.cli.main: a
+    # single run's folder is marked INCOMPLETE, interrupted_outside_run below and sim.cli.job
+    # while it simulates; a sweep's launcher ends its workers, which were otherwise left
+    # running, orphaned, finishing jobs into folders a resumed sweep reruns)
     args = command_line_overrides(argv)
     err = unparsable_override(args, sweep, single=not sweep and not info) or \
         duplicate_override_key(args) or non_boolean_override(args) or \
