@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from sim.folders import (FAILED_PREFIX, JOB_CLAIM, LEDGER, OVERRIDES_PREFIX, RESULTS_POINTER, SWEEP_ID,
-                         is_collection, output_files_problem, read_plan)
+from sim.folders import (FAILED_PREFIX, JOB_CLAIM, LEDGER, OVERRIDES_PREFIX, RESULTS_POINTER, RUN_LOCK,
+                         SWEEP_ID, is_collection, output_files_problem, read_plan)
+from sim.locks import is_held
 
 MARKER = "INCOMPLETE"  # same name as sim.run.MARKER (not imported: collecting needs no simulator)
 RUN_LOG = "cli.log"  # the log file Hydra opens in a run's folder (job logging, job name "cli")
@@ -266,8 +267,11 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                     info.overrides = [str(o) for o in ov]
         if text.startswith(FAILED_PREFIX):  # the CLI's record of a rejected config/trace
             info.failure = f"INCOMPLETE marker: {' '.join(lines)}"
+        elif is_held(run_dir / RUN_LOCK):  # (the run's process holds its folder now)
+            info.failure = ("still running: a kvsim process holds this folder (INCOMPLETE until "
+                            "it ends; collect again after the sweep ends)")
         else:
-            info.failure = "INCOMPLETE marker present (run interrupted, crashed or still running)"
+            info.failure = "INCOMPLETE marker present (run interrupted or crashed)"
     elif not summary_path.is_file() and _only_log(run_dir):
         info.failure = (f"no summary.json and no {MARKER} marker, only the run's log {RUN_LOG} "
                         f"(the run was killed before it marked its folder)")

@@ -352,3 +352,22 @@ def test_folder_holding_only_the_run_log_is_a_failed_run(sweep, tmp_path):
     assert len(res.runs) == 2  # (the sweep's two complete jobs)
     r = _collect_cli(sweep, "--out", tmp_path / "d", "--strict")
     assert r.returncode != 0, r.stdout + r.stderr
+
+
+def test_run_still_running_is_named_as_running(sweep, tmp_path):
+    """A job folder marked INCOMPLETE whose run lock a process holds (the run goes on) is
+    failed as still running, not as interrupted or crashed; once the lock is let go it is an
+    interrupted run."""
+    from sim.folders import RUN_LOCK
+    from sim.locks import hold
+
+    (sweep / "1" / "summary.json").unlink()
+    (sweep / "1" / "INCOMPLETE").write_text("")
+    held = hold(sweep / "1" / RUN_LOCK)
+    try:
+        (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+        assert f.run_id == "1" and f.failure.startswith("still running: a kvsim process holds")
+    finally:
+        held.release()
+    (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+    assert f.failure == "INCOMPLETE marker present (run interrupted or crashed)"

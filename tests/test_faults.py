@@ -491,8 +491,8 @@ def test_a_run_killed_while_it_writes_is_incomplete_until_rerun(tmp_path):
     assert p.exitcode == -signal.SIGKILL
     assert (out / MARKER).exists() and (out / "requests.parquet").exists()
     assert not (out / "summary.json").exists() and not is_complete(out)
-    assert "interrupted, crashed or still running" in C.collect(out, tmp_path / "c",
-                                                               quiet=True).failed[0].failure
+    assert "run interrupted or crashed" in C.collect(out, tmp_path / "c",
+                                                  quiet=True).failed[0].failure
     run_simulation(cfg, out, overrides=["trace.max_requests=20"])
     assert is_complete(out, ["trace.max_requests=20"])
 

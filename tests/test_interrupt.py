@@ -193,7 +193,8 @@ def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
             pass
     err = proc.stderr.read().decode()
     assert rc == 143, err[-2000:]
-    assert "kvsim: sweep stopped (SIGTERM); its unfinished jobs are marked INCOMPLETE" in err
+    assert ("kvsim: sweep stopped (SIGTERM); its unfinished jobs are marked INCOMPLETE and "
+            "kvsim-collect lists those that never started") in err
     assert "Traceback" not in err
     for j in ("0", "1"):
         _assert_incomplete(sweep / j)
@@ -279,6 +280,6 @@ def test_collect_names_the_overrides_of_interrupted_and_damaged_runs(tmp_path):
     assert set(failed) == {"killed", "damaged"}
     # (output.* and sim.progress are bookkeeping)
     assert failed["killed"]["overrides"] == " ".join([*LONG[:2], *SINGLE_ENGINE])
-    assert "interrupted, crashed" in failed["killed"]["reason"]
+    assert "run interrupted or crashed" in failed["killed"]["reason"]
     assert failed["damaged"]["overrides"] == "trace.max_requests=20 cache.block_size=32"
     assert "steps.parquet" in failed["damaged"]["reason"]

@@ -112,6 +112,7 @@ def main() -> None:
         if where is not None:  # (jobs stopped before their simulation marked their folders)
             S.mark_stopped_jobs(where)
             S.release_sweep_dir()
-        print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE; the "
-              f"same command with output.skip_completed=true runs only those", file=sys.stderr)
+        print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE and "
+              f"kvsim-collect lists those that never started; the same command with "
+              f"output.skip_completed=true runs only those", file=sys.stderr)
         sys.exit(143 if how == "SIGTERM" else 130)
