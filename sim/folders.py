@@ -184,8 +184,8 @@ def output_files_problem(run_dir, summary: dict, sizes: bool = True,
                          contents: bool = False) -> str | None:
     """What is wrong with the files a run's ``summary.json`` (``summary``, a dict) lists in
     ``output_files`` (``[[file name, bytes, xxh3-128 hex of the content], ...]``, written by
-    :func:`sim.run.run_simulation`; entries of two, without the digest, in summaries of kvsim
-    before the digest was recorded; no list at all before b5d3cad, which passes): a malformed
+    :func:`sim.run.run_simulation`; an entry of two, without the digest, and a summary with no
+    list at all, as older kvsim versions wrote them, are accepted): a malformed
     list, a file gone, with ``sizes`` one of another size than written, with ``contents`` one
     whose bytes differ from those written (:func:`file_digest`; a same-size corruption or
     edit). None when all are as written. ``output.skip_completed`` (:func:`sim.run.is_complete`)
