@@ -155,6 +155,16 @@ def record_job(sweep: Path, job: int, state: str, why: str | None = None,
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
+
+def _sweep_arguments(config) -> list[str]:
+    """The overrides a sweep's jobs are expanded from (``config``: Hydra's whole config of the
+    sweep): ``hydra.sweeper.params`` as ``key=values``, then the command line's overrides."""
+    from omegaconf import OmegaConf
+
+    params = config.hydra.sweeper.get("params") or {}
+    return [f"{k}={v}" for k, v in params.items()] + [
+        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+
 def basic_sweep_jobs(config) -> list[list[str]] | None:
     """The jobs of a sweep through Hydra's basic sweeper (``config``: Hydra's whole config of
     the sweep), in job-number order: each job's overrides, as the sweeper expands the swept
@@ -169,10 +179,7 @@ def basic_sweep_jobs(config) -> list[list[str]] | None:
     if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     loader = GlobalHydra.instance().config_loader()
-    params = config.hydra.sweeper.get("params") or {}
-    given = [f"{k}={v}" for k, v in params.items()] + [
-        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides(given)
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(_sweep_arguments(config))
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
@@ -451,9 +458,7 @@ def uncomposable_job(config) -> str | None:
     if OmegaConf.select(config, "hydra.sweeper._target_") != BASIC_SWEEPER:
         return None
     loader = GlobalHydra.instance().config_loader()
-    params = config.hydra.sweeper.get("params") or {}
-    given = [f"{k}={v}" for k, v in params.items()] + [
-        str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
+    given = _sweep_arguments(config)
     values: dict[str, list[str]] = {}  # (BasicSweeper.split_arguments' job overrides)
     try:
         for o in OverridesParser.create(config_loader=loader).parse_overrides(given):
