@@ -132,9 +132,11 @@ try:
 except KeyboardInterrupt as _e:
     if not _COMMAND:
         raise
+    from sim.console import exit_after_interrupt
+
     print("kvsim-collect: stopped by SIGTERM; nothing was written" if str(_e) == "SIGTERM" else
           "\nkvsim-collect: interrupted; nothing was written", file=sys.stderr)
-    raise SystemExit(143 if str(_e) == "SIGTERM" else 130) from None
+    exit_after_interrupt(143 if str(_e) == "SIGTERM" else 130)
 
 @dataclass
 class CollectResult:
@@ -421,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         else:
             print(f"{how}; {out} was left as it was", file=sys.stderr)
+        if _COMMAND:  # (the process ends here; in-process callers get the status)
+            from sim.console import exit_after_interrupt
+
+            exit_after_interrupt(143 if str(e) == "SIGTERM" else 130)
         return 143 if str(e) == "SIGTERM" else 130
     finally:
         if before is not None:

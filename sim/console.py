@@ -1,11 +1,34 @@
 """What the ``kvsim`` command prints: whole lines on streams that parallel jobs share
 (:func:`write_line`), the one-line error for a failure of the machine rather than of kvsim
-(:func:`resource_error`) and for an override Hydra cannot compose (:func:`hydra_error`). Imports
-nothing of kvsim."""
+(:func:`resource_error`) and for an override Hydra cannot compose (:func:`hydra_error`), and how
+a command ends after Ctrl-C or SIGTERM (:func:`exit_after_interrupt`). Imports nothing of kvsim."""
 
 from __future__ import annotations
 
 import errno
+import os
+import sys
+from typing import NoReturn
+
+
+def exit_after_interrupt(status: int) -> NoReturn:
+    """End the process with exit ``status`` after Ctrl-C or SIGTERM was caught and reported:
+    logging's handlers are flushed and closed, stdout and stderr flushed, then ``os._exit``.
+
+    A normal exit (``sys.exit``) is not enough there: when the interrupt arrived while code that
+    ``exec()`` ran from a string was running (dataclasses build their methods that way while
+    modules import), CPython keeps a flag that an interrupt went unhandled, and a program started
+    as ``python -m MODULE`` then ends by SIGINT (status -2) instead of its exit status, although
+    it caught the interrupt. Only for a process that is ending because of an interrupt:
+    ``os._exit`` skips other ``atexit`` handlers."""
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # (a closed pipe or stream: nothing more can be said)
+            pass
+    os._exit(status)
 
 
 def write_line(stream, text: str) -> None:

@@ -27,6 +27,8 @@ def main() -> None:
     or 143 (SIGTERM); later, :mod:`sim.cli.entry` and :mod:`sim.cli.job` say what was left."""
     import signal
 
+    from ..console import exit_after_interrupt
+
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from .entry import main as run
@@ -35,9 +37,13 @@ def main() -> None:
     except KeyboardInterrupt as e:
         if str(e) == "SIGTERM":
             print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
-            sys.exit(143)
+            exit_after_interrupt(143)
         print("\nkvsim: interrupted; nothing was run or written", file=sys.stderr)
-        sys.exit(130)
+        exit_after_interrupt(130)
+    except SystemExit as e:
+        if e.code in (130, 143):  # (an interrupt that was reported: see exit_after_interrupt)
+            exit_after_interrupt(e.code)
+        raise
 
 
 __all__ = ["main"]
