@@ -125,6 +125,45 @@ def test_signal_at_any_moment_is_one_line_and_leaves_no_folder_that_looks_comple
     assert not is_complete(out)
 
 
+_IMPORTS_BEFORE_SIGTERM_HANDLER = """
+import re  # (the console script's own imports, before it imports sim.cli)
+import sys
+
+before_handler = []
+
+
+class Probe:
+    \"\"\"Notes each module imported while SIGTERM has no handler of kvsim's.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        sig = sys.modules.get("signal")
+        handler = None if sig is None else sig.getsignal(sig.SIGTERM)
+        if handler in (None, sig and sig.SIG_DFL, sig and sig.SIG_IGN):
+            before_handler.append(name)
+        return None
+
+
+sys.meta_path.insert(0, Probe())
+from sim.cli import main
+
+sys.argv = ["kvsim", "--version"]
+main()
+print(",".join(before_handler))
+"""
+
+
+def test_sigterm_handler_is_set_before_any_module_beyond_sim_cli_is_imported():
+    """The console script's window in which SIGTERM still ends the process by its default
+    action (exit -15, nothing said) is the interpreter's start and the import of ``sim.cli``
+    alone: ``sim`` and ``sim.cli`` import nothing, and :func:`sim.cli.main` sets the handler
+    before importing any other module (``signal`` itself aside)."""
+    r = subprocess.run([sys.executable, "-c", _IMPORTS_BEFORE_SIGTERM_HANDLER], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("kvsim "), r.stdout  # (the --version line: main ran)
+    assert set(r.stdout.splitlines()[-1].split(",")) <= {"sim", "sim.cli", "signal"}, r.stdout
+
+
 _STOP_AT_RESULTS_LINE = """
 import sys
 

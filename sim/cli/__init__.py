@@ -24,10 +24,14 @@ def main() -> None:
     ``KeyboardInterrupt("SIGTERM")`` from the start, so it stops the command as Ctrl-C does,
     with its own line and exit status: while the modules are imported and the command line is
     checked (before Hydra: nothing has been written yet) one line and exit status 130 (Ctrl-C)
-    or 143 (SIGTERM); later, :mod:`sim.cli.entry` and :mod:`sim.cli.job` say what was left."""
-    import signal
+    or 143 (SIGTERM); later, :mod:`sim.cli.entry` and :mod:`sim.cli.job` say what was left.
 
-    from ..console import exit_after_interrupt
+    The handler is set before anything else is imported (``sim`` and this module import only
+    ``sys``; ``signal`` needs only ``enum``, which the console script's ``import re`` loaded;
+    :mod:`sim.console` imports ``typing``, a few milliseconds, so it is imported after): a signal
+    before it, while the interpreter starts and the console script imports this module, ends
+    the process by the signal's default action (docs/RELIABILITY.md, "Not covered")."""
+    import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -35,6 +39,8 @@ def main() -> None:
 
         run()
     except KeyboardInterrupt as e:
+        from ..console import exit_after_interrupt
+
         if str(e) == "SIGTERM":
             print("kvsim: stopped by SIGTERM; nothing was run or written", file=sys.stderr)
             exit_after_interrupt(143)
@@ -42,6 +48,8 @@ def main() -> None:
         exit_after_interrupt(130)
     except SystemExit as e:
         if e.code in (130, 143):  # (an interrupt that was reported: see exit_after_interrupt)
+            from ..console import exit_after_interrupt
+
             exit_after_interrupt(e.code)
         raise
 
