@@ -323,3 +323,20 @@ class PeriodicEviction(EvictionPolicy):
             c_min = max(c_min, state.last_round_tokens - base + 1)
         c = -(-c_min // beta) * beta
         return base + c
+
+
+class TotalBudgetEviction(PeriodicEviction):
+    """:class:`PeriodicEviction` whose ``budget`` counts every token of the sequence, prompt
+    included (H2O, TOVA): a protected prompt must fit in it."""
+
+    @property
+    def budget_scope(self) -> str:
+        return "total"
+
+    def check_request(self, prompt_len):
+        """:meth:`EvictionPolicy.check_request`; also ValueError when the prompt is protected
+        and longer than ``budget`` (it could never be kept within it)."""
+        super().check_request(prompt_len)
+        if self.protects_prompt and prompt_len > self.cfg.budget:
+            raise ValueError(f"{self.name}: budget {self.cfg.budget} (total tokens) is below the "
+                             f"protected prompt of {prompt_len} tokens")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import PeriodicEviction
+from .eviction import TotalBudgetEviction
 from .selection import RULE_H2O, recent_mask, topk_mask
 
 
@@ -40,7 +40,7 @@ class H2OConfig(ScoredConfig):
 
 
 @register_policy(H2OConfig)
-class H2OPolicy(PeriodicEviction):
+class H2OPolicy(TotalBudgetEviction):
     """``h2o``: Heavy-Hitter Oracle: accumulated-attention heavy hitters + recent window.
 
     Rule: cache of ``budget`` tokens (total, prompt included unless ``protect_prompt``); when over
@@ -59,16 +59,6 @@ class H2OPolicy(PeriodicEviction):
     citation = "Zhang et al., H2O: Heavy-Hitter Oracle, NeurIPS 2023"
     needs_attention_scores = True
     scoring_when = "step"
-
-    @property
-    def budget_scope(self) -> str:
-        return "total"
-
-    def check_request(self, prompt_len):
-        super().check_request(prompt_len)
-        if self.protects_prompt and prompt_len > self.cfg.budget:
-            raise ValueError(f"h2o: budget {self.cfg.budget} (total tokens) is below the protected "
-                             f"prompt of {prompt_len} tokens")
 
     def _n_recent(self) -> int:
         if self.cfg.recent_window > 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ScoredConfig, register_options, register_policy
-from .eviction import PeriodicEviction
+from .eviction import TotalBudgetEviction
 from .selection import RULE_TOP, topk_mask
 
 
@@ -30,7 +30,7 @@ class TOVAConfig(ScoredConfig):
 
 
 @register_policy(TOVAConfig)
-class TOVAPolicy(PeriodicEviction):
+class TOVAPolicy(TotalBudgetEviction):
     """``tova``: Token Omission Via Attention.
 
     Rule: fixed cache of ``budget`` tokens (total); once over it, at every step drop the tokens with
@@ -46,16 +46,6 @@ class TOVAPolicy(PeriodicEviction):
     citation = "Oren et al., Transformers are Multi-State RNNs (TOVA), 2024"
     needs_attention_scores = True
     scoring_when = "step"
-
-    @property
-    def budget_scope(self) -> str:
-        return "total"
-
-    def check_request(self, prompt_len):
-        super().check_request(prompt_len)
-        if self.protects_prompt and prompt_len > self.cfg.budget:
-            raise ValueError(f"tova: budget {self.cfg.budget} (total tokens) is below the protected "
-                             f"prompt of {prompt_len} tokens")
 
     def select(self, layout, scores, n_tokens, step):
         pos, live, sc = self._prep(layout, scores)

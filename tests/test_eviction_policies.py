@@ -87,6 +87,20 @@ def test_h2o_budget_and_recent():
         make_policy(PolicyConfig(name="h2o", budget=40, protect_prompt=True)).new_state(0, 100)
 
 
+@pytest.mark.parametrize("name", ["h2o", "tova"])
+def test_total_budget_eviction_protected_prompt_within_budget(name):
+    """A total-budget policy with a protected prompt serves prompts up to its budget and
+    refuses a longer one, naming the policy, the budget and the prompt; unprotected, any
+    prompt is served."""
+    pol = make_policy(PolicyConfig(name=name, budget=40, protect_prompt=True))
+    assert pol.budget_scope == "total"
+    assert pol.new_state(0, 40).prompt_len == 40
+    with pytest.raises(ValueError, match=rf"^{name}: budget 40 \(total tokens\) is below the "
+                                         r"protected prompt of 41 tokens$"):
+        pol.new_state(0, 41)
+    make_policy(PolicyConfig(name=name, budget=40, protect_prompt=False)).new_state(0, 1000)
+
+
 def test_tova_drops_lowest():
     pol = make_policy(PolicyConfig(name="tova", budget=10, beta=1, protect_prompt=False, mode="union"))
     lay = filled(11)
