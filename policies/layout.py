@@ -64,7 +64,10 @@ class PagedLayout:
         self.prompt_len = int(prompt_len)
         self.hole_fill = bool(hole_fill)
         self.request_key = int(request_key)
-        self.slot_pos = np.full((self.num_groups, 0), -1, dtype=np.int32)
+        # slot_pos is the leading columns of _slots, whose spare columns let blocks be added
+        # and dropped in place (a per-layer policy's layout has tens of groups)
+        self._slots = np.full((self.num_groups, 0), -1, dtype=np.int32)
+        self.slot_pos = self._slots
         self.append_ptr = np.zeros(self.num_groups, dtype=np.int64)
         self.next_position = 0
 
@@ -152,10 +155,13 @@ class PagedLayout:
             raise ValueError(f"cannot add a negative number of blocks ({k})")
         if k:
             H, S = self.slot_pos.shape
-            grown = np.empty((H, S + k * self.block_size), dtype=np.int32)
-            grown[:, :S] = self.slot_pos
-            grown[:, S:] = -1
-            self.slot_pos = grown
+            new = S + k * self.block_size
+            if new > self._slots.shape[1]:  # (room for at least as many slots again)
+                grown = np.empty((H, max(new, 2 * S)), dtype=np.int32)
+                grown[:, :S] = self.slot_pos
+                self._slots = grown
+            self._slots[:, S:new] = -1
+            self.slot_pos = self._slots[:, :new]
 
     def commit_append(self, n: int, positions: Optional[np.ndarray] = None) -> np.ndarray:
         """Write ``n`` new tokens (same positions in every group); returns the ``int64[H, n]`` slots used.
@@ -253,19 +259,17 @@ class PagedLayout:
         if int(idx[0]) == nb - k:  # the trailing blocks (forward packing frees these)
             # each pointer is within the table, so it loses what lies past the kept blocks
             self.append_ptr = np.minimum(ptr, (nb - k) * B)
-            self.slot_pos = self.slot_pos[:, :(nb - k) * B]
         else:
             below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
             self.append_ptr = ptr - below
-            out = np.empty((self.num_groups, (nb - k) * B), dtype=np.int32)
-            _copy_blocks_but(self.slot_pos, np.ascontiguousarray(idx, dtype=np.int64), B, out)
-            self.slot_pos = out
+            _drop_blocks_in_place(self.slot_pos, np.ascontiguousarray(idx, dtype=np.int64), B)
+        self.slot_pos = self._slots[:, :(nb - k) * B]
 
     def copy(self) -> "PagedLayout":
         """Deep copy."""
         out = PagedLayout(self.block_size, self.num_groups, self.prompt_len,
                           hole_fill=self.hole_fill, request_key=self.request_key)
-        out.slot_pos = self.slot_pos.copy()
+        out._slots = out.slot_pos = self.slot_pos.copy()
         out.append_ptr = self.append_ptr.copy()
         out.next_position = self.next_position
         return out
@@ -292,20 +296,20 @@ def _append_rows(slot_pos, append_ptr, first, n):  # pragma: no cover (compiled)
     return True
 
 
-@kernel("void(i4[:, :], i8[:], i8, i4[:, :])")
-def _copy_blocks_but(slot_pos, idx, B, out):  # pragma: no cover (compiled)
-    """``slot_pos`` without the blocks ``idx`` (distinct, ascending) into ``out`` (``int32[H,
-    S - len(idx) B]``): the kept blocks' slots in order."""
+@kernel("void(i4[:, :], i8[:], i8)")
+def _drop_blocks_in_place(slot_pos, idx, B):  # pragma: no cover (compiled)
+    """Moves the blocks after each of ``idx`` (distinct, ascending) down over it: the kept
+    blocks' slots in order in the first ``S - len(idx) B`` slots of each group (the slots
+    before the first dropped block stay where they are)."""
     H, S = slot_pos.shape
     for g in range(H):
-        d = 0
-        b0 = 0
-        for i in range(idx.shape[0] + 1):
-            b1 = idx[i] if i < idx.shape[0] else S // B
-            n = (b1 - b0) * B  # (a run of kept blocks: one slice copy)
-            out[g, d:d + n] = slot_pos[g, b0 * B:b1 * B]
-            d += n
-            b0 = b1 + 1
+        d = idx[0] * B
+        for i in range(idx.shape[0]):
+            b0 = idx[i] + 1
+            b1 = idx[i + 1] if i + 1 < idx.shape[0] else S // B
+            for j in range(b0 * B, b1 * B):  # (a run of kept blocks, moved down)
+                slot_pos[g, d] = slot_pos[g, j]
+                d += 1
 
 
 @kernel("i8(i4[:, :], i8, i8[:])")
