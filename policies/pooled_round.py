@@ -542,82 +542,174 @@ def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, si
     return o
 
 
-@kernel("void(f4[:], i8[:], i8[:], f8[:, :])")
-def scatter_rows(e, cj, off, out):  # pragma: no cover (compiled)
-    """``out[g, cj[i]] = e[i]`` for the entries ``off[g]..off[g + 1] - 1`` of each group
-    (``out``: zeros elsewhere, as the caller made it)."""
-    for g in range(out.shape[0]):
-        for i in range(off[g], off[g + 1]):
-            out[g, cj[i]] = e[i]
+#: numpy's pairwise summation: rows of at most this many entries are summed with eight
+#: accumulators (``PW_BLOCKSIZE`` of numpy's ``loops_utils.h``)
+PW_BLOCK = 128
 
 
 @inline
-def _top_by_value(x, idx, base, n, kk, buf, out_keep):  # pragma: no cover (compiled)
-    """The ``kk`` entries of ``x[:n]`` with the largest values, ties to the lower entry (as
-    :func:`policies.selection.topk_mask` ranks a row): ``out_keep[j] = True`` for each, ``j =
-    idx[i]``, or ``base + i`` when ``idx`` is empty. ``buf``: ``n`` entries of scratch."""
-    if kk <= 0 or n == 0:
-        return
-    direct = idx.shape[0] == 0
-    if kk >= n:
-        for i in range(n):
-            out_keep[base + i if direct else idx[i]] = True
-        return
-    thr = kth_largest(x, n, kk, buf)
-    above = 0
-    for i in range(n):
-        if x[i] > thr:
-            above += 1
-    ties = kk - above
-    for i in range(n):
-        y = x[i]
-        if y > thr or (y == thr and ties > 0):
-            if y == thr:
-                ties -= 1
-            out_keep[base + i if direct else idx[i]] = True
+def _pairwise_leaf(a, lo, n):  # pragma: no cover (compiled)
+    """numpy's pairwise sum of ``a[lo:lo + n]`` for ``n <= PW_BLOCK``: in order below 8
+    entries, else eight running sums over strides of 8 combined as ``((r0 + r1) + (r2 + r3))
+    + ((r4 + r5) + (r6 + r7))``, then the entries past the last multiple of 8 in order."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0 = a[lo]
+    r1 = a[lo + 1]
+    r2 = a[lo + 2]
+    r3 = a[lo + 3]
+    r4 = a[lo + 4]
+    r5 = a[lo + 5]
+    r6 = a[lo + 6]
+    r7 = a[lo + 7]
+    m = lo + n - n % 8
+    i = lo + 8
+    while i < m:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res
 
 
-@kernel("void(f4[:], i8[:], i8[:], f8[:], i8[:], i8, i8, b1[:, :])")
-def ada_keep(e, cj, off, den, layer_start, per_head, floor, keep):  # pragma: no cover (compiled)
+@inline
+def pairwise_sum(a, n, stk, rs):  # pragma: no cover (compiled)
+    """``np.add.reduce`` of ``a[:n]`` (float64) as numpy computes it along a contiguous row:
+    ``0.0 +`` the pairwise sum, which splits a range of more than :data:`PW_BLOCK` entries at
+    half its length rounded down to a multiple of 8 and adds the halves' sums (left + right),
+    and sums a shorter range with :func:`_pairwise_leaf`. ``stk`` (``int64[3, >= 64]``) and
+    ``rs`` (``float64[>= 64]``): the explicit recursion's stacks (depth ~log2(n / 128))."""
+    sp = 1
+    rp = 0
+    stk[0, 0] = 0
+    stk[1, 0] = n
+    stk[2, 0] = 0
+    while sp > 0:
+        sp -= 1
+        lo = stk[0, sp]
+        m = stk[1, sp]
+        if stk[2, sp] == 1:  # both halves summed: left + right
+            rp -= 1
+            r = rs[rp]
+            rs[rp - 1] = rs[rp - 1] + r
+        elif m <= PW_BLOCK:
+            rs[rp] = _pairwise_leaf(a, lo, m)
+            rp += 1
+        else:
+            n2 = m // 2
+            n2 -= n2 % 8
+            stk[0, sp] = lo
+            stk[1, sp] = m
+            stk[2, sp] = 1
+            stk[0, sp + 1] = lo + n2
+            stk[1, sp + 1] = m - n2
+            stk[2, sp + 1] = 0
+            stk[0, sp + 2] = lo
+            stk[1, sp + 2] = n2
+            stk[2, sp + 2] = 0
+            sp += 3
+    return 0.0 + rs[0]
+
+
+
+@kernel("void(f4[:], i8[:], i8[:], i8[:], i8, i8, b1[:, :])")
+def ada_keep(e, cj, off, layer_start, per_head, floor, keep):  # pragma: no cover (compiled)
     """Ada-KV's keep (:meth:`policies.snapkv.AdaKVPolicy._keep_pooled`) from the candidates'
-    float32 pooled scores ``e`` (:func:`ada_pooled`'s order) and each group's normaliser
-    ``den`` (``max(sum of its scores, 1e-300)``, as numpy sums the row): per group the top
-    ``floor`` by normalised score ``e / den``, then per layer (groups ``layer_start[l] ..
-    layer_start[l + 1] - 1``) the top ``per_head x groups - kept`` of the others by the same
-    score, ties to the lower group, then the lower slot; into ``keep`` (``bool[H, S]``)."""
+    float32 pooled scores ``e`` (:func:`ada_pooled`'s order): each group's normaliser ``den =
+    max(sum, 1e-300)`` of its row (the scores at their slots, zeros elsewhere, ``S =
+    keep.shape[1]`` entries) summed as numpy sums a row (:func:`pairwise_sum`), then per group
+    the top ``floor`` by normalised score ``e / den``, then per layer (groups ``layer_start[l]
+    .. layer_start[l + 1] - 1``) the top ``per_head x groups - kept`` of the others by the same
+    score, ties to the lower group, then the lower slot; into ``keep`` (``bool[H, S]``). One
+    layer's scores at a time in scratch arrays of its candidates."""
     H, S = keep.shape
-    tot = off[H]
-    p = np.empty(tot, dtype=np.float64)
+    row = np.zeros(S, dtype=np.float64)
+    stk = np.empty((3, 128), dtype=np.int64)
+    rs = np.empty(128, dtype=np.float64)
+    den = np.empty(H, dtype=np.float64)
     for g in range(H):
         for i in range(off[g], off[g + 1]):
-            p[i] = np.float64(e[i]) / den[g]
-    wide = 0  # (the most candidates of a group or a layer: the scratch arrays' length)
+            row[cj[i]] = np.float64(e[i])
+        den[g] = max(pairwise_sum(row, S, stk, rs), 1e-300)
+        for i in range(off[g], off[g + 1]):
+            row[cj[i]] = 0.0
+    wide = 0  # (the most candidates of a layer: the scratch arrays' length)
     for l in range(layer_start.shape[0] - 1):
         wide = max(wide, off[layer_start[l + 1]] - off[layer_start[l]])
-    buf = np.empty(wide, dtype=np.float64)
     vals = np.empty(wide, dtype=np.float64)
-    idx = np.empty(wide, dtype=np.int64)
-    flat_keep = np.zeros(tot, dtype=np.bool_)
-    none = idx[:0]
-    for g in range(H):
-        a = off[g]
-        _top_by_value(p[a:off[g + 1]], none, a, off[g + 1] - a, floor, buf, flat_keep)
+    buf = np.empty(wide, dtype=np.float64)
+    ninf = -np.inf
     for l in range(layer_start.shape[0] - 1):
         g0 = layer_start[l]
         g1 = layer_start[l + 1]
-        n_l = 0
+        base = off[g0]
+        n_l = off[g1] - base
         kept_l = 0
-        for i in range(off[g0], off[g1]):
-            if flat_keep[i]:
-                kept_l += 1
-            else:
-                vals[n_l] = p[i]
-                idx[n_l] = i
-                n_l += 1
+        # each group's floor, by its normalised scores; kept entries leave the layer's ranking
+        # (-inf: below every score, which are >= 0)
+        for g in range(g0, g1):
+            a = off[g] - base
+            n = off[g + 1] - off[g]
+            for i in range(n):
+                vals[a + i] = np.float64(e[base + a + i]) / den[g]
+            if floor <= 0 or n == 0:
+                continue
+            if floor >= n:
+                for i in range(n):
+                    keep[g, cj[base + a + i]] = True
+                    vals[a + i] = ninf
+                kept_l += n
+                continue
+            thr = kth_largest(vals[a:a + n], n, floor, buf)
+            above = 0
+            for i in range(n):
+                if vals[a + i] > thr:
+                    above += 1
+            ties = floor - above
+            for i in range(n):
+                y = vals[a + i]
+                if y > thr or (y == thr and ties > 0):
+                    if y == thr:
+                        ties -= 1
+                    keep[g, cj[base + a + i]] = True
+                    vals[a + i] = ninf
+            kept_l += floor
         extra = per_head * (g1 - g0) - kept_l
-        if extra > 0:
-            _top_by_value(vals, idx[:n_l], 0, n_l, extra, buf, flat_keep)
-    for g in range(H):
-        for i in range(off[g], off[g + 1]):
-            if flat_keep[i]:
-                keep[g, cj[i]] = True
+        rest = n_l - kept_l
+        if extra <= 0 or rest == 0:
+            continue
+        if extra >= rest:
+            thr = 0.0
+            ties = 0
+        else:
+            # (the extra-th largest of the layer is one of the others': extra < rest of them
+            # lie above the -inf entries)
+            thr = kth_largest(vals, n_l, extra, buf)
+            above = 0
+            for i in range(n_l):
+                if vals[i] > thr:
+                    above += 1
+            ties = extra - above
+        g = g0
+        for i in range(n_l):
+            while base + i >= off[g + 1]:
+                g += 1
+            y = vals[i]
+            if y == ninf:
+                continue
+            if extra >= rest or y > thr or (y == thr and ties > 0):
+                if extra < rest and y == thr:
+                    ties -= 1
+                keep[g, cj[base + i]] = True

@@ -11,7 +11,7 @@ import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
 from .eviction import EvictionPolicy
-from .pooled_round import ada_keep, ada_pooled, scatter_rows, snap_keep
+from .pooled_round import ada_keep, ada_pooled, snap_keep
 from .selection import KEY_EPS, _rank_band, topk_mask
 
 
@@ -288,9 +288,10 @@ class AdaKVPolicy(SnapKVPolicy):
     def _keep_from_terms(self, pos, P, w, k, t):
         """:meth:`_keep_pooled` on the exact pooled scores of the candidates, ``f32(exp(.))`` of
         their pooled log-scores (:func:`policies.pooled_round.ada_pooled`; the normalisation
-        sums every candidate's score, so each is needed exactly; numpy's exp and row sums, as
-        :meth:`select` computes them), with the observation window and decode tokens
-        (:func:`policies.pooled_round.ada_keep`); None where the pooling does not apply."""
+        sums every candidate's score, so each is needed exactly; numpy's exp, and the row sums
+        in numpy's pairwise order, as :meth:`select` computes them), with the observation
+        window and decode tokens (:func:`policies.pooled_round.ada_keep`); None where the
+        pooling does not apply."""
         H, S = pos.shape
         keep = np.zeros((H, S), dtype=bool)
         cv = np.empty(H * S, dtype=np.float64)
@@ -301,14 +302,11 @@ class AdaKVPolicy(SnapKVPolicy):
         if n < 0:
             return None
         e = np.exp(cv[:n]).astype(np.float32)
-        rows = np.zeros((H, S), dtype=np.float64)
-        scatter_rows(e, cj, off, rows)
-        den = np.maximum(rows.sum(axis=1), 1e-300)
         per_head = max(int(self.cfg.budget) - w, 0)
         floor = int(math.floor(self.cfg.ada_floor * per_head))
         layers = self.group_layer(H)
         starts = np.r_[0, np.flatnonzero(np.diff(layers)) + 1, H].astype(np.int64)
-        ada_keep(e, cj, off, den, starts, per_head, floor, keep)
+        ada_keep(e, cj, off, starts, per_head, floor, keep)
         return keep
 
     def _keep_pooled(self, pooled, cand, w):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import SINGLE_ENGINE
 from policies import (ImportanceModel, ImportanceParams, PagedLayout, PolicyConfig, make_compactor,
                       make_policy, score_slots)
-from policies.pooled_round import kth_largest
+from policies.pooled_round import kth_largest, pairwise_sum
 
 B = 16
 
@@ -471,6 +471,29 @@ def test_kth_largest_is_numpys_partition_value(n, seed, kind):
     buf = np.empty(n)
     for kg in {1, n, int(rng.integers(1, n + 1)), max(1, n // 3), max(1, n - 7)}:
         assert kth_largest(x, n, kg, buf) == np.partition(x, n - kg)[n - kg]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 7, 8, 9, 128, 129, 136, 255, 4096, 8193, 70001]), st.integers(0, 300),
+       st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+def test_pairwise_sum_is_numpys_row_sum(n, extra, density, seed):
+    """``policies.pooled_round.pairwise_sum(a, n, ...)`` is ``a[:n].sum()`` as numpy sums a
+    row of a 2-D array (``sum(axis=1)``), bit for bit: float32 scores spread over 20 orders of
+    magnitude with zeros between them (Ada-KV's rows), lengths around the eight-way unrolling,
+    numpy's block of 128 and its buffer of 8192."""
+    rng = np.random.default_rng(seed)
+    n += extra
+    rows = np.zeros((2, n))
+    mask = rng.random((2, n)) < density
+    rows[mask] = np.exp(rng.standard_normal(int(mask.sum())) * 10).astype(np.float32)
+    want = rows.sum(axis=1)
+    stk = np.empty((3, 128), dtype=np.int64)
+    rs = np.empty(128)
+    for g in range(2):
+        assert pairwise_sum(rows[g], n, stk, rs) == want[g]
+    if n > 300:  # (long rows of spread values: a running sum gives other floats here)
+        big = np.exp(rng.standard_normal(n) * 10).astype(np.float32).astype(np.float64)
+        assert pairwise_sum(big, n, stk, rs) == big.reshape(1, -1).sum(axis=1)[0]
 
 
 @settings(max_examples=80, deadline=None)
