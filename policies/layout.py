@@ -253,17 +253,56 @@ class PagedLayout:
         unchecked part of :meth:`remove_blocks`."""
         B = self.block_size
         nb = self.n_blocks
-        # removed slots below each group's pointer: block b removes [bB, bB + B) ∩ [0, ptr)
-        ptr = self.append_ptr
         k = len(idx)
-        if int(idx[0]) == nb - k:  # the trailing blocks (forward packing frees these)
-            # each pointer is within the table, so it loses what lies past the kept blocks
-            self.append_ptr = np.minimum(ptr, (nb - k) * B)
-        else:
-            below = np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
-            self.append_ptr = ptr - below
+        self.append_ptr = self._pointers_after_drop(self.append_ptr, idx, nb)
+        if int(idx[0]) != nb - k:  # (dropping the trailing blocks moves nothing)
             _drop_blocks_in_place(self.slot_pos, np.ascontiguousarray(idx, dtype=np.int64), B)
         self.slot_pos = self._slots[:, :(nb - k) * B]
+
+    def _pointers_after_drop(self, ptr: np.ndarray, idx: np.ndarray, nb: int) -> np.ndarray:
+        """The append pointers ``ptr`` (``int64[H]``, within a table of ``nb`` blocks) after
+        the blocks ``idx`` (distinct, ascending) are removed: each loses the removed slots
+        below it (block b removes ``[bB, bB + B)`` of ``[0, ptr)``)."""
+        B = self.block_size
+        k = len(idx)
+        if int(idx[0]) == nb - k:  # the trailing blocks: what lies past the kept blocks
+            return np.minimum(ptr, (nb - k) * B)
+        return ptr - np.clip(ptr[:, None] - idx[None, :] * B, 0, B).sum(axis=1)
+
+    def fill_kept(self, n: int, n_blocks: int, keep: np.ndarray, release: bool) -> tuple:
+        """On a layout with no blocks and no token: the state that :meth:`add_blocks`
+        (``n_blocks``), ``commit_next(n)``, emptying the slots ``keep`` (``bool[H, n_blocks x
+        B]``, True on slots below ``n`` only) drops and, with ``release``, removing the blocks
+        then empty in every group leave, written once without the full ``H x S`` table in
+        between (the slot table of a round on a prompt no group has evicted from yet: every
+        group holds positions ``0..n-1`` in slots ``0..n-1``). Returns ``(cnt, freed)``:
+        ``cnt`` (``int64[3, H]``) each group's live slots before (``n``), kept slots and 1 +
+        its last kept slot (0 if none) in the table before the removal, and ``freed`` the
+        removed blocks' indices in that table (ascending ``int64``). Raises ValueError when
+        the layout is not empty, is a hole-fill one, or the blocks cannot hold ``n`` tokens."""
+        B = self.block_size
+        H = self.num_groups
+        if self.slot_pos.shape[1] or self.next_position or self.hole_fill:
+            raise ValueError("fill_kept needs an empty order-preserving layout (no blocks, no "
+                             "token placed)")
+        if not 0 <= n <= n_blocks * B or keep.shape != (H, n_blocks * B):
+            raise ValueError(f"fill_kept: {n} tokens in {n_blocks} blocks of {B} slots, keep of "
+                             f"shape {keep.shape} (expected ({H}, {n_blocks * B}))")
+        cnt = np.empty((3, H), dtype=np.int64)
+        used = np.empty(n_blocks, dtype=np.bool_)
+        _kept_counts(n, B, keep, cnt, used)
+        freed = (np.flatnonzero(~used).astype(np.int64) if release
+                 else np.zeros(0, dtype=np.int64))
+        blocks = np.flatnonzero(used) if release else np.arange(n_blocks, dtype=np.int64)
+        out = np.empty((H, blocks.size * B), dtype=np.int32)
+        keep = np.ascontiguousarray(keep)
+        keep8 = keep.view(np.uint64) if B % 8 == 0 else np.zeros((H, 0), dtype=np.uint64)
+        _kept_rows(n, B, keep, keep8, blocks.astype(np.int64), out)
+        self._slots = self.slot_pos = out
+        ptr = np.full(H, n, dtype=np.int64)
+        self.append_ptr = self._pointers_after_drop(ptr, freed, n_blocks) if freed.size else ptr
+        self.next_position = n
+        return cnt, freed
 
     def copy(self) -> "PagedLayout":
         """Deep copy."""
@@ -330,3 +369,48 @@ def _empty_blocks(slot_pos, B, out):  # pragma: no cover (compiled)
             out[m] = b
             m += 1
     return m
+
+
+@kernel("void(i8, i8, b1[:, :], i8[:, :], b1[:])")
+def _kept_counts(n, B, keep, cnt, used):  # pragma: no cover (compiled)
+    """For groups holding positions ``0..n-1`` in slots ``0..n-1``: ``cnt[0, g] = n``,
+    ``cnt[1, g]`` slots ``keep`` keeps, ``cnt[2, g]`` 1 + the last of them (0 if none);
+    ``used[b]``: block ``b`` keeps a slot in some group."""
+    H, S = keep.shape
+    for b in range(S // B):
+        used[b] = False
+    for g in range(H):
+        kept = 0
+        last = -1
+        for j in range(n):
+            if keep[g, j]:
+                kept += 1
+                last = j
+                used[j // B] = True
+        cnt[0, g] = n
+        cnt[1, g] = kept
+        cnt[2, g] = last + 1
+
+
+@kernel("void(i8, i8, b1[:, :], u8[:, :], i8[:], i4[:, :])")
+def _kept_rows(n, B, keep, keep8, blocks, out):  # pragma: no cover (compiled)
+    """``out[g]``: the slots of ``blocks`` (ascending) in order, each the position ``j`` its
+    slot ``j`` holds where ``keep[g, j]`` (``j < n``), else -1. ``keep8``: ``keep`` read as
+    words of 8 slots (``B`` a multiple of 8), a zero word skipped; empty: slot by slot."""
+    words = keep8.shape[1] > 0
+    for g in range(keep.shape[0]):
+        out[g, :] = -1
+        d = 0
+        for i in range(blocks.shape[0]):
+            j0 = blocks[i] * B
+            if words:
+                for w in range(j0 // 8, (j0 + B) // 8):
+                    if keep8[g, w] != 0:
+                        for j in range(w * 8, min(w * 8 + 8, n)):
+                            if keep[g, j]:
+                                out[g, d + j - j0] = j
+            else:
+                for j in range(j0, min(j0 + B, n)):
+                    if keep[g, j]:
+                        out[g, d + j - j0] = j
+            d += B

@@ -157,6 +157,28 @@ def _region(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compil
 
 
 @inline
+def _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
+                  ncut):  # pragma: no cover (compiled)
+    """:func:`_region` of group ``g``: of row ``g`` of ``slot_pos``, or with ``shared`` of its
+    one row, whose region (``rj``, ``rp``, ``n``, ``nc``) and kept slots (``cutj[:ncut]``) the
+    first group finds and the others reuse. Returns ``(n, nc, ncut)``."""
+    if not shared:
+        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        return n, nc, 0
+    if g == 0:
+        n, nc = _region(slot_pos, 0, P, cut, top, keep, rj, rp)
+        ncut = 0
+        for j in range(slot_pos.shape[1]):
+            if keep[0, j]:
+                cutj[ncut] = j
+                ncut += 1
+        return n, nc, ncut
+    for i in range(ncut):
+        keep[g, cutj[i]] = True
+    return n, nc, ncut
+
+
+@inline
 def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled,
                 tmp):  # pragma: no cover (compiled)
     """``pooled[i]``, ``i < nc``: group ``g``'s max-pooled clipped log-score of region entry
@@ -397,9 +419,9 @@ def _bounded_threshold(g, rp, nc, m, k, kg, eps, z0, rec, ip_i, ip_f, slat, drif
 
 
 @kernel("i8(i4[:, :], i8, i8, i8, i8[:], i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], "
-        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:], b1)", depends=(score_terms,))
+        "f8[:], f8[:], i8, f8, b1[:, :], i8[:, :], f8[:], b1, b1)", depends=(score_terms,))
 def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len,
-              eps, keep, pend, pend_v, bound):  # pragma: no cover (compiled)
+              eps, keep, pend, pend_v, bound, shared):  # pragma: no cover (compiled)
     """SnapKV's keep mask in one pass per group, from the terms of ``log_score_terms(...,
     static_lattice=True)``.
 
@@ -417,14 +439,20 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
     the rest. ``bound``: with a kernel of at most :data:`BOUND_KERNEL` (and ``sig[g] >= 0``)
     a group scores only the segments of candidates whose upper bound can reach its threshold
     (:func:`_bounded_threshold`); the others can be neither kept nor in the band, so the
-    mask and the band are those scoring every candidate gives (``bound`` False).
+    mask and the band are those scoring every candidate gives (``bound`` False). ``shared``:
+    ``slot_pos`` is one row (``int32[1, S]``) that every group of ``keep`` (``bool[H, S]``)
+    holds, its region found once.
 
     Returns the band rows written, or -1 (``keep`` partly written) when a group's prompt
     positions do not increase along its slots, a prompt position lies beyond the terms'
     tables, or ``pend`` cannot hold the band."""
-    H, S = slot_pos.shape
+    H, S = keep.shape
     rj = np.empty(S, dtype=np.int64)
     rp = np.empty(S, dtype=np.int64)
+    cutj = np.empty(S if shared else 0, dtype=np.int64)
+    ncut = 0
+    n = 0
+    nc = 0
     v = np.empty(S, dtype=np.float64)
     pooled = np.empty(S, dtype=np.float64)
     tmp = np.empty(S + k, dtype=np.float64)  # (_window_max's scratch: nc + k - 1 entries)
@@ -449,7 +477,8 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
         ncell = _cell_tables(top, ip_i, slat, drift, consts, rec, z0l, z0r, recmax)
     n_pend = 0
     for g in range(H):
-        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        n, nc, ncut = _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
+                                    ncut)
         if n < 0:
             return -1
         kg = kg_all[g]
@@ -506,18 +535,22 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
 
 
 @kernel("i8(i4[:, :], i8, i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], "
-        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:])", depends=(score_terms,))
+        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:], b1)", depends=(score_terms,))
 def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len, keep,
-               cv, cj, off):  # pragma: no cover (compiled)
+               cv, cj, off, shared):  # pragma: no cover (compiled)
     """Ada-KV's pooled log-scores (:func:`snap_keep`'s pooling) of every candidate, group by
     group: group ``g``'s candidates (live slots holding positions below ``cut``, in slot
     order) are entries ``off[g]..off[g + 1] - 1`` of ``cv`` (pooled clipped log-score) and
     ``cj`` (slot), ``cv``, ``cj`` of ``H x S`` entries; live slots holding positions ``>=
-    cut`` are kept (``keep``). Returns the candidates, or -1 where :func:`snap_keep` returns
-    it for the region."""
-    H, S = slot_pos.shape
+    cut`` are kept (``keep``, ``bool[H, S]``); ``shared`` as :func:`snap_keep` takes it.
+    Returns the candidates, or -1 where :func:`snap_keep` returns it for the region."""
+    H, S = keep.shape
     rj = np.empty(S, dtype=np.int64)
     rp = np.empty(S, dtype=np.int64)
+    cutj = np.empty(S if shared else 0, dtype=np.int64)
+    ncut = 0
+    n = 0
+    nc = 0
     v = np.empty(S, dtype=np.float64)
     pooled = np.empty(S, dtype=np.float64)
     tmp = np.empty(S + k, dtype=np.float64)
@@ -528,7 +561,8 @@ def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, si
     o = 0
     for g in range(H):
         off[g] = o
-        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        n, nc, ncut = _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
+                                    ncut)
         if n < 0:
             return -1
         if nc:

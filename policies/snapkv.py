@@ -184,30 +184,42 @@ class SnapKVPolicy(EvictionPolicy):
         domain and ranked group by group in compiled passes (:meth:`_keep_from_terms`,
         :mod:`policies.pooled_round`), or None where it does not apply (average pooling,
         prompt positions out of slot order, more near-ties than it holds)."""
+        pos = layout.slot_pos
+        return self._from_terms(pos, pos.shape[0], layout.prompt_len, terms, False)
+
+    def select_row_from_terms(self, row: np.ndarray, H: int, prompt_len: int, terms):
+        """:meth:`select_from_terms` on a layout of ``H`` groups that all hold ``row``
+        (``int32[S]``: each slot's position, -1 empty) and prompt ``prompt_len``, without the
+        ``H x S`` slot table: the same ``bool[H, S]`` keep mask, or None where it does not
+        apply."""
+        return self._from_terms(row.reshape(1, -1), int(H), int(prompt_len), terms, True)
+
+    def _from_terms(self, pos, H, P, terms, shared):
+        """:meth:`select_from_terms` on the slots ``pos`` (``int32[H, S]``, or with ``shared``
+        ``int32[1, S]``: every group's row)."""
         if not self.pools_logs:
             return None
-        pos = layout.slot_pos
-        H, S = pos.shape
+        S = pos.shape[1]
         if S == 0:
             return np.zeros((H, 0), dtype=bool)
-        P = layout.prompt_len
         w = min(int(self.cfg.observation_window), P)
         kernel = int(self.cfg.pooling_kernel)
         k = max(1, min(kernel, 2 * S - 1)) if kernel > 1 else 1
-        return self._keep_from_terms(pos, P, w, k, terms)
+        return self._keep_from_terms(pos, H, P, w, k, terms, shared)
 
-    def _keep_from_terms(self, pos, P, w, k, t):
-        """:meth:`select_from_terms`' keep from the terms ``t`` (pooling kernel ``k``): the
-        observation window, decode tokens and the top ``group_budgets - w`` pooled scores of
-        each group (:func:`policies.pooled_round.snap_keep`, near-ties by the exact float32
-        scores), or None (see :meth:`select_from_terms`)."""
-        H, S = pos.shape
+    def _keep_from_terms(self, pos, H, P, w, k, t, shared):
+        """:meth:`select_from_terms`' keep (``bool[H, S]``) from the terms ``t`` (pooling
+        kernel ``k``; ``pos``, ``shared`` as :meth:`_from_terms` takes them): the observation
+        window, decode tokens and the top ``group_budgets - w`` pooled scores of each group
+        (:func:`policies.pooled_round.snap_keep`, near-ties by the exact float32 scores), or
+        None (see :meth:`select_from_terms`)."""
+        S = pos.shape[1]
         keep = np.zeros((H, S), dtype=bool)
         pend = np.empty((self.PEND_CAP, 4), dtype=np.int64)
         pend_v = np.empty(self.PEND_CAP, dtype=np.float64)
         kg = np.ascontiguousarray(self.group_budgets(H) - w, dtype=np.int64)
         n = snap_keep(pos, P, k, P - w, kg, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig,
-                      t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend, pend_v, True)
+                      t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend, pend_v, True, shared)
         if n < 0:
             return None
         if n:
@@ -285,20 +297,20 @@ class AdaKVPolicy(SnapKVPolicy):
         w, window, decode, cand, pooled = self._window_and_pool(layout, sc, pos, live)
         return window | decode | self._keep_pooled(pooled, cand, w)
 
-    def _keep_from_terms(self, pos, P, w, k, t):
+    def _keep_from_terms(self, pos, H, P, w, k, t, shared):
         """:meth:`_keep_pooled` on the exact pooled scores of the candidates, ``f32(exp(.))`` of
         their pooled log-scores (:func:`policies.pooled_round.ada_pooled`; the normalisation
         sums every candidate's score, so each is needed exactly; numpy's exp, and the row sums
         in numpy's pairwise order, as :meth:`select` computes them), with the observation
         window and decode tokens (:func:`policies.pooled_round.ada_keep`); None where the
         pooling does not apply."""
-        H, S = pos.shape
+        S = pos.shape[1]
         keep = np.zeros((H, S), dtype=bool)
         cv = np.empty(H * S, dtype=np.float64)
         cj = np.empty(H * S, dtype=np.int64)
         off = np.empty(H + 1, dtype=np.int64)
         n = ada_pooled(pos, P, k, P - w, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig, t.lm,
-                       t.sink, t.seq_len, keep, cv, cj, off)
+                       t.sink, t.seq_len, keep, cv, cj, off, shared)
         if n < 0:
             return None
         e = np.exp(cv[:n]).astype(np.float32)

@@ -110,6 +110,12 @@ class Compression:
                 self.terms_select = "lattice"
         # compactors whose round is one compiled pass here (_apply_keep); hole_fill: its own
         self.fast_apply = self.compaction in ("none", "forward_pack")
+        # SnapKV's family under the none compactor: a round on a layout not yet brought up to
+        # date (every group holds the same positions) ranks one shared row and writes the
+        # kept slots' table once (_row_round)
+        self.row_rounds = (self.terms_select == "lattice" and self.compaction == "none"
+                           and not self.hole_fill and self.policy.scoring_when == "round"
+                           and hasattr(self.policy, "select_row_from_terms"))
         # per-step H2O and TOVA under the none compactor keep their ranking between rounds
         # (GuardedRanking; a round works on the few candidates near its threshold) while
         # every round evicts a few tokens a group
@@ -239,6 +245,15 @@ class Compression:
 
         ``shared_blocks``: leading blocks shared with other requests (kept untouched).
         """
+        if (self.row_rounds and self.ops is None and req.pending
+                and req.layout.n_blocks == 0 and req.layout.next_position == 0):
+            done = self._row_round(req, shared_blocks)
+            if done is not None:
+                res, pinned = done
+                self._rebase(req)
+                dur = self.round_time(res.bytes_moved) + self.policy.scoring_bytes(
+                    self.shape, req.n_computed, req.input, res.blocks_before) / self.bw
+                return res, dur, pinned
         self._apply_pending(req)  # (the summary: after the round)
         lay = req.layout
         st = req.pstate
@@ -313,6 +328,34 @@ class Compression:
         calls in their order."""
         return [self.run_round(r, int(n)) for r, n in zip(reqs, shared_blocks)]
 
+    def _row_round(self, req, shared_blocks: int):
+        """:meth:`run_round`'s selection and ``none`` compaction on a layout with no blocks
+        and no token yet, every token placed still pending (positions ``0..n-1`` in slots
+        ``0..n-1`` of every group): the policy ranks the one row
+        (``select_row_from_terms``) and :meth:`policies.PagedLayout.fill_kept` writes the
+        kept slots' table; ``(RoundResult, pinned)``, the same as the round on the table
+        brought up to date, or None (nothing changed) where the policy's compiled round does
+        not apply."""
+        lay = req.layout
+        n = int(req.pending)
+        nb = int(req.blocks_since)
+        row = np.full(nb * self.B, -1, dtype=np.int32)
+        row[:n] = np.arange(n, dtype=np.int32)
+        terms = self.importance.log_score_terms(lay.request_key, lay.num_groups,
+                                                req.pstate.generated, n, n, True)
+        keep = self.policy.select_row_from_terms(row, lay.num_groups, lay.prompt_len, terms)
+        if keep is None:
+            return None
+        pinned = self.policy.pinned_len(lay)
+        if shared_blocks:
+            shared_slots = shared_blocks * self.B
+            keep[:, :min(shared_slots, n)] = True
+            pinned = max(pinned, shared_slots)
+        cnt, freed = lay.fill_kept(n, nb, keep, self.compactor.cfg.release_empty_blocks)
+        req.pending = 0
+        req.blocks_since = 0
+        return self._round_result(lay, cnt, freed, cnt[2].copy(), _NO_MOVES, nb), pinned
+
     def _guarded_round(self, req, shared_blocks: int):
         """:meth:`run_round`'s selection and ``none`` compaction from the request's
         :class:`policies.guarded.GuardedRanking` (built here when missing) and
@@ -369,16 +412,19 @@ class Compression:
         return self._round_result(lay, cnt, freed, cnt[2].copy(), _NO_MOVES)
 
     def _round_result(self, lay: PagedLayout, cnt: np.ndarray, freed: np.ndarray,
-                      lengths: np.ndarray, moves: np.ndarray) -> RoundResult:
+                      lengths: np.ndarray, moves: np.ndarray,
+                      blocks_before: int | None = None) -> RoundResult:
         """The :class:`policies.RoundResult` of a round: ``cnt`` as :meth:`_unmoved_result`
         takes it, ``freed`` the empty blocks (dropped from the layout here), ``lengths``
         (``int64[H]``) each group's slots after the round, ``moves`` (``int64[m, 3]``) the
-        slot moves, each of one group's token (``kv_tok / H`` bytes)."""
+        slot moves, each of one group's token (``kv_tok / H`` bytes). ``blocks_before``: the
+        table's blocks before the round where ``lay`` already has ``freed`` removed."""
         H = lay.num_groups
         before, kept = cnt[0].copy(), cnt[1].copy()
-        blocks_before = lay.n_blocks
-        if len(freed):
-            lay._drop_blocks(freed)
+        if blocks_before is None:
+            blocks_before = lay.n_blocks
+            if len(freed):
+                lay._drop_blocks(freed)
         per_group_bytes = self.kv_tok / H
         waste = int((lengths.max() - lengths).sum()) if H > 1 else 0
         if H == 1:

@@ -330,6 +330,60 @@ def test_compression_guarded_rounds_equal_the_full_rounds(overrides, shared):
     assert rounds > 100 and reqs[0].pstate.extra.get("guard") is not None
 
 
+@pytest.mark.parametrize("overrides", [
+    ["policy=snapkv", "policy.budget=120"], ["policy=pyramidkv", "policy.budget=150"],
+    ["policy=ada_kv", "policy.budget=130"],
+    ["policy=pyramidkv", "policy.budget=90", "compaction.release_empty_blocks=false"],
+    ["policy=snapkv", "policy.budget=100", "cache.block_size=12"]])
+def test_compression_row_rounds_equal_the_rounds_on_the_slot_table(overrides):
+    """``Compression.run_round`` of SnapKV's family on a layout not yet brought up to date
+    (one shared row ranked, the kept slots' table written once: ``row_rounds``) gives the
+    round results, durations and layouts of the round on the full slot table, over prompts
+    with and without shared leading blocks, and the decode steps after it."""
+    from sim.compression import Compression
+    from sim.run import compose_config
+
+    class Req:
+        pass
+
+    cfg = compose_config([*SINGLE_ENGINE, *overrides])
+    comps = [Compression(cfg.policy, cfg.compaction, cfg.model, cfg.cache, cfg.cost, 4.8e12, 0)
+             for _ in range(2)]
+    comps[1].row_rounds = False
+    assert comps[0].row_rounds
+    rounds = 0
+    for rid, (P, shared) in enumerate([(700, 0), (433, 5), (1200, 3), (160, 0), (95, 0)]):
+        reqs = []
+        for comp in comps:
+            r = Req()
+            r.rid, r.input, r.n_computed = 40 + rid, P, 0
+            comp.new_request(r)
+            reqs.append(r)
+        for it in range(40):
+            n = P if it == 0 else 1
+            due = []
+            for comp, r in zip(comps, reqs):
+                comp.place(r, n, comp.blocks_for(r, n))
+                r.n_computed += n
+                due.append(comp.due(r, it == 0))
+            assert due[0] == due[1]
+            if due[0]:
+                (a, da, pa), (b, db, pb) = (comp.run_round(r, shared)
+                                            for comp, r in zip(comps, reqs))
+                rounds += 1
+                assert (da, pa, a.as_row()) == (db, pb, b.as_row())
+                for f in ("freed_block_indices", "kept_per_group", "group_lengths"):
+                    x, y = getattr(a, f), getattr(b, f)
+                    assert x.dtype == y.dtype and np.array_equal(x, y), f
+        for comp, r in zip(comps, reqs):
+            comp.sync(r)
+        assert np.array_equal(reqs[0].layout.slot_pos, reqs[1].layout.slot_pos)
+        assert np.array_equal(reqs[0].layout.append_ptr, reqs[1].layout.append_ptr)
+        assert reqs[0].layout.next_position == reqs[1].layout.next_position
+        assert comps[0].physical_context(reqs[0]) == comps[1].physical_context(reqs[1])
+    assert rounds >= 3
+
+
 def test_compression_run_rounds_equals_run_round_request_by_request():
     """``Compression.run_rounds`` over one step's due requests gives each request's round
     result, and leaves its layout and state, as ``run_round`` called request by request: six
@@ -542,7 +596,8 @@ def test_snap_keep_bounded_scoring_keeps_what_scoring_every_candidate_keeps(
     scores that scoring every candidate gives: holes in the groups' slots, per-group budgets
     from 1 to every candidate, kernels up to the widest the bound takes and past it, sinks,
     rounds at step 0 and mid-drift, lattice spacings that do not divide the segments,
-    near-ties and ties (sigma 1e-9, 0)."""
+    near-ties and ties (sigma 1e-9, 0); and with every group holding one row, that row
+    given once (``shared``) gives what the table of its copies gives."""
     from policies.pooled_round import snap_keep
     from policies.selection import KEY_EPS
     rng = np.random.default_rng(seed)
@@ -557,15 +612,19 @@ def test_snap_keep_bounded_scoring_keeps_what_scoring_every_candidate_keeps(
     t = imp.log_score_terms(lay.request_key, H, step, seq, seq, static_lattice=True)
     w = int(rng.integers(0, 40))
     kg = rng.integers(1, prompt + 2, H).astype(np.int64)
+    row = lay.slot_pos[:1].copy()
     out = []
-    for bound in (True, False):
+    # (bounded, every candidate scored; then group 0's row in every group, as one shared row
+    # and as a table of H equal rows)
+    for slots, bound, shared in ((lay.slot_pos, True, False), (lay.slot_pos, False, False),
+                                 (row, True, True), (np.repeat(row, H, axis=0), False, False)):
         keep = np.zeros(lay.slot_pos.shape, dtype=bool)
         pend = np.zeros((1 << 14, 4), dtype=np.int64)
         pend_v = np.zeros(1 << 14)
-        n = snap_keep(lay.slot_pos, prompt, kernel, max(prompt - w, 0), kg, t.ip_i, t.ip_f,
-                      t.static, t.drift, t.consts, t.sig, t.lm, t.sink, t.seq_len, KEY_EPS, keep,
-                      pend, pend_v, bound)
+        n = snap_keep(slots, prompt, kernel, max(prompt - w, 0), kg, t.ip_i, t.ip_f, t.static,
+                      t.drift, t.consts, t.sig, t.lm, t.sink, t.seq_len, KEY_EPS, keep, pend,
+                      pend_v, bound, shared)
         out.append((n, keep, pend[:max(n, 0)], pend_v[:max(n, 0)]))
-    (n1, k1, p1, v1), (n0, k0, p0, v0) = out
-    assert n1 == n0
-    assert np.array_equal(k1, k0) and np.array_equal(p1, p0) and np.array_equal(v1, v0)
+    for (n1, k1, p1, v1), (n0, k0, p0, v0) in (out[:2], out[2:]):
+        assert n1 == n0
+        assert np.array_equal(k1, k0) and np.array_equal(p1, p0) and np.array_equal(v1, v0)
