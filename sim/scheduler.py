@@ -66,7 +66,33 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         sim = self.sim
-        budget = sim.max_tokens
+        # A decode token that starts a new block takes one block: those allocations are
+        # deferred and made together, in running order, before any other allocation (so every
+        # block id is the one the request-by-request order gives), while they fit the free
+        # blocks; blocks a decode token fills are registered together (their keys are unique to
+        # their requests). Both are flushed before a slow-path allocation and before admission.
+        defer: list[Request] = []
+        reg = ([], [])
+        run_pass = self.dense_pass if sim.comp is None else self.running_pass
+        sched_req, sched_n, sched_ctx, budget, samples, decodes, preempted = \
+            run_pass(sim.max_tokens, defer, reg, sim.pool.num_free)
+        if defer or reg[0]:
+            sim.kv.flush_grow(defer, reg)
+        admitted = 0
+        if not preempted:
+            budget, adm, admitted = self.admit(budget, sched_req, sched_n, sched_ctx)
+            samples += adm
+        return StepPlan(sched_req, sched_n, sched_ctx, samples, decodes, admitted, preempted)
+
+    def running_pass(self, budget: int, defer: list, reg: tuple, free: int):
+        """:meth:`Scheduler.schedule`'s pass over the running requests, in order, with ``budget``
+        tokens, the empty deferred-allocation and registration lists ``defer`` and ``reg`` and
+        ``free`` free blocks: each request's next tokens (capped by the budget and
+        ``long_prefill_token_threshold``) and their slots, preempting the last running request
+        while the pool is short. Returns ``(scheduled requests, their tokens, their contexts,
+        budget left, samples, decodes, preempted)``; ``defer`` and ``reg`` may hold work left
+        for :meth:`KVManager.flush_grow`."""
+        sim = self.sim
         sched_req: list[Request] = []
         sched_n: list[int] = []
         sched_ctx: list[int] = []
@@ -79,14 +105,6 @@ class Scheduler:
         plain_ctx = ff_layout and not sim.comp.quest
         samples = 0  # scheduled requests whose chunk ends at their last token (they sample)
         decodes = 0  # running requests scheduled for exactly their one next decode token
-        # A decode token that starts a new block takes one block: those allocations are
-        # deferred and made together, in running order, before any other allocation (so every
-        # block id is the one the request-by-request order gives), while they fit the free
-        # blocks; blocks a decode token fills are registered together (their keys are unique to
-        # their requests). Both are flushed before a slow-path allocation and before admission.
-        defer: list[Request] = []
-        reg = ([], [])
-        free = sim.pool.num_free
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -156,13 +174,89 @@ class Scheduler:
                 sched_ctx.append(max(0, sim.comp.physical_context(req) - n))
             budget -= n
             i += 1
-        if defer or reg[0]:
-            sim.kv.flush_grow(defer, reg)
-        admitted = 0
-        if not preempted:
-            budget, adm, admitted = self.admit(budget, sched_req, sched_n, sched_ctx)
-            samples += adm
-        return StepPlan(sched_req, sched_n, sched_ctx, samples, decodes, admitted, preempted)
+        return sched_req, sched_n, sched_ctx, budget, samples, decodes, preempted
+
+    def dense_pass(self, budget: int, defer: list, reg: tuple, free: int):
+        """:meth:`Scheduler.running_pass` without a compression policy (every block table
+        dense): the same arguments, decisions, allocations, preemptions and result, with less
+        work per decode token (one new token whose slot exists or whose one block is
+        deferred)."""
+        sim = self.sim
+        running = sim.running
+        long_thr = sim.long_thr
+        B = sim.B
+        caching = sim.caching
+        sched_ctx: list[int] = []
+        ctx_append = sched_ctx.append
+        odd: list = []  # (index, tokens) of the scheduled requests not taking exactly one token
+        n_defer = 0
+        samples = 0
+        decodes = 0
+        preempted = False
+        m = 0  # requests scheduled
+        for req in running if budget > 0 else ():  # (a preemption pops the tail: it ends there)
+            c = req.n_computed
+            g = req.n_generated
+            rem = req.input + g - c
+            if rem == 1 and n_defer < free:
+                # one new token (budget >= 1 here, a long-prefill cap >= 1): its slot exists, or
+                # its one block is deferred; a block it fills is queued for registration
+                if c >= req.n_blocks * B:
+                    defer.append(req)
+                    n_defer += 1
+                if caching and (c + 1) // B > req.n_cached:
+                    queue_registration(req, (c + 1) // B, reg)
+                samples += 1
+                if g:
+                    decodes += 1
+                ctx_append(c)
+                m += 1
+                budget -= 1
+                if budget <= 0:
+                    break
+                continue
+            n = rem
+            if long_thr and n > long_thr:
+                n = long_thr
+            if n > budget:
+                n = budget
+            upto = c + n
+            if n == 1 and n_defer < free:  # (rem > 1: a prompt's chunk of one token)
+                if upto > req.n_blocks * B:
+                    defer.append(req)
+                    n_defer += 1
+                if caching and upto // B > req.n_cached:
+                    queue_registration(req, upto // B, reg)
+            elif upto > req.n_blocks * B or (caching and upto // B > req.n_cached):
+                if n_defer or reg[0]:
+                    sim.kv.flush_grow(defer, reg)
+                    n_defer = 0
+                ok = True
+                while not sim.kv.grow(req, upto):
+                    victim = running.pop()
+                    self.preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        ok = False
+                        break
+                free = sim.pool.num_free
+                if not ok:
+                    break
+            if n != 1:
+                odd.append((m, n))
+            if n == rem:
+                samples += 1
+                if n == 1 and g:
+                    decodes += 1
+            ctx_append(c)
+            m += 1
+            budget -= n
+            if budget <= 0:
+                break
+        sched_n = [1] * m
+        for j, n in odd:
+            sched_n[j] = n
+        return running[:m], sched_n, sched_ctx, budget, samples, decodes, preempted
 
     def admit(self, budget: int, sched_req: list, sched_n: list, sched_ctx: list):
         """The scheduler's admission: waiting requests FCFS while the token ``budget`` and
