@@ -179,6 +179,44 @@ def _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
 
 
 @inline
+def _still_run(g, lo, hi, p0, ip_i, ip_f, slat, drift, consts, sig, z0, rec,
+               v):  # pragma: no cover (compiled)
+    """``v[i]``, ``lo <= i < hi``: group ``g``'s clipped log-score of position ``p0 + i - lo``
+    (consecutive positions) at a still round (``consts[1] == 0``), the arithmetic of
+    :func:`_still_stream` and :func:`log_score_from_streams` in the same order, one lattice
+    cell at a time: the cell's lattice values read once and the positions' terms in order (a
+    loop the compiler vectorises)."""
+    S = slat.shape[0]
+    r = g + 1
+    c0 = consts[0]
+    c2 = consts[2]
+    c3 = consts[3]
+    c4 = consts[4]
+    c5 = consts[5]
+    sg = sig[g]
+    d = lo - p0
+    p = p0
+    pe = p0 + hi - lo
+    while p < pe:
+        q = ip_i[0, p]
+        e = p + 1
+        while e < pe and ip_i[0, e] == q:
+            e += 1
+        sl = slat[r, q]
+        sr = slat[r, q + 1]
+        dl = drift[r, q]
+        dr = drift[r + 2 * S, q]
+        for x in range(p, e):
+            t = ip_f[0, x]
+            omt = ip_f[1, x]
+            den = ip_f[2, x]
+            fe = (omt * dl + t * dr) / den
+            zg = c5 * ((omt * sl + t * sr) / den) + c2 * (c0 * fe)
+            v[x + d] = _clip80(sg * (c3 * z0[x] + c4 * zg) + rec[x])
+        p = e
+
+
+@inline
 def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, v, pooled,
                 tmp):  # pragma: no cover (compiled)
     """``pooled[i]``, ``i < nc``: group ``g``'s max-pooled clipped log-score of region entry
@@ -186,7 +224,9 @@ def _pool_group(g, rp, n, nc, k, z0, rec, ip_i, ip_f, slat, drift, consts, sig, 
     scratch)."""
     half = k // 2
     m = min(n, nc + half)  # (the candidates' windows reach half entries past the last one)
-    if consts[1] == 0.0:
+    if consts[1] == 0.0 and m > 0 and rp[m - 1] - rp[0] == m - 1:  # (consecutive positions)
+        _still_run(g, 0, m, rp[0], ip_i, ip_f, slat, drift, consts, sig, z0, rec, v)
+    elif consts[1] == 0.0:
         for i in range(m):
             p = rp[i]
             v[i] = log_score_from_streams(
@@ -278,7 +318,9 @@ def _raw_scores(g, lo, hi, rp, z0, rec, ip_i, ip_f, slat, drift, consts, sig,
     ``lo <= i < hi``, as :func:`_pool_group` computes it."""
     # (one loop per stream helper: a branch around the helpers' array reads inside the loop
     # keeps numba's reference counting in it)
-    if consts[1] == 0.0:
+    if consts[1] == 0.0 and hi > lo and rp[hi - 1] - rp[lo] == hi - 1 - lo:  # (consecutive)
+        _still_run(g, lo, hi, rp[lo], ip_i, ip_f, slat, drift, consts, sig, z0, rec, v)
+    elif consts[1] == 0.0:
         for i in range(lo, hi):
             p = rp[i]
             v[i] = log_score_from_streams(
