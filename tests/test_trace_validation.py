@@ -486,6 +486,62 @@ def test_binary_file_is_named_as_not_a_text_file(tmp_path):
         _load(path=str(latin))
 
 
+def test_binary_content_past_the_first_4_kib_names_its_line(tmp_path):
+    """Binary content after text (a NUL or other control byte on a line past the first 4 KiB,
+    plain or compressed) is one error naming the file, the line, the byte and its column, in
+    every text format, also with ``trace.on_error=skip`` (not a row to skip); a byte that is not
+    UTF-8 on such a line names the line, the byte and its column too; a NUL in a ServeGen
+    dataset file names its line."""
+    import gzip
+
+    rows = [json.dumps({"timestamp": i, "input_length": 600, "output_length": 4,
+                        "hash_ids": [2 * i, 2 * i + 1]}).encode() for i in range(80)]
+    assert sum(len(r) + 1 for r in rows[:60]) > 4096
+    nul = rows[:60] + [rows[60].replace(b"600", b"6\x000")] + rows[61:]
+    plain = tmp_path / "nul.jsonl"
+    plain.write_bytes(b"\n".join(nul) + b"\n")
+    gz = tmp_path / "nul.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    for f in (plain, gz):
+        for on_error in ("fail", "skip"):
+            with pytest.raises(TraceError, match=re.escape(
+                    f"{f.name} line 61: not a JSONL text file, found binary content: byte 0x00 "
+                    f"at column {rows[60].index(b'600') + 2}, expected a JSONL text file")):
+                _load(path=str(f), on_error=on_error)
+    sessions = [{"id": f"s{i}", "requests": [_req(float(i), ids=(2 * i, 2 * i + 1))]}
+                for i in range(60)]
+    weka = _weka(tmp_path, *sessions)
+    lines = weka.read_bytes().splitlines()
+    assert sum(len(x) + 1 for x in lines[:50]) > 4096
+    lines[50] = lines[50].replace(b'"s50"', b'"s\x0150"')
+    weka.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(TraceError, match=r"w\.jsonl line 51: not a JSONL text file, found binary "
+                                         r"content: byte 0x01 at column \d+"):
+        _load(format="weka", path=str(weka))
+    bad_utf8 = rows[:60] + [rows[60][:-1] + b', "note": "caf\xe9"}'] + rows[61:]
+    plain.write_bytes(b"\n".join(bad_utf8) + b"\n")
+    col = bad_utf8[60].index(b"\xe9") + 1
+    with pytest.raises(TraceError, match=re.escape(
+            f"nul.jsonl line 61: invalid JSON, found byte 0xe9 at column {col}, not UTF-8")):
+        _load(path=str(plain))
+    az = tmp_path / "az.csv"
+    az_rows = [f"2023-11-16 18:15:{i // 10:02d}.{i % 10}000000,374,44" for i in range(200)]
+    az_rows[150] = az_rows[150].replace(",374,", ",3\x0074,")
+    az.write_bytes((AZ_HEAD + "\n".join(az_rows) + "\n").encode())
+    with pytest.raises(TraceError, match=re.escape(
+            "az.csv line 152: not a CSV text file, found binary content: byte 0x00 at column 30")):
+        _load(format="azure", path=str(az), on_error="skip")
+    d = _servegen(tmp_path)
+    ds = sorted(d.glob("chunk-*-dataset.json"))[0]
+    text = ds.read_bytes()
+    at = text.index(b'"input_tokens"')
+    ds.write_bytes(text[:at] + b"\x00" + text[at:])
+    with pytest.raises(TraceError, match=re.escape(
+            f"{ds.name} line 1: not a JSON text file, found binary content: byte 0x00 at "
+            f"column {at + 1}")):
+        _sg(d)
+
+
 def test_line_endings(tmp_path):
     """CRLF rows load as LF rows; a file with CR-only line endings (one long line) is an error
     naming the line and the CR byte, in every format, instead of a bare JSON or field-count

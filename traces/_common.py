@@ -68,9 +68,17 @@ def is_num(v: Any) -> bool:
 
 def json_error_found(raw: bytes, e: Exception) -> str:
     """What a JSON-lines row that did not parse holds, for its TraceError's ``found``: "a blank
-    line" (``traces._io.iter_lines`` yields a blank line between rows as ``b""``), else the
-    parser's message cut to 80 characters."""
-    return "a blank line" if not raw.strip() else str(e)[:80]
+    line" (``traces._io.iter_lines`` yields a blank line between rows as ``b""``), the first
+    byte that is not UTF-8 and its column (1-based, in bytes; JSON text is UTF-8, RFC 8259
+    section 8.1), else the parser's message cut to 80 characters."""
+    if not raw.strip():
+        return "a blank line"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return (f"byte 0x{raw[bad.start]:02x} at column {bad.start + 1}, not UTF-8 "
+                f"(JSON text is UTF-8)")
+    return str(e)[:80]
 
 
 def short_repr(v: Any, limit: int = 60) -> str:

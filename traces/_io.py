@@ -20,11 +20,20 @@ _BINARY = bytes(b for b in range(32) if b not in b"\t\n\x0b\x0c\r\x1b")
 _HEAD = 4096  # bytes of (decompressed) content looked at for binary data
 
 
-def _binary_at(head: bytes) -> int | None:
+def binary_at(head: bytes) -> int | None:
     """Offset of the first byte in ``head`` that no text file holds (:data:`_BINARY`), or
     None (the heuristic of file(1) and git: text files hold no NUL or C0 control bytes)."""
     hits = [i for i in (head.find(bytes([b])) for b in _BINARY) if i >= 0]
     return min(hits) if hits else None
+
+
+def _binary_in_line(raw: bytes, path: Path, lineno: int, what: str) -> TraceError:
+    """The error for line ``lineno`` (``raw``, newline stripped) holding a byte of
+    :data:`_BINARY`: names the first such byte and its column (1-based, in bytes)."""
+    col = binary_at(raw)
+    return TraceError(f"not {what}", path=str(path), where=f"line {lineno}",
+                      found=f"binary content: byte 0x{raw[col]:02x} at column {col + 1}",
+                      expected=f"{what}: text on every line")
 
 
 def iter_lines(path: Path, what: str = "a text file") -> Iterator[tuple[int, bytes]]:
@@ -37,12 +46,17 @@ def iter_lines(path: Path, what: str = "a text file") -> Iterator[tuple[int, byt
     ``what``: the kind of file the format reads (``"a JSONL text file"``), for the error on
     binary content.
 
+    Every line is checked for binary content (a byte of :data:`_BINARY`: NUL and the C0
+    controls other than tab, LF, VT, FF, CR and ESC); whether it is UTF-8 is the format's to
+    check (``orjson`` refuses other bytes, :func:`decode_utf8` names them).
+
     Raises:
-        TraceError: empty file; a name ending .xz or .gz on other content; binary content (a
-            NUL or other control byte in its first 4 KiB, decompressed: a Parquet or other
-            binary file; names the byte's offset); corrupt or truncated compressed stream
-            (names the last good line);
-            a CR byte inside a line (a file with CR-only line endings reads as one line).
+        TraceError: empty file; a name ending .xz or .gz on other content; binary content in
+            the first 4 KiB (decompressed: a Parquet or other binary file; names the byte's
+            offset) or on any later line (names the line, the byte and its column, also with
+            ``trace.on_error=skip``: such a file is not a text file with a bad row); corrupt
+            or truncated compressed stream (names the last good line); a CR byte inside a line
+            (a file with CR-only line endings reads as one line).
     """
     path = Path(path)
     if path.is_dir():
@@ -72,7 +86,7 @@ def iter_lines(path: Path, what: str = "a text file") -> Iterator[tuple[int, byt
             head = fh.read(_HEAD)
     except (lzma.LZMAError, EOFError, OSError, zlib.error):
         head = b""  # (the stream's error is named with its line below)
-    at = _binary_at(head)
+    at = binary_at(head)
     if at is not None:
         raise TraceError(f"not {what}", path=str(path),
                          found=f"binary content at byte {at} (byte 0x{head[at]:02x}"
@@ -87,6 +101,8 @@ def iter_lines(path: Path, what: str = "a text file") -> Iterator[tuple[int, byt
             for raw in fh:
                 lineno += 1
                 raw = raw.rstrip(b"\r\n")
+                if len(raw.translate(None, _BINARY)) != len(raw):
+                    raise _binary_in_line(raw, path, lineno, what)
                 if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                     raw = raw[3:]  # a UTF-8 byte-order mark (spreadsheet exports) is not data
                 if b"\r" in raw:

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Optional
 
 from .._common import Parsed, check_choice, short_repr
-from .._io import csv_row, decode_utf8, iter_lines
+from .._io import binary_at, csv_row, decode_utf8, iter_lines
 from ..errors import ErrorSink, TraceError
 from ..registry import TraceFormat, register
 
@@ -343,11 +343,20 @@ def _read_dataset(path: Path) -> list[tuple[float, dict]]:
                          expected="a readable chunk-N-dataset.json file") from None
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]  # (a leading UTF-8 BOM is not data)
+
+    def line_col(data: bytes, at: int) -> tuple[int, int]:
+        return data.count(b"\n", 0, at) + 1, at - (data.rfind(b"\n", 0, at) + 1) + 1
+
+    at = binary_at(data)
+    if at is not None:
+        line, col = line_col(data, at)
+        raise TraceError("not a JSON text file", path=p, where=f"line {line}",
+                         found=f"binary content: byte 0x{data[at]:02x} at column {col}",
+                         expected="a chunk-N-dataset.json text file: text on every line")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        line, col = line_col(data, e.start)
         raise TraceError("not UTF-8 text", path=p, where=f"line {line}",
                          found=f"byte 0x{data[e.start]:02x} at column {col}",
                          expected="UTF-8 text") from None
@@ -355,7 +364,8 @@ def _read_dataset(path: Path) -> list[tuple[float, dict]]:
     try:
         d = json.loads(text, object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
-        raise TraceError("invalid JSON", path=p, where=f"line {e.lineno}", found=e.msg,
+        raise TraceError("invalid JSON", path=p, where=f"line {e.lineno}",
+                         found=f"{e.msg} (column {e.colno})",
                          expected="a JSON object keyed by window start") from None
     except (ValueError, RecursionError) as e:  # a repeated key; an int of > 4,300 digits; nesting
         raise TraceError("invalid JSON", path=p, found=f"{type(e).__name__}: {str(e)[:80]}",
