@@ -27,6 +27,49 @@ from .folders import (FAILED_PREFIX, RESULTS_POINTER, SWEEP_ID, config_fingerpri
 
 _UNKNOWN = object()  # (is_complete then finds no finished run to skip: the run goes ahead)
 
+# a single run's folder (hydra.run.dir, absolute) when this process made it, and the highest
+# folder of its path made with it (the folder itself, or the first of its parents made:
+# outputs/ or outputs/<date>/ for Hydra's timestamped folder); None when it existed already.
+# Set by FailedRunsExit.on_run_start; sim.cli.job removes the folder when it holds nothing but
+# the failed run's record (remove_new_run_folder).
+new_run_folder: tuple[Path, Path] | None = None
+
+
+def remove_new_run_folder(folder: Path, debris: set[str], release=None) -> bool:
+    """Remove ``folder``, a single run's folder that this process made (:data:`new_run_folder`),
+    when it holds nothing but entries named in ``debris`` (Hydra's record and log, the run's
+    lock: a run that failed before its simulation began), then each parent made with it
+    that is empty. Returns whether ``folder`` was removed; False (nothing touched) for another
+    folder, one that existed before the run, or one holding anything else. ``release`` (the
+    run's lock's) and ``logging.shutdown`` (the run's log file is in the folder) are called
+    before it is removed."""
+    import logging
+    import shutil
+
+    made = new_run_folder
+    if made is None or os.path.abspath(folder) != str(made[0]):
+        return False
+    try:
+        if not {p.name for p in folder.iterdir()} <= debris:
+            return False
+    except OSError:
+        return False
+    if release is not None:
+        release()
+    logging.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():
+        return False
+    top = made[1]
+    for p in folder.parents:  # (emptied parents made for this run: outputs/<date>/ ...)
+        if p != top and top not in p.parents:
+            break
+        try:
+            p.rmdir()
+        except OSError:  # (not empty: another run's folder is there)
+            break
+    return True
+
 
 def trace_input(trace_cfg):
     """The trace's content fingerprint (:func:`traces.input_fingerprint`) for
@@ -232,7 +275,29 @@ class FailedRunsExit(Callback):
     rejected, say on stderr how many jobs ran and how to collect them."""
 
     def on_run_start(self, config, **kwargs) -> None:
+        global new_run_folder
         bad = _hydra_problem(config, run=True, folders=False)
+        if bad is None:  # (before the probe below makes the folder)
+            from .config import made_output_dirs
+            from .folders import missing_top
+
+            run_dir = Path(os.path.abspath(str(config.hydra.run.dir)))
+            # (an output.dir is checked, and so made, as the config resolves: sim.config._run_dir)
+            top = made_output_dirs.get(str(run_dir)) if config.output.dir else \
+                missing_top(run_dir)
+            new_run_folder = None if top is None else (run_dir, top)
+            from omegaconf import OmegaConf
+
+            from .validation import non_boolean_config_value
+
+            # (a true/false option set to yes, 1, "on" by a config file: before the folder)
+            bad = non_boolean_config_value(
+                config.hydra.job.config_name,
+                [str(o) for o in OmegaConf.to_container(config.hydra.overrides.task,
+                                                        resolve=False)])
+            if bad is not None:
+                remove_new_run_folder(run_dir, set())  # (an output.dir the check of it made)
+                _exit_with(bad)
         if bad is None and not config.output.dir:
             # (before Hydra's own run folder is made, for this run alone: a config that fails
             # its checks leaves none; a run into output.dir marks that folder instead)
@@ -249,9 +314,10 @@ class FailedRunsExit(Callback):
             _exit_with(bad)
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from .sweep import uncomposable_job, unread_policy_options
+        from .sweep import non_boolean_sweep_value, uncomposable_job, unread_policy_options
 
-        bad = uncomposable_job(config) or unread_policy_options(config)
+        bad = non_boolean_sweep_value(config) or uncomposable_job(config) or \
+            unread_policy_options(config)
         if bad is not None:  # (before anything is made or run: a job's own config is wrong)
             _exit_with(bad)
         bad = _hydra_problem(config, run=False)

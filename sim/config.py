@@ -21,7 +21,8 @@ from omegaconf import MISSING, OmegaConf
 from policies import POLICY_CONFIGS, CompactionConfig, PolicyConfig
 from traces import TraceConfig
 
-from .folders import RUN_LOCK, SWEEP_ID, blocking_file, foreign_folder, uncreatable_folder
+from .folders import (RUN_LOCK, SWEEP_ID, blocking_file, foreign_folder, missing_top,
+                      uncreatable_folder)
 
 
 @dataclass
@@ -354,6 +355,11 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "experiments" / "conf"  # th
 REJECTED_RUN_PREFIX = "kvsim-rejected-run-"  # Hydra's run folder for an output.dir that is a file
 
 
+# each output.dir the kvsim_run_dir resolver found missing in this process (its absolute path)
+# -> the highest folder of its path that did not exist (the resolver's check makes them)
+made_output_dirs: dict[str, Path] = {}
+
+
 def _run_dir(output_dir, default: str) -> str:
     """``${kvsim_run_dir:${output.dir},default}``: ``output.dir`` if set, else ``default``.
 
@@ -374,6 +380,9 @@ def _run_dir(output_dir, default: str) -> str:
     from .locks import held_by_another
 
     p = Path(str(output_dir))
+    top = missing_top(p)
+    if top is not None:
+        made_output_dirs.setdefault(os.path.abspath(p), Path(os.path.abspath(top)))
     if blocking_file(p) is not None or foreign_folder(p) is not None \
             or held_by_another(p / RUN_LOCK) or uncreatable_folder(p) is not None \
             or (p / SWEEP_ID).is_file():

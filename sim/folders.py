@@ -96,6 +96,17 @@ def uncreatable_folder(path: Path) -> Optional[str]:
     return None
 
 
+def missing_top(folder: Path) -> Optional[Path]:
+    """The highest folder of ``folder``'s path (``folder`` itself included) that does not exist
+    (what making ``folder`` with its parents creates first), or None when ``folder`` exists."""
+    top = None
+    for p in (folder, *folder.parents):
+        if p.exists() or p.is_symlink():
+            break
+        top = p
+    return top
+
+
 def blocking_file(path: Path) -> Optional[Path]:
     """The existing file (not a folder) at ``path`` or at the nearest existing folder above it,
     which keeps ``path`` from being a folder; None when ``path`` is or can become one."""

@@ -165,6 +165,17 @@ def _sweep_arguments(config) -> list[str]:
     return [f"{k}={v}" for k, v in params.items()] + [
         str(o) for o in OmegaConf.to_container(config.hydra.overrides.task, resolve=False)]
 
+
+def non_boolean_sweep_value(config) -> str | None:
+    """The error for the first value of a true/false option that a sweep (``config``: Hydra's
+    whole config of the sweep) would give its jobs and that is not true or false, from its
+    ``hydra.sweeper.params`` (a config file's, which no check before Hydra sees) or its command
+    line (:func:`sim.validation.non_boolean_override`); None when every one is."""
+    from .validation import non_boolean_override
+
+    return non_boolean_override(_sweep_arguments(config))
+
+
 def basic_sweep_jobs(config) -> list[list[str]] | None:
     """The jobs of a sweep through Hydra's basic sweeper (``config``: Hydra's whole config of
     the sweep), in job-number order: each job's overrides, as the sweeper expands the swept

@@ -3,7 +3,8 @@
 :func:`validate_config` (called by :func:`sim.run.validate_config`, hence by ``run_simulation``
 before anything is loaded or simulated) raises :class:`sim.errors.ConfigError` naming the config
 field, the value found and what was expected. ``kvsim`` turns it into one ``kvsim: error: ...``
-line and exit status 2; the results directory then holds only the ``INCOMPLETE`` marker.
+line and exit status 2; the results directory then holds only the ``INCOMPLETE`` marker, or is
+removed when the run made it (:mod:`sim.cli.job`).
 
 It runs the checks that live next to the code using the values (memory plan, cost model, codec,
 tier manager, policy registry, trace config) and adds those nobody else makes (model and GPU card
@@ -13,11 +14,16 @@ tier exists, ``sim.max_sim_time_s``, ``output.ops_limit``).
 :func:`validate_workload` checks what needs the loaded workload as well (a policy budget below
 a protected prompt); it is cheap (one pass over the lengths) and meant to run right after the
 trace is loaded, before the simulator is built.
+
+True/false options take only booleans wherever a value comes from: an override or a sweep's
+values (:func:`non_boolean_override`), a user's config file (:func:`non_boolean_config_value`,
+:func:`non_boolean_file_value`); :func:`schema_type` gives a key's type in the schema.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from .errors import ConfigError
 from .hardware import check_prefill_budget
@@ -500,3 +506,184 @@ def validate_workload(cfg, workload) -> None:
             f"policy.budget={pc.budget} cannot serve request {int(workload.request_id[i])} of "
             f"{trace} ({int(inp[i])} prompt tokens, the longest admitted): {e}; "
             f"raise policy.budget or set policy.protect_prompt=false") from None
+
+
+def schema_type(key: str):
+    """The type kvsim's config schema (:class:`sim.config.KvsimConfig`) gives the dotted
+    ``key`` (``sim.progress``: ``Optional[bool]``; ``tiers.levels.0.gib``: float), or None
+    where the schema does not type it (a group's free-form node, an unknown key)."""
+    import dataclasses
+    import typing
+
+    from .config import KvsimConfig
+
+    t = KvsimConfig
+    for part in key.split("."):
+        args = typing.get_args(t)
+        if typing.get_origin(t) is typing.Union and type(None) in args and len(args) == 2:
+            t = next(a for a in args if a is not type(None))  # (Optional[X]: X)
+        if part.isdigit() and typing.get_origin(t) in (list, typing.List):
+            t = (typing.get_args(t) or (None,))[0]
+            continue
+        if not (isinstance(t, type) and dataclasses.is_dataclass(t)):
+            return None
+        try:
+            hints = typing.get_type_hints(t)
+        except Exception:  # noqa: BLE001 - (a schema built at run time may not resolve)
+            return None
+        if part not in hints:
+            return None
+        t = hints[part]
+    return t
+
+
+def non_boolean_override(args: list[str]) -> str | None:
+    """The error for the first override of a true/false option (a ``bool`` field of the
+    schema, :func:`schema_type`) whose value, or one of whose sweep values (a comma list,
+    ``choice``, ``range``, ``glob``), is not true or false (``sim.progress=5``,
+    ``output.write_steps=2``, ``=yes``: OmegaConf takes any integer and yes/no/on/off for a
+    boolean, so 5 would run as true); null is allowed where the field takes it
+    (``sim.progress``). None when every such value is true or false. ``args``: the command
+    line's overrides, a sweep's arguments (``hydra.sweeper.params`` included) or one job's."""
+    import typing
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, Sweep
+
+    parser = None
+    for a in args:
+        if a.startswith(("-", "~")) or "=" not in a:
+            continue
+        key = a.split("=", 1)[0].lstrip("+")
+        if key.startswith("hydra.") or key.startswith("hydra/"):
+            continue
+        t = schema_type(key)
+        nullable = t == typing.Optional[bool]
+        if t is not bool and not nullable:
+            continue
+        parser = parser or OverridesParser.create()
+        try:
+            o = parser.parse_override(a)
+        except Exception:  # noqa: BLE001 - (unparsable_override reports those)
+            continue
+        v = o.value()
+        values = v.list if isinstance(v, ChoiceSweep) else \
+            list(o.sweep_iterator()) if isinstance(v, Sweep) else [v]
+        for x in values:
+            if not _non_boolean(x, nullable):
+                continue
+            shown = "null" if x is None else a.split("=", 1)[1] if isinstance(v, Glob) else x
+            return f"{key}={shown}: {key} is a true/false option; expected {_wanted(nullable)}"
+    return None
+
+def _non_boolean(x, nullable: bool) -> bool:
+    """Whether the value ``x`` given for a true/false option is not one: true and false (the
+    strings too, any case) are; null is where the field takes it (``nullable``)."""
+    return not (isinstance(x, bool) or (x is None and nullable)
+                or (isinstance(x, str) and x.lower() in ("true", "false")))
+
+
+def _wanted(nullable: bool) -> str:
+    return "true, false or null" if nullable else "true or false"
+
+
+def non_boolean_config_value(config_name: str | None, overrides: list[str]) -> str | None:
+    """The error for the first true/false option (a ``bool`` field of the schema,
+    :func:`schema_type`) that a user's config file sets to anything but a boolean: each YAML
+    file of the run's defaults list (Hydra's ``compute_defaults_list`` for the primary config
+    ``config_name`` and the run's ``overrides``) that Hydra takes from a config folder other
+    than kvsim's own (``--config-dir``, ``--config-path``, ``hydra.searchpath``): a user's
+    primary config or group option. OmegaConf turns the strings ``"yes"``/``"no"``/``"on"``/
+    ``"off"``/``"1"`` and the integers 1 and 0 into booleans as it merges a file into the typed
+    config, where an override gets this check before Hydra (:func:`non_boolean_override`).
+    kvsim's own presets (``experiments/conf``) are held to the same rule by its tests
+    (:func:`non_boolean_file_value`), not at each run: listing the defaults costs about 0.1 s,
+    spent only when a user's folder is on the search path. YAML's own booleans pass: the YAML
+    loader Hydra uses (PyYAML's, YAML 1.1) reads unquoted ``yes``/``no``/``on``/``off`` as
+    booleans, as it reads ``true``. Null passes where the field takes it; an interpolation
+    (``${...}``) is left to the typed config. None when every such value is a boolean, or
+    when Hydra cannot list the files (it reports that itself)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from .config import CONF_DIR
+
+    try:
+        loader = GlobalHydra.instance().config_loader()
+        sources = list(loader.get_sources())
+    except Exception:  # noqa: BLE001 - (Hydra's composition reports those)
+        return None
+
+    def users(src) -> bool:
+        if src.scheme() == "file":
+            return Path(src.path).resolve() != CONF_DIR
+        return src.scheme() == "pkg" and not str(src.path).startswith("hydra")
+
+    if not any(users(src) for src in sources):
+        return None
+    try:
+        defaults = loader.compute_defaults_list(config_name, list(overrides), RunMode.RUN).defaults
+    except Exception:  # noqa: BLE001 - (as above)
+        return None
+    seen = set()
+    for d in defaults:
+        path = d.config_path
+        if path is None or path in seen or path.startswith("hydra/") \
+                or (d.package or "").split(".")[0] == "hydra":
+            continue
+        seen.add(path)
+        # (the first source on the search path that has the config is the one Hydra loads)
+        src = next((src for src in sources if src.is_config(path)), None)
+        if src is None or not users(src):
+            continue
+        try:
+            loaded = src.load_config(path)
+        except Exception:  # noqa: BLE001 - (as above)
+            continue
+        bad = non_boolean_file_value(loaded.config, d.package or "",
+                                     f"{src.path}/{path}.yaml")
+        if bad is not None:
+            return bad
+    return None
+
+
+def non_boolean_file_value(config, package: str, where: str) -> str | None:
+    """The error for the first true/false option that one config file's content ``config`` (as
+    Hydra's YAML loader read it, not merged into the typed config) sets to anything but a
+    boolean (see :func:`non_boolean_config_value`); ``package``: where the file's content goes
+    in the config (``cache`` for a ``cache`` group option, ``""`` for a primary config, whose
+    ``defaults`` and ``hydra`` keys are not options); ``where``: the file, for the message.
+    None when every such value is a boolean."""
+    import typing
+
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(config, resolve=False) if OmegaConf.is_config(config) else config
+    stack = [("", raw)]
+    while stack:
+        within, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            if not within and not package and k in ("defaults", "hydra"):
+                continue
+            key = f"{within}.{k}" if within else str(k)
+            if isinstance(v, (dict, list)):
+                stack.append((key, v))
+                continue
+            full = f"{package}.{key}" if package else key
+            t = schema_type(full)
+            nullable = t == typing.Optional[bool]
+            if (t is not bool and not nullable) or \
+                    (isinstance(v, str) and v.startswith("${")) or not _non_boolean(v, nullable):
+                continue
+            return (f"{where}: {key}: {v!r} ({type(v).__name__}); {full} is a true/false "
+                    f"option; expected {_wanted(nullable)} (OmegaConf would take it as "
+                    f"{'true' if _truthy(v) else 'false'})")
+    return None
+
+
+def _truthy(v) -> bool:
+    """What OmegaConf's boolean node makes of ``v`` (a non-boolean value it accepts)."""
+    if isinstance(v, str):
+        return v.strip().lower() in ("y", "yes", "on", "1", "true")
+    return bool(v)

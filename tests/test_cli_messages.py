@@ -1,5 +1,6 @@
-"""What ``kvsim`` prints: one clear line and exit 2 for a config or trace error (the folder then
-holds the INCOMPLETE marker only), notes for overrides that change nothing and for policies
+"""What ``kvsim`` prints: one clear line and exit 2 for a config or trace error (an existing
+folder then holds the INCOMPLETE marker only; one the run made before its simulation began is
+removed), notes for overrides that change nothing and for policies
 whose rounds never started, warnings for skipped rows, loader warnings and rejected requests,
 and the summary table's units, width and title."""
 
@@ -29,8 +30,11 @@ from sim.run import MARKER
                               r"prefix-chained, found id 0 follows id 1 \(position 2\); at line 1 it starts"),
 ], ids=["bad-trace", "bad-block-size", "unknown-trace", "sim-time-limit", "repeated-prefix-id"])
 def test_cli_exits_2_with_one_clear_line(tmp_path, overrides, pattern):
+    """A config or trace error is one line, exit 2; an output.dir that existed before the run
+    then holds the INCOMPLETE marker with the error beside Hydra's record, and no results."""
     o = [x.format(bad=BAD / "mooncake_many_bad.jsonl", repeat=BAD / "mooncake_repeated_id.jsonl")
          for x in overrides]
+    (tmp_path / "r").mkdir()
     r = run_kvsim(tmp_path / "r", *o)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr
@@ -51,6 +55,35 @@ def test_a_config_error_without_output_dir_leaves_no_run_folder(tmp_path):
     assert r.stderr == ("kvsim: error: cache.block_size=24; expected a power of two between 1 and "
                         "cache.max_block_size=256\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_before_the_simulation_leaves_no_folder_the_run_made(tmp_path):
+    """A single run stopped by a trace or config error found after Hydra made its run folder
+    (here the trace's bad row) is one line, exit 2, and leaves nothing behind: no
+    outputs/<date>/<time>/ folder (nor outputs/) where kvsim was started, no output.dir (nor the
+    parents made for it). An error while simulating (the simulated-time limit) leaves the new
+    output.dir marked INCOMPLETE with it."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    bad = f"trace.path={BAD / 'mooncake_many_bad.jsonl'}"
+
+    def kvsim(*ov):
+        return subprocess.run([*KVSIM, "sim.progress=false", "output.print_summary=false", *ov],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env)
+
+    r = kvsim(bad)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.startswith("kvsim: error: ") and "mooncake_many_bad.jsonl line 2" in r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "new" / "deeper" / "r"
+    r = kvsim(bad, f"output.dir={out}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    r = kvsim(f"output.dir={out}", "trace.max_requests=50", "sim.max_sim_time_s=1")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "it holds an INCOMPLETE marker" in r.stderr
+    assert MARKER in {p.name for p in out.iterdir()}
 
 
 def test_help_names_the_run_folders_and_the_companion_commands():

@@ -83,6 +83,71 @@ def test_a_true_false_option_takes_only_true_or_false(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_kvsims_own_presets_set_true_false_options_to_booleans():
+    """Every YAML file of kvsim's configs (``experiments/conf``, Hydra's own settings aside)
+    sets each true/false option to a boolean (or null where the field takes it): a run does
+    not check them (only a user's config folder, :func:`sim.validation.non_boolean_config_value`)."""
+    from omegaconf import OmegaConf
+
+    from sim.config import CONF_DIR
+    from sim.validation import non_boolean_file_value
+
+    files = sorted(f for f in CONF_DIR.rglob("*.yaml") if f.relative_to(CONF_DIR).parts[0] != "hydra")
+    assert len(files) > 20
+    for f in files:
+        rel = f.relative_to(CONF_DIR)
+        package = ".".join(rel.parts[:-1])  # (a group option's content goes under its group)
+        assert non_boolean_file_value(OmegaConf.load(f), package, str(rel)) is None
+    assert non_boolean_file_value(OmegaConf.create({"write_steps": "no"}), "output", "x.yaml") == (
+        "x.yaml: write_steps: 'no' (str); output.write_steps is a true/false option; expected "
+        "true or false (OmegaConf would take it as false)")
+    assert non_boolean_file_value(OmegaConf.create({"sim": {"progress": 1}}), "", "c.yaml") == (
+        "c.yaml: sim.progress: 1 (int); sim.progress is a true/false option; expected true, "
+        "false or null (OmegaConf would take it as true)")
+
+
+def test_a_true_false_option_from_a_users_config_or_sweeper_params_takes_only_true_or_false(
+        tmp_path):
+    """A true/false option that a user's config file (``--config-dir``) sets to "yes" or 1,
+    which OmegaConf would take as true, is one line naming the file, the key and what was
+    expected, exit 2: for a single run before its folder is made; for a sweep's
+    ``hydra.sweeper.params`` (a config file's) before the sweep starts; for a sweep's job
+    whose group option is such a file, that job fails (marked INCOMPLETE with the line) and the
+    others run."""
+    conf = tmp_path / "conf"
+    (conf / "cache").mkdir(parents=True)
+    (conf / "cache" / "mine.yaml").write_text(
+        'defaults:\n  - vllm\n  - _self_\nenable_prefix_caching: "yes"\n')
+    (conf / "sweep.yaml").write_text(
+        "defaults:\n  - config\n  - _self_\nhydra:\n  sweeper:\n    params:\n"
+        "      output.write_steps: true,1\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    quick = ["trace.max_requests=5", "sim.progress=false", "output.print_summary=false",
+             "cluster.replicas=1"]
+
+    def kvsim(*args):
+        return subprocess.run([*KVSIM, "--config-dir", str(conf), *args, *quick],
+                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+
+    r = kvsim("cache=mine")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr == (f"kvsim: error: {conf}/cache/mine.yaml: enable_prefix_caching: 'yes' "
+                        f"(str); cache.enable_prefix_caching is a true/false option; expected "
+                        f"true or false (OmegaConf would take it as true)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+    r = kvsim("--config-name", "sweep", "-m", f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1] == ("kvsim: error: output.write_steps=1: output.write_steps "
+                                         "is a true/false option; expected true or false")
+    assert not (tmp_path / "sw").exists()
+    r = kvsim("-m", "cache=vllm,mine", f"hydra.sweep.dir={tmp_path / 'sw'}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"kvsim: sweep job 1 failed: {conf}/cache/mine.yaml: enable_prefix_caching" in r.stderr
+    assert (tmp_path / "sw" / "0" / "summary.json").is_file()
+    assert (tmp_path / "sw" / "1" / MARKER).read_text().startswith(
+        f"this run failed: {conf}/cache/mine.yaml: enable_prefix_caching: 'yes'")
+
+
 def test_misspelt_override_key_gets_kvsims_error_with_the_near_field():
     """A misspelt key is kvsim's error (exit 2) naming the closest field, not Hydra's hint to
     append it with '+'; a key the config does not have (a free-form "experiment") is refused."""

@@ -2,7 +2,8 @@
 into its results folder (:func:`_run`) and, in a sweep, records the job's outcome in the
 sweep's ledger. Config and trace errors are one ``kvsim: error:`` line and exit status 2 (a
 sweep's job returns its line instead); the folder a failed run leaves is marked ``INCOMPLETE``
-with the error (:func:`mark_failed`)."""
+with the error (:func:`mark_failed`), except a single run's folder that the run made and that
+holds nothing of a simulation (:func:`sim.callbacks.remove_new_run_folder` removes it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from omegaconf import DictConfig
 from .. import hydra_record
 from ..config import REJECTED_RUN_PREFIX, register_configs
 from ..console import resource_error, write_line
-from ..folders import JOB_CLAIM, blocking_file
+from ..folders import JOB_CLAIM, RUN_LOCK, blocking_file
 from .claims import claim_output_dir, read_claim, running_sweep_claim, sweep_results_claim
 from .overrides import unresolvable_interpolation
 from .report import format_summary, run_notes
@@ -248,8 +249,13 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
 
     # the overrides as given (an interpolation in one is not resolved here)
     task = [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]
-    # (a sweep's job: its swept values are not in the config the Hydra callback checked)
+    # (a sweep's job: its swept values are not in the config the Hydra callback checked, nor
+    # its config files, and another sweeper than Hydra's basic one picks values as it goes)
     bad = unresolvable_interpolation(cfg, task)
+    if bad is None and multirun:
+        from ..validation import non_boolean_config_value, non_boolean_override
+
+        bad = non_boolean_override(task) or non_boolean_config_value(hc.job.config_name, task)
     if bad is not None:
         print(f"kvsim: error: {bad}", file=sys.stderr)
         _run_record().info("kvsim: error: %s", bad)  # (the job's cli.log)
@@ -459,6 +465,19 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
             _drop_earlier_logs(log_starts)
         except (ConfigError, TraceError) as e:
             say(f"kvsim: error: {e}")
+            if not multirun:
+                # a single run into a folder it made, stopped before its simulation began (no
+                # marker: run_simulation writes it once every check passed), the folder
+                # holding only Hydra's record and log: nothing is left behind, the error line
+                # says what went wrong
+                from .. import callbacks
+
+                debris = {RUN_LOCK, f"{hc.job.name}.log"}
+                if hc.output_subdir is not None and not Path(str(hc.output_subdir)).is_absolute():
+                    debris.add(Path(str(hc.output_subdir)).parts[0])
+                if callbacks.remove_new_run_folder(out_dir, debris,
+                                                   None if lock is None else lock.release):
+                    sys.exit(2)
             if is_complete(out_dir):
                 say(f"kvsim: nothing was written; {out_dir} keeps an earlier complete run")
             elif mark_failed(out_dir, str(e), overrides):

@@ -1,12 +1,15 @@
 """The ``kvsim`` command line's checks before Hydra composes the config: overrides Hydra's
 grammar cannot parse or whose sweep Hydra would end with a traceback, a key given twice (Hydra
 keeps the last), a kvsim setting deleted with ``~``, and a cluster launcher whose plugin or
-scheduler is missing. Each returns the one-line error, or None."""
+scheduler is missing. Each returns the one-line error, or None. The check of true/false options
+(:func:`non_boolean_override`) is :mod:`sim.validation`'s, which also checks a sweep's values
+and the config files."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from ..validation import non_boolean_override, schema_type  # noqa: F401 - (the checks' home)
 
 
 # kvsim's cluster launcher configs (experiments/conf/hydra/launcher/) -> (Hydra plugin module,
@@ -74,75 +77,6 @@ def duplicate_override_key(args: list[str]) -> str | None:
             return (f"override key '{key}' given twice ({seen[key]}, {a}); expected one value "
                     f"per key{both}")
         seen[key] = a
-    return None
-
-
-def schema_type(key: str):
-    """The type kvsim's config schema (:class:`sim.config.KvsimConfig`) gives the dotted
-    ``key`` (``sim.progress``: ``Optional[bool]``; ``tiers.levels.0.gib``: float), or None
-    where the schema does not type it (a group's free-form node, an unknown key)."""
-    import dataclasses
-    import typing
-
-    from ..config import KvsimConfig
-
-    t = KvsimConfig
-    for part in key.split("."):
-        args = typing.get_args(t)
-        if typing.get_origin(t) is typing.Union and type(None) in args and len(args) == 2:
-            t = next(a for a in args if a is not type(None))  # (Optional[X]: X)
-        if part.isdigit() and typing.get_origin(t) in (list, typing.List):
-            t = (typing.get_args(t) or (None,))[0]
-            continue
-        if not (isinstance(t, type) and dataclasses.is_dataclass(t)):
-            return None
-        try:
-            hints = typing.get_type_hints(t)
-        except Exception:  # noqa: BLE001 - (a schema built at run time may not resolve)
-            return None
-        if part not in hints:
-            return None
-        t = hints[part]
-    return t
-
-
-def non_boolean_override(args: list[str]) -> str | None:
-    """The error for the first override of a true/false option (a ``bool`` field of the
-    schema, :func:`schema_type`) whose value, or one of whose sweep values, is not true or
-    false (``sim.progress=5``, ``output.write_steps=2``, ``=yes``: OmegaConf takes any integer
-    and yes/no/on/off for a boolean, so 5 would run as true); null is allowed where the field
-    takes it (``sim.progress``). None when every such value is true or false."""
-    import typing
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep, Sweep
-
-    parser = None
-    for a in args:
-        if a.startswith(("-", "~")) or "=" not in a:
-            continue
-        key = a.split("=", 1)[0].lstrip("+")
-        if key.startswith("hydra.") or key.startswith("hydra/"):
-            continue
-        t = schema_type(key)
-        nullable = t == typing.Optional[bool]
-        if t is not bool and not nullable:
-            continue
-        parser = parser or OverridesParser.create()
-        try:
-            o = parser.parse_override(a)
-        except Exception:  # noqa: BLE001 - (unparsable_override reports those)
-            continue
-        v = o.value()
-        values = v.list if isinstance(v, ChoiceSweep) else \
-            list(o.sweep_iterator()) if isinstance(v, Sweep) else [v]
-        for x in values:
-            if isinstance(x, bool) or (x is None and nullable) or \
-                    (isinstance(x, str) and x.lower() in ("true", "false")):
-                continue
-            want = "true, false or null" if nullable else "true or false"
-            return (f"{key}={'null' if x is None else x}: {key} is a true/false option; "
-                    f"expected {want}")
     return None
 
 
