@@ -131,6 +131,29 @@ def _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0,
 
 
 @inline
+def _region1(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
+    """:func:`_region` of the one row of ``slot_pos`` (``int32[1, S]``), its kept slots into
+    ``keep[g]``."""
+    n = 0
+    nc = 0
+    last = -1
+    for j in range(slot_pos.shape[1]):
+        p = slot_pos[0, j]
+        if p >= cut:
+            keep[g, j] = True
+        if p >= 0 and p < P:
+            if p <= last or p >= top:
+                return -1, -1
+            last = p
+            rj[n] = j
+            rp[n] = p
+            n += 1
+            if p < cut:
+                nc += 1
+    return n, nc
+
+
+@inline
 def _region(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
     """Group ``g``'s pooling region: its live slots holding positions below ``P``, in slot
     order, into ``rj`` (slots) and ``rp`` (positions); live slots holding positions ``>= cut``
@@ -157,19 +180,19 @@ def _region(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compil
 
 
 @inline
-def _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
+def _group_region(slot_pos, g, first, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
                   ncut):  # pragma: no cover (compiled)
     """:func:`_region` of group ``g``: of row ``g`` of ``slot_pos``, or with ``shared`` of its
     one row, whose region (``rj``, ``rp``, ``n``, ``nc``) and kept slots (``cutj[:ncut]``) the
-    first group finds and the others reuse. Returns ``(n, nc, ncut)``."""
+    ``first`` group finds and the others reuse. Returns ``(n, nc, ncut)``."""
     if not shared:
         n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
         return n, nc, 0
-    if g == 0:
-        n, nc = _region(slot_pos, 0, P, cut, top, keep, rj, rp)
+    if first:
+        n, nc = _region1(slot_pos, g, P, cut, top, keep, rj, rp)
         ncut = 0
         for j in range(slot_pos.shape[1]):
-            if keep[0, j]:
+            if keep[g, j]:
                 cutj[ncut] = j
                 ncut += 1
         return n, nc, ncut
@@ -519,8 +542,8 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
         ncell = _cell_tables(top, ip_i, slat, drift, consts, rec, z0l, z0r, recmax)
     n_pend = 0
     for g in range(H):
-        n, nc, ncut = _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
-                                    ncut)
+        n, nc, ncut = _group_region(slot_pos, g, g == 0, shared, P, cut, top, keep, rj, rp, cutj,
+                                    n, nc, ncut)
         if n < 0:
             return -1
         kg = kg_all[g]
@@ -576,17 +599,27 @@ def snap_keep(slot_pos, P, k, cut, kg_all, ip_i, ip_f, slat, drift, consts, sig,
     return n_pend
 
 
-@kernel("i8(i4[:, :], i8, i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], "
-        "f8[:], i8, b1[:, :], f8[:], i8[:], i8[:], b1)", depends=(score_terms,))
-def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, sink, seq_len, keep,
-               cv, cj, off, shared):  # pragma: no cover (compiled)
-    """Ada-KV's pooled log-scores (:func:`snap_keep`'s pooling) of every candidate, group by
-    group: group ``g``'s candidates (live slots holding positions below ``cut``, in slot
-    order) are entries ``off[g]..off[g + 1] - 1`` of ``cv`` (pooled clipped log-score) and
-    ``cj`` (slot), ``cv``, ``cj`` of ``H x S`` entries; live slots holding positions ``>=
-    cut`` are kept (``keep``, ``bool[H, S]``); ``shared`` as :func:`snap_keep` takes it.
-    Returns the candidates, or -1 where :func:`snap_keep` returns it for the region."""
-    H, S = keep.shape
+@kernel("void(i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], f8[:], i8, f8[:], f8[:])",
+        depends=(score_terms,))
+def shared_terms(P, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0,
+                 rec):  # pragma: no cover (compiled)
+    """:func:`_shared_terms` of the positions below ``min(P, ip_i.shape[1])`` (the length of
+    ``z0`` and ``rec``): the shared stream and the recency term every group's score adds."""
+    _shared_terms(z0.shape[0], ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0, rec)
+
+
+@kernel("i8(i4[:, :], i8, i8, i8, i8, i8, i8[:, :], f8[:, :], f8[:, :], f8[:, :], f8[:], f8[:], "
+        "f8[:], f8[:], b1[:, :], f8[:], i8[:], i8[:], b1)", depends=(score_terms,))
+def ada_pooled(slot_pos, P, k, cut, g0, g1, ip_i, ip_f, slat, drift, consts, sig, z0, rec, keep, cv,
+               cj, off, shared):  # pragma: no cover (compiled)
+    """Ada-KV's pooled log-scores (:func:`snap_keep`'s pooling) of every candidate of groups
+    ``g0..g1-1`` (one layer), group by group: group ``g0 + i``'s candidates (live slots
+    holding positions below ``cut``, in slot order) are entries ``off[i]..off[i + 1] - 1`` of
+    ``cv`` (pooled clipped log-score) and ``cj`` (slot), ``cv``, ``cj`` of ``(g1 - g0) x S``
+    entries; live slots holding positions ``>= cut`` are kept (``keep``, ``bool[H, S]``);
+    ``z0``, ``rec``: :func:`shared_terms`; ``shared`` as :func:`snap_keep` takes it. Returns
+    the candidates, or -1 where :func:`snap_keep` returns it for the region."""
+    S = keep.shape[1]
     rj = np.empty(S, dtype=np.int64)
     rp = np.empty(S, dtype=np.int64)
     cutj = np.empty(S if shared else 0, dtype=np.int64)
@@ -596,15 +629,12 @@ def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, si
     v = np.empty(S, dtype=np.float64)
     pooled = np.empty(S, dtype=np.float64)
     tmp = np.empty(S + k, dtype=np.float64)
-    top = min(P, ip_i.shape[1])
-    z0 = np.empty(top, dtype=np.float64)
-    rec = np.empty(top, dtype=np.float64)
-    _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0, rec)
+    top = z0.shape[0]
     o = 0
-    for g in range(H):
-        off[g] = o
-        n, nc, ncut = _group_region(slot_pos, g, shared, P, cut, top, keep, rj, rp, cutj, n, nc,
-                                    ncut)
+    for g in range(g0, g1):
+        off[g - g0] = o
+        n, nc, ncut = _group_region(slot_pos, g, g == g0, shared, P, cut, top, keep, rj, rp, cutj,
+                                    n, nc, ncut)
         if n < 0:
             return -1
         if nc:
@@ -614,7 +644,7 @@ def ada_pooled(slot_pos, P, k, cut, ip_i, ip_f, slat, drift, consts, sig, lm, si
                 cv[o + i] = pooled[i]
                 cj[o + i] = rj[i]
             o += nc
-    off[H] = o
+    off[g1 - g0] = o
     return o
 
 
@@ -700,92 +730,84 @@ def pairwise_sum(a, n, stk, rs):  # pragma: no cover (compiled)
 
 
 
-@kernel("void(f4[:], i8[:], i8[:], i8[:], i8, i8, b1[:, :])")
-def ada_keep(e, cj, off, layer_start, per_head, floor, keep):  # pragma: no cover (compiled)
-    """Ada-KV's keep (:meth:`policies.snapkv.AdaKVPolicy._keep_pooled`) from the candidates'
-    float32 pooled scores ``e`` (:func:`ada_pooled`'s order): each group's normaliser ``den =
-    max(sum, 1e-300)`` of its row (the scores at their slots, zeros elsewhere, ``S =
-    keep.shape[1]`` entries) summed as numpy sums a row (:func:`pairwise_sum`), then per group
-    the top ``floor`` by normalised score ``e / den``, then per layer (groups ``layer_start[l]
-    .. layer_start[l + 1] - 1``) the top ``per_head x groups - kept`` of the others by the same
-    score, ties to the lower group, then the lower slot; into ``keep`` (``bool[H, S]``). One
-    layer's scores at a time in scratch arrays of its candidates."""
-    H, S = keep.shape
+@kernel("void(f4[:], i8[:], i8[:], i8, i8, i8, b1[:, :])")
+def ada_keep(e, cj, off, g0, per_head, floor, keep):  # pragma: no cover (compiled)
+    """Ada-KV's keep (:meth:`policies.snapkv.AdaKVPolicy._keep_pooled`) in one layer, groups
+    ``g0..g0+G-1`` (``G = len(off) - 1``), from their candidates' float32 pooled scores ``e``
+    (:func:`ada_pooled`'s order): each group's normaliser ``den = max(sum, 1e-300)`` of its
+    row (the scores at their slots, zeros elsewhere, ``S = keep.shape[1]`` entries) summed as
+    numpy sums a row (:func:`pairwise_sum`), then per group the top ``floor`` by normalised
+    score ``e / den``, then the top ``per_head x G - kept`` of the others by the same score,
+    ties to the lower group, then the lower slot; into ``keep`` (``bool[H, S]``)."""
+    S = keep.shape[1]
+    G = off.shape[0] - 1
     row = np.zeros(S, dtype=np.float64)
     stk = np.empty((3, 128), dtype=np.int64)
     rs = np.empty(128, dtype=np.float64)
-    den = np.empty(H, dtype=np.float64)
-    for g in range(H):
+    den = np.empty(G, dtype=np.float64)
+    for g in range(G):
         for i in range(off[g], off[g + 1]):
             row[cj[i]] = np.float64(e[i])
         den[g] = max(pairwise_sum(row, S, stk, rs), 1e-300)
         for i in range(off[g], off[g + 1]):
             row[cj[i]] = 0.0
-    wide = 0  # (the most candidates of a layer: the scratch arrays' length)
-    for l in range(layer_start.shape[0] - 1):
-        wide = max(wide, off[layer_start[l + 1]] - off[layer_start[l]])
-    vals = np.empty(wide, dtype=np.float64)
-    buf = np.empty(wide, dtype=np.float64)
+    n_l = off[G]
+    vals = np.empty(n_l, dtype=np.float64)
+    buf = np.empty(n_l, dtype=np.float64)
     ninf = -np.inf
-    for l in range(layer_start.shape[0] - 1):
-        g0 = layer_start[l]
-        g1 = layer_start[l + 1]
-        base = off[g0]
-        n_l = off[g1] - base
-        kept_l = 0
-        # each group's floor, by its normalised scores; kept entries leave the layer's ranking
-        # (-inf: below every score, which are >= 0)
-        for g in range(g0, g1):
-            a = off[g] - base
-            n = off[g + 1] - off[g]
-            for i in range(n):
-                vals[a + i] = np.float64(e[base + a + i]) / den[g]
-            if floor <= 0 or n == 0:
-                continue
-            if floor >= n:
-                for i in range(n):
-                    keep[g, cj[base + a + i]] = True
-                    vals[a + i] = ninf
-                kept_l += n
-                continue
-            thr = kth_largest(vals[a:a + n], n, floor, buf)
-            above = 0
-            for i in range(n):
-                if vals[a + i] > thr:
-                    above += 1
-            ties = floor - above
-            for i in range(n):
-                y = vals[a + i]
-                if y > thr or (y == thr and ties > 0):
-                    if y == thr:
-                        ties -= 1
-                    keep[g, cj[base + a + i]] = True
-                    vals[a + i] = ninf
-            kept_l += floor
-        extra = per_head * (g1 - g0) - kept_l
-        rest = n_l - kept_l
-        if extra <= 0 or rest == 0:
+    kept_l = 0
+    # each group's floor, by its normalised scores; kept entries leave the layer's ranking
+    # (-inf: below every score, which are >= 0)
+    for g in range(G):
+        a = off[g]
+        n = off[g + 1] - a
+        for i in range(n):
+            vals[a + i] = np.float64(e[a + i]) / den[g]
+        if floor <= 0 or n == 0:
             continue
-        if extra >= rest:
-            thr = 0.0
-            ties = 0
-        else:
-            # (the extra-th largest of the layer is one of the others': extra < rest of them
-            # lie above the -inf entries)
-            thr = kth_largest(vals, n_l, extra, buf)
-            above = 0
-            for i in range(n_l):
-                if vals[i] > thr:
-                    above += 1
-            ties = extra - above
-        g = g0
-        for i in range(n_l):
-            while base + i >= off[g + 1]:
-                g += 1
-            y = vals[i]
-            if y == ninf:
-                continue
-            if extra >= rest or y > thr or (y == thr and ties > 0):
-                if extra < rest and y == thr:
+        if floor >= n:
+            for i in range(n):
+                keep[g0 + g, cj[a + i]] = True
+                vals[a + i] = ninf
+            kept_l += n
+            continue
+        thr = kth_largest(vals[a:a + n], n, floor, buf)
+        above = 0
+        for i in range(n):
+            if vals[a + i] > thr:
+                above += 1
+        ties = floor - above
+        for i in range(n):
+            y = vals[a + i]
+            if y > thr or (y == thr and ties > 0):
+                if y == thr:
                     ties -= 1
-                keep[g, cj[base + i]] = True
+                keep[g0 + g, cj[a + i]] = True
+                vals[a + i] = ninf
+        kept_l += floor
+    extra = per_head * G - kept_l
+    rest = n_l - kept_l
+    if extra <= 0 or rest == 0:
+        return
+    thr = 0.0
+    ties = 0
+    if extra < rest:
+        # (the extra-th largest of the layer is one of the others': extra < rest of them lie
+        # above the -inf entries)
+        thr = kth_largest(vals, n_l, extra, buf)
+        above = 0
+        for i in range(n_l):
+            if vals[i] > thr:
+                above += 1
+        ties = extra - above
+    g = 0
+    for i in range(n_l):
+        while i >= off[g + 1]:
+            g += 1
+        y = vals[i]
+        if y == ninf:
+            continue
+        if extra >= rest or y > thr or (y == thr and ties > 0):
+            if extra < rest and y == thr:
+                ties -= 1
+            keep[g0 + g, cj[i]] = True

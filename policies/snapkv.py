@@ -11,7 +11,7 @@ import numpy as np
 
 from .config import ScoredConfig, register_options, register_policy
 from .eviction import EvictionPolicy
-from .pooled_round import ada_keep, ada_pooled, snap_keep
+from .pooled_round import ada_keep, ada_pooled, shared_terms, snap_keep
 from .selection import KEY_EPS, _rank_band, topk_mask
 
 
@@ -306,19 +306,29 @@ class AdaKVPolicy(SnapKVPolicy):
         pooling does not apply."""
         S = pos.shape[1]
         keep = np.zeros((H, S), dtype=bool)
-        cv = np.empty(H * S, dtype=np.float64)
-        cj = np.empty(H * S, dtype=np.int64)
-        off = np.empty(H + 1, dtype=np.int64)
-        n = ada_pooled(pos, P, k, P - w, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.sig, t.lm,
-                       t.sink, t.seq_len, keep, cv, cj, off, shared)
-        if n < 0:
-            return None
-        e = np.exp(cv[:n]).astype(np.float32)
         per_head = max(int(self.cfg.budget) - w, 0)
         floor = int(math.floor(self.cfg.ada_floor * per_head))
         layers = self.group_layer(H)
-        starts = np.r_[0, np.flatnonzero(np.diff(layers)) + 1, H].astype(np.int64)
-        ada_keep(e, cj, off, starts, per_head, floor, keep)
+        starts = np.r_[0, np.flatnonzero(np.diff(layers)) + 1, H].tolist()
+        top = min(P, t.ip_i.shape[1])
+        z0 = np.empty(top, dtype=np.float64)
+        rec = np.empty(top, dtype=np.float64)
+        shared_terms(P, t.ip_i, t.ip_f, t.static, t.drift, t.consts, t.lm, t.sink, t.seq_len, z0,
+                     rec)
+        # one layer at a time: its groups' scores in arrays of (groups x S) entries
+        wide = max(b - a for a, b in zip(starts[:-1], starts[1:]))
+        cv = np.empty(wide * S, dtype=np.float64)
+        cj = np.empty(wide * S, dtype=np.int64)
+        off = np.empty(wide + 1, dtype=np.int64)
+        e = np.empty(wide * S, dtype=np.float32)
+        for g0, g1 in zip(starts[:-1], starts[1:]):
+            n = ada_pooled(pos, P, k, P - w, g0, g1, t.ip_i, t.ip_f, t.static, t.drift, t.consts,
+                           t.sig, z0, rec, keep, cv, cj, off, shared)
+            if n < 0:
+                return None
+            np.exp(cv[:n], out=cv[:n])
+            e[:n] = cv[:n]  # (float32, as astype rounds)
+            ada_keep(e[:n], cj, off[:g1 - g0 + 1], g0, per_head, floor, keep)
         return keep
 
     def _keep_pooled(self, pooled, cand, w):
