@@ -295,9 +295,7 @@ class PagedLayout:
                  else np.zeros(0, dtype=np.int64))
         blocks = np.flatnonzero(used) if release else np.arange(n_blocks, dtype=np.int64)
         out = np.empty((H, blocks.size * B), dtype=np.int32)
-        keep = np.ascontiguousarray(keep)
-        keep8 = keep.view(np.uint64) if B % 8 == 0 else np.zeros((H, 0), dtype=np.uint64)
-        _kept_rows(n, B, keep, keep8, blocks.astype(np.int64), out)
+        _kept_rows(n, B, keep, blocks.astype(np.int64), out)
         self._slots = self.slot_pos = out
         ptr = np.full(H, n, dtype=np.int64)
         self.append_ptr = self._pointers_after_drop(ptr, freed, n_blocks) if freed.size else ptr
@@ -392,25 +390,20 @@ def _kept_counts(n, B, keep, cnt, used):  # pragma: no cover (compiled)
         cnt[2, g] = last + 1
 
 
-@kernel("void(i8, i8, b1[:, :], u8[:, :], i8[:], i4[:, :])")
-def _kept_rows(n, B, keep, keep8, blocks, out):  # pragma: no cover (compiled)
+@kernel("void(i8, i8, b1[:, :], i8[:], i4[:, :])")
+def _kept_rows(n, B, keep, blocks, out):  # pragma: no cover (compiled)
     """``out[g]``: the slots of ``blocks`` (ascending) in order, each the position ``j`` its
-    slot ``j`` holds where ``keep[g, j]`` (``j < n``), else -1. ``keep8``: ``keep`` read as
-    words of 8 slots (``B`` a multiple of 8), a zero word skipped; empty: slot by slot."""
-    words = keep8.shape[1] > 0
+    slot ``j`` holds where ``keep[g, j]`` (``j < n``), else -1 (a select per slot, without a
+    branch: kept slots fall anywhere in a block)."""
     for g in range(keep.shape[0]):
-        out[g, :] = -1
         d = 0
         for i in range(blocks.shape[0]):
             j0 = blocks[i] * B
-            if words:
-                for w in range(j0 // 8, (j0 + B) // 8):
-                    if keep8[g, w] != 0:
-                        for j in range(w * 8, min(w * 8 + 8, n)):
-                            if keep[g, j]:
-                                out[g, d + j - j0] = j
+            if j0 + B <= n:
+                for x in range(B):
+                    out[g, d + x] = np.int32(j0 + x) if keep[g, j0 + x] else np.int32(-1)
             else:
-                for j in range(j0, min(j0 + B, n)):
-                    if keep[g, j]:
-                        out[g, d + j - j0] = j
+                for x in range(B):
+                    j = j0 + x
+                    out[g, d + x] = np.int32(j) if j < n and keep[g, j] else np.int32(-1)
             d += B
