@@ -190,12 +190,12 @@ def plot_blocks_freed(rounds: pd.DataFrame, by=("policy", "compaction"),
                        f"{nbins} time bins)", fontsize=9)
         ax_t.grid(alpha=0.3)
         _legend_right(ax_t, title=_by_title(by))
-        ax_n.barh(y - 0.2, table["peak_blocks"], height=0.4, color="#4C72B0", label="peak")
+        ax_n.barh(y - 0.2, table["peak_blocks"], height=0.4, color="#4C72B0", label="peak held")
         ax_n.barh(y + 0.2, table["mean_blocks"], height=0.4, color="#A1C3E8",
-                  label="time-averaged")
+                  label="time-averaged held")
         if table["baseline_peak_blocks"].notna().any():
             ax_n.plot(table["baseline_peak_blocks"], y - 0.2, "|", color="black", ms=11, mew=2,
-                      label=f"policy={baseline}")
+                      label=f"same run with policy={baseline}")
             ax_n.plot(table["baseline_mean_blocks"], y + 0.2, "|", color="black", ms=11, mew=2)
         xmax = float(np.nanmax(np.r_[table["peak_blocks"], table["baseline_peak_blocks"], 1]))
         for yi, (gl, r) in zip(y, table.iterrows()):
@@ -216,8 +216,6 @@ def plot_blocks_freed(rounds: pd.DataFrame, by=("policy", "compaction"),
         ax_n.set_title(f"net: blocks held (peak, time-averaged)\nvs the same run with "
                        f"policy={baseline}", fontsize=9)
         ax_n.grid(axis="x", alpha=0.3)
-        ax_n.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2,
-                    frameon=False)
     ax_g.barh(y - 0.2, table["gross_blocks_freed"], height=0.4, color="#C44E52",
               label="blocks freed by the rounds (gross)")
     if block_size:
@@ -250,8 +248,16 @@ def plot_blocks_freed(rounds: pd.DataFrame, by=("policy", "compaction"),
     ax_g.set_title("gross: blocks freed, summed over rounds\n(per-step churn: the next step can "
                    "take them again)", fontsize=9)
     ax_g.grid(axis="x", alpha=0.3)
-    ax_g.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=1,
-                frameon=False)
+    # The bar panels' keys in one row under the whole figure: constrained layout reserves the
+    # row below the axis titles, whatever the panels' height (one run or many).
+    handles, labels = [], []
+    for ax in (ax_n, ax_g):
+        if ax is not None:
+            h, lab = ax.get_legend_handles_labels()
+            handles += h
+            labels += lab
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), fontsize=7.5,
+               frameon=False)
     _title(fig, "How many GPU blocks does evicting tokens save?",
            f"one curve / bar pair per {' / '.join(by) or 'run'}; net: blocks held against the "
            f"same run with policy={baseline}; gross: blocks the eviction rounds freed")

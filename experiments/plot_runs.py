@@ -65,11 +65,18 @@ def plot_hit_by_tier(runs: pd.DataFrame, x: str = "tiers.host_gib", hue: str = "
     ax.grid(alpha=0.3)
     ax.set_ylim(0, max(1.0, float(np.nanmax(r["hit_ratio.total"].to_numpy(dtype=float)))
                        if r["hit_ratio.total"].notna().any() else 1.0) * 1.02)
-    fig.legend(handles[::-1], labels[::-1], title="served from", loc="outside right upper",
-               frameon=False, fontsize=8, title_fontsize=8)
+    # One key beside the last panel, below the figure's title: the bars' tiers, then a heading
+    # (an entry with a hidden handle) and the total's curves.
+    from matplotlib.patches import Rectangle
+
     h2, l2 = ax.get_legend_handles_labels()
-    fig.legend(h2, l2, title=f"total, by {hue}", loc="outside right lower", frameon=False,
-               fontsize=8, title_fontsize=8, handlelength=3.2)
+    heading = Rectangle((0, 0), 0, 0, visible=False)
+    entries = handles[::-1] + [heading] + h2
+    lg = ax.legend(entries, labels[::-1] + [f"total, by {hue}"] + l2, title="served from",
+                   loc="upper left", bbox_to_anchor=(1.04, 1.0), borderaxespad=0.0,
+                   frameon=False, fontsize=8, title_fontsize=8, handlelength=3.2,
+                   ncols=1 if len(entries) <= 10 else 2)
+    lg.get_texts()[len(handles)].set_fontweight("bold")
     _title(fig, "Which tier serves the prefix hits?",
            f"share of prompt tokens served from GPU, host and disk vs {x}, one panel per {hue}")
     return _set_data(fig, r.reset_index(drop=True))

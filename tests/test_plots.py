@@ -236,6 +236,87 @@ def test_every_figure_has_its_question_as_title_and_its_legends_outside_the_data
                 assert not _inside(box, ax.get_window_extent()), (name, lg.get_title().get_text())
 
 
+def _label_boxes(fig) -> list[tuple[str, object]]:
+    """Window boxes of what a legend must not cover: each axes' data area, axis titles, panel
+    title and tick labels, and the figure's title and shared axis titles (after a draw)."""
+    from matplotlib.text import Text
+
+    boxes = []
+    for ax in fig.axes:
+        boxes.append(("data area", ax.get_window_extent()))
+        for what, t in (("x-axis title", ax.xaxis.label), ("y-axis title", ax.yaxis.label),
+                        ("panel title", ax.title)):
+            if t.get_text() and t.get_visible():
+                boxes.append((f"{what} {t.get_text()!r}", t.get_window_extent()))
+        for t in ax.get_xticklabels() + ax.get_yticklabels():
+            if t.get_text() and t.get_visible():
+                boxes.append((f"tick label {t.get_text()!r}", t.get_window_extent()))
+    shared = {fig.get_suptitle(), fig.get_supxlabel(), fig.get_supylabel()} - {""}
+    for t in fig.findobj(Text):
+        if t.figure is fig and t.get_text() in shared and t.get_visible():
+            boxes.append((f"figure title {t.get_text()[:30]!r}", t.get_window_extent()))
+    return boxes
+
+
+def _legend_collisions(fig) -> list[str]:
+    """What each legend of ``fig`` covers by more than half a pixel each way (after a draw)."""
+    fig.canvas.draw()
+    legends = [a.get_legend() for a in fig.axes if a.get_legend()] + list(fig.legends)
+    hits = []
+    for lg in legends:
+        lb = lg.get_window_extent()
+        for what, b in _label_boxes(fig):
+            if min(lb.x1, b.x1) - max(lb.x0, b.x0) > 0.5 and min(lb.y1, b.y1) - max(lb.y0, b.y0) > 0.5:
+                hits.append(f"legend {lg.get_title().get_text()!r} covers {what}")
+    return hits
+
+
+def _blocks_sweep(n: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rounds and steps of ``n`` runs (policy x compaction; the first is h2o/none, full's runs
+    have no rounds), 20 steps of one second each."""
+    pairs = [(p, c) for p in ("h2o", "full", "snapkv", "streaming_llm")
+             for c in ("none", "forward_pack", "hole_fill")][:n]
+    steps, rounds = [], []
+    for i, (pol, comp) in enumerate(pairs):
+        b = 100 + 10 * ((np.arange(20) + i) % 7)
+        steps.append(_steps(list(b), list(b * 16)).assign(run_id=f"r{i}", policy=pol,
+                                                          compaction=comp))
+        if pol != "full":
+            rounds.append(pd.DataFrame({"run_id": f"r{i}", "policy": pol, "compaction": comp,
+                                        "time_s": np.arange(5.0), "request_id": 0,
+                                        "tokens_evicted": 16.0 * (i + 1), "blocks_freed": 1}))
+    return pd.concat(rounds), pd.concat(steps).assign(**{"cache.block_size": 16})
+
+
+def test_legends_cover_no_axis_title_tick_label_or_data(figures):
+    for name, fig in figures.items():
+        assert not _legend_collisions(fig), name
+
+
+@pytest.mark.parametrize("n", [1, 4, 12])
+@pytest.mark.parametrize("dpi", [80, 100])
+def test_blocks_freed_legends_clear_the_axis_titles_for_any_number_of_runs(n, dpi):
+    import matplotlib.pyplot as plt
+
+    rounds, steps = _blocks_sweep(n)
+    fig = P.plot_blocks_freed(rounds, by=["policy", "compaction"], steps=steps)
+    fig.set_dpi(dpi)
+    try:
+        assert _legend_collisions(fig) == []
+    finally:
+        plt.close(fig)
+
+
+def test_hit_by_tier_legend_clears_the_title_with_one_hue():
+    import matplotlib.pyplot as plt
+
+    fig = P.plot_hit_by_tier(_fake_runs()[lambda r: r["codec"] == "identity"])
+    try:
+        assert _legend_collisions(fig) == []
+    finally:
+        plt.close(fig)
+
+
 def test_axes_name_their_units(figures):
     figs = figures
     labels = {n: [a.get_xlabel() for a in f.axes] + [a.get_ylabel() for a in f.axes]
