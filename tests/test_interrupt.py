@@ -198,6 +198,29 @@ def test_ctrl_c_after_the_results_are_written_leaves_a_complete_run_and_exit_0(t
     assert is_complete(out)
 
 
+_SIGNALS_AFTER_MAIN_RETURNED = """
+import os, signal, sys
+sys.argv = ["kvsim", "--version"]
+from sim.cli import main
+main()
+os.kill(os.getpid(), signal.SIGINT)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still running")
+"""
+
+
+def test_ctrl_c_or_sigterm_after_the_command_returned_changes_nothing():
+    """Once the command has returned (here ``kvsim --version``; a run after its ``results:``
+    line), Ctrl-C and SIGTERM while the interpreter shuts down are ignored: exit 0, no
+    traceback, rather than an end by the signal."""
+    r = subprocess.run([sys.executable, "-c", _SIGNALS_AFTER_MAIN_RETURNED], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_default_sigint)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "still running", r.stdout
+    assert r.stderr == "", r.stderr[-2000:]
+
+
 def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
     """SIGTERM to ``kvsim -m`` stops the sweep as Ctrl-C does: one line, exit 143, every process
     of the group gone (no orphaned joblib worker writing into job folders that a resumed sweep
@@ -237,6 +260,32 @@ def test_sigterm_to_a_sweep_stops_its_workers(tmp_path):
     assert "Traceback" not in err
     for j in ("0", "1"):
         _assert_incomplete(sweep / j)
+
+
+_SIGTERM_BEFORE_THE_SWEEP_STARTS = """
+from sim.callbacks import FailedRunsExit
+
+def stopped(self, config, **kwargs):
+    raise KeyboardInterrupt("SIGTERM")  # (what sim.cli.main's SIGTERM handler raises)
+
+FailedRunsExit.on_multirun_start = stopped
+from sim.cli import main
+main()
+"""
+
+
+def test_sigterm_before_a_sweep_takes_its_folder_says_no_job_ran(tmp_path):
+    """SIGTERM while Hydra prepares a sweep, before the sweep takes its folder: one line saying
+    no job ran (not that jobs were marked), exit 143, and no sweep folder."""
+    sweep = tmp_path / "sw"
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_BEFORE_THE_SWEEP_STARTS, "-m",
+                        f"hydra.sweep.dir={sweep}", "cache.block_size=16,32",
+                        "trace.max_requests=5", "sim.progress=false"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert r.stderr.strip() == "kvsim: sweep stopped (SIGTERM) before it started; no job ran", \
+        r.stderr[-2000:]
+    assert not sweep.exists()
 
 
 def test_crash_mid_simulation_leaves_incomplete_dir(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -438,6 +439,14 @@ def test_multirun_jobs_sharing_one_output_dir_fail_clearly(tmp_path):
     (f,) = res.failed
     assert f.run_id == "1" and f.overrides == ["cache.block_size=32", "trace.max_requests=20"]
     assert "is also the output folder of job 0" in f.failure and "overrides:" not in f.failure
+    # with parallel workers, a job finding the folder claimed by another job of its sweep
+    # names that job as a job of this multirun
+    r = _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'swp'}",
+               "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={tmp_path / 'odp'}",
+               *QUIET, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(r"output\.dir=\S+ is also the output folder of job [01] of this multirun",
+                     r.stderr), r.stderr[-2000:]
     per_job = str(tmp_path / "pj_${hydra:job.num}")
     r = _kvsim("-m", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path / 'sw2'}",
                "cache.block_size=16,32", "trace.max_requests=20", f"output.dir={per_job}", *QUIET)

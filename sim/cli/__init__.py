@@ -52,6 +52,11 @@ def main() -> None:
 
             exit_after_interrupt(e.code)
         raise
+    # the command has finished and said so: Ctrl-C or SIGTERM while the interpreter shuts down
+    # (a fraction of a second: finalizers, threads, atexit) would end a complete command by
+    # the signal or with a traceback from an atexit callback; they are ignored from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 __all__ = ["main"]

@@ -109,9 +109,12 @@ def main() -> None:
         from .. import sweep as S
 
         where = S.held_sweep_dir()
-        if where is not None:  # (jobs stopped before their simulation marked their folders)
-            S.mark_stopped_jobs(where)
-            S.release_sweep_dir()
+        if where is None:  # (stopped before the sweep took its folder: no job had started)
+            print(f"\nkvsim: sweep stopped ({how}) before it started; no job ran",
+                  file=sys.stderr)
+            sys.exit(143 if how == "SIGTERM" else 130)
+        S.mark_stopped_jobs(where)  # (jobs stopped before their simulation marked their folders)
+        S.release_sweep_dir()
         print(f"\nkvsim: sweep stopped ({how}); its unfinished jobs are marked INCOMPLETE and "
               f"kvsim-collect lists those that never started; the same command with "
               f"output.skip_completed=true runs only those", file=sys.stderr)

@@ -187,6 +187,10 @@ def app(cfg: DictConfig) -> None:
     Hydra's sweeper ends the sweep with its one line, exit status 1."""
     from hydra.types import RunMode
 
+    # a log file that cannot be written (a full disk) is not worth a traceback per line, also
+    # in a sweep's worker processes, which do not run the console script: the job's own error
+    # says what happened
+    logging.raiseExceptions = False
     hc = HydraConfig.get()
     # Hydra's .hydra/ record of this job, when one of its files could not be written
     record_failed = None if hc.output_subdir is None else hydra_record.take_failure(
@@ -396,7 +400,8 @@ def _run(cfg: DictConfig, hc, multirun: bool, record_failed=None) -> str | None:
         sid = (sweep_dir / SWEEP_ID).read_text().strip() if multirun and \
             (sweep_dir / SWEEP_ID).is_file() else None
         if mine is not None and mine[0] == sid and mine[1] != str(hc.job.num):
-            return refuse(_shared_output_dir_error(cfg, mine[1]))
+            return refuse(_shared_output_dir_error(
+                cfg, int(mine[1]) if mine[1].isdigit() else "another"))
         return refuse(str(e))
     except OSError as e:
         return refuse(resource_error(e) or f"output.dir={out_dir}: cannot take the folder's "
