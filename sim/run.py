@@ -333,8 +333,14 @@ def _simulate_into(cfg, out, wl, plan, cost, comp, tiers_factory, page_bytes, pr
         # (with the run's overrides: kvsim-collect names an interrupted run's settings)
         from .folders import OVERRIDES_PREFIX
 
-        (out / MARKER).write_text("this run has not completed\n" + (
-            f"{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n" if overrides is not None else ""))
+        try:
+            (out / MARKER).write_text("this run has not completed\n" + (
+                f"{OVERRIDES_PREFIX}{json.dumps(list(overrides))}\n" if overrides is not None
+                else ""))
+        except OSError as e:  # (a write or close that fails carries no file name: name it)
+            if e.filename is None:
+                e.filename = str(out / MARKER)
+            raise
         # a reused directory must not keep an earlier run's tables next to the marker
         for name in ("summary.json", "requests.parquet", "steps.parquet", "rounds.parquet",
                      "transfers.parquet", "ops.jsonl", "config.yaml"):
