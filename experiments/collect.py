@@ -29,10 +29,12 @@ collects one run's folder as a one-run sweep into ``RUN_DIR-collected`` beside i
 
 * ``failed_runs.csv`` and ``failed_runs.json``: every run directory that is not a completed run
   (``INCOMPLETE`` marker present, no ``summary.json``, unreadable summary, ``complete`` not
-  true, a file its ``summary.json`` lists in ``output_files`` deleted since the run) or whose
-  per-run table cannot be read (a truncated or corrupt ``requests.parquet``, ...;
-  only the tables being collected are read), with the reason (for a table: the file and the
-  Parquet error), and every job the sweep was to run that left no folder (the sweep stopped
+  true, a file its ``summary.json`` lists in ``output_files`` deleted, of another size or with
+  other bytes than the run wrote: its xxh3-128 digest, the check ``output.skip_completed``
+  makes, :func:`sim.folders.output_files_problem`) or whose per-run table cannot be read (a
+  truncated or corrupt ``requests.parquet`` of a run that recorded no digests, ...; only the
+  tables being collected are read), with the reason (for a table: the file and the Parquet
+  error), and every job the sweep was to run that left no folder (the sweep stopped
   before it started: :func:`experiments.run_folders.jobs_not_run`), with its overrides. These runs are in no other output; the other runs are collected. Both files are
   always written (empty when every run completed).
 

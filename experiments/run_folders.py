@@ -292,9 +292,10 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = "summary.json is not a JSON object"
             elif summary.get("complete") is not True:
                 info.failure = f"summary.json has complete={summary.get('complete')!r}"
-            elif (gone := output_files_problem(run_dir, summary, sizes=False)) is not None:
-                # (sizes are not compared: a truncated or corrupt table is found when it is
-                # read, with the Parquet error; one rewritten since is collected if it reads)
+            elif (gone := output_files_problem(run_dir, summary, contents=True)) is not None:
+                # (the check output.skip_completed makes: a file gone, of another size or with
+                # other bytes than the run wrote; a run of a kvsim that recorded no digests has
+                # its tables checked when they are read, with the Parquet error)
                 info.failure = gone
             elif (mixed := labels_problem(info, summary)) is not None:
                 info.failure = mixed

@@ -200,8 +200,8 @@ def output_files_problem(run_dir, summary: dict, sizes: bool = True,
     list, a file gone, with ``sizes`` one of another size than written, with ``contents`` one
     whose bytes differ from those written (:func:`file_digest`; a same-size corruption or
     edit). None when all are as written. ``output.skip_completed`` (:func:`sim.run.is_complete`)
-    reruns such a run; ``kvsim-collect`` lists it as failed (without ``sizes``: it reads the
-    tables themselves)."""
+    reruns such a run; ``kvsim-collect`` (:func:`experiments.run_folders.read_run`) lists it
+    as failed with this reason."""
     files = summary.get("output_files")
     if files is not None and not isinstance(files, list):
         return f"summary.json's output_files is {str(files)[:40]!r}, not a list of [file name, bytes, digest]"

@@ -169,7 +169,54 @@ def _check_run_1_failed(out: Path, bad: Path, stderr: str) -> str:
     return reason
 
 
+def _without_output_files(run: Path) -> None:
+    """Take ``output_files`` out of ``run``'s summary.json, as a kvsim that recorded no sizes
+    or digests wrote it: its tables are checked only when read."""
+    s = json.loads((run / "summary.json").read_text())
+    del s["output_files"]
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def test_table_altered_at_the_same_size_lists_the_run_as_failed(sweep, tmp_path):
+    """One bit of run 1's requests.parquet flipped where the file still reads (other values,
+    same size): its xxh3-128 digest is not the one summary.json records, so the run is failed
+    with that reason and none of its rows are collected; --strict exits 1."""
+    bad = sweep / "1" / "requests.parquet"
+    orig, ref = bad.read_bytes(), pq.read_table(bad)
+    for i in range(len(orig) // 3, len(orig)):
+        data = bytearray(orig)
+        data[i] ^= 0x01
+        bad.write_bytes(bytes(data))
+        try:
+            if not pq.read_table(bad).equals(ref):
+                break
+        except (OSError, pa.ArrowException):
+            pass
+    else:
+        pytest.fail("no flipped bit left requests.parquet readable with other values")
+    assert bad.stat().st_size == len(orig)
+    r = _collect_cli(sweep, "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert "collected 1 complete run(s) of 2" in r.stdout
+    (failed,) = json.loads((tmp_path / "c" / "failed_runs.json").read_text())
+    assert failed["run_id"] == "1"
+    assert failed["reason"].startswith("requests.parquet's content differs from what the run "
+                                       "wrote (its xxh3-128 digest")
+    assert set(pd.read_parquet(tmp_path / "c" / "requests")["run_id"]) == {"0"}
+    assert _collect_cli(sweep, "--out", tmp_path / "c2", "--strict").returncode == 1
+
+
+def test_truncated_table_lists_the_run_as_failed_by_its_size(sweep, tmp_path):
+    bad = sweep / "1" / "requests.parquet"
+    size = bad.stat().st_size
+    bad.write_bytes(bad.read_bytes()[: size // 2])
+    (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+    assert f.run_id == "1" and f.failure == f"requests.parquet is {size // 2:,} bytes, the run wrote {size:,}"
+
+
 def test_truncated_table_lists_the_run_as_failed_and_collects_the_others(sweep, tmp_path):
+    """A run that recorded no output_files: its truncated table fails with the Parquet error."""
+    _without_output_files(sweep / "1")
     bad = sweep / "1" / "requests.parquet"
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])
@@ -184,7 +231,10 @@ def test_truncated_table_lists_the_run_as_failed_and_collects_the_others(sweep, 
 
 def test_table_corrupt_past_its_footer_drops_the_run_from_every_table(sweep, tmp_path):
     """The footer reads, the pages do not: found while writing (after run 1's requests and
-    rounds were written), so the run is taken out of every table and the rest written again."""
+    rounds were written), so the run is taken out of every table and the rest written again
+    (a run that recorded no output_files: one that did is failed by its digest before any
+    read)."""
+    _without_output_files(sweep / "1")
     bad = sweep / "1" / "steps.parquet"
     data = bytearray(bad.read_bytes())
     for i in range(8, min(3000, len(data) - 2000)):
