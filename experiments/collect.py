@@ -128,9 +128,10 @@ try:
                                             override_keys, override_values, run_row, table_from_rows,
                                             write_failed, write_table_dataset)
     from experiments.run_folders import (MARKER, CollectError, RunInfo, check_out_dir,
-                                         default_out_dir, find_run_dirs, jobs_not_run, one_line,
-                                         read_run, results_dir)
+                                         default_out_dir, find_run_dirs, jobs_not_run,
+                                         mark_running_jobs, one_line, read_run, results_dir)
     from sim.folders import RESULTS_POINTER, stale_job
+    from sim.sweep import SWEEP_LOCK, read_ledger, sweep_running
 except KeyboardInterrupt as _e:
     if not _COMMAND:
         raise
@@ -149,6 +150,7 @@ class CollectResult:
     failed: list[RunInfo]
     tables: dict[str, int]
     override_keys: list[str]
+    sweep_running: bool = False  # the sweep held its folder as the collection began: partial
 
 
 def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: bool = False) -> CollectResult:
@@ -165,15 +167,104 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     are collected (those without any config file are listed on stderr). Raises CollectError naming the path when the sweep dir is
     missing or holds no run directory, or a run's config / Hydra files cannot be read; naming the
     table, column, types and runs when a column's types differ between runs. The output
-    directory is replaced atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed),
-    holding the lock ``.<name>.lock`` beside it meanwhile (:mod:`sim.locks`): a second
-    kvsim-collect into the same directory raises CollectError, and the temporary folders of a
+    directory is replaced atomically (built as ``.<name>.tmp-<pid>`` beside it, then renamed).
+    The lock ``.<name>.lock`` beside it (:mod:`sim.locks`) is held from before the sweep is
+    read until the collection is in place: a second kvsim-collect into the same directory
+    meanwhile raises CollectError (one line, nothing written), and the temporary folders of a
     killed one are removed.
+
+    A sweep still running (its process holds the sweep folder's lock,
+    :func:`sim.sweep.sweep_running`) is collected as it stands: its jobs not started yet and
+    those running are failed runs saying so, ``sweep_running`` is True in the result and the
+    manifest, and a line on stderr says the collection is partial. The job ledger is read
+    before the folders are scanned, so a job that completes during the scan is not taken for
+    one whose folder was removed.
     """
     sweep = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else default_out_dir(sweep)
     if sweep.is_dir():  # (a missing sweep dir is find_run_dirs' error)
         check_out_dir(sweep, out)
+    else:
+        find_run_dirs(sweep)
+    from sim.errors import Busy
+    from sim.locks import hold
+
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # one collection into ``out`` at a time, from reading the sweep to renaming the new
+        # collection into place; with it held, temporary folders of ``out`` are those of a
+        # kvsim-collect that was killed
+        lock = hold(out.parent / f".{out.name}.lock")
+    except Busy as e:
+        raise CollectError(f"{out}: another kvsim-collect ({e.holder}) is writing this "
+                           f"collection; expected one kvsim-collect into a folder at a time "
+                           f"(wait for it to end)") from None
+    except OSError as e:
+        why = getattr(e, "strerror", None) or one_line(e)
+        raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
+                           f"{why})") from e
+    try:
+        runs, runs_table, manifest, stale, keys = _read_and_write(sweep, out, tables)
+    except CollectError:  # (nothing written: the folders made for the lock go again)
+        lock.release()
+        for d in made:  # (release deleted the lock file)
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+    finally:
+        lock.release()
+    running = manifest["sweep_running"]
+    failed = [r for r in runs if not r.complete]
+    written = manifest["tables"]
+    if stale and not quiet:
+        print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
+              f"the same directory (another sweep id): "
+              f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
+    sweeps = {k: v for k, v in manifest["sweeps"].items() if k}
+    if len(sweeps) > 1 and not quiet:
+        print(f"kvsim-collect: warning: the runs come from {len(sweeps)} sweeps ("
+              + "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sweeps.items())
+              + (f"; and {len(manifest['sweeps'][''])} single run(s)" if "" in manifest["sweeps"]
+                 else "")
+              + "): a figure's curves may pool runs of different sweeps (manifest.json "
+                "sweeps; give each sweep its own results folder)", file=sys.stderr)
+    partial = [r for r in runs if r.complete and r.config_path is None]
+    if partial and not quiet:
+        print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
+              f"config.yaml; collected from summary.json and their overrides (config columns "
+              f"their overrides do not name are null; group columns come from summary.json's "
+              f"config_choices, where it has them): "
+              f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
+    for n, ids in manifest["runs_missing_tables"].items():
+        if not quiet:
+            print(f"kvsim-collect: note: {len(ids)} complete run(s) wrote no {n}.parquet (other runs "
+                  f"did; e.g. output.write_steps=false, or a deleted file): "
+                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
+                  f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
+    if running and not quiet:
+        print(f"kvsim-collect: warning: the sweep {sweep} is still running (a kvsim process "
+              f"holds {sweep / SWEEP_LOCK}): this collection is partial, its jobs not started "
+              f"yet and those running are listed as failed; collect again after it ends",
+              file=sys.stderr)
+    if failed and not quiet:
+        print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
+              f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
+              + ("exit status 0 unless --strict):" if len(failed) < len(runs) else
+                 "none completed: exit status 1):"), file=sys.stderr)
+        for r in failed:
+            print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
+    return CollectResult(out, runs_table.to_pandas(), failed, written, keys, running)
+
+
+def _read_and_write(sweep: Path, out: Path, tables: list[str] | None):
+    """Read the runs of ``sweep`` and write their collection into ``out`` (the caller holds
+    ``out``'s lock): (runs, runs table, manifest, stale job folders, override keys)."""
+    # whether the sweep runs, and its ledger, before its folders are scanned (see collect)
+    running = sweep.is_dir() and sweep_running(sweep)
+    ledger = read_ledger(sweep) if sweep.is_dir() else {}
     run_dirs = find_run_dirs(sweep, exclude=out)
     # a results folder inside the sweep that a job's pointer names is that job's, not a run
     targets = {results_dir(d)[0].resolve() for d in run_dirs if (d / RESULTS_POINTER).is_file()}
@@ -182,8 +273,11 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
     stale = [d for d in run_dirs if d != sweep and stale_job(d)]
     run_dirs = [d for d in run_dirs if d not in stale]
     runs = [read_run(d, sweep, i) for i, d in enumerate(run_dirs)]
-    # jobs the sweep was to run that left no folder (it stopped before they started)
-    runs += jobs_not_run(sweep, runs) if sweep not in run_dirs else []
+    if running and sweep not in run_dirs:
+        mark_running_jobs(sweep, runs, read_ledger(sweep))
+    # jobs the sweep was to run that left no folder (it stopped before they started, or, while
+    # it runs, has not started them yet)
+    runs += jobs_not_run(sweep, runs, ledger, running) if sweep not in run_dirs else []
     if not runs:
         raise CollectError(
             f"{sweep}: no kvsim run directories found (expected sub-directories with "
@@ -216,63 +310,10 @@ def collect(sweep_dir, out_dir=None, tables: list[str] | None = None, quiet: boo
                 + (f"; did you mean {', '.join(near)}?" if near else ""))
         wanted = [n for n in wanted if n in tables]
     check_table_files([r for r in runs if r.complete], wanted)
-
-    from sim.errors import Busy
-    from sim.locks import hold
-
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # one collection into ``out`` at a time; with it held, temporary folders of ``out``
-        # are those of a kvsim-collect that was killed
-        lock = hold(out.parent / f".{out.name}.lock")
-    except Busy as e:
-        raise CollectError(f"{out}: another kvsim-collect ({e.holder}) is writing this "
-                           f"collection; expected one kvsim-collect into a folder at a time "
-                           f"(wait for it to end)") from None
-    except OSError as e:
-        why = getattr(e, "strerror", None) or one_line(e)
-        raise CollectError(f"{out}: cannot create the output directory (in {out.parent}: "
-                           f"{why})") from e
-    try:
-        runs_table, manifest = _collect_into(out, tmp, runs, wanted, keys, groups, sweep, stale)
-    finally:
-        lock.release()
-    failed = [r for r in runs if not r.complete]
-    written = manifest["tables"]
-    if stale and not quiet:
-        print(f"kvsim-collect: left out {len(stale)} job directories of an earlier sweep into "
-              f"the same directory (another sweep id): "
-              f"{', '.join(sorted(d.relative_to(sweep).as_posix() for d in stale))}", file=sys.stderr)
-    sweeps = {k: v for k, v in manifest["sweeps"].items() if k}
-    if len(sweeps) > 1 and not quiet:
-        print(f"kvsim-collect: warning: the runs come from {len(sweeps)} sweeps ("
-              + "; ".join(f"{k}: {len(v)} run(s), e.g. {v[0]}" for k, v in sweeps.items())
-              + (f"; and {len(manifest['sweeps'][''])} single run(s)" if "" in manifest["sweeps"]
-                 else "")
-              + "): a figure's curves may pool runs of different sweeps (manifest.json "
-                "sweeps; give each sweep its own results folder)", file=sys.stderr)
-    partial = [r for r in runs if r.complete and r.config_path is None]
-    if partial and not quiet:
-        print(f"kvsim-collect: {len(partial)} run(s) have neither .hydra/config.yaml nor "
-              f"config.yaml; collected from summary.json and their overrides (config columns "
-              f"their overrides do not name are null; group columns come from summary.json's "
-              f"config_choices, where it has them): "
-              f"{', '.join(str(r.run_dir) for r in partial)}", file=sys.stderr)
-    for n, ids in manifest["runs_missing_tables"].items():
-        if not quiet:
-            print(f"kvsim-collect: note: {len(ids)} complete run(s) wrote no {n}.parquet (other runs "
-                  f"did; e.g. output.write_steps=false, or a deleted file): "
-                  f"{', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}; their rows are absent "
-                  f"from {n}/ (manifest.json runs_missing_tables)", file=sys.stderr)
-    if failed and not quiet:
-        print(f"kvsim-collect: warning: {len(failed)} of {len(runs)} runs did not complete or have "
-              f"an unreadable table and were left out (listed in {out / 'failed_runs.csv'}; "
-              + ("exit status 0 unless --strict):" if len(failed) < len(runs) else
-                 "none completed: exit status 1):"), file=sys.stderr)
-        for r in failed:
-            print(f"  {r.run_dir}: {r.failure}  [{' '.join(r.overrides)}]", file=sys.stderr)
-    return CollectResult(out, runs_table.to_pandas(), failed, written, keys)
+    runs_table, manifest = _collect_into(out, tmp, runs, wanted, keys, groups, sweep, stale,
+                                         running)
+    return runs, runs_table, manifest, stale, keys
 
 
 def _leftovers(out: Path) -> list[Path]:
@@ -294,7 +335,7 @@ _replaced: list[Path] = []
 
 def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
                   keys: list[str], groups: set, sweep: Path,
-                  stale: list[Path]) -> tuple[pa.Table, dict]:
+                  stale: list[Path], running: bool) -> tuple[pa.Table, dict]:
     """Write the collection of ``runs`` into the temporary folder ``tmp`` and rename it to
     ``out`` (an earlier collection there is replaced), while holding ``out``'s lock: the
     temporary folders a killed kvsim-collect left beside ``out`` are removed first. A run
@@ -332,6 +373,9 @@ def _collect_into(out: Path, tmp: Path, runs: list[RunInfo], wanted: list[str],
             "runs_total": len(runs),
             "runs_complete": len(done),
             "runs_failed": len(failed),
+            # the sweep held its folder as the collection began: its jobs not started yet and
+            # those running are failed runs, and this collection is partial
+            "sweep_running": running,
             "stale_run_dirs": sorted(d.relative_to(sweep).as_posix() for d in stale),
             "runs_without_config": [r.run_id for r in done if r.config_path is None],
             # the multiruns the collected runs come from: {sweep id: [run ids]} ("" for runs
@@ -474,7 +518,7 @@ def _main(argv: list[str] | None) -> int:
               f"analyse (the failed runs are listed in {res.out_dir / 'failed_runs.csv'})",
               file=sys.stderr)
         return 1
-    return 1 if (args.strict and res.failed) else 0
+    return 1 if (args.strict and (res.failed or res.sweep_running)) else 0
 
 
 if __name__ == "__main__":

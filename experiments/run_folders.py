@@ -367,16 +367,21 @@ def _sweep_id(job_dir: Path, run_dir: Path) -> str | None:
 # Flattening and typing
 
 
-def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
+def jobs_not_run(sweep_dir: Path, runs: list[RunInfo], ledger: dict[int, dict],
+                 running: bool) -> list[RunInfo]:
     """The jobs the latest sweep into ``sweep_dir`` was to run (the plan in its job ledger,
     :func:`sim.folders.read_plan`) that left no run folder among ``runs`` (the runs read from
-    it, by job number, with this sweep's id or none): a sweep stopped (Ctrl-C, a killed process, a node lost)
-    before they started, or a job killed before it made its folder. Each is a failed RunInfo
-    naming the job, its overrides and why (the ledger's entry when the job started, else that
-    it never started), its ``run_dir`` the folder Hydra's default ``hydra.sweep.subdir`` gives
-    it (``SWEEP_DIR/<job number>``) or the one its ledger entry names. Empty without a plan
-    (another sweeper, a single run's folder) or when the plan is another sweep's than the
-    folder's sweep id."""
+    it, by job number, with this sweep's id or none): a sweep stopped (Ctrl-C, a killed process,
+    a node lost) before they started, a job killed before it made its folder, or, while the
+    sweep still runs (``running``: :func:`sim.sweep.sweep_running`), a job not started yet.
+    ``ledger`` is the sweep's job ledger (:func:`sim.sweep.read_ledger`) as read *before* the
+    folders were scanned: a job it records as complete had its folder then, so one missing from
+    ``runs`` was removed since, not a job that completed during the scan. Each is a failed
+    RunInfo naming the job, its overrides and why (the ledger's entry when the job started,
+    else that it never started, or has not yet), its ``run_dir`` the folder Hydra's default
+    ``hydra.sweep.subdir`` gives it (``SWEEP_DIR/<job number>``) or the one its ledger entry
+    names. Empty without a plan (another sweeper, a single run's folder) or when the plan is
+    another sweep's than the folder's sweep id."""
     plan = read_plan(sweep_dir)
     try:
         sid = (sweep_dir / SWEEP_ID).read_text().strip()
@@ -391,15 +396,14 @@ def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
     for num, overrides in enumerate(plan[1]):
         if num in present:
             continue
-        try:
-            entry = json.loads((sweep_dir / LEDGER / str(num)).read_text())
-        except (OSError, ValueError):
-            entry = None
-        entry = entry if isinstance(entry, dict) else None
+        entry = ledger.get(num)
         if entry is None:
-            why = "never ran: the sweep stopped before this job started"
+            why = (NOT_STARTED if running else
+                   "never ran: the sweep stopped before this job started")
         elif entry.get("state") == "complete":
             why = "its results folder is gone (the job completed, its folder was removed since)"
+        elif running and entry.get("state") == "running":
+            why = STILL_RUNNING
         else:
             why = (entry.get("why") or "its process ended before the job made its folder "
                    "(killed?)")
@@ -407,6 +411,32 @@ def jobs_not_run(sweep_dir: Path, runs: list[RunInfo]) -> list[RunInfo]:
         missing.append(RunInfo(run_dir=sweep_dir / name, run_id=name, job=num,
                                overrides=list(overrides), failure=why, sweep_id=sid))
     return missing
+
+
+NOT_STARTED = "not started yet: the sweep is still running"
+STILL_RUNNING = "still running: the sweep is running this job (collect again after the sweep ends)"
+
+
+def mark_running_jobs(sweep_dir: Path, runs: list[RunInfo], ledger: dict[int, dict]) -> None:
+    """While the sweep into ``sweep_dir`` runs, set the failure of each run read from its
+    folders (``runs``) that is a job of this sweep the job ledger (``ledger``, read after the
+    folders were read: :func:`sim.sweep.read_ledger`) records as running, or not at all (Hydra
+    made its folder, the job has not recorded its start yet), to "still running" instead of
+    what its half-written folder looks like (only ``cli.log``, no ``summary.json``). A job
+    failed by kvsim (its ``INCOMPLETE`` marker's error) or already named as running keeps its
+    reason; complete runs are left as they are."""
+    try:
+        sid = (sweep_dir / SWEEP_ID).read_text().strip()
+    except OSError:
+        return
+    for r in runs:
+        if r.complete or r.job is None or r.sweep_id not in (None, sid):
+            continue
+        if r.failure.startswith(("still running", f"{MARKER} marker: {FAILED_PREFIX}")):
+            continue
+        entry = ledger.get(r.job)
+        if entry is None or entry.get("state") == "running":
+            r.failure = STILL_RUNNING
 
 
 def one_line(e: BaseException) -> str:

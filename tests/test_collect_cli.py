@@ -293,3 +293,34 @@ def test_ctrl_c_or_sigterm_while_kvsim_collect_starts_is_one_line(sweep, tmp_pat
     assert err.strip().splitlines() in ([f"kvsim-collect: {how}; nothing was written"],
                                         [f"kvsim-collect: {how}; {out} was left as it was"]), err
     assert not out.exists()
+
+
+def test_a_collect_into_an_output_another_is_writing_is_refused_before_reading(sweep, tmp_path,
+                                                                               capsys):
+    """The output's lock is taken before the sweep is read: while another kvsim-collect holds
+    it, a second one stops with one line (exit 2) naming the output, whatever it would have
+    found in the sweep (here an unknown --tables name), and the earlier collection stays byte
+    for byte."""
+    from sim.locks import hold
+
+    out = tmp_path / "c"
+    assert _cli(capsys, sweep, "--out", out)[0] == 0
+    before = _tree(out)
+    with hold(tmp_path / ".c.lock"):
+        rc, _, err = _cli(capsys, sweep, "--out", out, "--tables", "nope")
+    assert rc == 2
+    _one_error_line(err, f"{out}: another kvsim-collect (process ", "one kvsim-collect into a "
+                    "folder at a time")
+    assert _tree(out) == before
+    rc, _, err = _cli(capsys, sweep, "--out", out, "--tables", "nope")
+    assert rc == 2 and "--tables: no run of" in err and "another kvsim-collect" not in err
+
+
+def test_an_error_found_while_reading_leaves_no_folder_made_for_the_output(sweep, tmp_path,
+                                                                          capsys):
+    """A collection refused after its output's lock was taken (an unknown --tables name) takes
+    back the folders it made for the output: nothing is left."""
+    out = tmp_path / "new" / "deeper" / "c"
+    rc, _, err = _cli(capsys, sweep, "--out", out, "--tables", "nope")
+    assert rc == 2 and "'nope'" in err
+    assert not (tmp_path / "new").exists()

@@ -126,6 +126,9 @@ def test_parse_override_value(text, value):
 
 
 def test_incompatible_column_types_exit_2_naming_table_column_types_and_runs(sweep, tmp_path):
+    """(Run 1's table rewritten: a run that recorded no output_files, else its digest fails
+    it first.)"""
+    _without_output_files(sweep / "1")
     p = sweep / "1" / "requests.parquet"
     t = pq.read_table(p)
     i = t.schema.get_field_index("ttft_s")
@@ -421,3 +424,55 @@ def test_run_still_running_is_named_as_running(sweep, tmp_path):
         held.release()
     (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
     assert f.failure == "INCOMPLETE marker present (run interrupted or crashed)"
+
+
+def test_sweep_still_running_names_jobs_not_started_and_running(sweep, tmp_path):
+    """While a process holds the sweep folder's lock (the sweep runs): a job that left no
+    folder and no ledger entry is "not started yet", one the ledger records as running is
+    "still running", also when its folder holds only the run's log so far; the collection says
+    on one line that it is partial, the manifest records it, and --strict exits 1. Once the
+    lock is let go, the same job is one the sweep never ran."""
+    from experiments.run_folders import NOT_STARTED, STILL_RUNNING
+    from sim.locks import hold
+    from sim.sweep import SWEEP_LOCK, record_job
+
+    shutil.rmtree(sweep / "1")
+    (sweep / ".kvsim_jobs" / "1").unlink()
+    held = hold(sweep / SWEEP_LOCK)
+    try:
+        res = C.collect(sweep, tmp_path / "c", quiet=True)
+        assert res.sweep_running and [(f.run_id, f.failure) for f in res.failed] == [("1", NOT_STARTED)]
+        assert json.loads((tmp_path / "c" / "manifest.json").read_text())["sweep_running"] is True
+        r = _collect_cli(sweep, "--out", tmp_path / "c2", "--strict")
+        assert r.returncode == 1
+        (line,) = [ln for ln in r.stderr.splitlines() if "partial" in ln]
+        assert f"the sweep {sweep} is still running" in line and "partial" in line
+        assert record_job(sweep, 1, "running", name="1")
+        (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+        assert (f.run_id, f.failure) == ("1", STILL_RUNNING)
+        (sweep / "1").mkdir()
+        (sweep / "1" / "cli.log").write_text("")
+        (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+        assert (f.run_id, f.failure) == ("1", STILL_RUNNING)
+    finally:
+        held.release()
+    (f,) = C.collect(sweep, tmp_path / "c", quiet=True).failed
+    assert f.failure.startswith("no summary.json and no INCOMPLETE marker, only the run's log")
+    shutil.rmtree(sweep / "1")
+    (sweep / ".kvsim_jobs" / "1").unlink()
+    res = C.collect(sweep, tmp_path / "c", quiet=True)
+    assert not res.sweep_running
+    assert [f.failure for f in res.failed] == ["never ran: the sweep stopped before this job started"]
+
+
+def test_jobs_not_run_judges_by_the_ledger_read_before_the_scan(sweep):
+    """A job the ledger read before the folders were scanned did not record (it completed
+    during the scan, its folder made after the scan passed) is not called removed: the ledger
+    given is the one judged by, not the one on disk now."""
+    from experiments.run_folders import NOT_STARTED, jobs_not_run, read_run
+
+    runs = [read_run(sweep / "0", sweep, 0)]
+    (f,) = jobs_not_run(sweep, runs, {}, running=True)
+    assert (f.run_id, f.failure) == ("1", NOT_STARTED)
+    (f,) = jobs_not_run(sweep, runs, {1: {"state": "complete", "name": "1"}}, running=False)
+    assert f.failure.startswith("its results folder is gone")
