@@ -292,13 +292,15 @@ def read_run(run_dir: Path, sweep_dir: Path, index: int) -> RunInfo:
                 info.failure = "summary.json is not a JSON object"
             elif summary.get("complete") is not True:
                 info.failure = f"summary.json has complete={summary.get('complete')!r}"
+            elif (mixed := labels_problem(info, summary)) is not None:
+                # (first: a config file of another run also fails the digest check below, and
+                # this says what happened)
+                info.failure = mixed
             elif (gone := output_files_problem(run_dir, summary, contents=True)) is not None:
                 # (the check output.skip_completed makes: a file gone, of another size or with
                 # other bytes than the run wrote; a run of a kvsim that recorded no digests has
                 # its tables checked when they are read, with the Parquet error)
                 info.failure = gone
-            elif (mixed := labels_problem(info, summary)) is not None:
-                info.failure = mixed
             else:
                 info.summary = summary
                 cc = summary.get("config_choices")
