@@ -32,13 +32,16 @@ collects one run's folder as a one-run sweep into ``RUN_DIR-collected`` beside i
   true, a file its ``summary.json`` lists in ``output_files`` deleted, of another size or with
   other bytes than the run wrote: its xxh3-128 digest, the check ``output.skip_completed``
   makes, :func:`sim.folders.output_files_problem`) or whose per-run table cannot be read (a
-  truncated or corrupt ``requests.parquet`` of a run that recorded no digests, ...; only the
-  tables being collected are read), with the reason (for a table: the file and the Parquet
+  truncated or corrupt ``requests.parquet`` of a run whose summary lists no ``output_files``,
+  ...; only the tables being collected are read), with the reason (for a table: the file and the Parquet
   error), and every job the sweep was to run that left no folder (the sweep stopped
-  before it started: :func:`experiments.run_folders.jobs_not_run`), with its overrides. These runs are in no other output; the other runs are collected. Both files are
+  before it started, or, while it still runs, has not started it yet:
+  :func:`experiments.run_folders.jobs_not_run`), with its overrides. These runs are in no other output; the other runs are collected. Both files are
   always written (empty when every run completed).
 
-* ``manifest.json``: sweep dir, counts, the override keys, the tables written, and
+* ``manifest.json``: sweep dir, counts, the override keys, the tables written,
+  ``sweep_running`` (the sweep's process held its folder as the collection began: the
+  collection is partial), and
   ``stale_run_dirs``: job directories left out because they belong to an earlier sweep run into
   the same directory (a larger grid's extra jobs; see ``sim.folders.stale_job``), and
   ``runs_without_config``: collected runs that had no config file (see below), ``sweeps``:
