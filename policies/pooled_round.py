@@ -131,40 +131,18 @@ def _shared_terms(top, ip_i, ip_f, slat, drift, consts, lm, sink, seq_len, z0,
 
 
 @inline
-def _region1(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
-    """:func:`_region` of the one row of ``slot_pos`` (``int32[1, S]``), its kept slots into
-    ``keep[g]``."""
-    n = 0
-    nc = 0
-    last = -1
-    for j in range(slot_pos.shape[1]):
-        p = slot_pos[0, j]
-        if p >= cut:
-            keep[g, j] = True
-        if p >= 0 and p < P:
-            if p <= last or p >= top:
-                return -1, -1
-            last = p
-            rj[n] = j
-            rp[n] = p
-            n += 1
-            if p < cut:
-                nc += 1
-    return n, nc
-
-
-@inline
-def _region(slot_pos, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
-    """Group ``g``'s pooling region: its live slots holding positions below ``P``, in slot
-    order, into ``rj`` (slots) and ``rp`` (positions); live slots holding positions ``>= cut``
-    are kept (``keep[g]``). Returns ``(n, nc)``: region entries and candidates (the leading
+def _region(slot_pos, row, g, P, cut, top, keep, rj, rp):  # pragma: no cover (compiled)
+    """Group ``g``'s pooling region, read from row ``row`` of ``slot_pos`` (``g``, or ``0`` for
+    a shared row): its live slots holding positions below ``P``, in slot order, into ``rj``
+    (slots) and ``rp`` (positions); live slots holding positions ``>= cut`` are kept
+    (``keep[g]``). Returns ``(n, nc)``: region entries and candidates (the leading
     entries, positions below ``cut``, as the positions increase along the region), or ``(-1,
     -1)`` when they do not increase or one is ``>= top``."""
     n = 0
     nc = 0
     last = -1
     for j in range(slot_pos.shape[1]):
-        p = slot_pos[g, j]
+        p = slot_pos[row, j]
         if p >= cut:
             keep[g, j] = True
         if p >= 0 and p < P:
@@ -186,10 +164,10 @@ def _group_region(slot_pos, g, first, shared, P, cut, top, keep, rj, rp, cutj, n
     one row, whose region (``rj``, ``rp``, ``n``, ``nc``) and kept slots (``cutj[:ncut]``) the
     ``first`` group finds and the others reuse. Returns ``(n, nc, ncut)``."""
     if not shared:
-        n, nc = _region(slot_pos, g, P, cut, top, keep, rj, rp)
+        n, nc = _region(slot_pos, g, g, P, cut, top, keep, rj, rp)
         return n, nc, 0
     if first:
-        n, nc = _region1(slot_pos, g, P, cut, top, keep, rj, rp)
+        n, nc = _region(slot_pos, 0, g, P, cut, top, keep, rj, rp)
         ncut = 0
         for j in range(slot_pos.shape[1]):
             if keep[g, j]:

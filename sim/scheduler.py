@@ -84,6 +84,21 @@ class Scheduler:
             samples += adm
         return StepPlan(sched_req, sched_n, sched_ctx, samples, decodes, admitted, preempted)
 
+    def grow_preempting(self, req: Request, upto: int) -> tuple[bool, bool]:
+        """Grow ``req``'s block table to hold ``upto`` tokens, preempting the running queue's
+        tail (:meth:`preempt`, the newest request first, as vLLM's scheduler does) until the
+        pool has the blocks. Returns ``(grown, preempted)``: ``grown`` False when ``req``
+        itself was preempted, ``preempted`` whether any request was."""
+        sim = self.sim
+        preempted = False
+        while not sim.kv.grow(req, upto):
+            victim = sim.running.pop()
+            self.preempt(victim)
+            preempted = True
+            if victim is req:
+                return False, True
+        return True, preempted
+
     def running_pass(self, budget: int, defer: list, reg: tuple, free: int):
         """:meth:`Scheduler.schedule`'s pass over the running requests, in order, with ``budget``
         tokens, the empty deferred-allocation and registration lists ``defer`` and ``reg`` and
@@ -148,14 +163,8 @@ class Scheduler:
                     if defer or reg[0]:
                         sim.kv.flush_grow(defer, reg)
                         free = sim.pool.num_free
-                    ok = True
-                    while not sim.kv.grow(req, upto):
-                        victim = running.pop()
-                        self.preempt(victim)
-                        preempted = True
-                        if victim is req:
-                            ok = False
-                            break
+                    ok, lost = self.grow_preempting(req, upto)
+                    preempted = preempted or lost
                     free = sim.pool.num_free
                     if not ok:
                         break
@@ -231,14 +240,8 @@ class Scheduler:
                 if n_defer or reg[0]:
                     sim.kv.flush_grow(defer, reg)
                     n_defer = 0
-                ok = True
-                while not sim.kv.grow(req, upto):
-                    victim = running.pop()
-                    self.preempt(victim)
-                    preempted = True
-                    if victim is req:
-                        ok = False
-                        break
+                ok, lost = self.grow_preempting(req, upto)
+                preempted = preempted or lost
                 free = sim.pool.num_free
                 if not ok:
                     break
